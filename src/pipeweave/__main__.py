@@ -1,0 +1,6 @@
+"""``python -m pipeweave`` runs the command-line interface."""
+
+from .cli.main import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""Actions: the immutable records a schedule is made of, and their compact text form.
+
+An action is one thing one rank does: a forward (``F``) or backward (``B``) of one
+micro-batch on one stage, a point-to-point send/receive of an activation or gradient,
+an optimizer step (``U``), a gradient all-reduce among a stage's replicas (``AR``) or an
+elastic-averaging exchange with a reference model (``AV``).
+
+Text form (parses back with :func:`parse_action`)::
+
+    {stage}{op}{microbatch}{piece}{@version}{~lookahead}{#pipeline}
+
+    0F3        stage 0, forward of micro-batch 3
+    2B5@1      stage 2, backward of micro-batch 5; it must use weight version 1
+    1F7@3~2    forward of micro-batch 7 at version 3, predicting 2 updates ahead (PipeOptim)
+    0F0a       first half of micro-batch 0 (AutoPipe's Slicer); ``b`` is the second half
+    1SF4 1RF4  send / receive the activation of micro-batch 4 (SF on the producing stage,
+               RF on the consuming stage); SB / RB likewise for gradients
+    0U@2       optimizer step on stage 0 that produces weight version 2
+    0AR@2      all-reduce of stage 0's gradients among its replicas, before update 2
+    3F1#1      stage 3, forward of micro-batch 1 of parallel pipeline 1 (AvgPipe)
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any, NamedTuple
+
+__all__ = ["Op", "Action", "parse_action", "COMPUTE_OPS", "COMM_OPS"]
+
+
+class Op(str, enum.Enum):
+    """What an action does."""
+
+    FORWARD = "F"
+    BACKWARD = "B"
+    SEND_ACT = "SF"
+    RECV_ACT = "RF"
+    SEND_GRAD = "SB"
+    RECV_GRAD = "RB"
+    STEP = "U"
+    ALL_REDUCE = "AR"
+    AVERAGE = "AV"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD})
+COMM_OPS = frozenset({Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD})
+_PER_MICROBATCH = COMPUTE_OPS | COMM_OPS
+_PIECES = {"": 0, "a": 1, "b": 2}
+_PIECE_LETTERS = {v: k for k, v in _PIECES.items()}
+
+
+class _Fields(NamedTuple):
+    op: Op
+    stage: int
+    microbatch: int | None = None
+    piece: int = 0
+    version: int | None = None
+    lookahead: int = 0
+    pipeline: int = 0
+
+
+class Action(_Fields):
+    """One step of one rank's program (an immutable named tuple: cheap to build and hash).
+
+    Attributes:
+        op: what the action does.
+        stage: the (virtual) stage it belongs to; with chunks, the global chunk index.
+        microbatch: the micro-batch index, counted globally across iterations
+            (iteration ``k`` owns ``k*M .. k*M+M-1``); ``None`` for ``U``/``AR``/``AV``.
+        piece: 0 for a whole micro-batch, 1/2 for its first/second half (Slicer).
+        version: for ``F`` the weight version it uses, for ``B`` the version it must match
+            (the stashed one), for ``U``/``AR``/``AV`` the version the update produces.
+        lookahead: for ``F``, how many updates lie between it and its backward, i.e. how
+            far ahead the runtime must predict weights (PipeOptim ``s``); 0 otherwise.
+        pipeline: the parallel pipeline (AvgPipe) the action belongs to.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        op: Op,
+        stage: int,
+        microbatch: int | None = None,
+        piece: int = 0,
+        version: int | None = None,
+        lookahead: int = 0,
+        pipeline: int = 0,
+    ) -> "Action":
+        if stage < 0:
+            raise ValueError(f"stage must be >= 0, got {stage}")
+        if (microbatch is None) == (op in _PER_MICROBATCH):
+            need = "needs a micro-batch index" if microbatch is None else "takes no micro-batch index"
+            raise ValueError(f"{op.value} {need}, got {microbatch}")
+        if piece not in _PIECE_LETTERS:
+            raise ValueError(f"piece must be 0 (whole), 1 or 2 (halves), got {piece}")
+        return super().__new__(cls, op, stage, microbatch, piece, version, lookahead, pipeline)
+
+    @property
+    def is_compute(self) -> bool:
+        return self.op in COMPUTE_OPS
+
+    @property
+    def is_comm(self) -> bool:
+        return self.op in COMM_OPS
+
+    def with_(self, **changes: Any) -> "Action":
+        """A copy with some fields changed (not re-validated: only for annotation fields)."""
+        return self._replace(**changes)
+
+    def __str__(self) -> str:
+        text = f"{self.stage}{self.op.value}"
+        if self.microbatch is not None:
+            text += str(self.microbatch)
+        text += _PIECE_LETTERS[self.piece]
+        if self.version is not None:
+            text += f"@{self.version}"
+        if self.lookahead:
+            text += f"~{self.lookahead}"
+        if self.pipeline:
+            text += f"#{self.pipeline}"
+        return text
+
+    def __repr__(self) -> str:
+        return f"Action({str(self)!r})"
+
+
+_PATTERN = re.compile(
+    r"^(?P<stage>\d+)(?P<op>SF|RF|SB|RB|AR|AV|F|B|U)(?P<mb>\d+)?(?P<piece>[ab])?"
+    r"(?:@(?P<version>\d+))?(?:~(?P<lookahead>\d+))?(?:#(?P<pipeline>\d+))?$"
+)
+
+
+def parse_action(text: str) -> Action:
+    """Parse the compact text form back into an :class:`Action` (inverse of ``str``)."""
+    match = _PATTERN.match(text.strip())
+    if match is None:
+        raise ValueError(
+            f"cannot parse action {text!r}: expected '{{stage}}{{op}}{{microbatch}}[a|b][@version]"
+            f"[~lookahead][#pipeline]' with op one of {[op.value for op in Op]}, e.g. '0F3' or '2B5@1'"
+        )
+    groups = match.groupdict()
+    return Action(
+        op=Op(groups["op"]),
+        stage=int(groups["stage"]),
+        microbatch=int(groups["mb"]) if groups["mb"] is not None else None,
+        piece=_PIECES[groups["piece"] or ""],
+        version=int(groups["version"]) if groups["version"] is not None else None,
+        lookahead=int(groups["lookahead"] or 0),
+        pipeline=int(groups["pipeline"] or 0),
+    )

@@ -1,0 +1,107 @@
+"""Layout: which ranks host which (virtual) stage, and how micro-batches are routed.
+
+One mechanism covers every placement the papers use:
+
+* a straight pipeline: stage ``s`` on rank ``s``;
+* chunks / virtual stages (interleaved 1F1B, WPipe's two groups): stage ``s`` on rank ``s % P``;
+* replicated stages (PipeDream's 1F1B-RR): stage ``s`` on several ranks, micro-batch ``j``
+  routed round-robin to replica ``j % r_s`` for forward *and* backward;
+* data-parallel width ``w`` (WPipe's depth x width, plain DP of a pipeline): every stage
+  replicated ``w`` times, so micro-batch ``j`` runs end to end on pipeline copy ``j % w``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+__all__ = ["Layout"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Ranks of every stage; ``stage_ranks[s]`` lists the replicas of stage ``s`` in routing order."""
+
+    stage_ranks: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.stage_ranks:
+            raise ValueError("a layout needs at least one stage")
+        for stage, ranks in enumerate(self.stage_ranks):
+            if not ranks:
+                raise ValueError(f"stage {stage} has no rank; give it at least one")
+            if len(set(ranks)) != len(ranks) or min(ranks) < 0:
+                raise ValueError(f"stage {stage} has invalid ranks {ranks}: use distinct ranks >= 0")
+        used = {r for ranks in self.stage_ranks for r in ranks}
+        if used != set(range(len(used))):
+            raise ValueError(f"ranks must be numbered 0..R-1 without gaps, got {sorted(used)}")
+
+    # -- constructors -------------------------------------------------------------
+    @classmethod
+    def straight(cls, ranks: int) -> "Layout":
+        """Stage ``s`` on rank ``s``."""
+        _check_positive("ranks", ranks)
+        return cls(tuple((r,) for r in range(ranks)))
+
+    @classmethod
+    def chunked(cls, ranks: int, chunks: int) -> "Layout":
+        """``ranks * chunks`` stages, stage ``s`` on rank ``s % ranks`` (interleaved, WPipe)."""
+        _check_positive("ranks", ranks)
+        _check_positive("chunks", chunks)
+        return cls(tuple((s % ranks,) for s in range(ranks * chunks)))
+
+    @classmethod
+    def replicated(cls, replicas: Sequence[int]) -> "Layout":
+        """Stage ``s`` on ``replicas[s]`` consecutive ranks (PipeDream's replicated stages)."""
+        stages: list[tuple[int, ...]] = []
+        next_rank = 0
+        for stage, count in enumerate(replicas):
+            if count < 1:
+                raise ValueError(f"stage {stage} has {count} replicas; each stage needs >= 1")
+            stages.append(tuple(range(next_rank, next_rank + count)))
+            next_rank += count
+        return cls(tuple(stages))
+
+    @classmethod
+    def data_parallel(cls, depth: int, width: int, chunks: int = 1) -> "Layout":
+        """``width`` copies of a ``depth``-rank pipeline; copy ``k`` uses ranks ``k*depth ..``."""
+        _check_positive("depth", depth)
+        _check_positive("width", width)
+        base = cls.chunked(depth, chunks)
+        return cls(
+            tuple(tuple(k * depth + ranks[0] for k in range(width)) for ranks in base.stage_ranks)
+        )
+
+    # -- queries --------------------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_ranks)
+
+    @cached_property
+    def num_ranks(self) -> int:
+        return 1 + max(r for ranks in self.stage_ranks for r in ranks)
+
+    def replicas(self, stage: int) -> int:
+        return len(self.stage_ranks[stage])
+
+    def rank_of(self, stage: int, microbatch: int) -> int:
+        """The rank that runs ``stage`` for ``microbatch`` (round-robin over replicas)."""
+        ranks = self.stage_ranks[stage]
+        return ranks[microbatch % len(ranks)]
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The stages (chunks) hosted by ``rank``, in stage order."""
+        return tuple(s for s, ranks in enumerate(self.stage_ranks) if rank in ranks)
+
+    def to_json(self) -> list[list[int]]:
+        return [list(ranks) for ranks in self.stage_ranks]
+
+    @classmethod
+    def from_json(cls, data: Sequence[Sequence[int]]) -> "Layout":
+        return cls(tuple(tuple(int(r) for r in ranks) for ranks in data))
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")

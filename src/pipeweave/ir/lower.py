@@ -1,0 +1,56 @@
+"""Lowering: insert point-to-point sends and receives into a compute-only schedule.
+
+For every cross-rank edge that :func:`pipeweave.ir.deps.dependencies` reports, the producer's
+rank gets a send right after the producing action and the consumer's rank a receive right
+before the consuming action. Sends are asynchronous (the runtime posts ``isend`` and moves
+on); a receive blocks its rank until the data is there (the runtime may post the ``irecv``
+earlier, which only helps). Example, 1F1B with P=2, M=2::
+
+    rank0  0F0 0SF0 0F1 0SF1 0RB0 0B0 0RB1 0B1
+    rank1  1RF0 1F0 1B0 1SB0 1RF1 1F1 1B1 1SB1
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .actions import Action, Op
+from .deps import dependencies, producer_rank, ref
+from .schedule import Schedule
+
+__all__ = ["lower"]
+
+_SEND_FOR = {Op.FORWARD: Op.SEND_ACT, Op.BACKWARD: Op.SEND_GRAD}
+_RECV_FOR = {Op.FORWARD: Op.RECV_ACT, Op.BACKWARD: Op.RECV_GRAD}
+
+
+def lower(schedule: Schedule) -> Schedule:
+    """Return ``schedule`` with sends/receives inserted (idempotent)."""
+    if schedule.lowered:
+        return schedule
+    layout = schedule.layout
+    needs_send: set[Action] = set()
+    receives_before: dict[Action, list[Action]] = defaultdict(list)
+    for rank, _, action in schedule.actions():
+        if not action.is_compute:
+            continue
+        for dep in dependencies(action, layout, lowered=False):
+            if dep.op not in _SEND_FOR or producer_rank(dep, layout) == rank:
+                continue
+            needs_send.add(dep)
+            recv = dependencies(action, layout, lowered=True)
+            receives_before[ref(action)].extend(d for d in recv if d.op is _RECV_FOR[dep.op])
+    programs = []
+    for program in schedule.programs:
+        lowered: list[Action] = []
+        for action in program:
+            key = ref(action)
+            lowered.extend(receives_before.get(key, ()))
+            lowered.append(action)
+            if key in needs_send:
+                lowered.append(
+                    Action(_SEND_FOR[action.op], action.stage, action.microbatch, action.piece,
+                           pipeline=action.pipeline)
+                )
+        programs.append(lowered)
+    return schedule.with_programs(programs, lowered=True)

@@ -1,0 +1,172 @@
+"""Timed execution of a schedule: the engine under the simulator and the validator.
+
+Every rank runs its program in order; an action starts when the previous action of its rank
+has finished and every dependency (from :func:`pipeweave.ir.deps.dependencies`) has finished,
+plus the delay of the edge when the dependency ran elsewhere. A collective (``AR``) starts
+when every rank that takes part has reached it. If no rank can move while programs remain,
+the schedule deadlocks and :attr:`Walk.stuck` names each blocked rank's next action.
+
+This is the longest-path computation over the DAG "program order + data dependencies",
+done with a work list so the cost is linear in the number of actions.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .actions import Action, Op
+from .deps import collective_key, dependencies, ref
+from .schedule import Schedule, render_grid
+
+__all__ = ["Walk", "walk", "ScheduleError", "Location", "index_actions"]
+
+Location = tuple[int, int]
+"""``(rank, position)`` of an action in a schedule."""
+
+
+class ScheduleError(ValueError):
+    """A schedule is malformed or cannot run; the message includes the marked grid."""
+
+
+@dataclass
+class Walk:
+    """Start/end of every action, or where execution got stuck."""
+
+    start: list[list[float]]
+    end: list[list[float]]
+    binding: list[list[Location | None]]
+    """For each action, the predecessor whose end fixed its start (None: time zero)."""
+    stuck: list[Location]
+    """Next action of each rank that could not proceed (empty when the walk completed)."""
+
+    @property
+    def deadlocked(self) -> bool:
+        return bool(self.stuck)
+
+    @property
+    def makespan(self) -> float:
+        return max((row[-1] for row in self.end if row), default=0.0)
+
+
+DurationFn = Callable[[int, Action], float]
+DelayFn = Callable[[Action, int, Action, int], float]
+"""``delay(producer, producer_rank, consumer, consumer_rank)`` for cross-rank edges."""
+
+
+def index_actions(schedule: Schedule) -> dict[Action, Location]:
+    """Map each per-micro-batch action's :func:`ref` identity to its location.
+
+    Duplicates are an error. Updates and collectives are per rank (each replica steps its own
+    copy) and are not indexed.
+    """
+    index: dict[Action, Location] = {}
+    for rank, position, action in schedule.actions():
+        if action.microbatch is None:
+            continue
+        key = ref(action)
+        if key in index:
+            other = index[key]
+            raise ScheduleError(
+                f"action {key} appears twice, at rank {other[0]} step {other[1]} and rank {rank} "
+                f"step {position}; every action must be scheduled exactly once\n"
+                + render_grid(schedule, marked=[other, (rank, position)])
+            )
+        index[key] = (rank, position)
+    return index
+
+
+def walk(
+    schedule: Schedule,
+    duration: DurationFn,
+    delay: DelayFn | None = None,
+    index: dict[Action, Location] | None = None,
+) -> Walk:
+    """Time every action of ``schedule`` (see module docstring)."""
+    programs = schedule.programs
+    layout = schedule.layout
+    lowered = schedule.lowered
+    index = index_actions(schedule) if index is None else index
+    participants: dict[object, int] = defaultdict(int)
+    for _, _, action in schedule.actions():
+        key = collective_key(action)
+        if key is not None:
+            participants[key] += 1
+
+    n = len(programs)
+    start = [[0.0] * len(p) for p in programs]
+    end = [[0.0] * len(p) for p in programs]
+    binding: list[list[Location | None]] = [[None] * len(p) for p in programs]
+    done = [[False] * len(p) for p in programs]
+    pointer = [0] * n
+    clock = [0.0] * n
+    waiting: dict[Location, list[int]] = defaultdict(list)
+    arrived: dict[object, list[Location]] = defaultdict(list)
+    queue = deque(range(n))
+    queued = [True] * n
+
+    def finish(rank: int, position: int, t0: float, bind: Location | None) -> None:
+        action = programs[rank][position]
+        start[rank][position] = t0
+        end[rank][position] = t0 + duration(rank, action)
+        binding[rank][position] = bind
+        done[rank][position] = True
+        clock[rank] = end[rank][position]
+        pointer[rank] = position + 1
+        for waiter in waiting.pop((rank, position), ()):
+            if not queued[waiter]:
+                queued[waiter] = True
+                queue.append(waiter)
+
+    while queue:
+        rank = queue.popleft()
+        queued[rank] = False
+        program = programs[rank]
+        while pointer[rank] < len(program):
+            position = pointer[rank]
+            action = program[position]
+            t0 = clock[rank]
+            bind: Location | None = (rank, position - 1) if position else None
+            key = collective_key(action) if action.op is Op.ALL_REDUCE else None
+            if key is not None:
+                group = arrived[key]
+                if (rank, position) not in group:
+                    group.append((rank, position))
+                if len(group) < participants[key]:
+                    break  # wait for the other replicas
+                latest = max(group, key=lambda loc: clock[loc[0]])
+                t_all = clock[latest[0]]
+                for other_rank, other_pos in group:
+                    if other_rank != rank:
+                        pointer[other_rank] = other_pos
+                        finish(other_rank, other_pos, t_all, latest)
+                        if not queued[other_rank]:
+                            queued[other_rank] = True
+                            queue.append(other_rank)
+                finish(rank, position, t_all, latest)
+                continue
+            blocked = False
+            for dep in dependencies(action, layout, lowered=lowered):
+                loc = index.get(dep)
+                if loc is None:
+                    raise ScheduleError(
+                        f"rank {rank} step {position}: {action} depends on {dep}, which no rank "
+                        f"schedules; add it (or lower the schedule so sends/receives exist)"
+                    )
+                dep_rank, dep_pos = loc
+                if not done[dep_rank][dep_pos]:
+                    waiting[loc].append(rank)
+                    blocked = True
+                    break
+                ready = end[dep_rank][dep_pos]
+                if dep_rank != rank and delay is not None:
+                    ready += delay(programs[dep_rank][dep_pos], dep_rank, action, rank)
+                if ready > t0:
+                    t0, bind = ready, loc
+            if blocked:
+                break
+            finish(rank, position, t0, bind)
+
+    stuck = [(r, pointer[r]) for r in range(n) if pointer[r] < len(programs[r])]
+    return Walk(start=start, end=end, binding=binding, stuck=stuck)

@@ -1,0 +1,178 @@
+"""Models as the pipeline sees them: an ordered tuple of blocks plus a mean loss.
+
+A :class:`ModelSpec` is the only thing the partitioner and the runtime need to know about a
+model.  Each block maps ONE tensor to ONE tensor, so any contiguous range ``blocks[i:j]`` can be a
+pipeline stage; ``loss_fn(output, target)`` is a MEAN over the batch, so accumulating gradients
+over micro-batches of size ``m`` out of a batch of ``B`` means summing ``loss * m / B``.
+
+Built-in models come from :func:`build_model`; users wrap their own with
+:meth:`ModelSpec.from_blocks`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pipeweave.models.cnn import CNNConfig, MLPConfig, classification_loss, cnn_blocks, mlp_blocks
+from pipeweave.models.gpt import GPT_PRESETS, GPTConfig, gpt_blocks, gpt_loss
+
+__all__ = ["LossFn", "ModelSpec", "available_models", "build_model"]
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+"""``loss_fn(output, target) -> scalar``, a mean over the batch."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model cut into pipeline blocks, with its loss and default dataset."""
+
+    name: str
+    """Model name, e.g. ``"gpt-tiny"`` or ``"custom"``."""
+
+    blocks: tuple[nn.Module, ...]
+    """Blocks in execution order; each takes one tensor and returns one tensor."""
+
+    loss_fn: LossFn
+    """``loss_fn(output, target) -> scalar`` tensor, a MEAN over the batch."""
+
+    block_names: tuple[str, ...]
+    """One unique name per block, e.g. ``("embed", "layer0.attn", ..., "head")``."""
+
+    dataset: str | None = None
+    """Name of the default dataset for :func:`pipeweave.data.build_dataset`; ``None`` for
+    user models that bring their own data."""
+
+    def __post_init__(self) -> None:
+        # Accept any sequence, store tuples so the spec stays immutable.
+        object.__setattr__(self, "blocks", tuple(self.blocks))
+        object.__setattr__(self, "block_names", tuple(self.block_names))
+        if not self.blocks:
+            raise ValueError(f"ModelSpec {self.name!r} has no blocks; pass at least one nn.Module")
+        for i, block in enumerate(self.blocks):
+            if not isinstance(block, nn.Module):
+                raise TypeError(
+                    f"ModelSpec {self.name!r}: block {i} is a {type(block).__name__}, "
+                    f"not an nn.Module; wrap functions in an nn.Module"
+                )
+        if len(self.block_names) != len(self.blocks):
+            raise ValueError(
+                f"ModelSpec {self.name!r}: {len(self.block_names)} block_names for "
+                f"{len(self.blocks)} blocks; pass one name per block"
+            )
+        if len(set(self.block_names)) != len(self.block_names):
+            dupes = sorted({n for n in self.block_names if self.block_names.count(n) > 1})
+            raise ValueError(f"ModelSpec {self.name!r}: duplicate block names {dupes}")
+        if not callable(self.loss_fn):
+            raise TypeError(
+                f"ModelSpec {self.name!r}: loss_fn={self.loss_fn!r} is not callable; pass "
+                f"a function (output, target) -> scalar mean loss"
+            )
+
+    @classmethod
+    def from_blocks(
+        cls,
+        blocks: Sequence[nn.Module] | nn.Sequential,
+        loss_fn: LossFn,
+        name: str = "custom",
+        *,
+        block_names: Sequence[str] | None = None,
+        dataset: str | None = None,
+    ) -> ModelSpec:
+        """Wrap a user's model: a list of blocks or an ``nn.Sequential`` (its children become
+        the blocks, named by their keys unless ``block_names`` is given)."""
+        if isinstance(blocks, nn.Sequential):
+            items = list(blocks.named_children())
+            modules = [m for _, m in items]
+            default_names = [k for k, _ in items]
+        elif isinstance(blocks, nn.Module):
+            raise TypeError(
+                f"from_blocks got a single {type(blocks).__name__}; pass a list of blocks or an "
+                f"nn.Sequential (use [module] for a one-block model)"
+            )
+        else:
+            modules = list(blocks)
+            default_names = [str(i) for i in range(len(modules))]
+        names = default_names if block_names is None else list(block_names)
+        return cls(
+            name=name,
+            blocks=tuple(modules),
+            loss_fn=loss_fn,
+            block_names=tuple(names),
+            dataset=dataset,
+        )
+
+    def sequential(self) -> nn.Sequential:
+        """An ``nn.Sequential`` over the SAME block objects (shared parameters), keyed
+        ``"0"``, ``"1"``, ... by block index, for non-pipelined reference training."""
+        return nn.Sequential(*self.blocks)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    config: Any
+    build: Callable[[Any], tuple[list[nn.Module], list[str]]]
+    loss_fn: LossFn
+    dataset: str
+
+
+_MODELS: dict[str, _Entry] = {
+    **{
+        name: _Entry(config, gpt_blocks, gpt_loss, "stdlib-bytes")
+        for name, config in GPT_PRESETS.items()
+    },
+    "mlp": _Entry(MLPConfig(), mlp_blocks, classification_loss, "digits"),
+    "cnn": _Entry(CNNConfig(), cnn_blocks, classification_loss, "digits"),
+}
+
+
+def available_models() -> list[str]:
+    """Names accepted by :func:`build_model`, sorted."""
+    return sorted(_MODELS)
+
+
+def build_model(
+    name: str,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> ModelSpec:
+    """Build a named model with deterministic initialisation.
+
+    ``overrides`` replace fields of the preset's config (``GPTConfig``, ``MLPConfig`` or
+    ``CNNConfig``), e.g. ``build_model("gpt-tiny", n_layers=2, sublayer=False)``.  The weights
+    depend only on ``name``, ``overrides`` and ``seed``; the global torch RNG is left untouched.
+    """
+    entry = _MODELS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown model {name!r}; choose one of {available_models()}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype!r} is not a floating dtype; pass e.g. torch.float64")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed={seed!r} is not an int; pass e.g. seed=0")
+    fields = {f.name for f in dataclasses.fields(entry.config)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for model {name!r}; "
+            f"{type(entry.config).__name__} accepts {sorted(fields)}"
+        )
+    config = dataclasses.replace(entry.config, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        blocks, names = entry.build(config)
+    for block in blocks:
+        block.to(dtype)
+    return ModelSpec(
+        name=name,
+        blocks=tuple(blocks),
+        loss_fn=entry.loss_fn,
+        block_names=tuple(names),
+        dataset=entry.dataset,
+    )

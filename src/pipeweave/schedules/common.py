@@ -1,0 +1,68 @@
+"""Pieces shared by the generators: routing micro-batches to replicas and flush iterations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..ir import Action, Layout, Op, Schedule
+from .registry import Shape
+
+__all__ = ["routed", "update_actions", "flush_schedule", "Order", "one_f_one_b_order"]
+
+Order = Callable[[int, int, Sequence[int]], list[tuple[Op, int]]]
+"""``order(position, depth, microbatches)``: the F/B sequence of one stage of a flush schedule,
+where ``position`` is the stage's index in its pipeline and ``depth`` the pipeline's length."""
+
+
+def routed(layout: Layout, stage: int, rank: int, microbatches: Sequence[int]) -> list[int]:
+    """The micro-batches of ``microbatches`` that ``layout`` routes to ``rank`` for ``stage``."""
+    return [j for j in microbatches if layout.rank_of(stage, j) == rank]
+
+
+def update_actions(layout: Layout, stage: int, version: int, pipeline: int = 0) -> list[Action]:
+    """All-reduce among replicas (if any), then the optimizer step producing ``version``."""
+    actions = []
+    if layout.replicas(stage) > 1:
+        actions.append(Action(Op.ALL_REDUCE, stage, version=version, pipeline=pipeline))
+    actions.append(Action(Op.STEP, stage, version=version, pipeline=pipeline))
+    return actions
+
+
+def flush_schedule(name: str, shape: Shape, order: Order, **options: object) -> Schedule:
+    """A synchronous schedule: each iteration runs ``order`` per stage, then updates every stage.
+
+    Iteration ``k`` uses weight version ``k`` for every forward and backward, and ends with
+    update ``k+1`` (after the all-reduce when a stage is replicated).
+    """
+    layout = shape.layout()
+    depth = layout.num_stages
+    programs: list[list[Action]] = [[] for _ in range(layout.num_ranks)]
+    for rank, program in enumerate(programs):
+        for k in range(shape.iterations):
+            batch = range(k * shape.microbatches, (k + 1) * shape.microbatches)
+            for stage in layout.stages_of(rank):
+                mbs = routed(layout, stage, rank, batch)
+                for op, j in order(stage, depth, mbs):
+                    program.append(Action(op, stage, j, version=k))
+            for stage in layout.stages_of(rank):
+                program.extend(update_actions(layout, stage, k + 1))
+    return Schedule(
+        name=name, layout=layout, microbatches=shape.microbatches, iterations=shape.iterations,
+        programs=tuple(tuple(p) for p in programs), synchronous=True,
+        options={**dict(shape.options), **options},
+    )
+
+
+def one_f_one_b_order(position: int, depth: int, microbatches: Sequence[int]) -> list[tuple[Op, int]]:
+    """Warm-up of ``depth - position - 1`` forwards, alternate F/B, then drain the backwards.
+
+    Stage ``position`` holds at most ``min(depth - position, M)`` activations at once.
+    """
+    n = len(microbatches)
+    warmup = min(depth - position - 1, n)
+    order = [(Op.FORWARD, microbatches[i]) for i in range(warmup)]
+    for i in range(n - warmup):
+        order.append((Op.FORWARD, microbatches[warmup + i]))
+        order.append((Op.BACKWARD, microbatches[i]))
+    order.extend((Op.BACKWARD, microbatches[i]) for i in range(n - warmup, n))
+    return order

@@ -1,0 +1,139 @@
+"""Registry of schedule generators: one pure function per schedule, looked up by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir import Layout, Schedule
+
+__all__ = ["Shape", "ScheduleInfo", "register", "build_schedule", "available_schedules", "get_info"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What every generator is asked for.
+
+    Attributes:
+        stages: pipeline depth P: ranks of one pipeline copy (stages per copy = P x chunks).
+        microbatches: M, micro-batches per iteration (per parallel pipeline).
+        iterations: K, iterations (update periods) to lay out.
+        chunks: model chunks per rank (interleaved virtual stages; WPipe uses 2).
+        width: data-parallel copies of the whole pipeline (micro-batches dealt round-robin).
+        replicas: per-stage replica counts (PipeDream 1F1B-RR); overrides ``width``.
+        pipelines: AvgPipe's N parallel pipelines sharing the same ranks.
+        options: generator-specific settings (e.g. ``advance``, ``vertical_sync``, ``sliced``).
+    """
+
+    stages: int
+    microbatches: int
+    iterations: int = 1
+    chunks: int = 1
+    width: int = 1
+    replicas: tuple[int, ...] | None = None
+    pipelines: int = 1
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("stages", "microbatches", "iterations", "chunks", "width", "pipelines"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.replicas is not None:
+            if len(self.replicas) != self.stages:
+                raise ValueError(
+                    f"replicas {list(self.replicas)} has {len(self.replicas)} entries; give one per "
+                    f"stage ({self.stages})"
+                )
+            if self.width != 1:
+                raise ValueError("give either replicas (per stage) or width (whole pipeline), not both")
+
+    def layout(self) -> Layout:
+        if self.replicas is not None:
+            if self.chunks != 1:
+                raise ValueError("replicated stages are only supported with chunks=1")
+            return Layout.replicated(self.replicas)
+        return Layout.data_parallel(self.stages, self.width, self.chunks)
+
+    def option(self, name: str, default: Any) -> Any:
+        return self.options.get(name, default)
+
+
+Generator = Callable[[Shape], Schedule]
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """A registered generator and what the CLI says about it."""
+
+    name: str
+    description: str
+    paper: str
+    synchronous: bool
+    generate: Generator
+    min_microbatches: Callable[[Shape], int] = lambda shape: 1
+    """Smallest M the schedule accepts for a shape (e.g. P for 2BW)."""
+
+
+_REGISTRY: dict[str, ScheduleInfo] = {}
+
+
+def register(
+    name: str,
+    *,
+    description: str,
+    paper: str,
+    synchronous: bool,
+    min_microbatches: Callable[[Shape], int] | None = None,
+) -> Callable[[Generator], Generator]:
+    """Decorator registering a generator under ``name``."""
+
+    def decorate(fn: Generator) -> Generator:
+        if name in _REGISTRY:
+            raise ValueError(f"schedule {name!r} is registered twice")
+        _REGISTRY[name] = ScheduleInfo(
+            name, description, paper, synchronous, fn,
+            min_microbatches if min_microbatches is not None else (lambda shape: 1),
+        )
+        return fn
+
+    return decorate
+
+
+def get_info(name: str) -> ScheduleInfo:
+    _load_builtins()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"unknown schedule {name!r}; choose one of: {known}") from None
+
+
+def available_schedules() -> list[ScheduleInfo]:
+    _load_builtins()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def build_schedule(name: str, shape: Shape | None = None, **kwargs: Any) -> Schedule:
+    """Generate the compute-only schedule ``name`` for ``shape`` (or ``Shape(**kwargs)``).
+
+    Extra keyword arguments that are not :class:`Shape` fields go to ``options``.
+    """
+    info = get_info(name)
+    if shape is None:
+        fields = set(Shape.__dataclass_fields__)
+        options = dict(kwargs.pop("options", {}))
+        options.update({k: kwargs.pop(k) for k in list(kwargs) if k not in fields})
+        shape = Shape(**kwargs, options=options)
+    needed = info.min_microbatches(shape)
+    if shape.microbatches < needed:
+        raise ValueError(
+            f"schedule {name!r} needs microbatches >= {needed} for {shape.stages} stages, got "
+            f"{shape.microbatches}; raise --microbatches to at least {needed}"
+        )
+    return info.generate(shape)
+
+
+def _load_builtins() -> None:
+    from . import builtin  # noqa: F401  (registers every built-in generator)

@@ -78,9 +78,10 @@ def test_from_blocks_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="no blocks"):
         ModelSpec.from_blocks([], nn.functional.mse_loss)
     with pytest.raises(TypeError, match="block 1"):
-        ModelSpec.from_blocks([nn.ReLU(), torch.relu], nn.functional.mse_loss)  # type: ignore[list-item]
+        not_a_module: list[nn.Module] = [nn.ReLU(), torch.relu]  # type: ignore[list-item]
+        ModelSpec.from_blocks(not_a_module, nn.functional.mse_loss)
     with pytest.raises(ValueError, match="duplicate"):
-        ModelSpec.from_blocks([nn.ReLU(), nn.ReLU()], nn.functional.mse_loss, block_names=["x", "x"])
+        ModelSpec.from_blocks([nn.ReLU(), nn.ReLU()], nn.functional.mse_loss, block_names="xx")
     with pytest.raises(ValueError, match="1 block_names for 2 blocks"):
         ModelSpec.from_blocks([nn.ReLU(), nn.ReLU()], nn.functional.mse_loss, block_names=["x"])
 

@@ -9,6 +9,7 @@ batches are drawn by :func:`pipeweave.data.build_dataset`.
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 from torch import Tensor
@@ -23,7 +24,7 @@ _SPLIT_SEED = 0  # fixed so the train/test membership never depends on the user'
 
 def _require_sklearn() -> None:
     try:
-        import sklearn.datasets  # type: ignore[import-untyped]  # noqa: F401
+        importlib.import_module("sklearn.datasets")
     except ImportError as exc:
         raise ImportError(
             "the 'digits' dataset needs scikit-learn; install it with `pip install scikit-learn`"

@@ -75,7 +75,9 @@ class Action(_Fields):
         version: for ``F`` the weight version it uses, for ``B`` the version it must match
             (the stashed one), for ``U``/``AR``/``AV`` the version the update produces.
         lookahead: for ``F``, how many updates lie between it and its backward, i.e. how
-            far ahead the runtime must predict weights (PipeOptim ``s``); 0 otherwise.
+            far ahead the runtime must predict weights (PipeOptim ``s``); for ``B``, how far
+            ahead of its ``version`` the backward predicts (SpecTrain; 0 for PipeOptim, which
+            runs the backward on the current weights); 0 otherwise.
         pipeline: the parallel pipeline (AvgPipe) the action belongs to.
     """
 

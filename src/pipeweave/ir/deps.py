@@ -26,7 +26,7 @@ from __future__ import annotations
 from .actions import Action, Op
 from .layout import Layout
 
-__all__ = ["dependencies", "ref", "collective_key", "producer_rank"]
+__all__ = ["dependencies", "ref", "collective_key", "producer_rank", "receiver"]
 
 
 def ref(action: Action) -> Action:
@@ -64,32 +64,64 @@ def dependencies(action: Action, layout: Layout, *, lowered: bool = False) -> tu
         layout: stage placement, to know which producers live on another rank.
         lowered: whether cross-rank producers are reached through local receives.
     """
-    op, s, j, h, p = action.op, action.stage, action.microbatch, action.piece, action.pipeline
-    last = layout.num_stages - 1
-    if op is Op.FORWARD:
+    # Hot path of the simulator (called once per action): the producers are built with
+    # ``tuple.__new__`` because their fields are derived from a valid action, so the checks
+    # in ``Action.__new__`` cannot fail; enum members are read from module constants because
+    # ``Op.FORWARD`` is a slow class-attribute lookup on Python 3.11.
+    op, s, j, h, _, _, p = action
+    if op is _F:
         if s == 0:
             return ()
-        producer = Action(Op.FORWARD, s - 1, j, h, pipeline=p)
-        return (_through_receive(producer, action, layout, Op.RECV_ACT, lowered),)
-    if op is Op.BACKWARD:
-        if s == last:
+        producer = _new(Action, (_F, s - 1, j, h, None, 0, p))
+        if lowered:
+            producer = _through_receive(producer, action, layout, _RF)
+        return (producer,)
+    if op is _B:
+        if s == len(layout.stage_ranks) - 1:
             return ()
-        producer = Action(Op.BACKWARD, s + 1, j, pipeline=p)
-        return (_through_receive(producer, action, layout, Op.RECV_GRAD, lowered),)
-    if op is Op.SEND_ACT:
-        return (Action(Op.FORWARD, s, j, h, pipeline=p),)
-    if op is Op.SEND_GRAD:
-        return (Action(Op.BACKWARD, s, j, pipeline=p),)
-    if op is Op.RECV_ACT:
-        return (Action(Op.SEND_ACT, s - 1, j, h, pipeline=p),)
-    if op is Op.RECV_GRAD:
-        return (Action(Op.SEND_GRAD, s + 1, j, pipeline=p),)
+        producer = _new(Action, (_B, s + 1, j, 0, None, 0, p))
+        if lowered:
+            producer = _through_receive(producer, action, layout, _RB)
+        return (producer,)
+    if op is _SF:
+        return (_new(Action, (_F, s, j, h, None, 0, p)),)
+    if op is _SB:
+        return (_new(Action, (_B, s, j, 0, None, 0, p)),)
+    if op is _RF:
+        return (Action(_SF, s - 1, j, h, pipeline=p),)
+    if op is _RB:
+        return (_new(Action, (_SB, s + 1, j, 0, None, 0, p)),)
     return ()
 
 
-def _through_receive(
-    producer: Action, consumer: Action, layout: Layout, recv_op: Op, lowered: bool
-) -> Action:
-    if not lowered or producer_rank(producer, layout) == producer_rank(consumer, layout):
+_new = tuple.__new__
+_F, _B, _SF, _RF, _SB, _RB = (
+    Op.FORWARD, Op.BACKWARD, Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD
+)
+
+
+def _through_receive(producer: Action, consumer: Action, layout: Layout, recv_op: Op) -> Action:
+    ranks = layout.stage_ranks
+    j = consumer.microbatch
+    assert j is not None, consumer
+    producer_ranks, consumer_ranks = ranks[producer.stage], ranks[consumer.stage]
+    if producer_ranks[j % len(producer_ranks)] == consumer_ranks[j % len(consumer_ranks)]:
         return producer
-    return Action(recv_op, consumer.stage, consumer.microbatch, producer.piece, pipeline=consumer.pipeline)
+    return _new(Action, (recv_op, consumer.stage, j, producer.piece, None, 0, consumer.pipeline))
+
+
+def receiver(send: Action, layout: Layout) -> tuple[Action, int]:
+    """The receive that consumes ``send`` and the rank it runs on.
+
+    The inverse of the receive rules in :func:`dependencies`, which it checks.
+    """
+    assert send.microbatch is not None, send
+    if send.op is Op.SEND_ACT:
+        recv = Action(Op.RECV_ACT, send.stage + 1, send.microbatch, send.piece, pipeline=send.pipeline)
+    elif send.op is Op.SEND_GRAD:
+        recv = Action(Op.RECV_GRAD, send.stage - 1, send.microbatch, pipeline=send.pipeline)
+    else:
+        raise ValueError(f"{send} is not a send")
+    assert dependencies(recv, layout, lowered=True) == (ref(send),), (send, recv)
+    return recv, producer_rank(recv, layout)
+

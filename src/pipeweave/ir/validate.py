@@ -9,8 +9,10 @@ cells marked ``>x<``):
 3. same-rank order — a dependency on the same rank comes earlier; a backward comes after its
    own forward (the activation it needs is stashed there);
 4. weight versions — updates on a stage number 1, 2, 3, ... in program order; a forward uses a
-   version that exists; a backward uses the version its forward used plus its lookahead
-   (stashing: lookahead 0; PipeOptim: the current weights);
+   version that exists; a backward targets the version its forward targeted, i.e.
+   ``B.version + B.lookahead == F.version + F.lookahead`` (stashing: both lookaheads 0;
+   PipeOptim: the backward runs on the current weights, ``F.version + F.lookahead``;
+   SpecTrain: the backward predicts ``B.lookahead`` further from the current weights);
 5. liveness — a unit-cost walk finishes (no deadlock); in a lowered schedule every send has
    exactly one receive.
 """
@@ -111,9 +113,10 @@ def _check_versions(schedule: Schedule) -> None:
                 forward_version[ref(action)] = action.version + action.lookahead
             elif action.op is Op.BACKWARD and action.version is not None:
                 wanted = {forward_version.get(ref(f)) for f in _forwards_of(action)} - {None}
-                if wanted and wanted != {action.version}:
-                    raise _fail(schedule, f"{action} must use version {sorted(wanted)} (its "
-                                "forward's version plus lookahead)", [(rank, position)])
+                if wanted and wanted != {action.version + action.lookahead}:
+                    raise _fail(schedule, f"{action} must target version {sorted(wanted)} (its "
+                                "forward's version plus lookahead) with its own version plus "
+                                "lookahead", [(rank, position)])
                 if action.version > updates[key]:
                     raise _fail(schedule, f"{action} uses version {action.version} which does not "
                                 "exist yet", [(rank, position)])

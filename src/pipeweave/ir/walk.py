@@ -62,18 +62,25 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
     copy) and are not indexed.
     """
     index: dict[Action, Location] = {}
-    for rank, position, action in schedule.actions():
-        if action.microbatch is None:
-            continue
-        key = ref(action)
-        if key in index:
-            other = index[key]
-            raise ScheduleError(
-                f"action {key} appears twice, at rank {other[0]} step {other[1]} and rank {rank} "
-                f"step {position}; every action must be scheduled exactly once\n"
-                + render_grid(schedule, marked=[other, (rank, position)])
-            )
-        index[key] = (rank, position)
+    new = tuple.__new__
+    for rank, program in enumerate(schedule.programs):
+        for position, action in enumerate(program):
+            op, stage, microbatch, piece, version, lookahead, pipeline = action
+            if microbatch is None:
+                continue
+            # ref(action), inlined: this loop runs once per action of the schedule.
+            if version is None and lookahead == 0:
+                key = action
+            else:
+                key = new(Action, (op, stage, microbatch, piece, None, 0, pipeline))
+            if key in index:
+                other = index[key]
+                raise ScheduleError(
+                    f"action {key} appears twice, at rank {other[0]} step {other[1]} and rank "
+                    f"{rank} step {position}; every action must be scheduled exactly once\n"
+                    + render_grid(schedule, marked=[other, (rank, position)])
+                )
+            index[key] = (rank, position)
     return index
 
 
@@ -89,74 +96,97 @@ def walk(
     lowered = schedule.lowered
     index = index_actions(schedule) if index is None else index
     participants: dict[object, int] = defaultdict(int)
-    for _, _, action in schedule.actions():
-        key = collective_key(action)
-        if key is not None:
-            participants[key] += 1
+    for program in programs:
+        for action in program:
+            if action.op is Op.ALL_REDUCE:
+                participants[collective_key(action)] += 1
 
     n = len(programs)
     start = [[0.0] * len(p) for p in programs]
     end = [[0.0] * len(p) for p in programs]
     binding: list[list[Location | None]] = [[None] * len(p) for p in programs]
-    done = [[False] * len(p) for p in programs]
+    # Ranks run their programs in order, so action (r, p) is done exactly when p < pointer[r].
     pointer = [0] * n
     clock = [0.0] * n
-    waiting: dict[Location, list[int]] = defaultdict(list)
+    # waiting[r][p]: ranks blocked until action (r, p) finishes.
+    waiting: list[dict[int, list[int]]] = [{} for _ in range(n)]
     arrived: dict[object, list[Location]] = defaultdict(list)
+    # A rank blocked on a dependency resumes where it stopped: (dependencies, index of the
+    # unfinished one, start so far, binding so far).
+    pending: list[tuple[tuple[Action, ...], int, float, Location | None] | None] = [None] * n
     queue = deque(range(n))
     queued = [True] * n
+    all_reduce = Op.ALL_REDUCE
+    get = index.get
+
+    def wake(rank: int, position: int) -> None:
+        for waiter in waiting[rank].pop(position, ()):
+            if not queued[waiter]:
+                queued[waiter] = True
+                queue.append(waiter)
 
     def finish(rank: int, position: int, t0: float, bind: Location | None) -> None:
         action = programs[rank][position]
         start[rank][position] = t0
-        end[rank][position] = t0 + duration(rank, action)
+        end[rank][position] = t1 = t0 + duration(rank, action)
         binding[rank][position] = bind
-        done[rank][position] = True
-        clock[rank] = end[rank][position]
+        clock[rank] = t1
         pointer[rank] = position + 1
-        for waiter in waiting.pop((rank, position), ()):
-            if not queued[waiter]:
-                queued[waiter] = True
-                queue.append(waiter)
+        wake(rank, position)
 
     while queue:
         rank = queue.popleft()
         queued[rank] = False
         program = programs[rank]
-        while pointer[rank] < len(program):
-            position = pointer[rank]
+        length = len(program)
+        start_row, end_row, binding_row, waiting_row = (
+            start[rank], end[rank], binding[rank], waiting[rank]
+        )
+        position = pointer[rank]
+        resume = pending[rank]
+        pending[rank] = None
+        while position < length:
             action = program[position]
-            t0 = clock[rank]
-            bind: Location | None = (rank, position - 1) if position else None
-            key = collective_key(action) if action.op is Op.ALL_REDUCE else None
-            if key is not None:
-                group = arrived[key]
-                if (rank, position) not in group:
-                    group.append((rank, position))
-                if len(group) < participants[key]:
-                    break  # wait for the other replicas
-                latest = max(group, key=lambda loc: clock[loc[0]])
-                t_all = clock[latest[0]]
-                for other_rank, other_pos in group:
-                    if other_rank != rank:
-                        pointer[other_rank] = other_pos
-                        finish(other_rank, other_pos, t_all, latest)
-                        if not queued[other_rank]:
-                            queued[other_rank] = True
-                            queue.append(other_rank)
-                finish(rank, position, t_all, latest)
-                continue
+            if resume is not None:
+                deps, i, t0, bind = resume
+                resume = None
+            else:
+                if action[0] is all_reduce:
+                    key = collective_key(action)
+                    group = arrived[key]
+                    if (rank, position) not in group:
+                        group.append((rank, position))
+                    if len(group) < participants[key]:
+                        break  # wait for the other replicas
+                    latest = max(group, key=lambda loc: clock[loc[0]])
+                    t_all = clock[latest[0]]
+                    for other_rank, other_pos in group:
+                        if other_rank != rank:
+                            pointer[other_rank] = other_pos
+                            finish(other_rank, other_pos, t_all, latest)
+                            if not queued[other_rank]:
+                                queued[other_rank] = True
+                                queue.append(other_rank)
+                    finish(rank, position, t_all, latest)
+                    position += 1
+                    continue
+                t0 = clock[rank]
+                bind = (rank, position - 1) if position else None
+                deps = dependencies(action, layout, lowered=lowered)
+                i = 0
             blocked = False
-            for dep in dependencies(action, layout, lowered=lowered):
-                loc = index.get(dep)
+            for i in range(i, len(deps)):
+                dep = deps[i]
+                loc = get(dep)
                 if loc is None:
                     raise ScheduleError(
                         f"rank {rank} step {position}: {action} depends on {dep}, which no rank "
                         f"schedules; add it (or lower the schedule so sends/receives exist)"
                     )
                 dep_rank, dep_pos = loc
-                if not done[dep_rank][dep_pos]:
-                    waiting[loc].append(rank)
+                if dep_pos >= pointer[dep_rank]:  # not finished yet: wait for it
+                    waiting[dep_rank].setdefault(dep_pos, []).append(rank)
+                    pending[rank] = (deps, i, t0, bind)
                     blocked = True
                     break
                 ready = end[dep_rank][dep_pos]
@@ -166,7 +196,20 @@ def walk(
                     t0, bind = ready, loc
             if blocked:
                 break
-            finish(rank, position, t0, bind)
+            # finish(rank, position, t0, bind), inlined for the common case
+            start_row[position] = t0
+            end_row[position] = t1 = t0 + duration(rank, action)
+            binding_row[position] = bind
+            clock[rank] = t1
+            pointer[rank] = position + 1
+            if waiting_row:
+                waiters = waiting_row.pop(position, None)
+                if waiters is not None:
+                    for waiter in waiters:
+                        if not queued[waiter]:
+                            queued[waiter] = True
+                            queue.append(waiter)
+            position += 1
 
     stuck = [(r, pointer[r]) for r in range(n) if pointer[r] < len(programs[r])]
     return Walk(start=start, end=end, binding=binding, stuck=stuck)

@@ -114,7 +114,8 @@ def mlp_blocks(config: MLPConfig) -> tuple[list[nn.Module], list[str]]:
 
 
 def cnn_blocks(config: CNNConfig) -> tuple[list[nn.Module], list[str]]:
-    """Build the CNN's blocks and their names (``conv0``, ``conv1``, ``conv2``, ``fc``, ``head``)."""
+    """Build the CNN's blocks and their names (``conv0``, ``conv1``, ``conv2``, ``fc``,
+    ``head``)."""
     c0, c1, c2 = config.channels
     pooled = config.image_size // 4
     blocks: list[nn.Module] = [

@@ -1,3 +1,13 @@
 """Imports every built-in generator so that it registers itself."""
 
-from . import gpipe, one_f_one_b  # noqa: F401
+from . import (  # noqa: F401
+    avgpipe,
+    gpipe,
+    interleaved,
+    one_f_one_b,
+    pipedream,
+    pipeoptim,
+    sliced,
+    two_bw,
+    wpipe,
+)

@@ -1,0 +1,85 @@
+"""One rank of a distributed run: process group, stages, interpreter, results.
+
+Used by both launchers: pipeweave's local spawner (:mod:`pipeweave.runtime.launch`) and
+torchrun (which sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``). gloo on CPU, NCCL on CUDA; every collective and
+point-to-point wait has the job's timeout, so a dead peer turns into an error, not a hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from .interpreter import RankInterpreter
+from .job import Job
+from .microbatches import MicrobatchSource
+from .timeline import Recorder
+from .transport import DistTransport
+from .worker import RankResult, build_rank, collect_result, make_schedule
+
+__all__ = ["run_rank", "threads_per_rank"]
+
+
+def threads_per_rank(local_world_size: int) -> int:
+    """Intra-op threads so that the ranks on one machine don't oversubscribe its cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, local_world_size))
+
+
+def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_world_size: int,
+             init_method: str = "env://") -> RankResult:
+    """Run ``job`` as ``rank`` of ``world_size``; returns this rank's result."""
+    torch.set_num_threads(threads_per_rank(local_world_size))
+    torch.manual_seed(job.seed)
+    schedule = make_schedule(job.plan, job.steps)
+    if schedule.num_ranks != world_size:
+        raise ValueError(
+            f"plan needs {schedule.num_ranks} ranks but the run has world size {world_size}; "
+            f"start {schedule.num_ranks} processes (e.g. torchrun --nproc-per-node {schedule.num_ranks})"
+        )
+    if job.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    timeout = datetime.timedelta(seconds=job.timeout_s)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timeout)
+    try:
+        transport = DistTransport(rank, device, timeout)
+        transport.make_groups(schedule.layout.stage_ranks)
+        parts = build_rank(job, rank, schedule, device)
+        data = MicrobatchSource(job.data(), microbatches=job.plan.microbatches,
+                                pipelines=job.plan.pipelines, device=device)
+        origin = _common_origin(device)
+        recorder = Recorder(rank, origin) if job.record_timeline else None
+        interpreter = RankInterpreter(rank=rank, schedule=schedule, stages=parts.stages,
+                                      optimizers=parts.optimizers, transport=transport,
+                                      data=data, recorder=recorder)
+        for _ in interpreter.run():
+            raise AssertionError("the distributed transport never yields")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall = time.time() - origin
+        result = collect_result(rank, parts, schedule,
+                                records=recorder.records if recorder else [],
+                                want_parameters=job.return_parameters, wall=wall, device=device)
+        dist.barrier()
+        return result
+    finally:
+        dist.destroy_process_group()
+
+
+def _common_origin(device: torch.device) -> float:
+    """Rank 0's wall clock after a barrier, so all ranks' timelines share one zero."""
+    dist.barrier()
+    stamp = torch.tensor([time.time()], dtype=torch.float64, device=device)
+    dist.broadcast(stamp, src=0)
+    return float(stamp.item())

@@ -1,0 +1,159 @@
+"""RankInterpreter: runs one rank's action list with torch.
+
+This is the runtime's only reading of a schedule: it walks the rank's program in order and
+does what each action says. Where an input comes from is asked of
+:func:`pipeweave.ir.deps.dependencies` (a receive, or the previous stage on this same rank),
+where an output goes of :func:`pipeweave.ir.deps.receiver`. Both executors — the distributed
+one and the single-process one — drive this same class; only the transport differs.
+
+:meth:`RankInterpreter.run` is a generator that yields when it must wait for another rank
+(single-process executor only; the distributed transport blocks instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from itertools import islice
+
+import torch
+from torch import Tensor
+
+from ..ir import Action, Op, Schedule, dependencies, ref
+from ..ir.deps import producer_rank, receiver
+from .microbatches import MicrobatchSource
+from .stage import StageRuntime
+from .timeline import Recorder
+from .transport import Transport
+
+__all__ = ["RankInterpreter"]
+
+_PREFETCH = 2  # receives posted ahead of need, so transfers overlap with compute
+
+
+class RankInterpreter:
+    """Interprets ``schedule.programs[rank]`` (the schedule must be lowered)."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        schedule: Schedule,
+        stages: Mapping[int, StageRuntime],
+        optimizers: Mapping[int, torch.optim.Optimizer],
+        transport: Transport,
+        data: MicrobatchSource,
+        recorder: Recorder | None = None,
+    ) -> None:
+        if not schedule.lowered:
+            raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
+        self.rank = rank
+        self.schedule = schedule
+        self.program = schedule.programs[rank]
+        self.stages = stages
+        self.optimizers = optimizers
+        self.transport = transport
+        self.data = data
+        self.recorder = recorder
+        self.executed = 0
+        self._values: dict[Action, Tensor] = {}
+        """Outputs of F (activations) and B (input gradients) and received tensors, by ref."""
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> Generator[None, None, None]:
+        layout = self.schedule.layout
+        receives = [(i, a) for i, a in enumerate(self.program)
+                    if a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
+        next_receive = 0
+        for position, action in enumerate(self.program):
+            while next_receive < len(receives) and receives[next_receive][0] < position:
+                next_receive += 1
+            for _, upcoming in islice(receives, next_receive, next_receive + _PREFETCH):
+                self._prefetch(upcoming)
+            start = self.recorder.now() if self.recorder else 0.0
+            op = action.op
+            if op is Op.FORWARD:
+                self._forward(action)
+            elif op is Op.BACKWARD:
+                self._backward(action)
+            elif op in (Op.SEND_ACT, Op.SEND_GRAD):
+                _, dst = receiver(action, layout)
+                self.transport.send(ref(action), self._values.pop(self._produced_by(action)), dst)
+            elif op in (Op.RECV_ACT, Op.RECV_GRAD):
+                (message,) = dependencies(action, layout, lowered=True)
+                src = producer_rank(message, layout)
+                self._values[ref(action)] = yield from self.transport.recv(message, src)
+            elif op is Op.ALL_REDUCE:
+                yield from self._all_reduce(action)
+            elif op is Op.STEP:
+                self._step(action)
+            elif op is Op.AVERAGE:
+                raise NotImplementedError(
+                    f"{action}: elastic averaging (AvgPipe) is not available in this runtime yet"
+                )
+            if self.recorder:
+                self.recorder.add(str(action), start, self.recorder.now())
+            self.executed += 1
+        self.transport.finish()
+
+    def _prefetch(self, action: Action) -> None:
+        (message,) = dependencies(action, self.schedule.layout, lowered=True)
+        self.transport.prefetch(message, producer_rank(message, self.schedule.layout))
+
+    @staticmethod
+    def _produced_by(send: Action) -> Action:
+        producer = Op.FORWARD if send.op is Op.SEND_ACT else Op.BACKWARD
+        return Action(producer, send.stage, send.microbatch, send.piece, pipeline=send.pipeline)
+
+    def _input_of(self, action: Action) -> Tensor | None:
+        """The tensor an F or B consumes from upstream (None: nothing, e.g. last-stage B)."""
+        deps = dependencies(action, self.schedule.layout, lowered=True)
+        if not deps:
+            return None
+        (dep,) = deps
+        return self._values.pop(dep)
+
+    # -- compute ------------------------------------------------------------------------
+    def _forward(self, action: Action) -> None:
+        stage = self.stages[action.stage]
+        j, piece, pipeline = action.microbatch, action.piece, action.pipeline
+        assert j is not None
+        if action.stage == 0:
+            inputs = self.data.inputs(j, piece, pipeline)
+        else:
+            received = self._input_of(action)
+            assert received is not None
+            inputs = received
+        target = self.data.targets(j, piece, pipeline) if stage.is_last else None
+        output = stage.forward((j, piece, pipeline), inputs, target=target,
+                               batch_rows=self._batch_rows())
+        if output is not None:
+            self._values[ref(action)] = output
+
+    def _backward(self, action: Action) -> None:
+        stage = self.stages[action.stage]
+        assert action.microbatch is not None
+        grad_output = None if stage.is_last else self._input_of(action)
+        grad_input = stage.backward(action.microbatch, action.pipeline, grad_output,
+                                    batch_rows=self._batch_rows())
+        if grad_input is not None and action.stage > 0:
+            self._values[ref(action)] = grad_input
+
+    def _batch_rows(self) -> int:
+        return self.data.batch_rows or 1
+
+    def _all_reduce(self, action: Action) -> Generator[None, None, None]:
+        params = [p for p in self.stages[action.stage].module.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        ranks = self.schedule.layout.stage_ranks[action.stage]
+        total = yield from self.transport.all_reduce(action, flat, ranks)
+        offset = 0
+        for param in params:
+            count = param.numel()
+            param.grad = total.narrow(0, offset, count).view_as(param).clone()
+            offset += count
+
+    def _step(self, action: Action) -> None:
+        optimizer = self.optimizers[action.stage]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,123 @@
+"""Job: everything a rank needs to build its part of a run, as picklable factories.
+
+Processes are started with the ``spawn`` method (or by torchrun), so models, data and
+optimizers travel as *factories* that every rank calls itself: the built-in ones below, or any
+picklable callable of the user's (a top-level function, a ``functools.partial``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..models import ModelSpec, build_model
+from .plan import Plan
+
+__all__ = ["Job", "BuiltinModel", "BuiltinData", "OptimizerFactory", "DTYPES"]
+
+Batch = tuple[Tensor, Tensor]
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """Factory for a registered model (``pipeweave.models.build_model``)."""
+
+    name: str = "gpt-tiny"
+    seed: int = 0
+    dtype: str = "float32"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> ModelSpec:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} unsupported; use one of {sorted(DTYPES)}")
+        return build_model(self.name, seed=self.seed, dtype=DTYPES[self.dtype], **self.overrides)
+
+
+@dataclass(frozen=True)
+class BuiltinData:
+    """Factory for a registered dataset stream (``pipeweave.data.build_dataset``)."""
+
+    name: str
+    batch_size: int
+    seq_len: int | None = None
+    seed: int = 0
+    dtype: str = "float32"
+
+    def __call__(self) -> Iterable[Batch]:
+        from ..data import build_dataset
+
+        return build_dataset(self.name, batch_size=self.batch_size, seq_len=self.seq_len,
+                             seed=self.seed, dtype=DTYPES[self.dtype])
+
+
+_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "rmsprop": torch.optim.RMSprop,
+    "adagrad": torch.optim.Adagrad,
+}
+
+
+@dataclass(frozen=True)
+class OptimizerFactory:
+    """``torch.optim`` optimizer by name with keyword arguments, e.g. ``("adam", lr=1e-3)``."""
+
+    name: str = "adam"
+    kwargs: dict[str, Any] = field(default_factory=lambda: {"lr": 1e-3})
+
+    def __post_init__(self) -> None:
+        if self.name not in _OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.name!r}; choose one of {sorted(_OPTIMIZERS)}")
+
+    def __call__(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return _OPTIMIZERS[self.name](params, **self.kwargs)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A training run as data.
+
+    Attributes:
+        plan: the split and schedule.
+        steps: iterations (optimizer steps per stage for flush schedules) to run.
+        model: returns the :class:`ModelSpec` (called on every rank; must be deterministic).
+        data: returns an iterable of ``(inputs, targets)`` batches (called on every rank that
+            needs data; every call must yield the same batches).
+        optimizer: builds a ``torch.optim`` optimizer from a stage's parameters.
+        seed: seeds torch's RNG on every rank (dropout etc.).
+        device: ``"cpu"`` or ``"cuda"`` (one GPU per rank, ``cuda:local_rank``).
+        timeout_s: how long a rank waits for a peer before failing with a clear error.
+        record_timeline: record start/end of every action.
+        return_parameters: include every rank's final parameters in the results (tests).
+    """
+
+    plan: Plan
+    steps: int
+    model: Callable[[], ModelSpec]
+    data: Callable[[], Iterable[Batch]]
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+    seed: int = 0
+    device: str = "cpu"
+    timeout_s: float = 60.0
+    record_timeline: bool = True
+    return_parameters: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+
+def take(stream: Iterable[Batch], count: int) -> Iterator[Batch]:
+    iterator = iter(stream)
+    for _ in range(count):
+        yield next(iterator)

@@ -1,0 +1,83 @@
+"""Single-process executor: every rank's program interpreted in one process.
+
+Each rank gets its own stages, optimizers and data source, exactly as in a distributed run;
+messages go through in-memory mailboxes. The executor resumes rank generators round-robin;
+a rank that waits for a message yields. Because every rank computes the same operations in
+the same order on the same data as in the distributed run (all-reduces sum in replica order
+in both), the numbers are identical — which makes semantics testable without processes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..ir import ScheduleError, render_grid
+from .distributed import threads_per_rank
+from .interpreter import RankInterpreter
+from .job import Job
+from .microbatches import MicrobatchSource
+from .timeline import Recorder
+from .transport import LocalTransport
+from .worker import RankResult, build_rank, collect_result, make_schedule
+
+__all__ = ["run_local"]
+
+
+def run_local(job: Job) -> list[RankResult]:
+    """Run ``job`` in this process; one :class:`RankResult` per rank.
+
+    Uses the same intra-op thread count as one rank of a local distributed run, so that
+    reductions inside kernels happen in the same order and results agree bit for bit.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_per_rank(job.plan.world_size))
+    try:
+        return _run(job)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(job: Job) -> list[RankResult]:
+    torch.manual_seed(job.seed)
+    schedule = make_schedule(job.plan, job.steps)
+    device = torch.device("cpu")
+    spec = job.model()
+    hub = LocalTransport()
+    origin = time.time()
+    interpreters, parts = [], []
+    for rank in range(schedule.num_ranks):
+        rank_parts = build_rank(job, rank, schedule, device, spec=spec)
+        data = MicrobatchSource(job.data(), microbatches=job.plan.microbatches,
+                                pipelines=job.plan.pipelines)
+        recorder = Recorder(rank, origin) if job.record_timeline else None
+        interpreters.append(RankInterpreter(
+            rank=rank, schedule=schedule, stages=rank_parts.stages,
+            optimizers=rank_parts.optimizers, transport=hub.endpoint(rank), data=data,
+            recorder=recorder,
+        ))
+        parts.append(rank_parts)
+    running = {rank: interp.run() for rank, interp in enumerate(interpreters)}
+    while running:
+        progressed = False
+        for rank in list(running):
+            before = interpreters[rank].executed
+            try:
+                next(running[rank])
+            except StopIteration:
+                del running[rank]
+                progressed = True
+                continue
+            progressed = progressed or interpreters[rank].executed != before
+        if running and not progressed:
+            stuck = [(r, interpreters[r].executed) for r in sorted(running)]
+            raise ScheduleError("single-process executor deadlocked:\n"
+                                + render_grid(schedule, marked=stuck, max_columns=64))
+    wall = time.time() - origin
+    return [
+        collect_result(rank, parts[rank], schedule,
+                       records=interp.recorder.records if interp.recorder else [],
+                       want_parameters=job.return_parameters, wall=wall, device=device)
+        for rank, interp in enumerate(interpreters)
+    ]

@@ -1,0 +1,95 @@
+"""MicrobatchSource: cuts a stream of batches into the micro-batches the schedule names.
+
+Micro-batch ``j`` of pipeline ``p`` belongs to iteration ``k = j // M`` and is row block
+``j % M`` of batch number ``k * N + p`` of the stream (N parallel pipelines take consecutive
+batches). A Slicer half (piece 1/2) is the first/second half of those rows.
+
+Every rank that needs data (the first stage for inputs, the last for targets) reads the same
+deterministic stream, so no data travels between ranks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import Tensor
+
+__all__ = ["MicrobatchSource"]
+
+Batch = tuple[Tensor, Tensor]
+
+
+class MicrobatchSource:
+    """Lazily draws batches from ``stream`` and serves micro-batch row slices of them."""
+
+    def __init__(self, stream: Iterable[Batch], *, microbatches: int, pipelines: int = 1,
+                 device: torch.device | None = None, window: int = 16) -> None:
+        self._iterator: Iterator[Batch] = iter(stream)
+        self.microbatches = microbatches
+        self.pipelines = pipelines
+        self.device = device
+        self.window = window
+        self._cache: OrderedDict[int, Batch] = OrderedDict()
+        self._drawn = 0
+        self.batch_rows: int | None = None
+
+    def _batch(self, index: int) -> Batch:
+        if index in self._cache:
+            return self._cache[index]
+        if index < self._drawn:
+            raise RuntimeError(
+                f"batch {index} was already dropped from the window of {self.window} batches; "
+                f"the schedule keeps more iterations in flight than the window allows"
+            )
+        while self._drawn <= index:
+            try:
+                inputs, targets = next(self._iterator)
+            except StopIteration:
+                raise ValueError(
+                    f"the data ran out after {self._drawn} batches; the run needs batch {index}. "
+                    f"Give more data or fewer --steps"
+                ) from None
+            self._check(inputs, targets)
+            if self.device is not None:
+                inputs, targets = inputs.to(self.device), targets.to(self.device)
+            self._cache[self._drawn] = (inputs, targets)
+            self._drawn += 1
+            while len(self._cache) > self.window:
+                self._cache.popitem(last=False)
+        return self._cache[index]
+
+    def _check(self, inputs: Tensor, targets: Tensor) -> None:
+        rows = inputs.shape[0]
+        if targets.shape[0] != rows:
+            raise ValueError(f"a batch has {rows} input rows but {targets.shape[0]} target rows")
+        if self.batch_rows is None:
+            if rows % self.microbatches:
+                raise ValueError(
+                    f"batch size {rows} is not divisible by microbatches={self.microbatches}; "
+                    f"use a batch size that is a multiple of {self.microbatches}"
+                )
+            self.batch_rows = rows
+        elif rows != self.batch_rows:
+            raise ValueError(f"batch sizes must be constant: got {rows} after {self.batch_rows}")
+
+    def _rows(self, microbatch: int, piece: int, pipeline: int, which: int) -> Tensor:
+        iteration, index = divmod(microbatch, self.microbatches)
+        tensor = self._batch(iteration * self.pipelines + pipeline)[which]
+        size = tensor.shape[0] // self.microbatches
+        rows = tensor.narrow(0, index * size, size)
+        if piece == 0:
+            return rows
+        if size < 2:
+            raise ValueError(
+                f"micro-batch of {size} row cannot be split in halves (Slicer); use a batch size "
+                f"of at least 2 x microbatches"
+            )
+        return torch.tensor_split(rows, 2)[piece - 1]
+
+    def inputs(self, microbatch: int, piece: int = 0, pipeline: int = 0) -> Tensor:
+        return self._rows(microbatch, piece, pipeline, 0)
+
+    def targets(self, microbatch: int, piece: int = 0, pipeline: int = 0) -> Tensor:
+        return self._rows(microbatch, piece, pipeline, 1)

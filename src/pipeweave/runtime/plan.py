@@ -1,0 +1,188 @@
+"""Plan: a plain, JSON-serialisable description of how a model is pipelined.
+
+A plan says which contiguous block range each stage holds, how stages map onto ranks (chunks
+per rank, replicas per stage, data-parallel width, parallel pipelines), the micro-batch count,
+the schedule and its options, the weight semantics and recomputation per stage. It is what
+planners write and what ``pipeweave train --plan FILE`` reads.
+
+Example (``gpt-tiny`` has 10 blocks; two ranks, 1F1B, 4 micro-batches)::
+
+    {"num_blocks": 10, "stages": [[0, 5], [5, 10]], "schedule": "1f1b", "microbatches": 4}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ir import Layout
+from ..schedules import Shape
+
+__all__ = ["Plan"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a model of ``num_blocks`` blocks is split and scheduled.
+
+    Attributes:
+        num_blocks: blocks in the model; the stages must cover ``0 .. num_blocks-1`` exactly.
+        stages: ``[start, end)`` block range of every (virtual) stage, in pipeline order.
+            With ``chunks = v`` there are ``depth * v`` entries; stage ``s`` lives on rank
+            ``s % depth`` of each pipeline copy.
+        schedule: registered schedule name (see ``pipeweave schedules``).
+        microbatches: M, micro-batches per iteration; the batch size must be divisible by it.
+        chunks: model chunks per rank (interleaved 1F1B, WPipe).
+        replicas: per-stage replica counts (PipeDream 1F1B-RR); ``None`` = one each.
+        width: data-parallel copies of the whole pipeline (gradients all-reduced per stage).
+        pipelines: AvgPipe's parallel pipelines sharing the ranks.
+        recompute: per stage, whether to recompute activations in the backward instead of
+            keeping them (empty = no recomputation anywhere).
+        schedule_options: extra options for the schedule generator (e.g. ``{"advance": 2}``).
+        semantics: weight-semantics options (e.g. ``{"lookahead": 2}``); interpreted by the
+            runtime's semantics policy.
+    """
+
+    num_blocks: int
+    stages: tuple[tuple[int, int], ...]
+    schedule: str = "1f1b"
+    microbatches: int = 4
+    chunks: int = 1
+    replicas: tuple[int, ...] | None = None
+    width: int = 1
+    pipelines: int = 1
+    recompute: tuple[bool, ...] = ()
+    schedule_options: Mapping[str, Any] = field(default_factory=dict)
+    semantics: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple((int(a), int(b)) for a, b in self.stages))
+        if self.replicas is not None:
+            object.__setattr__(self, "replicas", tuple(int(r) for r in self.replicas))
+        object.__setattr__(self, "recompute", tuple(bool(r) for r in self.recompute))
+        self._check_cover()
+        for name in ("microbatches", "chunks", "width", "pipelines"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"plan {name} must be >= 1, got {getattr(self, name)}")
+        if len(self.stages) % self.chunks:
+            raise ValueError(
+                f"plan has {len(self.stages)} stages, not a multiple of chunks={self.chunks}; "
+                f"give depth x chunks stages"
+            )
+        if self.replicas is not None and len(self.replicas) != self.depth:
+            raise ValueError(
+                f"plan replicas {list(self.replicas)} needs one entry per stage ({self.depth})"
+            )
+        if self.recompute and len(self.recompute) != len(self.stages):
+            raise ValueError(
+                f"plan recompute has {len(self.recompute)} entries; give one per stage "
+                f"({len(self.stages)}) or none"
+            )
+
+    def _check_cover(self) -> None:
+        if self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if not self.stages:
+            raise ValueError("a plan needs at least one stage")
+        expected_start = 0
+        for index, (start, end) in enumerate(self.stages):
+            if start != expected_start:
+                problem = "overlaps the previous stage" if start < expected_start else "leaves a gap"
+                raise ValueError(
+                    f"stage {index} starts at block {start} but the previous stage ends at "
+                    f"{expected_start}: it {problem}; stages must be contiguous [start, end) ranges "
+                    f"covering blocks 0..{self.num_blocks - 1}"
+                )
+            if end <= start:
+                raise ValueError(f"stage {index} range [{start}, {end}) is empty; give it >= 1 block")
+            expected_start = end
+        if expected_start != self.num_blocks:
+            raise ValueError(
+                f"stages end at block {expected_start} but the model has {self.num_blocks} blocks; "
+                f"the last stage must end at {self.num_blocks}"
+            )
+
+    # -- derived shape --------------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        """Ranks in one pipeline copy."""
+        return len(self.stages) // self.chunks
+
+    @property
+    def world_size(self) -> int:
+        if self.replicas is not None:
+            return sum(self.replicas)
+        return self.depth * self.width
+
+    def layout(self) -> Layout:
+        return self.shape(1).layout()
+
+    def shape(self, iterations: int) -> Shape:
+        return Shape(
+            stages=self.depth, microbatches=self.microbatches, iterations=iterations,
+            chunks=self.chunks, width=self.width, replicas=self.replicas,
+            pipelines=self.pipelines, options=dict(self.schedule_options),
+        )
+
+    def recompute_stage(self, stage: int) -> bool:
+        return bool(self.recompute) and self.recompute[stage]
+
+    # -- constructors and serialisation -----------------------------------------------
+    @classmethod
+    def uniform(cls, num_blocks: int, depth: int, *, chunks: int = 1, **fields: Any) -> "Plan":
+        """Split ``num_blocks`` into ``depth * chunks`` stages of (nearly) equal block counts."""
+        count = depth * chunks
+        if count < 1 or count > num_blocks:
+            raise ValueError(
+                f"cannot split {num_blocks} blocks into {count} stages (depth {depth} x chunks "
+                f"{chunks}); use between 1 and {num_blocks} stages"
+            )
+        base, extra = divmod(num_blocks, count)
+        bounds, start = [], 0
+        for index in range(count):
+            end = start + base + (1 if index < extra else 0)
+            bounds.append((start, end))
+            start = end
+        return cls(num_blocks=num_blocks, stages=tuple(bounds), chunks=chunks, **fields)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["stages"] = [list(s) for s in self.stages]
+        data["replicas"] = list(self.replicas) if self.replicas is not None else None
+        data["recompute"] = list(self.recompute)
+        data["schedule_options"] = dict(self.schedule_options)
+        data["semantics"] = dict(self.semantics)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Plan":
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"plan has unknown fields {sorted(unknown)}; known: {sorted(known)}")
+        if "num_blocks" not in data or "stages" not in data:
+            raise ValueError("a plan needs at least 'num_blocks' and 'stages'")
+        fields = dict(data)
+        fields["stages"] = tuple(tuple(s) for s in fields["stages"])
+        if fields.get("replicas") is not None:
+            fields["replicas"] = tuple(fields["replicas"])
+        fields["recompute"] = tuple(fields.get("recompute", ()))
+        return cls(**fields)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"plan file {path} is not valid JSON: {error}") from None
+        return cls.from_json(data)
+
+
+def block_ranges(plan: Plan, stages: Sequence[int]) -> list[tuple[int, int]]:
+    return [plan.stages[s] for s in stages]

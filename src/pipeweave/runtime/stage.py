@@ -1,0 +1,162 @@
+"""StageRuntime: one stage's blocks, its forward/backward and the activations it stashes.
+
+A forward keeps what its backward will need, keyed by (micro-batch, piece, pipeline): the
+input (which must receive a gradient) and the output graph — or, with recomputation, only the
+input and the RNG state, re-running the forward at backward time. A backward of a whole
+micro-batch whose forward ran in two halves (the Slicer) back-propagates each half with its
+rows of the incoming gradient and concatenates the input gradients.
+
+The last stage turns its output into the loss, scaled by ``rows / batch_rows`` so that the
+micro-batch gradients sum to the gradient of the mean loss over the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["StageRuntime", "StageError"]
+
+Key = tuple[int, int, int]
+"""(micro-batch, piece, pipeline)."""
+
+
+class StageError(RuntimeError):
+    """A stage's forward or backward failed; the message names the stage and the inputs."""
+
+
+@dataclass
+class _Stash:
+    inputs: Tensor
+    output: Tensor | None  # None when recomputing
+    rng_state: Tensor | None
+    rows: int
+    target: Tensor | None
+
+
+class StageRuntime:
+    """Executes forward/backward of one stage (a contiguous range of blocks)."""
+
+    def __init__(
+        self,
+        *,
+        stage: int,
+        blocks: nn.Module,
+        block_range: tuple[int, int],
+        is_first: bool,
+        is_last: bool,
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        recompute: bool = False,
+    ) -> None:
+        self.stage = stage
+        self.module = blocks
+        self.block_range = block_range
+        self.is_first = is_first
+        self.is_last = is_last
+        self.loss_fn = loss_fn
+        self.recompute = recompute
+        self._stash: dict[Key, _Stash] = {}
+        self.losses: dict[int, float] = {}
+        """Weighted loss contribution per micro-batch (last stage only)."""
+        self.peak_stashed = 0
+        self.peak_stashed_bytes = 0
+        self._stashed_bytes = 0
+
+    # -- forward ----------------------------------------------------------------------
+    def forward(self, key: Key, inputs: Tensor, *, target: Tensor | None = None,
+                batch_rows: int = 1) -> Tensor | None:
+        """Run the stage on ``inputs``; return the activation to pass on (None on the last stage)."""
+        if not self.is_first and inputs.is_floating_point() and not inputs.requires_grad:
+            inputs = inputs.detach().requires_grad_(True)
+        rng = torch.get_rng_state() if self.recompute else None
+        try:
+            if self.recompute:
+                with torch.no_grad():
+                    output = self.module(inputs)
+            else:
+                output = self.module(inputs)
+        except Exception as error:  # name the stage, its blocks and the input it got
+            raise StageError(
+                f"stage {self.stage} (blocks {self.block_range[0]}..{self.block_range[1] - 1}) "
+                f"failed in forward on input of shape {tuple(inputs.shape)} dtype {inputs.dtype}: "
+                f"{error}"
+            ) from error
+        rows = inputs.shape[0]
+        if self.is_last:
+            if target is None:
+                raise StageError(f"last stage {self.stage} got no target for micro-batch {key[0]}")
+            loss = self._loss(output, target, rows, batch_rows, key)
+            self._keep(key, _Stash(inputs, None if self.recompute else loss, rng, rows, target))
+            return None
+        self._keep(key, _Stash(inputs, None if self.recompute else output, rng, rows, None))
+        return output.detach()
+
+    def _loss(self, output: Tensor, target: Tensor, rows: int, batch_rows: int, key: Key) -> Tensor:
+        loss = self.loss_fn(output, target) * (rows / batch_rows)
+        value = float(loss.detach())
+        if value != value or value in (float("inf"), float("-inf")):
+            raise FloatingPointError(
+                f"loss became {value} at micro-batch {key[0]} (stage {self.stage}); lower the "
+                f"learning rate or check the data"
+            )
+        self.losses[key[0]] = self.losses.get(key[0], 0.0) + value
+        return loss
+
+    def _keep(self, key: Key, stash: _Stash) -> None:
+        self._stash[key] = stash
+        self._stashed_bytes += _nbytes(stash)
+        self.peak_stashed = max(self.peak_stashed, len({(k[0], k[2]) for k in self._stash}))
+        self.peak_stashed_bytes = max(self.peak_stashed_bytes, self._stashed_bytes)
+
+    # -- backward ---------------------------------------------------------------------
+    def backward(self, microbatch: int, pipeline: int, grad_output: Tensor | None, *,
+                 batch_rows: int = 1) -> Tensor | None:
+        """Back-propagate micro-batch ``microbatch``; return the gradient of the stage input."""
+        pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._stash]
+        if not pieces:
+            raise StageError(f"stage {self.stage} has no stashed forward for micro-batch {microbatch}")
+        grads: list[Tensor] = []
+        offset = 0
+        for piece in pieces:
+            stash = self._stash.pop((microbatch, piece, pipeline))
+            self._stashed_bytes -= _nbytes(stash)
+            output = stash.output
+            if output is None:
+                output = self._recompute(stash, batch_rows)
+            if self.is_last:
+                output.backward()
+            else:
+                assert grad_output is not None
+                part = grad_output.narrow(0, offset, stash.rows) if len(pieces) > 1 else grad_output
+                torch.autograd.backward(output, part)
+            offset += stash.rows
+            if stash.inputs.requires_grad:
+                grad = stash.inputs.grad
+                grads.append(grad if grad is not None else torch.zeros_like(stash.inputs))
+        if not grads:
+            return None
+        return grads[0] if len(grads) == 1 else torch.cat(grads)
+
+    def _recompute(self, stash: _Stash, batch_rows: int) -> Tensor:
+        assert stash.rng_state is not None
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(stash.rng_state)
+            output = self.module(stash.inputs)
+        if not self.is_last:
+            return output
+        assert stash.target is not None
+        return self.loss_fn(output, stash.target) * (stash.rows / batch_rows)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._stash)
+
+
+def _nbytes(stash: _Stash) -> int:
+    total = stash.inputs.numel() * stash.inputs.element_size()
+    if stash.output is not None:
+        total += stash.output.numel() * stash.output.element_size()
+    return total

@@ -1,0 +1,217 @@
+"""Transports: how one rank's sends, receives and all-reduces reach the others.
+
+Two implementations of one small interface, so that one interpreter serves both executors:
+
+* :class:`DistTransport` — torch.distributed point-to-point (gloo on CPU, NCCL on CUDA).
+  Sends are ``isend`` (never block the rank); receives can be posted early (``prefetch``) so
+  the transfer overlaps with compute. The shape and dtype of each kind of message between two
+  ranks are exchanged once, in a small header before the first message of that kind.
+* :class:`LocalTransport` — in-memory mailboxes for the single-process executor; a receive
+  whose message has not been sent yet *yields*, letting the executor run another rank.
+
+Receives and all-reduces are generators: ``value = yield from transport.recv(...)``. The
+distributed one never yields (it blocks in torch.distributed with a timeout).
+
+All-reduce sums contributions in replica order on every rank (all-gather, then an ordered
+sum), so results are bit-identical between the executors and across runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Generator, Sequence
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..ir import Action, Op
+
+__all__ = ["Transport", "DistTransport", "LocalTransport", "message_tag", "PeerTimeout"]
+
+Waiting = Generator[None, None, Tensor]
+
+
+class PeerTimeout(RuntimeError):
+    """A peer did not answer within the timeout (it probably died)."""
+
+
+class Transport(Protocol):
+    def send(self, message: Action, tensor: Tensor, dst: int) -> None: ...
+
+    def recv(self, message: Action, src: int) -> Waiting: ...
+
+    def prefetch(self, message: Action, src: int) -> None: ...
+
+    def all_reduce(self, key: Action, flat: Tensor, ranks: Sequence[int]) -> Waiting: ...
+
+    def finish(self) -> None: ...
+
+
+def message_tag(message: Action) -> int:
+    """A point-to-point tag unique among the messages that can be in flight between two ranks.
+
+    Packs (micro-batch mod 4096, piece, direction, stage, pipeline mod 16) below 2**31.
+    """
+    assert message.microbatch is not None
+    direction = 0 if message.op is Op.SEND_ACT else 1
+    if message.stage >= 1024:
+        raise ValueError(f"stage {message.stage} too large for p2p tags; use fewer than 1024 stages")
+    tag = (message.microbatch % 4096) * 3 + message.piece
+    tag = (tag * 2 + direction) * 1024 + message.stage
+    return tag * 16 + message.pipeline % 16
+
+
+_HEADER_BIT = 1 << 30
+_HEADER_LEN = 10  # dtype code, ndim, up to 8 dims
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+           torch.bool, torch.uint8, torch.int8]
+
+
+class DistTransport:
+    """Point-to-point over an initialised default process group."""
+
+    def __init__(self, rank: int, device: torch.device, timeout: datetime.timedelta) -> None:
+        self.rank = rank
+        self.device = device
+        self.timeout = timeout
+        self._sent_header: set[tuple[Op, int, int, int]] = set()
+        self._shapes: dict[tuple[Op, int, int, int], tuple[torch.Size, torch.dtype]] = {}
+        self._pending: list[tuple[dist.Work, Tensor]] = []
+        self._prefetched: dict[Action, tuple[dist.Work, Tensor]] = {}
+        self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+    def make_groups(self, groups: Sequence[Sequence[int]]) -> None:
+        """Create the replica groups; every rank must call this with the same list."""
+        for ranks in groups:
+            key = tuple(ranks)
+            if len(key) > 1 and key not in self._groups:
+                self._groups[key] = dist.new_group(list(key), timeout=self.timeout)
+
+    @staticmethod
+    def _kind(message: Action, src: int, dst: int) -> tuple[Op, int, int, int]:
+        return (message.op, message.stage, message.piece, src * 65536 + dst)
+
+    def send(self, message: Action, tensor: Tensor, dst: int) -> None:
+        kind = self._kind(message, self.rank, dst)
+        tag = message_tag(message)
+        if kind not in self._sent_header:
+            if tensor.dim() > _HEADER_LEN - 2:
+                raise ValueError(f"cannot send a {tensor.dim()}-d tensor; at most {_HEADER_LEN - 2} dims")
+            header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
+            header[0] = _DTYPES.index(tensor.dtype)
+            header[1] = tensor.dim()
+            header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+            header = header.to(self.device)
+            self._pending.append((dist.isend(header, dst, tag=tag | _HEADER_BIT), header))
+            self._sent_header.add(kind)
+        tensor = tensor.contiguous()
+        self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
+        self._reap()
+
+    def _reap(self) -> None:
+        if len(self._pending) > 8:
+            self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+
+    def _shape(self, message: Action, src: int) -> tuple[torch.Size, torch.dtype]:
+        kind = self._kind(message, src, self.rank)
+        if kind not in self._shapes:
+            header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.device)
+            self._wait(dist.irecv(header, src, tag=message_tag(message) | _HEADER_BIT), message, src)
+            header = header.cpu()
+            ndim = int(header[1])
+            self._shapes[kind] = (torch.Size(header[2 : 2 + ndim].tolist()), _DTYPES[int(header[0])])
+        return self._shapes[kind]
+
+    def _wait(self, work: dist.Work, message: Action, src: int) -> None:
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as error:
+            raise PeerTimeout(
+                f"rank {self.rank}: waiting for {message} from rank {src} failed after at most "
+                f"{self.timeout.total_seconds():.0f} s; rank {src} probably died or stopped "
+                f"({error})"
+            ) from error
+
+    def prefetch(self, message: Action, src: int) -> None:
+        if message in self._prefetched:
+            return
+        kind = self._kind(message, src, self.rank)
+        if kind not in self._shapes:
+            return  # the first message of a kind carries its header; receive it in order
+        shape, dtype = self._shapes[kind]
+        buffer = torch.empty(shape, dtype=dtype, device=self.device)
+        self._prefetched[message] = (dist.irecv(buffer, src, tag=message_tag(message)), buffer)
+
+    def recv(self, message: Action, src: int) -> Waiting:
+        if message in self._prefetched:
+            work, buffer = self._prefetched.pop(message)
+        else:
+            shape, dtype = self._shape(message, src)
+            buffer = torch.empty(shape, dtype=dtype, device=self.device)
+            work = dist.irecv(buffer, src, tag=message_tag(message))
+        self._wait(work, message, src)
+        return buffer
+        yield  # pragma: no cover  (makes this a generator; it never waits cooperatively)
+
+    def all_reduce(self, key: Action, flat: Tensor, ranks: Sequence[int]) -> Waiting:
+        group = self._groups[tuple(ranks)]
+        gathered = [torch.empty_like(flat) for _ in ranks]
+        work = dist.all_gather(gathered, flat, group=group, async_op=True)
+        assert work is not None
+        work.wait(self.timeout)
+        total = gathered[0].clone()
+        for part in gathered[1:]:
+            total += part
+        return total
+        yield  # pragma: no cover
+
+    def finish(self) -> None:
+        for work, _ in self._pending:
+            work.wait(self.timeout)
+        self._pending.clear()
+
+
+class LocalTransport:
+    """Mailboxes shared by all ranks of one process (the single-process executor)."""
+
+    def __init__(self) -> None:
+        self._mail: dict[Action, Tensor] = {}
+        self._contributions: dict[Action, dict[int, Tensor]] = {}
+        self._results: dict[Action, Tensor] = {}
+
+    def endpoint(self, rank: int) -> "LocalEndpoint":
+        return LocalEndpoint(self, rank)
+
+
+class LocalEndpoint:
+    """One rank's view of a :class:`LocalTransport`."""
+
+    def __init__(self, hub: LocalTransport, rank: int) -> None:
+        self.hub = hub
+        self.rank = rank
+
+    def send(self, message: Action, tensor: Tensor, dst: int) -> None:
+        self.hub._mail[message] = tensor.clone()
+
+    def recv(self, message: Action, src: int) -> Waiting:
+        while message not in self.hub._mail:
+            yield
+        return self.hub._mail.pop(message)
+
+    def prefetch(self, message: Action, src: int) -> None:
+        return None
+
+    def all_reduce(self, key: Action, flat: Tensor, ranks: Sequence[int]) -> Waiting:
+        contributions = self.hub._contributions.setdefault(key, {})
+        contributions[self.rank] = flat.clone()
+        while len(contributions) < len(ranks):
+            yield
+        total = contributions[ranks[0]].clone()
+        for rank in ranks[1:]:
+            total += contributions[rank]
+        return total
+
+    def finish(self) -> None:
+        return None

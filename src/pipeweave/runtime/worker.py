@@ -1,0 +1,117 @@
+"""Building one rank's part of a job and running it; results as plain data.
+
+:func:`build_rank` turns a :class:`Job` into the stages and optimizers a rank owns;
+:func:`make_schedule` produces the lowered schedule every rank interprets (the same pure
+function on every rank, so no schedule travels between processes).
+"""
+
+from __future__ import annotations
+
+import copy
+import resource
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..ir import Schedule, lower
+from ..models import ModelSpec
+from ..schedules import build_schedule, get_info
+from .job import Job
+from .plan import Plan
+from .stage import StageRuntime
+
+__all__ = ["RankParts", "RankResult", "build_rank", "make_schedule", "check_model_fits_plan",
+           "peak_rss_bytes"]
+
+SUPPORTED_SYNCHRONOUS = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "sliced-1f1b"})
+
+
+def make_schedule(plan: Plan, steps: int) -> Schedule:
+    """The lowered schedule for ``steps`` iterations of ``plan``."""
+    info = get_info(plan.schedule)
+    if info.name not in SUPPORTED_SYNCHRONOUS:
+        raise ValueError(
+            f"schedule {plan.schedule!r} is not supported by the runtime yet; the runtime runs "
+            f"{sorted(SUPPORTED_SYNCHRONOUS)} (the simulator knows every schedule)"
+        )
+    return lower(build_schedule(plan.schedule, plan.shape(steps)))
+
+
+def check_model_fits_plan(spec: ModelSpec, plan: Plan) -> None:
+    if len(spec.blocks) != plan.num_blocks:
+        raise ValueError(
+            f"plan covers {plan.num_blocks} blocks but model {spec.name!r} has "
+            f"{len(spec.blocks)}; make the plan for this model (e.g. Plan.uniform("
+            f"{len(spec.blocks)}, depth))"
+        )
+
+
+@dataclass
+class RankParts:
+    stages: dict[int, StageRuntime]
+    optimizers: dict[int, torch.optim.Optimizer]
+
+
+def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
+               spec: ModelSpec | None = None) -> RankParts:
+    """Stages (deep copies of the model's blocks) and optimizers for the stages ``rank`` hosts."""
+    spec = job.model() if spec is None else spec
+    check_model_fits_plan(spec, job.plan)
+    last = schedule.num_stages - 1
+    stages: dict[int, StageRuntime] = {}
+    optimizers: dict[int, torch.optim.Optimizer] = {}
+    for stage in schedule.layout.stages_of(rank):
+        start, end = job.plan.stages[stage]
+        module = nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end]))).to(device)
+        stages[stage] = StageRuntime(
+            stage=stage, blocks=module, block_range=(start, end), is_first=stage == 0,
+            is_last=stage == last, loss_fn=spec.loss_fn, recompute=job.plan.recompute_stage(stage),
+        )
+        optimizers[stage] = job.optimizer(module.parameters())
+    return RankParts(stages, optimizers)
+
+
+@dataclass
+class RankResult:
+    """What a rank reports after a run (plain data, picklable)."""
+
+    rank: int
+    losses: dict[int, float] = field(default_factory=dict)
+    """Weighted loss per micro-batch (ranks hosting the last stage)."""
+    records: list[tuple[int, str, float, float]] = field(default_factory=list)
+    peak_memory_bytes: int = 0
+    peak_stashed_microbatches: int = 0
+    parameters: dict[str, Tensor] = field(default_factory=dict)
+    """``"<block>.<name>" -> tensor`` for the blocks this rank owns (first replica only)."""
+    wall_seconds: float = 0.0
+
+
+def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: list[tuple[int, str, float, float]],
+                   want_parameters: bool, wall: float, device: torch.device) -> RankResult:
+    result = RankResult(rank=rank, records=records, wall_seconds=wall)
+    for stage_id, stage in parts.stages.items():
+        result.losses.update(stage.losses)
+        result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.peak_stashed)
+        if want_parameters and schedule.layout.stage_ranks[stage_id][0] == rank:
+            result.parameters.update(_named_parameters(stage))
+    result.peak_memory_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                                else peak_rss_bytes())
+    return result
+
+
+def _named_parameters(stage: StageRuntime) -> Mapping[str, Tensor]:
+    start = stage.block_range[0]
+    named = {}
+    for name, param in stage.module.named_parameters():
+        index, _, rest = name.partition(".")
+        named[f"{start + int(index)}.{rest}"] = param.detach().cpu().clone()
+    return named
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)

@@ -1,0 +1,64 @@
+"""PipeDream: asynchronous 1F1B(-RR) without flush, an update after every backward, weight stashing.
+
+pipedream.txt §3.2–3.3. The input stage admits NOAM = ceil(#workers / #input-stage replicas)
+micro-batches, then every stage alternates one backward and one forward; each backward is
+followed by the stage's optimizer step (update period 1). Each forward uses the latest version
+on its stage and stashes it; its backward uses the same version (weight stashing), so stage
+``s`` of a straight pipeline holds ``P - s`` versions at its peak. P=3, M=2, K=2, as
+``{op}{micro-batch}@{version}`` (``U@v`` produces version ``v``)::
+
+    rank0  F0@0 F1@0 F2@0 B0@0 U@1 F3@1 B1@0 U@2 B2@0 U@3 B3@1 U@4
+    rank1       F0@0 F1@0 B0@0 U@1 F2@1 B1@0 U@2 F3@2 B2@1 U@3 B3@2 U@4
+    rank2            F0@0 B0@0 U@1 F1@1 B1@1 U@2 F2@2 B2@2 U@3 F3@3 B3@3 U@4
+
+Option ``vertical_sync=True`` (pipedream.txt §3.3): every stage runs micro-batch ``j``'s
+forward and backward at the version stage 0 used for ``j``, so the update reads
+``w(t+1) = w(t) - lr * grad f(w_1(t-n+1), ..., w_n(t-n+1))``. Version numbers must mean the
+same on every stage for that, so every stage needs the same replica count.
+
+Replicated stages (``Shape.replicas``; 1F1B-RR): micro-batch ``j`` on replica ``j % r_s``, each
+replica with its own warm-up depth, an all-reduce before every update; replicas synchronise
+once per round of ``r_s`` micro-batches (see :mod:`pipeweave.schedules.async_common`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..ir import Schedule
+from .async_common import Counts, Tags, async_layout, build_async, check_options
+from .registry import Shape, register
+
+__all__ = ["pipedream"]
+
+
+@register("pipedream",
+          description="asynchronous 1F1B(-RR) without flush, update after every backward, weight stashing",
+          paper="PipeDream (pipedream.txt §3.2-3.3)", synchronous=False)
+def pipedream(shape: Shape) -> Schedule:
+    check_options("pipedream", shape, ["vertical_sync"])
+    vertical_sync = shape.option("vertical_sync", False)
+    if not isinstance(vertical_sync, bool):
+        raise ValueError(f"pipedream option vertical_sync must be True or False, got {vertical_sync!r}")
+    layout = async_layout("pipedream", shape)
+    replicas = sorted({layout.replicas(s) for s in range(layout.num_stages)})
+    if vertical_sync and len(replicas) > 1:
+        raise ValueError(
+            f"pipedream vertical_sync needs every stage to have the same replica count (a version "
+            f"number counts rounds of replicas, so it means different things on stages with "
+            f"{replicas} replicas); use equal replicas or vertical_sync=False"
+        )
+
+    def stashed(stage: int, microbatch: int, counts: Mapping[tuple[int, int], Counts]) -> Tags:
+        version = counts[(stage, microbatch)].forward
+        return Tags(version, version)
+
+    def synced(stage: int, microbatch: int, counts: Mapping[tuple[int, int], Counts]) -> Tags:
+        version = counts[(0, microbatch)].forward
+        # The version stage 0 saw is never newer than this stage's latest: stage s runs its
+        # forward of j after stage 0's, and has made at least as many updates by then.
+        assert version <= counts[(stage, microbatch)].forward, (stage, microbatch)
+        return Tags(version, version)
+
+    return build_async("pipedream", shape, layout, period=lambda stage: 1,
+                       rule=synced if vertical_sync else stashed)

@@ -1,0 +1,174 @@
+"""Costs: what every action of a schedule takes, per (virtual) stage and per stage boundary.
+
+The simulator times a schedule with these numbers::
+
+    F of stage s             forward[s]          (a Slicer half, piece a/b: forward[s] / 2)
+    B of stage s             backward[s]
+    activation s -> s+1      latency + transfer[s]   (half piece: latency + transfer[s] / 2)
+    gradient   s+1 -> s      latency + transfer[s]   (the gradient has the activation's shape)
+    U / AR / AV of stage s   update[s] / all_reduce[s] / average[s]
+
+``transfer[s]`` is either given directly (``comm``) or derived from the bytes crossing the
+boundary and the link bandwidth (``boundary_bytes / bandwidth``). AutoPipe (§III-B) uses a
+single ``Comm`` for every boundary and both directions; a scalar ``comm`` is exactly that.
+
+Every per-stage field takes one number (the same for every stage) or one value per stage;
+with chunks (interleaved, WPipe) a "stage" is a virtual stage, i.e. a chunk: stage ``s`` of a
+``P``-rank, ``V``-chunk layout runs on rank ``s % P``. Per-boundary fields take one number or
+``stages - 1`` values. :meth:`Costs.resolve` expands and checks them against a schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+__all__ = ["Costs", "StageCosts"]
+
+PerStage = float | Sequence[float]
+"""One number for every stage, or one number per stage."""
+
+_PER_STAGE = ("forward", "backward", "activation_bytes", "update", "all_reduce", "average")
+_PER_BOUNDARY = ("comm", "boundary_bytes")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Validated per-action costs (times in any unit, seconds for real profiles).
+
+    Attributes:
+        forward: forward time of a whole micro-batch, per stage (default 1).
+        backward: backward time of a micro-batch, per stage (default 2).
+        comm: transfer time of one activation (or gradient) across each boundary ``s -> s+1``;
+            one number or ``stages - 1`` values (default 0). Leave it at 0 when you give
+            ``boundary_bytes`` and ``bandwidth`` instead.
+        boundary_bytes: bytes sent across each boundary; with ``bandwidth`` it defines the
+            transfer time ``boundary_bytes / bandwidth``.
+        bandwidth: link bandwidth in bytes per time unit (needed with ``boundary_bytes``).
+        latency: fixed cost of every transfer, paid in full even for a half piece (default 0).
+        activation_bytes: bytes a stage keeps from a forward until its backward (the stashed
+            activation), per stage; the default 1 counts activations in micro-batch units.
+        update: optimizer-step time per stage (default 0).
+        all_reduce: gradient all-reduce time among a stage's replicas (default 0).
+        average: elastic-averaging exchange time per stage (AvgPipe, default 0).
+    """
+
+    forward: PerStage = 1.0
+    backward: PerStage = 2.0
+    comm: PerStage = 0.0
+    boundary_bytes: PerStage | None = None
+    bandwidth: float | None = None
+    latency: float = 0.0
+    activation_bytes: PerStage = 1.0
+    update: PerStage = 0.0
+    all_reduce: PerStage = 0.0
+    average: PerStage = 0.0
+
+    def __post_init__(self) -> None:
+        for name in _PER_STAGE + _PER_BOUNDARY:
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _normalise(name, value))
+        for name in ("latency",):
+            _check_number(name, getattr(self, name))
+        if self.bandwidth is not None:
+            _check_number("bandwidth", self.bandwidth)
+            if self.bandwidth <= 0:
+                raise ValueError(f"bandwidth must be > 0 bytes per time unit, got {self.bandwidth}")
+        if (self.boundary_bytes is None) != (self.bandwidth is None):
+            raise ValueError(
+                f"boundary_bytes={self.boundary_bytes!r} and bandwidth={self.bandwidth!r}: give "
+                "both (transfer time = bytes / bandwidth) or neither"
+            )
+        if self.boundary_bytes is not None and any(_as_tuple(self.comm)):
+            raise ValueError(
+                f"comm={self.comm!r} and boundary_bytes/bandwidth both define the transfer time; "
+                "give only one of them"
+            )
+
+    @classmethod
+    def uniform(
+        cls, forward: float = 1.0, backward: float = 2.0, comm: float = 0.0, **others: float
+    ) -> "Costs":
+        """The same forward, backward and communication time on every stage and boundary.
+
+        With the defaults (F=1, B=2, C=0) GPipe and 1F1B take ``(M+P-1)(F+B)`` per iteration.
+        """
+        return cls(forward=forward, backward=backward, comm=comm, **others)  # type: ignore[arg-type]
+
+    def resolve(self, stages: int) -> "StageCosts":
+        """Expand every field to one value per stage / boundary of a ``stages``-stage schedule."""
+        if stages < 1:
+            raise ValueError(f"stages must be >= 1, got {stages}")
+        per_stage = {name: _expand(name, getattr(self, name), stages, "stage") for name in _PER_STAGE}
+        if self.boundary_bytes is not None:
+            assert self.bandwidth is not None
+            sizes = _expand("boundary_bytes", self.boundary_bytes, stages - 1, "boundary")
+            transfer = tuple(b / self.bandwidth for b in sizes)
+        else:
+            transfer = _expand("comm", self.comm, stages - 1, "boundary")
+        return StageCosts(transfer=transfer, latency=self.latency, **per_stage)
+
+    def to_json(self) -> dict[str, object]:
+        """Plain JSON-able form (sequences as lists)."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Costs expanded for one schedule: tuples indexed by stage (and by boundary for transfers)."""
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    transfer: tuple[float, ...]
+    latency: float
+    activation_bytes: tuple[float, ...]
+    update: tuple[float, ...]
+    all_reduce: tuple[float, ...]
+    average: tuple[float, ...]
+
+    def comm(self, boundary: int, half: bool = False) -> float:
+        """Time of one transfer across ``boundary`` (between stages ``boundary`` and ``+1``)."""
+        transfer = self.transfer[boundary]
+        return self.latency + (transfer / 2 if half else transfer)
+
+
+def _as_tuple(value: PerStage) -> tuple[float, ...]:
+    return tuple(value) if isinstance(value, Sequence) else (value,)
+
+
+def _check_number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _normalise(name: str, value: object) -> float | tuple[float, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (int, float, Sequence)):
+        raise ValueError(f"{name} must be a number or a sequence of numbers, got {value!r}")
+    if isinstance(value, Sequence):
+        if len(value) == 0:
+            raise ValueError(f"{name} is an empty sequence; give one number or one per stage")
+        return tuple(_check_number(f"{name}[{i}]", v) for i, v in enumerate(value))
+    return _check_number(name, value)
+
+
+def _expand(name: str, value: object, count: int, unit: str) -> tuple[float, ...]:
+    if isinstance(value, tuple):
+        if len(value) != count:
+            what = "one per stage (virtual stage, with chunks)" if unit == "stage" else \
+                "one per stage boundary (stages - 1)"
+            raise ValueError(
+                f"{name} has {len(value)} values {list(value)} but the schedule has {count} "
+                f"{unit}{'s' if count != 1 else ''}; give a single number or {what}"
+            )
+        return value
+    assert isinstance(value, float)
+    return (value,) * count

@@ -63,8 +63,11 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
     """
     index: dict[Action, Location] = {}
     new = tuple.__new__
+    setdefault = index.setdefault
     for rank, program in enumerate(schedule.programs):
-        for position, action in enumerate(program):
+        position = -1
+        for action in program:
+            position += 1
             op, stage, microbatch, piece, version, lookahead, pipeline = action
             if microbatch is None:
                 continue
@@ -73,14 +76,14 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
                 key = action
             else:
                 key = new(Action, (op, stage, microbatch, piece, None, 0, pipeline))
-            if key in index:
-                other = index[key]
+            location = (rank, position)
+            other = setdefault(key, location)
+            if other is not location:
                 raise ScheduleError(
                     f"action {key} appears twice, at rank {other[0]} step {other[1]} and rank "
                     f"{rank} step {position}; every action must be scheduled exactly once\n"
-                    + render_grid(schedule, marked=[other, (rank, position)])
+                    + render_grid(schedule, marked=[other, location])
                 )
-            index[key] = (rank, position)
     return index
 
 

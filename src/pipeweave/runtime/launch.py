@@ -1,6 +1,6 @@
 """Launchers: pipeweave's own local spawner, and running under torchrun.
 
-The local spawner starts one process per rank with the ``spawn`` method, points them at a
+The local spawner starts one process per rank (``forkserver`` method), points them at a
 free loopback port, and watches them: when one rank fails, the others are terminated at once
 and :class:`RunFailed` carries the failing rank's traceback; nothing is left running. Results
 come back through files in a private temporary folder (one pickle per rank, written
@@ -53,11 +53,15 @@ def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResul
     run exceeds ``deadline_s`` seconds.
     """
     world_size = make_schedule(job.plan, 1).num_ranks
+    # forkserver: the server imports torch once (no kernels run there, so no thread pools
+    # exist to break by forking); each launch then forks ranks in milliseconds instead of
+    # re-importing torch in every fresh interpreter as ``spawn`` does.
+    mp.set_forkserver_preload(["torch", "pipeweave.runtime.distributed"])
     init_method = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="pipeweave-") as out_dir:
         context = mp.start_processes(
             _spawned_rank, args=(job, world_size, init_method, out_dir), nprocs=world_size,
-            join=False, start_method="spawn",
+            join=False, start_method="forkserver",
         )
         started = time.monotonic()
         try:

@@ -19,6 +19,11 @@ same on every stage for that, so every stage needs the same replica count.
 Replicated stages (``Shape.replicas``; 1F1B-RR): micro-batch ``j`` on replica ``j % r_s``, each
 replica with its own warm-up depth, an all-reduce before every update; replicas synchronise
 once per round of ``r_s`` micro-batches (see :mod:`pipeweave.schedules.async_common`).
+``replicas=(2, 1)``, M=4: three workers, so each input replica admits NOAM = ceil(3/2) = 2::
+
+    rank0  0F0@0 0F2@0 0B0@0 0AR@1 0U@1 0B2@0 0AR@2 0U@2          (even micro-batches)
+    rank1  0F1@0 0F3@0 0B1@0 0AR@1 0U@1 0B3@0 0AR@2 0U@2          (odd micro-batches)
+    rank2  1F0@0 1B0@0 1U@1 1F1@1 1B1@1 1U@2 1F2@2 1B2@2 1U@3 1F3@3 1B3@3 1U@4
 """
 
 from __future__ import annotations

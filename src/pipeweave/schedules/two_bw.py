@@ -9,6 +9,8 @@ and a stage holds at most two versions (the one batch ``b`` uses and the newest)
 "M >= d", the gradient-accumulation period at least the pipeline depth): the first forward of
 batch ``b`` on stage 0 comes right after the backward of micro-batch ``b*M - P``, by which
 point batch ``b - 2`` must be complete (``M >= P - 1`` would just suffice; we keep the paper's).
+With replicated stages (1F1B-RR, an all-reduce before each update) the same argument per replica
+gives ``M >= r_s * depth(s)`` on every stage (:func:`min_microbatches`).
 
 P=2, M=2, K=3 (batch 0 and 1 at version 0, batch 2 at version 1)::
 

@@ -1,0 +1,15 @@
+"""Discrete-event simulator: times a schedule's action lists with per-action costs.
+
+``simulate(schedule, costs)`` gives the timeline, iteration time, bubble fraction, peak held
+activations and weight versions, the critical path and AutoPipe's master stage. Pure Python,
+no torch: the planners call it in their search loops.
+"""
+
+from .costs import Costs, StageCosts
+from .critical_path import critical_path, master_stage
+from .simulator import SimulationResult, TimelineRecord, simulate
+
+__all__ = [
+    "Costs", "StageCosts", "SimulationResult", "TimelineRecord", "simulate", "critical_path",
+    "master_stage",
+]

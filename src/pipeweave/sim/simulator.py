@@ -1,0 +1,205 @@
+"""The discrete-event simulator: time a schedule with per-action costs and measure it.
+
+It is the longest-path walk of :func:`pipeweave.ir.walk` (program order on each rank plus the
+data dependencies of :func:`pipeweave.ir.deps.dependencies`) with these rules:
+
+* a forward/backward takes its stage's cost (a Slicer half: half of it), ``U``/``AR``/``AV``
+  their update/all-reduce/averaging costs;
+* sends are asynchronous (the sender moves on at once) and a receive completes at the
+  send's end plus the transfer time. Lowering a compute-only schedule therefore adds nothing
+  but that delay on each cross-rank edge, so a compute-only schedule is walked directly with
+  the delay on its cross-rank edges, which is equivalent and several times faster::
+
+      rank0  F0 ──────┐                        F0 ─ SF0 ───────┐
+                  +C  │        ==                       +C     │
+      rank1           └── F0                     RF0 ──────────┴── F0
+
+  A lowered schedule (with sends/receives) is walked as it is, with zero-cost sends and
+  receives and the transfer time on the send -> receive edge.
+* an all-reduce starts when every replica has reached it.
+
+:func:`simulate` returns a :class:`SimulationResult` with the timeline and the measures of
+:mod:`pipeweave.sim.metrics` and :mod:`pipeweave.sim.critical_path`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
+
+from ..ir import Action, Op, Schedule, ScheduleError, render_grid, walk
+from ..ir.walk import DelayFn, DurationFn, Location, index_actions
+from . import metrics
+from .costs import Costs, StageCosts
+from .critical_path import critical_path, master_stage
+
+__all__ = ["TimelineRecord", "SimulationResult", "simulate"]
+
+
+class TimelineRecord(NamedTuple):
+    """One timed action: the plain record the Chrome-trace and plot exports take.
+
+    The runtime's measured timelines use the same four fields (times in seconds there).
+    """
+
+    rank: int
+    action: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What :func:`simulate` predicts for one schedule.
+
+    Attributes:
+        schedule: the schedule simulated.
+        costs: the costs, expanded per stage.
+        start, end: ``start[r][i]`` / ``end[r][i]``: times of action ``i`` of rank ``r``.
+        makespan: end of the last action.
+        iteration_time: time per iteration (see :mod:`pipeweave.sim.metrics`).
+        window: the interval the iteration time and bubble are measured over.
+        busy: forward + backward time of each rank inside ``window``.
+        bubble_fraction: ``1 - sum(busy) / (ranks x window)``.
+        peak_activations: per rank, most activations held at once (halves count 0.5).
+        peak_activation_bytes: per rank, most activation bytes held at once.
+        weight_versions: per stage, most weight versions one copy of the stage holds.
+        critical_path_locations: ``(rank, position)`` of each critical-path action.
+        master_stage: the stage the critical path follows through the steady phase.
+    """
+
+    schedule: Schedule
+    costs: StageCosts
+    start: list[list[float]] = field(repr=False)
+    end: list[list[float]] = field(repr=False)
+    makespan: float
+    iteration_time: float
+    window: tuple[float, float]
+    busy: list[float]
+    bubble_fraction: float
+    peak_activations: list[float]
+    peak_activation_bytes: list[float]
+    weight_versions: list[int]
+    critical_path_locations: list[Location] = field(repr=False)
+    master_stage: int
+
+    @property
+    def critical_path(self) -> list[Action]:
+        """The critical-path actions, first forward first."""
+        return [self.schedule.programs[r][p] for r, p in self.critical_path_locations]
+
+    @cached_property
+    def timeline(self) -> list[TimelineRecord]:
+        """Every action as ``(rank, action text, start, end)``, rank by rank in program order."""
+        return [
+            TimelineRecord(rank, str(action), t0, t1)
+            for rank, (program, starts, ends) in enumerate(
+                zip(self.schedule.programs, self.start, self.end)
+            )
+            for action, t0, t1 in zip(program, starts, ends)
+        ]
+
+    def summary(self) -> dict[str, object]:
+        """The measures as plain JSON-able data (what ``pipeweave simulate --json`` prints)."""
+        s = self.schedule
+        return {
+            "schedule": s.name,
+            "stages": s.num_stages,
+            "ranks": s.num_ranks,
+            "microbatches": s.microbatches,
+            "iterations": s.iterations,
+            "pipelines": s.pipelines,
+            "synchronous": s.synchronous,
+            "makespan": self.makespan,
+            "iteration_time": self.iteration_time,
+            "window": list(self.window),
+            "bubble_fraction": self.bubble_fraction,
+            "peak_activations": list(self.peak_activations),
+            "peak_activation_bytes": list(self.peak_activation_bytes),
+            "weight_versions": list(self.weight_versions),
+            "critical_path": [str(a) for a in self.critical_path],
+            "master_stage": self.master_stage,
+        }
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None) -> SimulationResult:
+    """Time ``schedule`` with ``costs`` (default: F=1, B=2, no communication) and measure it.
+
+    Raises:
+        ScheduleError: (a ``ValueError``) if the schedule deadlocks — the message holds the
+            rank-by-step grid with each blocked rank's next action marked ``>x<`` — or if an
+            action is scheduled twice or waits for one that no rank runs.
+        ValueError: if ``costs`` do not match the schedule's stages.
+    """
+    table = (costs if costs is not None else Costs()).resolve(schedule.num_stages)
+    duration = _duration_fn(table)
+    delay = _delay_fn(table)
+    index = index_actions(schedule)
+    timing = walk(schedule, duration, delay, index=index)
+    if timing.deadlocked:
+        raise _deadlock_error(schedule, timing.stuck)
+    start, end = timing.start, timing.end
+    makespan = timing.makespan
+    iteration_time, window = metrics.iteration_window(schedule, end, makespan)
+    busy = metrics.busy_time(schedule, start, end, None if window == (0.0, makespan) else window)
+    held, held_bytes = metrics.peak_activations(schedule, table)
+    path = critical_path(schedule, start, end, index, delay)
+    return SimulationResult(
+        schedule=schedule,
+        costs=table,
+        start=start,
+        end=end,
+        makespan=makespan,
+        iteration_time=iteration_time,
+        window=window,
+        busy=busy,
+        bubble_fraction=metrics.bubble_fraction(busy, window),
+        peak_activations=held,
+        peak_activation_bytes=held_bytes,
+        weight_versions=metrics.weight_versions(schedule),
+        critical_path_locations=path,
+        master_stage=master_stage(schedule, path, start, end),
+    )
+
+
+def _duration_fn(costs: StageCosts) -> DurationFn:
+    by_op: dict[Op, tuple[float, ...]] = {
+        Op.FORWARD: costs.forward,
+        Op.BACKWARD: costs.backward,
+        Op.STEP: costs.update,
+        Op.ALL_REDUCE: costs.all_reduce,
+        Op.AVERAGE: costs.average,
+    }
+    zero = (0.0,) * len(costs.forward)
+    table = {op: by_op.get(op, zero) for op in Op}
+
+    def duration(_rank: int, action: Action) -> float:
+        t = table[action[0]][action[1]]
+        return t * 0.5 if action[3] else t  # a Slicer half costs half
+
+    return duration
+
+
+def _delay_fn(costs: StageCosts) -> DelayFn | None:
+    if costs.latency == 0 and not any(costs.transfer):
+        return None
+    latency, transfer = costs.latency, costs.transfer
+
+    def delay(producer: Action, _producer_rank: int, consumer: Action, _consumer_rank: int) -> float:
+        # boundary between stages b and b+1; the gradient crosses it the other way
+        t = transfer[min(producer[1], consumer[1])]
+        return latency + (t * 0.5 if producer[3] else t)
+
+    return delay
+
+
+def _deadlock_error(schedule: Schedule, stuck: list[Location]) -> ScheduleError:
+    waits = ", ".join(f"rank {r} at step {p} ({schedule.programs[r][p]})" for r, p in stuck)
+    columns = max(p for _, p in stuck) + 3
+    grid = render_grid(schedule, marked=stuck, max_columns=max(columns, 16))
+    return ScheduleError(
+        f"schedule {schedule.name!r} deadlocks: no rank can proceed; blocked: {waits}. Each "
+        "blocked action waits for one that another blocked rank only runs later: reorder those "
+        f"ranks' programs (the blocked actions are marked >x<)\n{grid}"
+    )

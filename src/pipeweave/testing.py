@@ -1,0 +1,95 @@
+"""Equivalence checks: pipelined training against a non-pipelined reference.
+
+The one shared helper behind the tests that prove synchronous schedules exact (DESIGN.md:
+"synchronous schedules give the same gradients as non-pipelined training"), also usable by
+anyone checking their own model: train a deep copy of the model as one ``nn.Sequential`` on
+the same batches with the same optimizer, then compare every parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .runtime.job import Job
+from .runtime.worker import RankResult
+
+__all__ = ["Reference", "reference_run", "iteration_losses", "merged_parameters",
+           "assert_matches_reference", "relative_error"]
+
+
+@dataclass(frozen=True)
+class Reference:
+    losses: list[float]
+    parameters: dict[str, Tensor]
+
+
+def reference_run(job: Job) -> Reference:
+    """Train the job's model without a pipeline: full batch, mean loss, one step per batch."""
+    if job.plan.pipelines != 1:
+        raise ValueError("the non-pipelined reference covers one pipeline; use pipelines=1")
+    torch.manual_seed(job.seed)
+    spec = job.model()
+    model = spec.sequential()
+    optimizer = job.optimizer(model.parameters())
+    data = iter(job.data())
+    losses = []
+    for _ in range(job.steps):
+        inputs, targets = next(data)
+        loss = spec.loss_fn(model(inputs), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    parameters = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return Reference(losses, parameters)
+
+
+def iteration_losses(results: Sequence[RankResult], microbatches: int) -> list[float]:
+    """Mean loss per iteration, summed from the last stage's weighted micro-batch losses."""
+    per_microbatch: dict[int, float] = {}
+    for result in results:
+        per_microbatch.update(result.losses)
+    if not per_microbatch:
+        return []
+    iterations = (max(per_microbatch) // microbatches) + 1
+    totals = [0.0] * iterations
+    for microbatch, value in sorted(per_microbatch.items()):
+        totals[microbatch // microbatches] += value
+    return totals
+
+
+def merged_parameters(results: Sequence[RankResult]) -> dict[str, Tensor]:
+    merged: dict[str, Tensor] = {}
+    for result in results:
+        merged.update(result.parameters)
+    return merged
+
+
+def relative_error(actual: Tensor, expected: Tensor) -> float:
+    """``||actual - expected|| / max(||expected||, tiny)``."""
+    scale = max(float(expected.norm()), 1e-30)
+    return float((actual - expected).norm()) / scale
+
+
+def assert_matches_reference(results: Sequence[RankResult], reference: Reference, *,
+                             microbatches: int, tolerance: float) -> None:
+    """Every parameter and every iteration's loss within ``tolerance`` (relative)."""
+    parameters = merged_parameters(results)
+    missing = set(reference.parameters) - set(parameters)
+    if missing:
+        raise AssertionError(f"pipelined run returned no value for parameters {sorted(missing)}")
+    worst = max(reference.parameters, key=lambda n: relative_error(parameters[n], reference.parameters[n]))
+    error = relative_error(parameters[worst], reference.parameters[worst])
+    if error > tolerance:
+        raise AssertionError(f"parameter {worst} differs from the reference by {error:.3e} "
+                             f"(relative) > {tolerance:.1e}")
+    losses = iteration_losses(results, microbatches)
+    if len(losses) != len(reference.losses):
+        raise AssertionError(f"{len(losses)} iteration losses, reference has {len(reference.losses)}")
+    for step, (got, want) in enumerate(zip(losses, reference.losses)):
+        if abs(got - want) > tolerance * max(abs(want), 1e-30):
+            raise AssertionError(f"loss at step {step}: {got!r} vs reference {want!r}")

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .runtime.job import Job
+from .runtime.summary import iteration_losses
 from .runtime.worker import RankResult
 
 __all__ = ["Reference", "reference_run", "iteration_losses", "merged_parameters",
@@ -46,20 +47,6 @@ def reference_run(job: Job) -> Reference:
         losses.append(float(loss.detach()))
     parameters = {name: p.detach().clone() for name, p in model.named_parameters()}
     return Reference(losses, parameters)
-
-
-def iteration_losses(results: Sequence[RankResult], microbatches: int) -> list[float]:
-    """Mean loss per iteration, summed from the last stage's weighted micro-batch losses."""
-    per_microbatch: dict[int, float] = {}
-    for result in results:
-        per_microbatch.update(result.losses)
-    if not per_microbatch:
-        return []
-    iterations = (max(per_microbatch) // microbatches) + 1
-    totals = [0.0] * iterations
-    for microbatch, value in sorted(per_microbatch.items()):
-        totals[microbatch // microbatches] += value
-    return totals
 
 
 def merged_parameters(results: Sequence[RankResult]) -> dict[str, Tensor]:

@@ -112,7 +112,8 @@ def _check_versions(schedule: Schedule) -> None:
                                 f"{updates[key]} updates have happened", [(rank, position)])
                 forward_version[ref(action)] = action.version + action.lookahead
             elif action.op is Op.BACKWARD and action.version is not None:
-                wanted = {forward_version.get(ref(f)) for f in _forwards_of(action)} - {None}
+                wanted = {v for f in _forwards_of(action)
+                          if (v := forward_version.get(ref(f))) is not None}
                 if wanted and wanted != {action.version + action.lookahead}:
                     raise _fail(schedule, f"{action} must target version {sorted(wanted)} (its "
                                 "forward's version plus lookahead) with its own version plus "

@@ -15,7 +15,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..ir import Schedule
 from .interpreter import RankInterpreter
+from .progress import StepProgress
 from .job import Job
 from .microbatches import MicrobatchSource
 from .timeline import Recorder
@@ -32,8 +34,12 @@ def threads_per_rank(local_world_size: int) -> int:
 
 
 def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_world_size: int,
-             init_method: str = "env://") -> RankResult:
-    """Run ``job`` as ``rank`` of ``world_size``; returns this rank's result."""
+             init_method: str = "env://", gather: bool = False) -> list[RankResult]:
+    """Run ``job`` as ``rank`` of ``world_size``.
+
+    Returns ``[this rank's result]``, or with ``gather`` every rank's results on rank 0 (and
+    an empty list elsewhere).
+    """
     torch.set_num_threads(threads_per_rank(local_world_size))
     torch.manual_seed(job.seed)
     schedule = make_schedule(job.plan, job.steps)
@@ -60,9 +66,10 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
                                 pipelines=job.plan.pipelines, device=device)
         origin = _common_origin(device)
         recorder = Recorder(rank, origin) if job.record_timeline else None
+        progress = _progress_bar(job, schedule, rank)
         interpreter = RankInterpreter(rank=rank, schedule=schedule, stages=parts.stages,
                                       optimizers=parts.optimizers, transport=transport,
-                                      data=data, recorder=recorder)
+                                      data=data, recorder=recorder, on_step=progress)
         for _ in interpreter.run():
             raise AssertionError("the distributed transport never yields")
         if device.type == "cuda":
@@ -71,10 +78,24 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
         result = collect_result(rank, parts, schedule,
                                 records=recorder.records if recorder else [],
                                 want_parameters=job.return_parameters, wall=wall, device=device)
-        dist.barrier()
-        return result
+        if progress is not None:
+            progress.close()
+        if not gather:
+            dist.barrier()
+            return [result]
+        gathered: list[RankResult | None] = [None] * world_size if rank == 0 else []
+        dist.gather_object(result, gathered if rank == 0 else None, dst=0)
+        return [r for r in gathered if r is not None]
     finally:
         dist.destroy_process_group()
+
+
+def _progress_bar(job: Job, schedule: Schedule, rank: int) -> StepProgress | None:
+    """The rank holding the last stage shows the bar (it knows the loss)."""
+    last = schedule.num_stages - 1
+    if not job.progress or schedule.layout.stage_ranks[last][0] != rank:
+        return None
+    return StepProgress(total=job.steps, stage=last, microbatches=job.plan.microbatches)
 
 
 def _common_origin(device: torch.device) -> float:

@@ -12,7 +12,7 @@ one and the single-process one — drive this same class; only the transport dif
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from itertools import islice
 
 import torch
@@ -43,6 +43,7 @@ class RankInterpreter:
         transport: Transport,
         data: MicrobatchSource,
         recorder: Recorder | None = None,
+        on_step: Callable[[Action, Mapping[int, StageRuntime]], None] | None = None,
     ) -> None:
         if not schedule.lowered:
             raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
@@ -54,6 +55,7 @@ class RankInterpreter:
         self.transport = transport
         self.data = data
         self.recorder = recorder
+        self.on_step = on_step
         self.executed = 0
         self._values: dict[Action, Tensor] = {}
         """Outputs of F (activations) and B (input gradients) and received tensors, by ref."""
@@ -157,3 +159,5 @@ class RankInterpreter:
         optimizer = self.optimizers[action.stage]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if self.on_step is not None:
+            self.on_step(action, self.stages)

@@ -95,6 +95,7 @@ class Job:
         timeout_s: how long a rank waits for a peer before failing with a clear error.
         record_timeline: record start/end of every action.
         return_parameters: include every rank's final parameters in the results (tests).
+        progress: show a progress bar (on the rank that holds the last stage).
     """
 
     plan: Plan
@@ -107,6 +108,7 @@ class Job:
     timeout_s: float = 60.0
     record_timeline: bool = True
     return_parameters: bool = False
+    progress: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1:

@@ -37,8 +37,8 @@ def free_port() -> int:
 
 
 def _spawned_rank(index: int, job: Job, world_size: int, init_method: str, out_dir: str) -> None:
-    result = run_rank(job, rank=index, world_size=world_size, local_rank=index,
-                      local_world_size=world_size, init_method=init_method)
+    (result,) = run_rank(job, rank=index, world_size=world_size, local_rank=index,
+                         local_world_size=world_size, init_method=init_method)
     path = Path(out_dir) / f"rank{index}.pkl"
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as handle:
@@ -95,10 +95,11 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def run_under_torchrun(job: Job) -> RankResult:
-    """Run this process's rank as torchrun set it up."""
+def run_under_torchrun(job: Job) -> list[RankResult]:
+    """Run this process's rank as torchrun set it up; rank 0 gets every rank's result."""
     return run_rank(
         job, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])),
+        gather=True,
     )

@@ -20,15 +20,19 @@ Record = tuple[int, str, float, float]
 
 
 class Recorder:
-    """Collects records for one rank; times are seconds since ``origin``."""
+    """Collects records for one rank; times are wall-clock seconds since ``origin``.
+
+    Wall-clock (``time.time``) rather than a per-process monotonic clock, so that ranks in
+    different processes, given one shared origin, land on one time axis.
+    """
 
     def __init__(self, rank: int, origin: float | None = None) -> None:
         self.rank = rank
-        self.origin = time.perf_counter() if origin is None else origin
+        self.origin = time.time() if origin is None else origin
         self.records: list[Record] = []
 
     def now(self) -> float:
-        return time.perf_counter() - self.origin
+        return time.time() - self.origin
 
     def add(self, text: str, start: float, end: float) -> None:
         self.records.append((self.rank, text, start, end))

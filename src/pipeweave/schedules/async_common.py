@@ -174,17 +174,17 @@ def build_async(
         (stage,) = layout.stages_of(rank)
         program: list[Action] = []
         version = 0
-        for op, j in skeleton:
-            if j is None:
+        for op, mb in skeleton:
+            if mb is None:
                 version += 1
                 program.extend(update_actions(layout, stage, version))
                 continue
-            tags = rule(stage, j, counts)
+            tags = rule(stage, mb, counts)
             if op is Op.FORWARD:
-                program.append(Action(op, stage, j, version=tags.forward_version,
+                program.append(Action(op, stage, mb, version=tags.forward_version,
                                       lookahead=tags.forward_lookahead))
             else:
-                program.append(Action(op, stage, j, version=tags.backward_version,
+                program.append(Action(op, stage, mb, version=tags.backward_version,
                                       lookahead=tags.backward_lookahead))
         programs.append(program)
     return Schedule(

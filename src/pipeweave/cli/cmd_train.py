@@ -1,0 +1,162 @@
+"""``pipeweave train``: train a model across local ranks (or under torchrun).
+
+With no arguments: GPT-tiny on the standard-library byte corpus, 2 ranks, ``1f1b``. Prints a
+summary table and writes, under ``--output-dir``: ``metrics.jsonl``/``metrics.csv`` (per
+step), ``summary.json``, ``plan.json``, ``trace.json`` (Chrome trace of the measured
+timeline) and ``loss.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..models import available_models
+from ..models.gpt import GPT_PRESETS
+from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
+from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
+from ..runtime.local_executor import run_local
+from ..runtime.summary import TrainSummary, summarize
+from ..runtime.worker import RankResult
+
+__all__ = ["add_parser", "run"]
+
+DEFAULT_OUTPUT = "runs/latest"
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "train", help="train a model with a pipeline schedule on local ranks",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default="gpt-tiny", choices=available_models())
+    parser.add_argument("--schedule", default="1f1b", help="schedule name (see `pipeweave schedules`)")
+    parser.add_argument("--stages", type=int, default=2, help="pipeline depth P (ranks per pipeline)")
+    parser.add_argument("--microbatches", type=int, default=4, help="M, micro-batches per step")
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps (iterations)")
+    parser.add_argument("--batch-size", type=int, default=16, help="samples per step")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sample (GPT models)")
+    parser.add_argument("--chunks", type=int, default=1, help="model chunks per rank (interleaved)")
+    parser.add_argument("--width", type=int, default=1, help="data-parallel copies of the pipeline")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="schedule option, e.g. sliced=2 (repeatable)")
+    parser.add_argument("--plan", type=Path, default=None, help="plan JSON (overrides the split options)")
+    parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"])
+    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    parser.add_argument("--momentum", type=float, default=None, help="SGD momentum")
+    parser.add_argument("--recompute", action="store_true", help="recompute activations on every stage")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--executor", default="processes", choices=["processes", "local"],
+                        help="real processes (default) or the single-process executor")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a peer")
+    parser.add_argument("--output-dir", type=Path, default=Path(DEFAULT_OUTPUT))
+    parser.add_argument("--json-out", type=Path, default=None, help="write the summary JSON here too")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.set_defaults(func=run)
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {pair!r} must look like KEY=VALUE, e.g. --option sliced=2")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def build_job(args: argparse.Namespace) -> Job:
+    overrides: dict[str, Any] = {}
+    if args.seq_len is not None:
+        overrides["seq_len"] = args.seq_len
+    model = BuiltinModel(args.model, seed=args.seed, dtype=args.dtype, overrides=overrides)
+    spec = model()
+    if args.plan is not None:
+        plan = Plan.load(args.plan)
+    else:
+        recompute = (True,) * (args.stages * args.chunks) if args.recompute else ()
+        plan = Plan.uniform(len(spec.blocks), args.stages, chunks=args.chunks,
+                            schedule=args.schedule, microbatches=args.microbatches,
+                            width=args.width, recompute=recompute,
+                            schedule_options=parse_options(args.option))
+    dataset = spec.dataset or "digits"
+    seq_len = None
+    if dataset == "stdlib-bytes":
+        seq_len = args.seq_len if args.seq_len is not None else GPT_PRESETS[args.model].seq_len
+    kwargs: dict[str, Any] = {"lr": args.lr}
+    if args.momentum is not None:
+        if args.optimizer != "sgd":
+            raise ValueError("--momentum applies to --optimizer sgd only")
+        kwargs["momentum"] = args.momentum
+    return Job(
+        plan=plan, steps=args.steps, model=model,
+        data=BuiltinData(dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
+                         dtype=args.dtype),
+        optimizer=OptimizerFactory(args.optimizer, kwargs), seed=args.seed, device=args.device,
+        timeout_s=args.timeout, progress=not args.no_progress,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    job = build_job(args)
+    if under_torchrun():
+        results = run_under_torchrun(job)
+        if not results:
+            return 0  # not rank 0: rank 0 reports
+    elif args.executor == "local":
+        results = run_local(job)
+    else:
+        results = launch_local(job)
+    summary = summarize(results, schedule=job.plan.schedule, steps=job.steps,
+                        batch_size=args.batch_size, microbatches=job.plan.microbatches,
+                        pipelines=job.plan.pipelines)
+    write_outputs(args.output_dir, job, summary, results)
+    print(format_summary(summary, args.output_dir))
+    if args.json_out is not None:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+    return 0
+
+
+def write_outputs(directory: Path, job: Job, summary: TrainSummary,
+                  results: list[RankResult]) -> None:
+    from ..report.chrome_trace import write_chrome_trace
+    from ..report.loss_plot import plot_losses
+    from ..report.metrics_io import write_metrics
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {"step": k + 1, "loss": loss, "time_s": summary.iteration_end_s[k],
+         "samples": (k + 1) * summary.batch_size}
+        for k, loss in enumerate(summary.losses)
+    ]
+    write_metrics(rows, directory)
+    (directory / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+    job.plan.save(directory / "plan.json")
+    records = sorted((r for result in results for r in result.records), key=lambda r: (r[0], r[2]))
+    write_chrome_trace(records, directory / "trace.json", name=f"measured {job.plan.schedule}")
+    plot_losses({job.plan.schedule: summary.losses}, directory / "loss.png")
+
+
+def format_summary(summary: TrainSummary, directory: Path) -> str:
+    lines = [
+        f"schedule {summary.schedule}  ranks {summary.world_size}  steps {summary.steps}  "
+        f"batch {summary.batch_size}  micro-batches {summary.microbatches}",
+        f"{'samples/s':>24}  {summary.samples_per_second:.1f}",
+        f"{'final loss':>24}  {summary.final_loss:.4f}",
+        f"{'measured bubble fraction':>24}  {summary.bubble_fraction:.3f}",
+        f"{'wall time (s)':>24}  {summary.wall_seconds:.2f}",
+        f"{'rank':>6} {'peak memory (MiB)':>18} {'peak stashed micro-batches':>27}",
+    ]
+    for rank, (memory, stashed) in enumerate(zip(summary.peak_memory_bytes,
+                                                 summary.peak_stashed_microbatches)):
+        lines.append(f"{rank:>6} {memory / 2**20:>18.1f} {stashed:>27}")
+    lines.append(f"outputs in {directory}/ (metrics.jsonl, metrics.csv, summary.json, trace.json, loss.png)")
+    return "\n".join(lines)

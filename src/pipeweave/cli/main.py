@@ -1,0 +1,68 @@
+"""``pipeweave`` command line: one argparse sub-command per module ``cli/cmd_<name>.py``.
+
+Each module exposes ``add_parser(subparsers)``, which adds its parser and sets ``func`` (a
+function ``(args) -> int``). Library errors (``ValueError``: an unknown schedule, a bad
+shape, a deadlocking schedule) are printed as ``pipeweave: error: <message>`` and exit with
+status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+COMMANDS = ["schedules", "show", "simulate", "train"]
+"""Sub-commands, in help order; ``pipeweave.cli.cmd_<name>`` modules not written yet are skipped."""
+
+
+def _command_modules() -> list[ModuleType]:
+    modules = []
+    for name in COMMANDS:
+        module_name = f"pipeweave.cli.cmd_{name}"
+        try:
+            modules.append(importlib.import_module(module_name))
+        except ModuleNotFoundError as error:
+            if error.name != module_name:  # the module exists but one of its imports is missing
+                raise
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every available sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="pipeweave",
+        description="Pipeline-parallel training: schedules as data, one simulator, one runtime.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _command_modules():
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse's own usage errors (status 2) and --help (0)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return func(args)
+    except ValueError as error:  # user errors from the library: message only, no traceback
+        print(f"pipeweave: error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `pipeweave show ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

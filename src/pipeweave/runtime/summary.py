@@ -1,0 +1,99 @@
+"""From per-rank results to the numbers a run reports (DESIGN.md "Measures").
+
+* throughput — samples/s over the steady-state iterations: the first iteration (warm-up,
+  allocator and thread-pool start-up) is excluded when there are at least three;
+* pipeline efficiency — busy F/B time over all ranks / (ranks x wall time of the same window);
+* bubble fraction — 1 - efficiency;
+* peak memory — per rank: CUDA ``max_memory_allocated`` on GPU, peak RSS on CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..ir import Op, parse_action
+from .timeline import Record, efficiency
+from .worker import RankResult
+
+__all__ = ["TrainSummary", "summarize", "iteration_end_times", "iteration_losses"]
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    schedule: str
+    world_size: int
+    steps: int
+    batch_size: int
+    microbatches: int
+    samples_per_second: float
+    final_loss: float
+    losses: list[float]
+    bubble_fraction: float
+    pipeline_efficiency: float
+    peak_memory_bytes: list[int]
+    peak_stashed_microbatches: list[int]
+    wall_seconds: float
+    iteration_end_s: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def iteration_losses(results: Sequence[RankResult], microbatches: int) -> list[float]:
+    """Mean loss per iteration, summed from the last stage's weighted micro-batch losses."""
+    per_microbatch: dict[int, float] = {}
+    for result in results:
+        per_microbatch.update(result.losses)
+    if not per_microbatch:
+        return []
+    iterations = (max(per_microbatch) // microbatches) + 1
+    totals = [0.0] * iterations
+    for microbatch, value in sorted(per_microbatch.items()):
+        totals[microbatch // microbatches] += value
+    return totals
+
+
+def iteration_end_times(records: Sequence[Record], microbatches: int, steps: int) -> list[float]:
+    """When each iteration's last backward or update finished (seconds since the origin)."""
+    ends = [0.0] * steps
+    for _, text, _, end in records:
+        action = parse_action(text)
+        if action.op is Op.BACKWARD and action.microbatch is not None:
+            k = action.microbatch // microbatches
+        elif action.op in (Op.STEP, Op.ALL_REDUCE) and action.version is not None:
+            k = action.version - 1
+        else:
+            continue
+        if 0 <= k < steps:
+            ends[k] = max(ends[k], end)
+    return ends
+
+
+def summarize(results: Sequence[RankResult], *, schedule: str, steps: int, batch_size: int,
+              microbatches: int, pipelines: int = 1) -> TrainSummary:
+    records = [r for result in results for r in result.records]
+    ends = iteration_end_times(records, microbatches, steps)
+    first_start = min((s for _, _, s, _ in records), default=0.0)
+    if steps >= 3:
+        window = (ends[0], ends[-1])
+        samples = (steps - 1) * batch_size * pipelines
+    else:
+        window = (first_start, ends[-1] if ends else 0.0)
+        samples = steps * batch_size * pipelines
+    span = window[1] - window[0]
+    measured = efficiency(records, len(results), window=window) if records else None
+    losses = iteration_losses(results, microbatches)
+    return TrainSummary(
+        schedule=schedule, world_size=len(results), steps=steps, batch_size=batch_size,
+        microbatches=microbatches,
+        samples_per_second=samples / span if span > 0 else 0.0,
+        final_loss=losses[-1] if losses else float("nan"), losses=losses,
+        bubble_fraction=measured.bubble_fraction if measured else float("nan"),
+        pipeline_efficiency=measured.efficiency if measured else float("nan"),
+        peak_memory_bytes=[r.peak_memory_bytes for r in results],
+        peak_stashed_microbatches=[r.peak_stashed_microbatches for r in results],
+        wall_seconds=max((r.wall_seconds for r in results), default=0.0),
+        iteration_end_s=ends,
+    )

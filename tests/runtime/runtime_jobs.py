@@ -30,3 +30,39 @@ def mlp_job(*, depth: int, schedule: str = "1f1b", microbatches: int = 4, steps:
                data=BuiltinData("digits", batch_size=4 * microbatches, dtype=dtype),
                optimizer=OptimizerFactory("adam", {"lr": 1e-2}), return_parameters=True,
                **job_fields)
+
+
+class RankFaultData:
+    """Digits batches; on ``rank`` the ``at``-th batch raises (mode "raise") or hangs ("hang")."""
+
+    def __init__(self, *, rank: int, at: int, mode: str, batch_size: int = 16) -> None:
+        self.rank, self.at, self.mode, self.batch_size = rank, at, mode, batch_size
+
+    def __call__(self):  # type: ignore[no-untyped-def]
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        from pipeweave.data import build_dataset
+
+        stream = build_dataset("digits", batch_size=self.batch_size, dtype=torch.float64)
+        me = dist.get_rank() if dist.is_initialized() else -1
+        for index, batch in enumerate(stream):
+            if me == self.rank and index == self.at:
+                if self.mode == "raise":
+                    raise RuntimeError(f"injected failure on rank {me}")
+                time.sleep(3600)
+            yield batch
+
+
+def mismatched_model():  # type: ignore[no-untyped-def]
+    """Two blocks whose shapes don't agree: 64 -> 32, then a layer expecting 16 inputs."""
+    import torch
+    from torch import nn
+
+    from pipeweave.models import ModelSpec
+
+    torch.manual_seed(0)
+    return ModelSpec.from_blocks([nn.Linear(64, 32).double(), nn.Linear(16, 10).double()],
+                                 torch.nn.functional.cross_entropy)

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from .distributed import run_rank
 from .job import Job
-from .worker import RankResult, make_schedule
+from .worker import RankResult, make_schedule, preflight
 
 __all__ = ["launch_local", "run_under_torchrun", "RunFailed", "free_port", "under_torchrun"]
 
@@ -52,7 +52,9 @@ def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResul
     Raises :class:`RunFailed` if any rank fails (the others are terminated), or if the whole
     run exceeds ``deadline_s`` seconds.
     """
-    world_size = make_schedule(job.plan, 1).num_ranks
+    world_size = make_schedule(job.plan, job.steps).num_ranks
+    inputs, _ = next(iter(job.data()))
+    preflight(job.model(), job.plan, inputs)
     # forkserver: the server imports torch once (no kernels run there, so no thread pools
     # exist to break by forking); each launch then forks ranks in milliseconds instead of
     # re-importing torch in every fresh interpreter as ``spawn`` does.
@@ -69,7 +71,10 @@ def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResul
                 if deadline_s is not None and time.monotonic() - started > deadline_s:
                     raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f} s; stopped all ranks")
         except mp.ProcessRaisedException as error:
-            raise RunFailed(f"rank {error.error_index} failed:\n{error}") from None
+            trace = str(error).strip()
+            headline = trace.splitlines()[-1] if trace else "unknown error"
+            raise RunFailed(f"rank {error.error_index} failed: {headline}\n"
+                            f"all other ranks were stopped; the failing rank's traceback:\n{trace}") from None
         except mp.ProcessExitedException as error:
             raise RunFailed(
                 f"rank {error.error_index} exited with code {error.exit_code} "

@@ -20,7 +20,7 @@ from .job import Job
 from .microbatches import MicrobatchSource
 from .timeline import Recorder
 from .transport import LocalTransport
-from .worker import RankResult, build_rank, collect_result, make_schedule
+from .worker import RankResult, build_rank, collect_result, make_schedule, preflight
 
 __all__ = ["run_local"]
 
@@ -44,6 +44,7 @@ def _run(job: Job) -> list[RankResult]:
     schedule = make_schedule(job.plan, job.steps)
     device = torch.device("cpu")
     spec = job.model()
+    preflight(spec, job.plan, next(iter(job.data()))[0])
     hub = LocalTransport()
     origin = time.time()
     interpreters, parts = [], []

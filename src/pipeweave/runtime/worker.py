@@ -18,26 +18,26 @@ from torch import Tensor, nn
 
 from ..ir import Schedule, lower
 from ..models import ModelSpec
-from ..schedules import build_schedule, get_info
+from ..schedules import build_schedule
 from .job import Job
 from .plan import Plan
 from .stage import StageRuntime
 
 __all__ = ["RankParts", "RankResult", "build_rank", "make_schedule", "check_model_fits_plan",
-           "peak_rss_bytes"]
+           "peak_rss_bytes", "preflight"]
 
 SUPPORTED_SYNCHRONOUS = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "sliced-1f1b"})
 
 
 def make_schedule(plan: Plan, steps: int) -> Schedule:
     """The lowered schedule for ``steps`` iterations of ``plan``."""
-    info = get_info(plan.schedule)
-    if info.name not in SUPPORTED_SYNCHRONOUS:
+    schedule = build_schedule(plan.schedule, plan.shape(steps))
+    if plan.schedule not in SUPPORTED_SYNCHRONOUS:
         raise ValueError(
             f"schedule {plan.schedule!r} is not supported by the runtime yet; the runtime runs "
             f"{sorted(SUPPORTED_SYNCHRONOUS)} (the simulator knows every schedule)"
         )
-    return lower(build_schedule(plan.schedule, plan.shape(steps)))
+    return lower(schedule)
 
 
 def check_model_fits_plan(spec: ModelSpec, plan: Plan) -> None:
@@ -47,6 +47,48 @@ def check_model_fits_plan(spec: ModelSpec, plan: Plan) -> None:
             f"{len(spec.blocks)}; make the plan for this model (e.g. Plan.uniform("
             f"{len(spec.blocks)}, depth))"
         )
+
+
+def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor) -> None:
+    """Run one sample through the stages in order, before any process starts.
+
+    A stage that cannot take its predecessor's output (a shape or dtype mismatch between
+    stages) is reported with both stages' block ranges and the shape that was passed.
+    """
+    check_model_fits_plan(spec, plan)
+    if inputs.shape[0] % plan.microbatches:
+        raise ValueError(
+            f"batch size {inputs.shape[0]} is not divisible by microbatches={plan.microbatches}; "
+            f"use a batch size that is a multiple of {plan.microbatches}"
+        )
+    modes = [block.training for block in spec.blocks]
+    for block in spec.blocks:
+        block.eval()  # no running-statistics updates, no dropout
+    try:
+        x = inputs[:1]
+        with torch.no_grad():
+            for index, (start, end) in enumerate(plan.stages):
+                for block_index in range(start, end):
+                    try:
+                        x = spec.blocks[block_index](x)
+                    except Exception as error:
+                        where = ("the model input" if block_index == 0 else
+                                 f"the output of block {block_index - 1}")
+                        boundary = " (a stage boundary)" if block_index == start and index else ""
+                        raise ValueError(
+                            f"stage {index} (blocks {start}..{end - 1}) cannot run block "
+                            f"{block_index} ({spec.block_names[block_index]}) on {where}{boundary}, "
+                            f"shape {tuple(x.shape)} dtype {x.dtype}: {error}. Check that "
+                            f"consecutive blocks agree on shapes"
+                        ) from error
+                    if not isinstance(x, Tensor):
+                        raise TypeError(
+                            f"block {block_index} ({spec.block_names[block_index]}) returned "
+                            f"{type(x).__name__}; every block must return one tensor"
+                        )
+    finally:
+        for block, mode in zip(spec.blocks, modes):
+            block.train(mode)
 
 
 @dataclass

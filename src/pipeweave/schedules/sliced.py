@@ -18,7 +18,8 @@ half steps (``-`` continues the action on its left); the last stage starts at 1.
 How many micro-batches to slice comes from Algorithm 2 (:func:`slicer_count`), from the stage
 costs (option ``costs = (forward, backward, comm)``), or is given (option ``sliced = k``);
 without either, Algorithm 2 runs with uniform costs F=1, B=2, comm=0. The first ``k``
-micro-batches of every iteration (of every pipeline copy, with ``width``) are sliced.
+micro-batches of every iteration (of every pipeline copy, with ``width``) are sliced,
+on every stage.
 
 Not done: §III-C also aggregates the communication of the two halves where the first half's
 send would block (the receiver is already busy with a backward). That blockage comes from
@@ -95,11 +96,11 @@ def slicer_count(forward: Sequence[float], backward: Sequence[float], comm: floa
         mb = mb + 1  # line 37
 
 
-def slice_forwards(program: Sequence[Action], sliced: set[tuple[int, int]]) -> list[Action]:
-    """Replace each forward of a ``(stage, micro-batch)`` in ``sliced`` by its two halves."""
+def slice_forwards(program: Sequence[Action], sliced: set[int]) -> list[Action]:
+    """Replace each forward of a micro-batch in ``sliced`` by its two halves, in place."""
     out: list[Action] = []
     for action in program:
-        if action.op is Op.FORWARD and (action.stage, action.microbatch) in sliced:
+        if action.op is Op.FORWARD and action.microbatch in sliced:
             out.extend((action.with_(piece=1), action.with_(piece=2)))
         else:
             out.append(action)
@@ -113,13 +114,11 @@ def sliced_1f1b(shape: Shape) -> Schedule:
     k = _sliced_count(shape)
     base = flush_schedule("sliced-1f1b", shape, one_f_one_b_order, sliced=k)
     layout, M = base.layout, shape.microbatches
-    programs = []
-    for rank, program in enumerate(base.programs):
-        sliced = {(stage, j)
-                  for stage in layout.stages_of(rank)
-                  for t in range(shape.iterations)
-                  for j in routed(layout, stage, rank, range(t * M, (t + 1) * M))[:k]}
-        programs.append(slice_forwards(program, sliced))
+    # The micro-batches sliced are the first k that each replica of stage 0 starts in each
+    # iteration (with width: the first k of every pipeline copy); every stage slices the same.
+    sliced = {j for t in range(shape.iterations) for first in layout.stage_ranks[0]
+              for j in routed(layout, 0, first, range(t * M, (t + 1) * M))[:k]}
+    programs = [slice_forwards(program, sliced) for program in base.programs]
     return base.with_programs(programs)
 
 
@@ -154,7 +153,7 @@ def _check_costs(costs: object, stages: int) -> tuple[list[float], list[float], 
         times.append([float(x) for x in value])
     if not _is_time(comm):
         raise ValueError(f"costs' comm must be a number >= 0, got {comm!r}; {fix}")
-    return times[0], times[1], float(comm)  # type: ignore[arg-type]
+    return times[0], times[1], float(comm)
 
 
 def _is_time(value: object) -> bool:

@@ -18,11 +18,11 @@ the idle time that separating G1's periods needs (§3.1: at least ``P(xV_n), x >
 ``2u + r`` going down and ``2u + 2P - 1 - r`` coming up, so after warm-up every rank alternates
 G0 and G1 work without bubbles (Fig. 5). Rank order is the step order.
 
-P=2, M=2, K=2 (``F0``/``B0``: G0 stage, ``F1``/``B1``: G1 stage; ``.3`` = micro-batch 3)::
+P=2, M=2, K=2, unit-cost timeline (stages 0-1 are G0, 2-3 are G1; period 0 is micro-batches
+0-1, period 1 is 2-3; ``0F2``/``0F3`` run before ``0B0``/``0B1``)::
 
-    step   0    1    2    3    4    5    6    7    8    9    10   11   12   13   14   15
-    rank0  F0.0      F0.1      F1.0      F1.1 B1.0 F0.2 B1.1 F0.3 B0.0 F1.2 B0.1 F1.3 B1.2 ...
-    rank1       F0.0      F0.1      F1.0 B1.0 F1.1 B1.1 F0.2 B0.0 F0.3 B0.1 F1.2 B1.2 F1.3 ...
+    rank0  0F0 0F1 2F0 2F1 .   2B0 0F2 2B1 0F3 0B0 2F2 0B1 2F3 2B2 .   2B3 0B2 0B3
+    rank1  .   1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3 .
 
 Weight versions (Eq. 1, ``w^{t+1} = w^t - lr * grad f(w^{t-1+i})`` for group ``i``):
 
@@ -38,11 +38,14 @@ pipeline (:meth:`Layout.data_parallel` with two chunks); micro-batch ``j`` runs 
 ``j % w`` and every update is preceded by an all-reduce (``AR``) among the copies.
 
 Memory (Table 1, counted by the tests from the schedule): G0 stages hold two weight versions,
-G1 stages one, i.e. a weight buffer of ``S_m``. While G1 works, a G0 stage holds the ``M``
-activations of the next period and G1 stage ``P+i`` holds ``min(P-i, M)``; rank ``i`` holds
-at most ``M + P - i`` chunk activations at any time, which is the paper's ``2M - i`` per stage
-and ``(4M - N + 1)/4 S_a`` in total for ``M = N`` (the case its formulas describe, like its
-2BW row). With recomputation a rank materialises one chunk activation at a time: ``0.5 S_a``.
+G1 stages one, so the weight buffer is ``2 x S_m/2 = S_m``. §3.3 splits the activations of
+rank ``i`` into ``M`` for G0 (a period's forwards waiting for their backwards) and ``M - i`` for
+G1. Counted from the schedule, rank ``i`` holds at most ``M + P - i`` chunk activations at once:
+G1 stage ``P+i`` at most ``min(P - i, M)``, and the G0 stage ``M`` while G1 runs (up to
+``M + P - i`` when the next period's forwards overlap this period's backwards and G1 is done).
+For ``M = N``, the case the paper's formulas describe (like its 2BW row), that is ``2M - i``
+per stage and ``(4M - N + 1)/4 S_a`` in all. With recomputation a rank materialises one
+chunk's activations at a time: ``N x S_a/2N = 0.5 S_a``.
 """
 
 from __future__ import annotations
@@ -102,10 +105,11 @@ def wpipe_programs(
     def up(r: int) -> float:
         return 2 * unit + 2 * P - 1 - r
 
-    def step_after(r: int, stage: int, version: int, at: float) -> None:
-        # the update right after the last backward of the block (before the next action)
+    def update_after_block(r: int, stage: int, version: int) -> None:
+        # half a step after the block's last V comes back up through rank r
+        at = 2 * (unit - 1) + 2 * P - 1 - r + 0.5
         for n, action in enumerate(update_actions(layout, stage, version)):
-            events[r].append((at + 0.25 + 0.01 * n, action))
+            events[r].append((at + 0.01 * n, action))
 
     # warm-up: period 0's G0 forwards, down-only V's (nothing to backward yet)
     for j in periods[0]:
@@ -120,7 +124,7 @@ def wpipe_programs(
                 events[r].append((up(r), Action(Op.BACKWARD, P + r, j, version=t)))
             unit += 1
         for r in range(P):
-            step_after(r, P + r, t + 1, 2 * (unit - 1) + 2 * P - 1 - r)
+            update_after_block(r, P + r, t + 1)
         # G0 block: V's [forward of period t+1 (version t), backward of period t (stashed)]
         following = periods[t + 1] if t + 1 < len(periods) else None
         for i, j in enumerate(batch):
@@ -130,7 +134,7 @@ def wpipe_programs(
                 events[r].append((up(r), Action(Op.BACKWARD, r, j, version=max(t - 1, 0))))
             unit += 1
         for r in range(P):
-            step_after(r, r, t + 1, 2 * (unit - 1) + 2 * P - 1 - r)
+            update_after_block(r, r, t + 1)
     return [[action for _, action in sorted(rank_events, key=lambda e: e[0])]
             for rank_events in events]
 

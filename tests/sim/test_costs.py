@@ -1,0 +1,59 @@
+"""Costs: expansion per stage / boundary, bandwidth-derived transfers, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeweave.sim import Costs
+
+
+def test_defaults_are_autopipes_units() -> None:
+    table = Costs.uniform().resolve(3)
+    assert table.forward == (1.0, 1.0, 1.0)
+    assert table.backward == (2.0, 2.0, 2.0)
+    assert table.transfer == (0.0, 0.0)
+    assert table.activation_bytes == (1.0, 1.0, 1.0)
+    assert table.update == table.all_reduce == table.average == (0.0, 0.0, 0.0)
+
+
+def test_per_stage_and_per_boundary_values() -> None:
+    table = Costs(forward=[1, 2, 3], backward=(2, 4, 6), comm=[0.5, 0.25], update=0.1).resolve(3)
+    assert table.forward == (1.0, 2.0, 3.0)
+    assert table.backward == (2.0, 4.0, 6.0)
+    assert table.comm(0) == 0.5 and table.comm(1) == 0.25
+    assert table.comm(0, half=True) == 0.25  # a Slicer half sends half the bytes
+    assert table.update == (0.1, 0.1, 0.1)
+
+
+def test_transfer_from_bytes_bandwidth_and_latency() -> None:
+    table = Costs(boundary_bytes=[4e6, 8e6], bandwidth=2e6, latency=0.5).resolve(3)
+    assert table.transfer == (2.0, 4.0)
+    assert table.comm(1) == 4.5
+    assert table.comm(1, half=True) == 2.5  # latency is paid in full
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "stages", "message"),
+    [
+        ({"forward": [1, 2]}, 3, "forward has 2 values [1.0, 2.0] but the schedule has 3 stages"),
+        ({"comm": [1, 1, 1]}, 3, "comm has 3 values"),
+        ({"backward": -1}, 2, "backward must be a finite number >= 0, got -1"),
+        ({"forward": [1, float("nan")]}, 2, "forward[1] must be a finite number"),
+        ({"forward": "fast"}, 2, "forward must be a number or a sequence of numbers, got 'fast'"),
+        ({"forward": []}, 2, "forward is an empty sequence"),
+        ({"boundary_bytes": 10}, 2, "give both"),
+        ({"bandwidth": 0, "boundary_bytes": 1}, 2, "bandwidth must be > 0"),
+        ({"comm": 1, "boundary_bytes": 1, "bandwidth": 1}, 2, "give only one of them"),
+        ({}, 0, "stages must be >= 1, got 0"),
+    ],
+)
+def test_errors_name_the_bad_value(kwargs: dict, stages: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Costs(**kwargs).resolve(stages)
+
+
+def test_to_json_is_plain() -> None:
+    data = Costs(forward=[1, 2], comm=0.5).to_json()
+    assert data["forward"] == [1.0, 2.0]
+    assert data["comm"] == 0.5
+    assert data["bandwidth"] is None

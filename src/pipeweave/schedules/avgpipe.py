@@ -48,7 +48,10 @@ __all__ = ["avgpipe", "advance_order", "parse_advance"]
 
 
 def parse_advance(value: object, microbatches: int) -> int:
-    """The ``advance`` option as a count of extra forwards (``"all"`` = ``M - 1``, AFAB)."""
+    """The ``advance`` option as a count of extra forwards (``"all"`` = ``M - 1``, AFAB;
+    ``None``, unset, = 0, 1F1B)."""
+    if value is None:
+        return 0
     if value == "all":
         return max(microbatches - 1, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

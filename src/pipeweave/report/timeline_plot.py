@@ -70,6 +70,7 @@ def plot_timeline(
     cmap = matplotlib.colormaps["tab20"]
     for (rank, kind, mb), spans in bars.items():
         y = n_ranks - 1 - rank  # rank 0 on top
+        style: dict[str, Any]
         if kind == "F":
             style = {"facecolors": cmap(mb % 20), "edgecolor": "black", "linewidth": 0.3}
         elif kind == "B":

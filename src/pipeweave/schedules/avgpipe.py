@@ -14,6 +14,9 @@ advance" (``advance >= M - 1``, or ``"all"``) is AFAB, i.e. GPipe's order on eve
 leave the downstream stages in 1F1B order and could never become AFAB.) Stage ``s`` holds at
 most ``min(P - s + advance, M)`` activations: Fig. 7(c), two GPUs, ``advance = 1``, "the first
 GPU stashes the activation of three micro-batches, while there are two ... for 1F1B".
+Algorithm 1 also raises ``advance_num`` between iterations while training gets faster and
+memory allows (lines 9-10); a schedule is fixed data, so that loop belongs to a tuner that
+rebuilds the schedule with a larger ``advance``.
 
 P=2, M=4, advance=1 (Fig. 7(c)), unit-cost timeline::
 

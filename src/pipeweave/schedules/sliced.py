@@ -4,8 +4,9 @@ Startup overhead is the time the last stage waits for its first activation (auto
 §II-B): ``(P-1) F`` in 1F1B. Splitting micro-batch 0 into halves ``a``/``b`` lets its first half
 reach the last stage after ``(P-1) F/2``, halving it (§III-C, Fig. 8(b)); the last stage then
 starts its first backward ``(P-1) F/2`` earlier and the whole pipeline shifts forward. Only the
-forwards are split; every backward stays whole (Fig. 8(b)), so no extra activation memory
-is held: the two halves of a micro-batch together hold one micro-batch's activation.
+forwards are split — §III-C reschedules the Warmup phase, which runs only forwards, and counts
+the cost as doubling "the FP operations' communication numbers" — so every backward stays
+whole and no extra memory is held: the two halves together hold one micro-batch's activation.
 
 P=4, M=4, one sliced micro-batch (Fig. 8(b)), F=1 (0.5 per half), B=2, comm=0, timeline in
 half steps (``-`` continues the action on its left); the last stage starts at 1.5, not 3::

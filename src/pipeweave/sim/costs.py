@@ -95,7 +95,7 @@ class Costs:
 
         With the defaults (F=1, B=2, C=0) GPipe and 1F1B take ``(M+P-1)(F+B)`` per iteration.
         """
-        return cls(forward=forward, backward=backward, comm=comm, **others)  # type: ignore[arg-type]
+        return cls(forward=forward, backward=backward, comm=comm, **others)
 
     def resolve(self, stages: int) -> "StageCosts":
         """Expand every field to one value per stage / boundary of a ``stages``-stage schedule."""

@@ -28,6 +28,8 @@ Definitions (the same for simulated and measured timelines, see DESIGN.md "Measu
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..ir import Op, Schedule
 from .costs import StageCosts
 
@@ -45,8 +47,9 @@ def iteration_completions(schedule: Schedule, end: list[list[float]]) -> list[fl
     completions = [0.0] * schedule.iterations
     for program, ends in zip(schedule.programs, end):
         for action, t in zip(program, ends):
-            if action[0] is _B:
-                k = action[2] // per_iteration
+            microbatch = action[2]
+            if action[0] is _B and microbatch is not None:
+                k = microbatch // per_iteration
                 if k < len(completions) and t > completions[k]:
                     completions[k] = t
     return completions
@@ -103,7 +106,7 @@ def peak_activations(schedule: Schedule, costs: StageCosts) -> tuple[list[float]
     sizes = costs.activation_bytes
     counts, volumes = [], []
     for program in schedule.programs:
-        held: dict[tuple[int, int, int], tuple[float, float]] = {}
+        held: dict[tuple[int, int | None, int], tuple[float, float]] = {}
         count = volume = peak_count = peak_volume = 0.0
         for action in program:
             op = action[0]
@@ -139,7 +142,7 @@ def weight_versions(schedule: Schedule) -> list[int]:
         # One state per copy (stage, pipeline) of the weights on this rank:
         # [current version, in-flight count per referenced version,
         #  number of referenced versions older than current, micro-batch -> backward's version]
-        copies: dict[tuple[int, int], list] = {}  # type: ignore[type-arg]
+        copies: dict[tuple[int, int], list[Any]] = {}
         for action in program:
             op, stage, microbatch, _, version, lookahead, pipeline = action
             if op is not _F and op is not _B and op is not _U:

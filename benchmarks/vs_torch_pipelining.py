@@ -1,0 +1,215 @@
+"""Benchmark: pipeweave's runtime against torch.distributed.pipelining, like for like.
+
+Run::
+
+    cd /work/main && PYTHONPATH=src .venv/bin/python benchmarks/vs_torch_pipelining.py
+        [--repeats 3] [--steps 12] [--ranks 2 4] [--schedules gpipe 1f1b] [--cases gpt mlp]
+        [--json-out benchmarks/results/vs_torch_pipelining.json]
+
+Both sides train the SAME model (pipeweave's built-in GPT, and the MLP on digits), cut into the
+SAME block ranges (``Plan.uniform``), with the same batch size, micro-batch count M, SGD
+learning rate, steps, seed and data (batch k of the same stream for iteration k). Each rank is
+one process started by ``forkserver`` on a loopback port with gloo and ONE intra-op thread;
+process start-up and the process-group rendezvous happen before the timed window on both sides.
+
+    pipeweave: launch_local(Job(Plan.uniform(...), ...))          benchmarks/vs_torch_pipelining.py
+    torch:     PipelineStage(nn.Sequential(blocks)) + ScheduleGPipe / Schedule1F1B
+                                                                 benchmarks/torch_pipelining_worker.py
+
+Throughput is steady state: samples of iterations 2..K over the time from the end of
+iteration 1 to the end of iteration K, where "end of iteration k" is the latest rank's end
+(pipeweave: its measured timeline; torch: wall clock after each rank's optimizer step). The
+table reports the median over ``--repeats`` runs, the two sides alternating run by run so that
+drift in machine load hits both alike. Memory is each rank's peak RSS (``ru_maxrss``). Both
+sides must train: the first iteration's loss agrees (same initial weights, same data) and the
+loss goes down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_pipelining_worker import TorchSide, launch as launch_torch  # noqa: E402
+
+from pipeweave.runtime import (  # noqa: E402
+    BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local,
+)
+from pipeweave.runtime.summary import summarize  # noqa: E402
+
+# -- settings -------------------------------------------------------------------------------
+STEPS = 12            # iterations per run; the first is warm-up and is not timed
+REPEATS = 3           # runs per side and configuration; the table shows the median
+RANKS = (2, 4)        # pipeline depths (one process per stage)
+SCHEDULES = ("gpipe", "1f1b")
+LR = 0.01             # plain SGD on both sides
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vs_torch_pipelining.json"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model, its data and the batch geometry used on both sides."""
+
+    label: str
+    model: str
+    overrides: dict[str, Any]
+    num_blocks: int
+    dataset: str
+    seq_len: int | None
+    batch_size: int
+    microbatches: int
+
+
+CASES = {
+    # 10 blocks: embed, (attn, ffn) x 4, head. d_model 128, seq 64: each micro-batch of 8
+    # sequences is ~1 ms-scale matmuls per block, so compute outweighs a message's fixed cost.
+    "gpt": Case("gpt d128 L4 T64", "gpt-tiny",
+                {"d_model": 128, "n_layers": 4, "n_heads": 4, "d_ff": 512, "seq_len": 64},
+                num_blocks=10, dataset="stdlib-bytes", seq_len=64, batch_size=32, microbatches=4),
+    # 4 blocks of Linear(128)+ReLU on 8x8 digits: tiny compute, so per-action overhead shows.
+    "mlp": Case("mlp digits", "mlp", {}, num_blocks=4, dataset="digits", seq_len=None,
+                batch_size=64, microbatches=4),
+}
+
+
+@dataclass
+class Run:
+    """One side's result for one run: steady-state throughput, memory and losses."""
+
+    samples_per_second: float
+    peak_rss_bytes: list[int]
+    losses: list[float]
+    iteration_end_s: list[float] = field(default_factory=list)
+
+
+def steady_throughput(ends: list[float], batch_size: int) -> float:
+    """Samples/s from the end of iteration 1 to the end of the last one (warm-up excluded)."""
+    span = ends[-1] - ends[0]
+    return (len(ends) - 1) * batch_size / span if span > 0 else 0.0
+
+
+def run_pipeweave(case: Case, schedule: str, ranks: int, steps: int) -> Run:
+    plan = Plan.uniform(case.num_blocks, ranks, schedule=schedule, microbatches=case.microbatches)
+    job = Job(plan=plan, steps=steps, model=BuiltinModel(case.model, overrides=case.overrides),
+              data=BuiltinData(case.dataset, batch_size=case.batch_size, seq_len=case.seq_len),
+              optimizer=OptimizerFactory("sgd", {"lr": LR}), timeout_s=120.0)
+    results = launch_local(job)
+    summary = summarize(results, schedule=schedule, steps=steps, batch_size=case.batch_size,
+                        microbatches=case.microbatches)
+    ends = summary.iteration_end_s
+    return Run(steady_throughput(ends, case.batch_size), summary.peak_memory_bytes,
+               summary.losses, ends)
+
+
+def run_torch(case: Case, schedule: str, ranks: int, steps: int) -> Run:
+    plan = Plan.uniform(case.num_blocks, ranks)  # the same block ranges as pipeweave's
+    side = TorchSide(model=case.model, overrides=case.overrides, stages=plan.stages,
+                     schedule=schedule, microbatches=case.microbatches,
+                     batch_size=case.batch_size, seq_len=case.seq_len, dataset=case.dataset,
+                     steps=steps, lr=LR)
+    results = launch_torch(side)
+    ends = [max(r.iteration_end_s[k] for r in results) for k in range(steps)]
+    return Run(steady_throughput(ends, case.batch_size), [r.peak_memory_bytes for r in results],
+               results[-1].losses, ends)
+
+
+def compare(case: Case, schedule: str, ranks: int, steps: int, repeats: int) -> dict[str, Any]:
+    """Alternate the two sides ``repeats`` times; medians, memory and a training check."""
+    runs: dict[str, list[Run]] = {"pipeweave": [], "torch": []}
+    for repeat in range(repeats):
+        order = ("pipeweave", "torch") if repeat % 2 == 0 else ("torch", "pipeweave")
+        for side in order:
+            runner = run_pipeweave if side == "pipeweave" else run_torch
+            runs[side].append(runner(case, schedule, ranks, steps))
+    row: dict[str, Any] = {"case": case.label, "schedule": schedule, "ranks": ranks}
+    for side, side_runs in runs.items():
+        rss = [max(r.peak_rss_bytes[rank] for r in side_runs) for rank in range(ranks)]
+        row[side] = {
+            "samples_per_second": statistics.median(r.samples_per_second for r in side_runs),
+            "samples_per_second_runs": [r.samples_per_second for r in side_runs],
+            "peak_rss_bytes": rss,
+            "losses": side_runs[0].losses,
+        }
+    pw, th = row["pipeweave"], row["torch"]
+    row["throughput_ratio"] = pw["samples_per_second"] / th["samples_per_second"]
+    row["peak_rss_ratio"] = max(pw["peak_rss_bytes"]) / max(th["peak_rss_bytes"])
+    first_gap = abs(pw["losses"][0] - th["losses"][0])
+    row["first_loss_gap"] = first_gap
+    row["both_train"] = bool(first_gap < 1e-3 * abs(th["losses"][0])
+                             and pw["losses"][-1] < pw["losses"][0]
+                             and th["losses"][-1] < th["losses"][0])
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    mib = 2**20
+    head = (f"{'case':<16} {'schedule':<6} {'ranks':>5} | {'pipeweave':>9} {'torch':>9} "
+            f"{'ratio':>6} | {'pw RSS':>7} {'th RSS':>7} {'ratio':>6} | {'loss1 pw':>9} "
+            f"{'loss1 th':>9} {'lossK pw':>9} {'lossK th':>9}")
+    lines = [head, " " * 30 + "samples/s (median)" + " " * 10 + "max-rank peak RSS MiB", "-" * len(head)]
+    for r in rows:
+        pw, th = r["pipeweave"], r["torch"]
+        lines.append(
+            f"{r['case']:<16} {r['schedule']:<6} {r['ranks']:>5} | {pw['samples_per_second']:>9.1f} "
+            f"{th['samples_per_second']:>9.1f} {r['throughput_ratio']:>5.2f}x | "
+            f"{max(pw['peak_rss_bytes']) / mib:>7.0f} {max(th['peak_rss_bytes']) / mib:>7.0f} "
+            f"{r['peak_rss_ratio']:>5.2f}x | {pw['losses'][0]:>9.4f} {th['losses'][0]:>9.4f} "
+            f"{pw['losses'][-1]:>9.4f} {th['losses'][-1]:>9.4f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
+    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--gpt-overrides", type=json.loads, default=None,
+                        help='JSON dict replacing the GPT case\'s model options (smoke test)')
+    parser.add_argument("--json-out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    if args.steps < 3:
+        parser.error(f"--steps {args.steps}: need >= 3 (one warm-up plus two timed iterations)")
+    cases = dict(CASES)
+    if args.gpt_overrides is not None:
+        base = cases["gpt"]
+        seq = int(args.gpt_overrides.get("seq_len", base.seq_len))
+        cases["gpt"] = Case("gpt (custom)", base.model, args.gpt_overrides, base.num_blocks,
+                            base.dataset, seq, base.batch_size, base.microbatches)
+    rows = []
+    for name in args.cases:
+        for ranks in args.ranks:
+            for schedule in args.schedules:
+                started = time.perf_counter()
+                rows.append(compare(cases[name], schedule, ranks, args.steps, args.repeats))
+                print(f"  {name} {schedule} {ranks} ranks: {rows[-1]['throughput_ratio']:.2f}x "
+                      f"({time.perf_counter() - started:.0f} s)", flush=True)
+    print(table(rows))
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps({
+        "settings": {"steps": args.steps, "repeats": args.repeats, "lr": LR,
+                     "threads_per_rank": 1, "backend": "gloo",
+                     "cases": {n: vars(cases[n]) for n in args.cases}},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "torch": torch.__version__},
+        "rows": rows,
+    }, indent=2) + "\n")
+    print(f"wrote {args.json_out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -16,11 +16,11 @@ process start-up and the process-group rendezvous happen before the timed window
     torch:     PipelineStage(nn.Sequential(blocks)) + ScheduleGPipe / Schedule1F1B
                                                                  benchmarks/torch_pipelining_worker.py
 
-Throughput is steady state: samples of iterations 2..K over the time from the end of
-iteration 1 to the end of iteration K, where "end of iteration k" is the latest rank's end
-(pipeweave: its measured timeline; torch: wall clock after each rank's optimizer step). The
-table reports the median over ``--repeats`` runs, the two sides alternating run by run so that
-drift in machine load hits both alike. Memory is each rank's peak RSS (``ru_maxrss``). Both
+Throughput is steady state: batch size over the median iteration time of iterations 2..K,
+where iteration k's time runs from the end of iteration k-1 to the end of iteration k and "end"
+is the latest rank's (pipeweave: its measured timeline; torch: wall clock after each rank's
+optimizer step). The table reports the median over ``--repeats`` runs, the two sides
+alternating run by run so that drift in machine load hits both alike. Memory is each rank's peak RSS (``ru_maxrss``). Both
 sides must train: the first iteration's loss agrees (same initial weights, same data) and the
 loss goes down.
 """
@@ -53,7 +53,6 @@ STEPS = 12            # iterations per run; the first is warm-up and is not time
 REPEATS = 3           # runs per side and configuration; the table shows the median
 RANKS = (2, 4)        # pipeline depths (one process per stage)
 SCHEDULES = ("gpipe", "1f1b")
-LR = 0.01             # plain SGD on both sides
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vs_torch_pipelining.json"
 
 
@@ -69,6 +68,8 @@ class Case:
     seq_len: int | None
     batch_size: int
     microbatches: int
+    lr: float
+    """Plain SGD learning rate (the same on both sides)."""
 
 
 CASES = {
@@ -76,10 +77,11 @@ CASES = {
     # sequences is ~1 ms-scale matmuls per block, so compute outweighs a message's fixed cost.
     "gpt": Case("gpt d128 L4 T64", "gpt-tiny",
                 {"d_model": 128, "n_layers": 4, "n_heads": 4, "d_ff": 512, "seq_len": 64},
-                num_blocks=10, dataset="stdlib-bytes", seq_len=64, batch_size=32, microbatches=4),
+                num_blocks=10, dataset="stdlib-bytes", seq_len=64, batch_size=32, microbatches=4,
+                lr=0.01),
     # 4 blocks of Linear(128)+ReLU on 8x8 digits: tiny compute, so per-action overhead shows.
     "mlp": Case("mlp digits", "mlp", {}, num_blocks=4, dataset="digits", seq_len=None,
-                batch_size=64, microbatches=4),
+                batch_size=64, microbatches=4, lr=0.1),
 }
 
 
@@ -94,16 +96,22 @@ class Run:
 
 
 def steady_throughput(ends: list[float], batch_size: int) -> float:
-    """Samples/s from the end of iteration 1 to the end of the last one (warm-up excluded)."""
-    span = ends[-1] - ends[0]
-    return (len(ends) - 1) * batch_size / span if span > 0 else 0.0
+    """Samples/s of the median iteration after the first (warm-up excluded).
+
+    Iteration k's time is ``ends[k] - ends[k-1]`` (k >= 1); the median shrugs off the odd
+    iteration slowed by another process on a shared machine, which a mean over the window
+    would absorb.
+    """
+    durations = [b - a for a, b in zip(ends, ends[1:])]
+    median = statistics.median(durations)
+    return batch_size / median if median > 0 else 0.0
 
 
 def run_pipeweave(case: Case, schedule: str, ranks: int, steps: int) -> Run:
     plan = Plan.uniform(case.num_blocks, ranks, schedule=schedule, microbatches=case.microbatches)
     job = Job(plan=plan, steps=steps, model=BuiltinModel(case.model, overrides=case.overrides),
               data=BuiltinData(case.dataset, batch_size=case.batch_size, seq_len=case.seq_len),
-              optimizer=OptimizerFactory("sgd", {"lr": LR}), timeout_s=120.0)
+              optimizer=OptimizerFactory("sgd", {"lr": case.lr}), timeout_s=120.0)
     results = launch_local(job)
     summary = summarize(results, schedule=schedule, steps=steps, batch_size=case.batch_size,
                         microbatches=case.microbatches)
@@ -117,7 +125,7 @@ def run_torch(case: Case, schedule: str, ranks: int, steps: int) -> Run:
     side = TorchSide(model=case.model, overrides=case.overrides, stages=plan.stages,
                      schedule=schedule, microbatches=case.microbatches,
                      batch_size=case.batch_size, seq_len=case.seq_len, dataset=case.dataset,
-                     steps=steps, lr=LR)
+                     steps=steps, lr=case.lr)
     results = launch_torch(side)
     ends = [max(r.iteration_end_s[k] for r in results) for k in range(steps)]
     return Run(steady_throughput(ends, case.batch_size), [r.peak_memory_bytes for r in results],
@@ -188,7 +196,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         base = cases["gpt"]
         seq = int(args.gpt_overrides.get("seq_len", base.seq_len))
         cases["gpt"] = Case("gpt (custom)", base.model, args.gpt_overrides, base.num_blocks,
-                            base.dataset, seq, base.batch_size, base.microbatches)
+                            base.dataset, seq, base.batch_size, base.microbatches, base.lr)
     rows = []
     for name in args.cases:
         for ranks in args.ranks:
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     print(table(rows))
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps({
-        "settings": {"steps": args.steps, "repeats": args.repeats, "lr": LR,
+        "settings": {"steps": args.steps, "repeats": args.repeats,
                      "threads_per_rank": 1, "backend": "gloo",
                      "cases": {n: vars(cases[n]) for n in args.cases}},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable
+from itertools import repeat
 from dataclasses import dataclass
 
 from .actions import Action, Op
@@ -61,30 +62,40 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
     Duplicates are an error. Updates and collectives are per rank (each replica steps its own
     copy) and are not indexed.
     """
+    # Built in bulk (this runs once per simulation over every action); the key is
+    # ref(action), inlined. A duplicate shows up as a smaller dict than the number of keys,
+    # and is then located by the slow loop below.
     index: dict[Action, Location] = {}
     new = tuple.__new__
-    setdefault = index.setdefault
+    total = 0
     for rank, program in enumerate(schedule.programs):
-        position = -1
-        for action in program:
-            position += 1
-            op, stage, microbatch, piece, version, lookahead, pipeline = action
-            if microbatch is None:
-                continue
-            # ref(action), inlined: this loop runs once per action of the schedule.
-            if version is None and lookahead == 0:
-                key = action
-            else:
-                key = new(Action, (op, stage, microbatch, piece, None, 0, pipeline))
-            location = (rank, position)
-            other = setdefault(key, location)
-            if other is not location:
-                raise ScheduleError(
-                    f"action {key} appears twice, at rank {other[0]} step {other[1]} and rank "
-                    f"{rank} step {position}; every action must be scheduled exactly once\n"
-                    + render_grid(schedule, marked=[other, location])
-                )
+        positions = [p for p, a in enumerate(program) if a[2] is not None]
+        keys = [
+            a if a[4] is None and a[5] == 0 else new(Action, (a[0], a[1], a[2], a[3], None, 0, a[6]))
+            for a in map(program.__getitem__, positions)
+        ]
+        index.update(zip(keys, zip(repeat(rank), positions)))
+        total += len(keys)
+    if len(index) != total:
+        _raise_duplicate(schedule)
     return index
+
+
+def _raise_duplicate(schedule: Schedule) -> None:
+    seen: dict[Action, Location] = {}
+    for rank, position, action in schedule.actions():
+        if action.microbatch is None:
+            continue
+        key = ref(action)
+        if key in seen:
+            other = seen[key]
+            raise ScheduleError(
+                f"action {key} appears twice, at rank {other[0]} step {other[1]} and rank {rank} "
+                f"step {position}; every action must be scheduled exactly once\n"
+                + render_grid(schedule, marked=[other, (rank, position)])
+            )
+        seen[key] = (rank, position)
+    raise AssertionError("index size mismatch without a duplicate")  # pragma: no cover
 
 
 def walk(
@@ -114,8 +125,8 @@ def walk(
     # waiting[r][p]: ranks blocked until action (r, p) finishes.
     waiting: list[dict[int, list[int]]] = [{} for _ in range(n)]
     arrived: dict[object, list[Location]] = defaultdict(list)
-    # A rank blocked on a dependency resumes where it stopped: (dependencies, index of the
-    # unfinished one, start so far, binding so far).
+    # A rank blocked on a dependency resumes where it stopped: (its dependencies, index of
+    # the unfinished one, start so far, binding so far).
     pending: list[tuple[tuple[Action, ...], int, float, Location | None] | None] = [None] * n
     queue = deque(range(n))
     queued = [True] * n
@@ -151,8 +162,9 @@ def walk(
         while position < length:
             action = program[position]
             if resume is not None:
-                deps, i, t0, bind = resume
+                deps, first, t0, bind = resume
                 resume = None
+                todo = deps[first:]
             else:
                 if action[0] is all_reduce:
                     key = collective_key(action)
@@ -175,11 +187,8 @@ def walk(
                     continue
                 t0 = clock[rank]
                 bind = (rank, position - 1) if position else None
-                deps = dependencies(action, layout, lowered=lowered)
-                i = 0
-            blocked = False
-            for i in range(i, len(deps)):
-                dep = deps[i]
+                todo = deps = dependencies(action, layout, lowered=lowered)
+            for dep in todo:
                 loc = get(dep)
                 if loc is None:
                     raise ScheduleError(
@@ -189,30 +198,30 @@ def walk(
                 dep_rank, dep_pos = loc
                 if dep_pos >= pointer[dep_rank]:  # not finished yet: wait for it
                     waiting[dep_rank].setdefault(dep_pos, []).append(rank)
-                    pending[rank] = (deps, i, t0, bind)
-                    blocked = True
+                    pending[rank] = (deps, len(deps) - len(todo) + todo.index(dep), t0, bind)
                     break
                 ready = end[dep_rank][dep_pos]
                 if dep_rank != rank and delay is not None:
                     ready += delay(programs[dep_rank][dep_pos], dep_rank, action, rank)
                 if ready > t0:
                     t0, bind = ready, loc
-            if blocked:
-                break
-            # finish(rank, position, t0, bind), inlined for the common case
-            start_row[position] = t0
-            end_row[position] = t1 = t0 + duration(rank, action)
-            binding_row[position] = bind
-            clock[rank] = t1
-            pointer[rank] = position + 1
-            if waiting_row:
-                waiters = waiting_row.pop(position, None)
-                if waiters is not None:
-                    for waiter in waiters:
-                        if not queued[waiter]:
-                            queued[waiter] = True
-                            queue.append(waiter)
-            position += 1
+            else:
+                # every dependency is done: finish(rank, position, t0, bind), inlined
+                start_row[position] = t0
+                end_row[position] = t1 = t0 + duration(rank, action)
+                binding_row[position] = bind
+                clock[rank] = t1
+                pointer[rank] = position + 1
+                if waiting_row:
+                    waiters = waiting_row.pop(position, None)
+                    if waiters is not None:
+                        for waiter in waiters:
+                            if not queued[waiter]:
+                                queued[waiter] = True
+                                queue.append(waiter)
+                position += 1
+                continue
+            break  # blocked on a dependency
 
     stuck = [(r, pointer[r]) for r in range(n) if pointer[r] < len(programs[r])]
     return Walk(start=start, end=end, binding=binding, stuck=stuck)

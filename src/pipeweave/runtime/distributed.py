@@ -68,7 +68,7 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
         recorder = Recorder(rank, origin) if job.record_timeline else None
         progress = _progress_bar(job, schedule, rank)
         interpreter = RankInterpreter(rank=rank, schedule=schedule, stages=parts.stages,
-                                      optimizers=parts.optimizers, transport=transport,
+                                      optimizers=parts.optimizers, weights=parts.weights, transport=transport,
                                       data=data, recorder=recorder, on_step=progress)
         for _ in interpreter.run():
             raise AssertionError("the distributed transport never yields")

@@ -24,6 +24,7 @@ from .microbatches import MicrobatchSource
 from .stage import StageRuntime
 from .timeline import Recorder
 from .transport import Transport
+from .weights import StageWeights
 
 __all__ = ["RankInterpreter"]
 
@@ -40,6 +41,7 @@ class RankInterpreter:
         schedule: Schedule,
         stages: Mapping[int, StageRuntime],
         optimizers: Mapping[int, torch.optim.Optimizer],
+        weights: Mapping[int, StageWeights],
         transport: Transport,
         data: MicrobatchSource,
         recorder: Recorder | None = None,
@@ -52,6 +54,7 @@ class RankInterpreter:
         self.program = schedule.programs[rank]
         self.stages = stages
         self.optimizers = optimizers
+        self.weights = weights
         self.transport = transport
         self.data = data
         self.recorder = recorder
@@ -76,7 +79,7 @@ class RankInterpreter:
             if op is Op.FORWARD:
                 self._forward(action)
             elif op is Op.BACKWARD:
-                self._backward(action)
+                self._backward(action, position)
             elif op in (Op.SEND_ACT, Op.SEND_GRAD):
                 _, dst = receiver(action, layout)
                 self.transport.send(ref(action), self._values.pop(self._produced_by(action)), dst)
@@ -87,7 +90,7 @@ class RankInterpreter:
             elif op is Op.ALL_REDUCE:
                 yield from self._all_reduce(action)
             elif op is Op.STEP:
-                self._step(action)
+                self._step(action, position)
             elif op is Op.AVERAGE:
                 raise NotImplementedError(
                     f"{action}: elastic averaging (AvgPipe) is not available in this runtime yet"
@@ -126,17 +129,24 @@ class RankInterpreter:
             assert received is not None
             inputs = received
         target = self.data.targets(j, piece, pipeline) if stage.is_last else None
+        weights = self.weights[action.stage]
+        plan = weights.forward_plan(action)
         output = stage.forward((j, piece, pipeline), inputs, target=target,
-                               batch_rows=self._batch_rows())
+                               batch_rows=self._batch_rows(),
+                               params=weights.forward_params(action, plan),
+                               keep_graph=plan.keep_graph)
         if output is not None:
             self._values[ref(action)] = output
 
-    def _backward(self, action: Action) -> None:
+    def _backward(self, action: Action, position: int) -> None:
         stage = self.stages[action.stage]
+        weights = self.weights[action.stage]
         assert action.microbatch is not None
         grad_output = None if stage.is_last else self._input_of(action)
-        grad_input = stage.backward(action.microbatch, action.pipeline, grad_output,
-                                    batch_rows=self._batch_rows())
+        grad_input = stage.backward(
+            action.microbatch, action.pipeline, grad_output, batch_rows=self._batch_rows(),
+            recompute_params=lambda piece: weights.recompute_params(action, piece))
+        weights.after_backward(action, position)
         if grad_input is not None and action.stage > 0:
             self._values[ref(action)] = grad_input
 
@@ -155,9 +165,12 @@ class RankInterpreter:
             param.grad = total.narrow(0, offset, count).view_as(param).clone()
             offset += count
 
-    def _step(self, action: Action) -> None:
+    def _step(self, action: Action, position: int) -> None:
         optimizer = self.optimizers[action.stage]
+        weights = self.weights[action.stage]
+        weights.before_step(position)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        weights.after_step()
         if self.on_step is not None:
             self.on_step(action, self.stages)

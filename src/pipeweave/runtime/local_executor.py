@@ -55,7 +55,7 @@ def _run(job: Job) -> list[RankResult]:
         recorder = Recorder(rank, origin) if job.record_timeline else None
         interpreters.append(RankInterpreter(
             rank=rank, schedule=schedule, stages=rank_parts.stages,
-            optimizers=rank_parts.optimizers, transport=hub.endpoint(rank), data=data,
+            optimizers=rank_parts.optimizers, weights=rank_parts.weights, transport=hub.endpoint(rank), data=data,
             recorder=recorder,
         ))
         parts.append(rank_parts)

@@ -12,11 +12,12 @@ micro-batch gradients sum to the gradient of the mean loss over the whole batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 __all__ = ["StageRuntime", "StageError"]
 
@@ -66,18 +67,30 @@ class StageRuntime:
         self._stashed_bytes = 0
 
     # -- forward ----------------------------------------------------------------------
+    def _run(self, inputs: Tensor, params: Mapping[str, Tensor] | None) -> Tensor:
+        if params is None:
+            return self.module(inputs)
+        return functional_call(self.module, dict(params), (inputs,))
+
     def forward(self, key: Key, inputs: Tensor, *, target: Tensor | None = None,
-                batch_rows: int = 1) -> Tensor | None:
-        """Run the stage on ``inputs``; return the activation to pass on (None on the last stage)."""
+                batch_rows: int = 1, params: Mapping[str, Tensor] | None = None,
+                keep_graph: bool | None = None) -> Tensor | None:
+        """Run the stage on ``inputs``; return the activation to pass on (None on the last stage).
+
+        ``params`` replaces the module's parameters (a stashed or predicted weight version);
+        ``keep_graph=False`` runs under ``no_grad`` and recomputes in the backward (default:
+        the stage's recomputation setting).
+        """
+        keep = not self.recompute if keep_graph is None else keep_graph
         if not self.is_first and inputs.is_floating_point() and not inputs.requires_grad:
             inputs = inputs.detach().requires_grad_(True)
-        rng = torch.get_rng_state() if self.recompute else None
+        rng = None if keep else torch.get_rng_state()
         try:
-            if self.recompute:
-                with torch.no_grad():
-                    output = self.module(inputs)
+            if keep:
+                output = self._run(inputs, params)
             else:
-                output = self.module(inputs)
+                with torch.no_grad():
+                    output = self._run(inputs, params)
         except Exception as error:  # name the stage, its blocks and the input it got
             raise StageError(
                 f"stage {self.stage} (blocks {self.block_range[0]}..{self.block_range[1] - 1}) "
@@ -89,9 +102,9 @@ class StageRuntime:
             if target is None:
                 raise StageError(f"last stage {self.stage} got no target for micro-batch {key[0]}")
             loss = self._loss(output, target, rows, batch_rows, key)
-            self._keep(key, _Stash(inputs, None if self.recompute else loss, rng, rows, target))
+            self._keep(key, _Stash(inputs, loss if keep else None, rng, rows, target))
             return None
-        self._keep(key, _Stash(inputs, None if self.recompute else output, rng, rows, None))
+        self._keep(key, _Stash(inputs, output if keep else None, rng, rows, None))
         return output.detach()
 
     def _loss(self, output: Tensor, target: Tensor, rows: int, batch_rows: int, key: Key) -> Tensor:
@@ -113,8 +126,14 @@ class StageRuntime:
 
     # -- backward ---------------------------------------------------------------------
     def backward(self, microbatch: int, pipeline: int, grad_output: Tensor | None, *,
-                 batch_rows: int = 1) -> Tensor | None:
-        """Back-propagate micro-batch ``microbatch``; return the gradient of the stage input."""
+                 batch_rows: int = 1,
+                 recompute_params: Callable[[int], Mapping[str, Tensor] | None] | None = None,
+                 ) -> Tensor | None:
+        """Back-propagate micro-batch ``microbatch``; return the gradient of the stage input.
+
+        A forward that ran without a graph is recomputed first, on the weights
+        ``recompute_params(piece)`` gives (None: the module's live parameters).
+        """
         pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._stash]
         if not pieces:
             raise StageError(f"stage {self.stage} has no stashed forward for micro-batch {microbatch}")
@@ -125,7 +144,8 @@ class StageRuntime:
             self._stashed_bytes -= _nbytes(stash)
             output = stash.output
             if output is None:
-                output = self._recompute(stash, batch_rows)
+                params = recompute_params(piece) if recompute_params is not None else None
+                output = self._recompute(stash, batch_rows, params)
             if self.is_last:
                 output.backward()
             else:
@@ -140,11 +160,12 @@ class StageRuntime:
             return None
         return grads[0] if len(grads) == 1 else torch.cat(grads)
 
-    def _recompute(self, stash: _Stash, batch_rows: int) -> Tensor:
+    def _recompute(self, stash: _Stash, batch_rows: int,
+                   params: Mapping[str, Tensor] | None) -> Tensor:
         assert stash.rng_state is not None
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(stash.rng_state)
-            output = self.module(stash.inputs)
+            output = self._run(stash.inputs, params)
         if not self.is_last:
             return output
         assert stash.target is not None

@@ -21,21 +21,24 @@ from ..models import ModelSpec
 from ..schedules import build_schedule
 from .job import Job
 from .plan import Plan
+from ..schedules.pipeoptim import prediction_distance
 from .stage import StageRuntime
+from .weights import StageWeights
 
 __all__ = ["RankParts", "RankResult", "build_rank", "make_schedule", "check_model_fits_plan",
            "peak_rss_bytes", "preflight"]
 
-SUPPORTED_SYNCHRONOUS = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "sliced-1f1b"})
+SUPPORTED = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "sliced-1f1b", "pipedream", "2bw",
+                       "pipeoptim", "spectrain", "wpipe"})
 
 
 def make_schedule(plan: Plan, steps: int) -> Schedule:
     """The lowered schedule for ``steps`` iterations of ``plan``."""
     schedule = build_schedule(plan.schedule, plan.shape(steps))
-    if plan.schedule not in SUPPORTED_SYNCHRONOUS:
+    if plan.schedule not in SUPPORTED:
         raise ValueError(
             f"schedule {plan.schedule!r} is not supported by the runtime yet; the runtime runs "
-            f"{sorted(SUPPORTED_SYNCHRONOUS)} (the simulator knows every schedule)"
+            f"{sorted(SUPPORTED)} (the simulator knows every schedule)"
         )
     return lower(schedule)
 
@@ -95,6 +98,7 @@ def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor) -> None:
 class RankParts:
     stages: dict[int, StageRuntime]
     optimizers: dict[int, torch.optim.Optimizer]
+    weights: dict[int, StageWeights]
 
 
 def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
@@ -105,6 +109,8 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
     last = schedule.num_stages - 1
     stages: dict[int, StageRuntime] = {}
     optimizers: dict[int, torch.optim.Optimizer] = {}
+    weights: dict[int, StageWeights] = {}
+    backward = str(job.plan.semantics.get("backward", "recompute"))
     for stage in schedule.layout.stages_of(rank):
         start, end = job.plan.stages[stage]
         module = nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end]))).to(device)
@@ -113,7 +119,13 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
             is_last=stage == last, loss_fn=spec.loss_fn, recompute=job.plan.recompute_stage(stage),
         )
         optimizers[stage] = job.optimizer(module.parameters())
-    return RankParts(stages, optimizers)
+        weights[stage] = StageWeights(
+            stage=stage, module=module, optimizer=optimizers[stage], program=schedule.programs[rank],
+            recompute=job.plan.recompute_stage(stage), backward=backward,
+            spectrain=schedule.name == "spectrain",
+            distance=lambda action: prediction_distance(schedule, action),
+        )
+    return RankParts(stages, optimizers, weights)
 
 
 @dataclass

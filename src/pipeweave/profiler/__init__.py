@@ -1,0 +1,9 @@
+"""Profiler: per-block costs of a model (measured with stock PyTorch, or imported from
+PipeDream's ``graph.txt``) and the point-to-point link between two local ranks, as a JSON
+:class:`Profile` the planners read."""
+
+from .pipedream_graph import parse_pipedream_graph, read_pipedream_graph
+from .profile import SCHEMA, BlockProfile, LinkProfile, Profile
+
+__all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile", "parse_pipedream_graph",
+           "read_pipedream_graph"]

@@ -1,0 +1,250 @@
+"""The profile: per-block costs of one model on one device, as plain JSON.
+
+A profile is what the planners read (DESIGN.md "profile -> plan"). It lists, for every block
+of the model in pipeline order, what one micro-batch costs::
+
+    forward, backward     seconds for one micro-batch of ``batch_size`` samples
+    output_bytes          the block's output tensor (what crosses a stage boundary after it;
+                          its gradient, sent back, has the same size)
+    activation_bytes      what the block keeps from its forward until its backward
+    parameter_bytes       its weights (all-reduced when its stage is replicated)
+    optimizer_bytes       the optimizer's state for those weights (Adam: 2x parameters)
+    peak_memory_bytes     most memory the block's forward+backward allocated above its
+                          input (0 when unknown)
+
+and optionally the measured point-to-point ``link`` (bandwidth in bytes/s, latency in s).
+
+JSON form (``schema`` is checked on load; a newer schema is refused, not misread)::
+
+    {"schema": "pipeweave.profile/1", "model": "gpt-tiny", "batch_size": 4, "device": "cpu",
+     "source": "measured", "input_bytes": 2048,
+     "link": {"bandwidth": 2.1e9, "latency": 4.5e-05},
+     "blocks": [{"name": "embed", "forward": 1.2e-4, "backward": 2.0e-4, "output_bytes": 65536,
+                 "activation_bytes": 65536, "parameter_bytes": 81920, "optimizer_bytes": 163840,
+                 "peak_memory_bytes": 0}, ...],
+     "metadata": {...}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile"]
+
+SCHEMA = "pipeweave.profile/1"
+"""Schema tag written into every profile and required on load."""
+
+_BLOCK_NUMBERS = ("forward", "backward", "output_bytes", "activation_bytes", "parameter_bytes",
+                  "optimizer_bytes", "peak_memory_bytes")
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """Costs of one block for one micro-batch (see the module docstring for each field)."""
+
+    name: str
+    forward: float
+    backward: float
+    output_bytes: float
+    activation_bytes: float
+    parameter_bytes: float
+    optimizer_bytes: float = 0.0
+    peak_memory_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a block profile needs a non-empty name, got {self.name!r}")
+        for name in _BLOCK_NUMBERS:
+            object.__setattr__(self, name, _number(f"block {self.name!r} {name}", getattr(self, name)))
+
+    @property
+    def compute(self) -> float:
+        """Forward plus backward time (PipeDream's ``T_l``; AutoPipe's ``f_i + b_i``)."""
+        return self.forward + self.backward
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """A point-to-point link: ``time(bytes) = latency + bytes / bandwidth``."""
+
+    bandwidth: float
+    """Bytes per second."""
+    latency: float = 0.0
+    """Seconds per message."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bandwidth", _number("link bandwidth", self.bandwidth))
+        object.__setattr__(self, "latency", _number("link latency", self.latency))
+        if self.bandwidth <= 0:
+            raise ValueError(f"link bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+
+    def transfer_time(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-block costs of a model, in pipeline order (see the module docstring).
+
+    Attributes:
+        blocks: one :class:`BlockProfile` per block.
+        model: the model's name (checked against ``--model`` when both are given).
+        batch_size: samples per profiled micro-batch (``None`` when unknown).
+        device: where it was measured (``"cpu"``, ``"cuda"``, or e.g. ``"V100"``).
+        source: ``"measured"``, ``"pipedream-graph"`` or ``"synthetic"``.
+        input_bytes: bytes of the model's input micro-batch.
+        link: measured point-to-point link between two ranks, if any.
+        metadata: free-form notes (warm-up and repeat counts, torch version, ...).
+    """
+
+    blocks: tuple[BlockProfile, ...]
+    model: str = "custom"
+    batch_size: int | None = None
+    device: str = "unknown"
+    source: str = "measured"
+    input_bytes: float = 0.0
+    link: LinkProfile | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blocks", tuple(self.blocks))
+        if not self.blocks:
+            raise ValueError(f"profile of {self.model!r} has no blocks; a profile needs >= 1 block")
+        for index, block in enumerate(self.blocks):
+            if not isinstance(block, BlockProfile):
+                raise TypeError(f"profile block {index} is a {type(block).__name__}, "
+                                "not a BlockProfile")
+        names = [b.name for b in self.blocks]
+        if len(set(names)) != len(names):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"profile of {self.model!r} has duplicate block names {dupes}")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool)
+                                            or not isinstance(self.batch_size, int)
+                                            or self.batch_size < 1):
+            raise ValueError(f"profile batch_size must be an integer >= 1 or null, "
+                             f"got {self.batch_size!r}")
+        object.__setattr__(self, "input_bytes", _number("profile input_bytes", self.input_bytes))
+
+    # -- columns -----------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def forward(self) -> tuple[float, ...]:
+        return tuple(b.forward for b in self.blocks)
+
+    @property
+    def backward(self) -> tuple[float, ...]:
+        return tuple(b.backward for b in self.blocks)
+
+    @property
+    def compute(self) -> tuple[float, ...]:
+        return tuple(b.compute for b in self.blocks)
+
+    @property
+    def output_bytes(self) -> tuple[float, ...]:
+        return tuple(b.output_bytes for b in self.blocks)
+
+    @property
+    def parameter_bytes(self) -> tuple[float, ...]:
+        return tuple(b.parameter_bytes for b in self.blocks)
+
+    def with_link(self, link: LinkProfile | None) -> "Profile":
+        return replace(self, link=link)
+
+    # -- serialisation -------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "device": self.device,
+            "source": self.source,
+            "input_bytes": self.input_bytes,
+            "link": None if self.link is None else {"bandwidth": self.link.bandwidth,
+                                                    "latency": self.link.latency},
+            "blocks": [{f.name: getattr(b, f.name) for f in fields(b)} for b in self.blocks],
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, origin: str = "profile") -> "Profile":
+        """Parse and validate; every problem is a ``ValueError`` naming ``origin`` and the field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{origin}: expected a JSON object, got {type(data).__name__}")
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise ValueError(f"{origin}: schema {schema!r} is not {SCHEMA!r}; write the profile "
+                             "with `pipeweave profile` (or import PipeDream's graph.txt)")
+        known = {"schema", "model", "batch_size", "device", "source", "input_bytes", "link",
+                 "blocks", "metadata"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{origin}: unknown fields {unknown}; known: {sorted(known)}")
+        raw_blocks = data.get("blocks")
+        if not isinstance(raw_blocks, Sequence) or isinstance(raw_blocks, (str, bytes)):
+            raise ValueError(f"{origin}: 'blocks' must be a list of block objects")
+        block_fields = {f.name for f in fields(BlockProfile)}
+        required = block_fields - {"optimizer_bytes", "peak_memory_bytes"}
+        blocks = []
+        for index, raw in enumerate(raw_blocks):
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"{origin}: block {index} must be an object, got {raw!r}")
+            missing = sorted(required - set(raw))
+            extra = sorted(set(raw) - block_fields)
+            if missing or extra:
+                raise ValueError(f"{origin}: block {index} has missing fields {missing} and "
+                                 f"unknown fields {extra}; each block needs {sorted(required)}")
+            try:
+                blocks.append(BlockProfile(**raw))
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"{origin}: block {index}: {error}") from None
+        link = data.get("link")
+        try:
+            return cls(
+                blocks=tuple(blocks),
+                model=str(data.get("model", "custom")),
+                batch_size=data.get("batch_size"),
+                device=str(data.get("device", "unknown")),
+                source=str(data.get("source", "measured")),
+                input_bytes=data.get("input_bytes", 0.0),
+                link=None if link is None else LinkProfile(**link),
+                metadata=dict(data.get("metadata") or {}),
+            )
+        except TypeError as error:
+            raise ValueError(f"{origin}: {error}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        """Read a JSON profile (or, for a ``.txt`` file, PipeDream's ``graph.txt``)."""
+        path = Path(path)
+        if not path.exists():
+            raise ValueError(f"profile file {path} does not exist; create one with "
+                             "`pipeweave profile --model NAME --json-out FILE`")
+        text = path.read_text()
+        if path.suffix == ".txt":
+            from .pipedream_graph import parse_pipedream_graph
+
+            return parse_pipedream_graph(text, name=path.stem)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"profile file {path} is not valid JSON: {error}") from None
+        return cls.from_json(data, origin=f"profile file {path}")
+
+
+def _number(what: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
+    return float(value)

@@ -107,7 +107,7 @@ def run_rank(side: TorchSide, rank: int, world_size: int, init_method: str) -> T
             elif is_last:
                 losses: list[torch.Tensor] = []
                 schedule.step(target=targets, losses=losses, return_outputs=False)
-                result.losses.append(float(torch.stack(losses).mean()))
+                result.losses.append(float(torch.stack(losses).detach().mean()))
             else:
                 schedule.step()
             optimizer.step()

@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch_pipelining_worker import TorchSide, launch as launch_torch  # noqa: E402
 
+from pipeweave.models import build_model  # noqa: E402
 from pipeweave.runtime import (  # noqa: E402
     BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local,
 )
@@ -63,7 +64,6 @@ class Case:
     label: str
     model: str
     overrides: dict[str, Any]
-    num_blocks: int
     dataset: str
     seq_len: int | None
     batch_size: int
@@ -77,12 +77,16 @@ CASES = {
     # sequences is ~1 ms-scale matmuls per block, so compute outweighs a message's fixed cost.
     "gpt": Case("gpt d128 L4 T64", "gpt-tiny",
                 {"d_model": 128, "n_layers": 4, "n_heads": 4, "d_ff": 512, "seq_len": 64},
-                num_blocks=10, dataset="stdlib-bytes", seq_len=64, batch_size=32, microbatches=4,
-                lr=0.01),
+                dataset="stdlib-bytes", seq_len=64, batch_size=32, microbatches=4, lr=0.01),
     # 4 blocks of Linear(128)+ReLU on 8x8 digits: tiny compute, so per-action overhead shows.
-    "mlp": Case("mlp digits", "mlp", {}, num_blocks=4, dataset="digits", seq_len=None,
-                batch_size=64, microbatches=4, lr=0.1),
+    "mlp": Case("mlp digits", "mlp", {}, dataset="digits", seq_len=None, batch_size=64,
+                microbatches=4, lr=0.1),
+    # For the smoke test (tests/benchmarks): 6 blocks of a d_model 32 GPT, seconds per run.
+    "tiny": Case("gpt d32 L2 T16", "gpt-tiny",
+                 {"d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64, "seq_len": 16},
+                 dataset="stdlib-bytes", seq_len=16, batch_size=8, microbatches=2, lr=0.05),
 }
+DEFAULT_CASES = ("gpt", "mlp")
 
 
 @dataclass
@@ -107,8 +111,12 @@ def steady_throughput(ends: list[float], batch_size: int) -> float:
     return batch_size / median if median > 0 else 0.0
 
 
+def num_blocks(case: Case) -> int:
+    return len(build_model(case.model, **case.overrides).blocks)
+
+
 def run_pipeweave(case: Case, schedule: str, ranks: int, steps: int) -> Run:
-    plan = Plan.uniform(case.num_blocks, ranks, schedule=schedule, microbatches=case.microbatches)
+    plan = Plan.uniform(num_blocks(case), ranks, schedule=schedule, microbatches=case.microbatches)
     job = Job(plan=plan, steps=steps, model=BuiltinModel(case.model, overrides=case.overrides),
               data=BuiltinData(case.dataset, batch_size=case.batch_size, seq_len=case.seq_len),
               optimizer=OptimizerFactory("sgd", {"lr": case.lr}), timeout_s=120.0)
@@ -121,7 +129,7 @@ def run_pipeweave(case: Case, schedule: str, ranks: int, steps: int) -> Run:
 
 
 def run_torch(case: Case, schedule: str, ranks: int, steps: int) -> Run:
-    plan = Plan.uniform(case.num_blocks, ranks)  # the same block ranges as pipeweave's
+    plan = Plan.uniform(num_blocks(case), ranks)  # the same block ranges as pipeweave's
     side = TorchSide(model=case.model, overrides=case.overrides, stages=plan.stages,
                      schedule=schedule, microbatches=case.microbatches,
                      batch_size=case.batch_size, seq_len=case.seq_len, dataset=case.dataset,
@@ -184,19 +192,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--gpt-overrides", type=json.loads, default=None,
-                        help='JSON dict replacing the GPT case\'s model options (smoke test)')
+    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES))
     parser.add_argument("--json-out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.steps < 3:
         parser.error(f"--steps {args.steps}: need >= 3 (one warm-up plus two timed iterations)")
-    cases = dict(CASES)
-    if args.gpt_overrides is not None:
-        base = cases["gpt"]
-        seq = int(args.gpt_overrides.get("seq_len", base.seq_len))
-        cases["gpt"] = Case("gpt (custom)", base.model, args.gpt_overrides, base.num_blocks,
-                            base.dataset, seq, base.batch_size, base.microbatches, base.lr)
+    cases = CASES
     rows = []
     for name in args.cases:
         for ranks in args.ranks:

@@ -109,10 +109,11 @@ def walk(
     layout = schedule.layout
     lowered = schedule.lowered
     index = index_actions(schedule) if index is None else index
+    all_reduce = Op.ALL_REDUCE
     participants: dict[object, int] = defaultdict(int)
     for program in programs:
         for action in program:
-            if action.op is Op.ALL_REDUCE:
+            if action[0] is all_reduce:
                 participants[collective_key(action)] += 1
 
     n = len(programs)
@@ -130,7 +131,6 @@ def walk(
     pending: list[tuple[tuple[Action, ...], int, float, Location | None] | None] = [None] * n
     queue = deque(range(n))
     queued = [True] * n
-    all_reduce = Op.ALL_REDUCE
     get = index.get
 
     def wake(rank: int, position: int) -> None:

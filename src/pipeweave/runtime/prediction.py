@@ -24,12 +24,14 @@ SpecTrain (the baseline in pipeoptim.txt §II-C) predicts with the SGD-momentum 
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["update_direction", "predict", "check_spectrain_optimizer", "group_of"]
+__all__ = ["update_direction", "predict", "check_spectrain_optimizer", "group_of",
+           "constructor_options"]
 
 
 def group_of(optimizer: torch.optim.Optimizer, param: Tensor) -> dict:
@@ -82,11 +84,16 @@ def _trial_direction(optimizer: torch.optim.Optimizer, param: nn.Parameter,
     group = group_of(optimizer, param)
     trial = nn.Parameter(param.detach().clone())
     trial.grad = last_grad.clone()
-    options = {k: v for k, v in group.items() if k != "params"}
-    probe = type(optimizer)([trial], **options)
+    probe = type(optimizer)([trial], **constructor_options(optimizer, group))
     probe.state[trial] = copy.deepcopy(optimizer.state[param])
     probe.step()
     return (param.detach() - trial.detach()) / group["lr"]
+
+
+def constructor_options(optimizer: torch.optim.Optimizer, group: Mapping) -> dict:
+    """The hyper-parameters of ``group`` that ``type(optimizer)``'s constructor accepts."""
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return {k: v for k, v in group.items() if k != "params" and k in accepted}
 
 
 def predict(optimizer: torch.optim.Optimizer, params: Iterable[tuple[str, nn.Parameter]],

@@ -24,6 +24,9 @@ data dependencies of :func:`pipeweave.ir.deps.dependencies`) with these rules:
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
@@ -133,6 +136,11 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimulationResult
         ValueError: if ``costs`` do not match the schedule's stages.
     """
     table = (costs if costs is not None else Costs()).resolve(schedule.num_stages)
+    with _cyclic_gc_paused():
+        return _simulate(schedule, table)
+
+
+def _simulate(schedule: Schedule, table: StageCosts) -> SimulationResult:
     duration = _duration_fn(table)
     delay = _delay_fn(table)
     index = index_actions(schedule)
@@ -161,6 +169,23 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimulationResult
         critical_path_locations=path,
         master_stage=master_stage(schedule, path, start, end),
     )
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (restored afterwards).
+
+    A simulation allocates a few hundred thousand small tuples and lists and no reference
+    cycles; with the collector on, CPython re-scans the growing heap again and again, which
+    costs about a third of the run time at 64 stages x 512 micro-batches.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _duration_fn(costs: StageCosts) -> DurationFn:

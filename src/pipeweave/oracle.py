@@ -1,0 +1,211 @@
+"""Sequential oracles: each asynchronous method's update rule, applied literally, in one loop.
+
+No schedules, no stages in flight, no messages: micro-batches are processed one after another
+and every stage's forward/backward weights are *looked up by the paper's formula* in a history
+of versions. The runtime's results must equal these per parameter.
+
+With ``P`` stages (0-based ``s``), ``M`` micro-batches per iteration, micro-batch ``j``
+(global), batch/period ``b = j // M``:
+
+==================  ========================================  =============================
+method              forward weights of stage s for j          update
+==================  ========================================  =============================
+pipedream           W_s(t), t = max(0, j - (P - s) + 1)        every micro-batch:
+                    (pipedream.txt §3.3: the update at stage   W_s(j+1) = step(W_s(j), g_s(j))
+                    k uses weights n - k updates old)
+pipedream + vs      W_s(t0), t0 = stage 0's t for j            every micro-batch
+2bw                 W_s(max(0, b - 1)) (one delay term)        every batch:
+                                                               W(b+1) = step(W(b), Σ_b g)
+pipeoptim           Ŵ = W_s(t) - lr·k·ΔW_t, k = j - t           every micro-batch; the
+                    (Eq. 5; ΔW from Table I); backward at      gradient is taken at W_s(j)
+                    the current W_s(j) (Algorithm 1)
+spectrain           Ŵ = W_s(t) - lr·(k + ⌊s/2⌋)·v_t;            every micro-batch
+                    backward at W_s(j) - lr·⌊s/2⌋·v_j
+wpipe (2P stages)   G1 (s ≥ P): W(b); G0 (s < P): W(max(0,b-1)) every period, each group:
+                    — Eq. 1 lists each group's own weights;   W(b+1) = step(W(b), Σ_b g)
+                    one micro-batch is evaluated at the mixed
+                    point (G0 at b-1, G1 at b)
+==================  ========================================  =============================
+
+Backwards are taken stage by stage: the stage's forward is recomputed from its saved input on
+its backward weights and differentiated against the gradient coming from the next stage
+(for the stashing methods the backward weights are the forward weights, so this is the same
+computation as one graph).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from .models import ModelSpec
+from .runtime.prediction import constructor_options, predict
+
+__all__ = ["OracleResult", "run_oracle", "METHODS"]
+
+METHODS = ("pipedream", "pipedream-vs", "2bw", "pipeoptim", "spectrain", "wpipe")
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    losses: list[float]
+    """Mean loss per iteration."""
+    parameters: dict[str, Tensor]
+    """``"<block>.<name>"`` -> final value."""
+
+
+@dataclass
+class _Version:
+    params: dict[str, Tensor]
+    optimizer_state: dict
+    last_grads: dict[str, Tensor]
+
+
+class _Stage:
+    """One stage's live weights, optimizer and history of versions."""
+
+    def __init__(self, module: nn.Module, make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]) -> None:
+        self.module = module
+        self.optimizer = make_optimizer(module.parameters())
+        self.names = [n for n, _ in module.named_parameters()]
+        self.history: list[_Version] = []
+        self.pending: dict[str, Tensor] = {}
+        self._record({})
+
+    def _record(self, last_grads: dict[str, Tensor]) -> None:
+        self.history.append(_Version(
+            {n: p.detach().clone() for n, p in self.module.named_parameters()},
+            copy.deepcopy(self.optimizer.state_dict()), last_grads))
+
+    def weights(self, version: int) -> dict[str, Tensor]:
+        return self.history[version].params
+
+    def predicted(self, version: int, steps: int) -> dict[str, Tensor]:
+        """PipeOptim's Eq. 5 evaluated with the optimizer state of ``version``."""
+        record = self.history[version]
+        probe_module = copy.deepcopy(self.module)
+        with torch.no_grad():
+            for name, param in probe_module.named_parameters():
+                param.copy_(record.params[name])
+        probe = type(self.optimizer)(
+            probe_module.parameters(),
+            **constructor_options(self.optimizer, self.optimizer.param_groups[0]))
+        probe.load_state_dict(record.optimizer_state)
+        return predict(probe, probe_module.named_parameters(), steps, record.last_grads)
+
+    def accumulate(self, grads: Mapping[str, Tensor]) -> None:
+        for name, grad in grads.items():
+            self.pending[name] = grad.clone() if name not in self.pending else self.pending[name] + grad
+
+    def step(self) -> None:
+        for name, param in self.module.named_parameters():
+            param.grad = self.pending.get(name)
+        last = {n: g.clone() for n, g in self.pending.items()}
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.pending = {}
+        self._record(last)
+
+
+def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], microbatches: int,
+               steps: int, data: Iterable[tuple[Tensor, Tensor]],
+               optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+               lookahead: int | None = None, backward: str = "recompute") -> OracleResult:
+    """Train ``spec`` split at ``stages`` with ``method``'s rule (see module docstring).
+
+    ``backward="graph"`` (PipeOptim only) differentiates at the predicted forward weights
+    instead of the current ones, as the runtime's option of the same name does.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; the oracle knows {METHODS}")
+    depth = len(stages) // 2 if method == "wpipe" else len(stages)
+    modules = [nn.Sequential(*copy.deepcopy(list(spec.blocks[a:b]))) for a, b in stages]
+    state = [_Stage(m, optimizer) for m in modules]
+    iterator = iter(data)
+    losses: list[float] = []
+    total_stages = len(stages)
+    for b in range(steps):
+        inputs, targets = next(iterator)
+        rows = inputs.shape[0] // microbatches
+        loss_sum = 0.0
+        for i in range(microbatches):
+            j = b * microbatches + i
+            x = inputs[i * rows:(i + 1) * rows]
+            y = targets[i * rows:(i + 1) * rows]
+            forward_w, backward_w = _weights_for(method, state, depth, total_stages, j, b, lookahead)
+            if backward == "graph" and method == "pipeoptim":
+                backward_w = forward_w
+            saved = []
+            with torch.no_grad():
+                for s in range(total_stages):
+                    saved.append(x)
+                    x = functional_call(modules[s], forward_w[s], (x,))
+            grad: Tensor | None = None
+            for s in reversed(range(total_stages)):
+                leaves = {n: t.detach().clone().requires_grad_(True) for n, t in backward_w[s].items()}
+                x_in = saved[s].detach().requires_grad_(s > 0 and saved[s].is_floating_point())
+                out = functional_call(modules[s], leaves, (x_in,))
+                if s == total_stages - 1:
+                    loss = spec.loss_fn(out, y) * (rows / inputs.shape[0])
+                    loss_sum += float(loss.detach())
+                    loss.backward()
+                else:
+                    torch.autograd.backward(out, grad)
+                grad = x_in.grad
+                state[s].accumulate({n: t.grad for n, t in leaves.items() if t.grad is not None})
+            _maybe_update(method, state, depth, j, microbatches)
+        losses.append(loss_sum)
+    parameters: dict[str, Tensor] = {}
+    for (start, _), module in zip(stages, modules):
+        for name, param in module.named_parameters():
+            index, _, rest = name.partition(".")
+            parameters[f"{start + int(index)}.{rest}"] = param.detach().clone()
+    return OracleResult(losses, parameters)
+
+
+def _weights_for(method: str, state: list[_Stage], depth: int, total: int, j: int, b: int,
+                 lookahead: int | None) -> tuple[list[dict[str, Tensor]], list[dict[str, Tensor]]]:
+    forward, backward = [], []
+    for s in range(total):
+        if method == "wpipe":
+            v = b if s >= depth else max(0, b - 1)
+            forward.append(state[s].weights(v))
+            backward.append(state[s].weights(v))
+            continue
+        if method == "2bw":
+            v = max(0, b - 1)
+            forward.append(state[s].weights(v))
+            backward.append(state[s].weights(v))
+            continue
+        t = max(0, j - (depth - s) + 1)
+        if method == "pipedream":
+            forward.append(state[s].weights(t))
+            backward.append(state[s].weights(t))
+        elif method == "pipedream-vs":
+            t0 = max(0, j - depth + 1)
+            forward.append(state[s].weights(t0))
+            backward.append(state[s].weights(t0))
+        elif method == "pipeoptim":
+            k = j - t if lookahead is None or s == depth - 1 else lookahead
+            forward.append(state[s].predicted(t, k) if k else state[s].weights(t))
+            backward.append(state[s].weights(j))
+        else:  # spectrain
+            back = s // 2
+            forward.append(state[s].predicted(t, (j - t) + back))
+            backward.append(state[s].predicted(j, back) if back else state[s].weights(j))
+    return forward, backward
+
+
+def _maybe_update(method: str, state: list[_Stage], depth: int, j: int, microbatches: int) -> None:
+    if method in ("2bw", "wpipe"):
+        if (j + 1) % microbatches == 0:
+            for stage in state:
+                stage.step()
+        return
+    for stage in state:
+        stage.step()

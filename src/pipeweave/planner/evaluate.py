@@ -1,0 +1,106 @@
+"""From a profile and a partition to simulator costs, and the simulated iteration time.
+
+Every planner is judged the same way: the plan's schedule is simulated
+(:func:`pipeweave.sim.simulate`) with per-stage costs summed from the profile::
+
+    forward[s]  = sum of the blocks' forward times      backward[s] likewise
+    comm[s]     = output_bytes(last block of s) / bandwidth(boundary s)   (+ latency)
+    all_reduce  = 4 (r-1) |w_s| / (r B)  for a stage with r replicas   (pipedream.txt §3.1)
+    activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
+
+:class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
+which is what AutoPipe's search loop needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir import Schedule
+from ..profiler import Profile
+from ..schedules import build_schedule, get_info
+from ..sim import Costs, SimulationResult, simulate
+from .partition import Bounds
+from .pipedream import allreduce_time
+
+__all__ = ["Network", "plan_costs", "Evaluator", "simulated_iterations"]
+
+
+@dataclass(frozen=True)
+class Network:
+    """Links between stages and among replicas.
+
+    Attributes:
+        bandwidth: bytes/s between consecutive stages: one number, or one per boundary
+            (``inf``: communication is free).
+        latency: seconds added to every transfer.
+        allreduce_bandwidth: bytes/s among a stage's replicas: one number or one per stage
+            (default: ``bandwidth`` when it is one number, else free).
+    """
+
+    bandwidth: float | Sequence[float] = math.inf
+    latency: float = 0.0
+    allreduce_bandwidth: float | Sequence[float] | None = None
+
+    def boundary(self, index: int) -> float:
+        return float(self.bandwidth if isinstance(self.bandwidth, (int, float))
+                     else self.bandwidth[index])
+
+    def replicas(self, stage: int) -> float:
+        value = self.allreduce_bandwidth
+        if value is None:
+            value = self.bandwidth if isinstance(self.bandwidth, (int, float)) else math.inf
+        return float(value if isinstance(value, (int, float)) else value[stage])
+
+
+def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
+               replicas: Sequence[int] | None = None) -> Costs:
+    """Per-stage simulator costs of ``bounds`` (module docstring)."""
+    blocks = profile.blocks
+    forward = [sum(b.forward for b in blocks[a:e]) for a, e in bounds]
+    backward = [sum(b.backward for b in blocks[a:e]) for a, e in bounds]
+    activation = [sum(b.activation_bytes for b in blocks[a:e]) for a, e in bounds]
+    comm = [blocks[e - 1].output_bytes / network.boundary(s) if not math.isinf(network.boundary(s))
+            else 0.0 for s, (_, e) in enumerate(bounds[:-1])]
+    reduce = [0.0] * len(bounds)
+    if replicas is not None:
+        reduce = [allreduce_time(sum(b.parameter_bytes for b in blocks[a:e]), r, network.replicas(s))
+                  for s, ((a, e), r) in enumerate(zip(bounds, replicas))]
+    return Costs(forward=forward, backward=backward, comm=comm or 0.0, latency=network.latency,
+                 activation_bytes=activation, all_reduce=reduce)
+
+
+def simulated_iterations(schedule: str) -> int:
+    """Iterations to lay out: 1 for a flush schedule, 4 for an asynchronous one (steady state)."""
+    return 1 if get_info(schedule).synchronous else 4
+
+
+@dataclass
+class Evaluator:
+    """Simulates one schedule shape under many partitions (the schedule is built once)."""
+
+    profile: Profile
+    schedule: str
+    stages: int
+    microbatches: int
+    network: Network = Network()
+    replicas: tuple[int, ...] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    calls: int = 0
+    _built: Schedule | None = None
+
+    def built(self) -> Schedule:
+        if self._built is None:
+            self._built = build_schedule(
+                self.schedule, stages=self.stages, microbatches=self.microbatches,
+                iterations=simulated_iterations(self.schedule), replicas=self.replicas,
+                options=dict(self.options),
+            )
+        return self._built
+
+    def __call__(self, bounds: Bounds) -> SimulationResult:
+        self.calls += 1
+        return simulate(self.built(), plan_costs(self.profile, bounds, self.network, self.replicas))

@@ -1,0 +1,297 @@
+"""PipeDream's partitioner: the dynamic program of pipedream.txt §3.1 with stage replication.
+
+Notation of the paper, with half-open block ranges ``[i, j)``. ``T_l`` is a block's forward +
+backward time, ``|w_l|`` its parameter bytes, ``a_s`` the output bytes of block ``s-1`` (what
+crosses a boundary at position ``s``). On level ``k`` (``m_k`` components of level ``k-1``,
+links of bandwidth ``B_k``; ``m_0 = 1``)::
+
+    A^0(i -> j)        = sum_{l in [i, j)} T_l
+    AR^k(i -> j, m)    = 4 (m - 1) sum|w_l| / (m B_k) / m_{k-1}
+    T^k(i -> j, m)     = max( A^{k-1}(i -> j, m_{k-1}),  AR^k(i -> j, m) ) / m
+    A^k(i -> j, m)     = min( T^k(i -> j, m),
+                              min_{i < s < j, 1 <= m' < m}
+                                  max( A^k(i -> s, m - m'),  2 a_s / B_k,  T^k(s -> j, m') ) )
+
+``T^k`` is one stage replicated on ``m`` components: ``m`` inputs are processed in the time of
+one, while the weights are all-reduced concurrently (wait-free back-propagation, so the max).
+The all-reduce moves ``4 (m-1)/m |w|`` bytes over a worker's link: a ring reduce-scatter plus
+all-gather each send and receive ``(m-1)/m |w|``; the paper prints the volume as
+``2 (m-1) |w|``, PipeDream's released optimizer uses this ``4 (m-1) |w| / m`` and divides by the
+``m_{k-1}`` workers inside a component, which share the work. ``allreduce_overlap=False``
+adds compute and all-reduce instead of overlapping them, as that optimizer does.
+``A^k`` is the slowest stage of the best pipeline on ``m`` components: either one replicated
+stage, or a best sub-pipeline followed by one last stage on ``m'`` components, with the
+activation and its gradient (``2 a_s``) crossing between them. The answer is
+``A^L(0 -> N, m_L)``: the predicted time per minibatch of the steady state.
+
+The last stage of each sub-problem is tried first as "the whole range is one stage", then by
+increasing split ``s`` and replica count ``m'``; a later candidate must be strictly better
+(ties keep the earlier one).
+
+Options:
+
+* ``straight``: no replication (``m' = 1`` and a single stage only on one component).
+* ``memory_limit`` (single-level topologies): a replica of a stage that is followed by ``W``
+  more workers keeps ``n = ceil((m' + W) / m')`` micro-batches in flight (NOAM for the input
+  stage), each with its stashed activations and weight version, plus the optimizer state:
+  ``n (activation + parameter bytes) + optimizer bytes <= memory_limit``.
+
+The levels are solved lowest first; every level but the top one for all ranges ``[i, j)``, the
+top one for ``[0, N)``. Each step is vectorised over ``(i, s, m')``, so 100 blocks on 16
+workers take a fraction of a second. The flattened plan multiplies replication factors down
+the levels (a top-level stage on ``m'`` servers, whose server-level pipeline replicates an
+inner stage ``r`` times, becomes a stage with ``r m'`` replicas).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .partition import Bounds
+from .topology import Topology
+
+__all__ = ["PipeDreamSolution", "pipedream_partition", "allreduce_time", "noam"]
+
+
+@dataclass(frozen=True)
+class PipeDreamSolution:
+    """The optimizer's output.
+
+    Attributes:
+        bounds: block range of every (flattened) stage.
+        replicas: replication factor of every stage.
+        time_per_minibatch: ``A^L(0 -> N, m_L)`` in seconds: the slowest stage's time per
+            minibatch including communication (the predicted steady-state time per minibatch).
+        stage_times: per stage, its effective time per minibatch: ``max(compute, all-reduce)``
+            over its replicas (the all-reduce at the bandwidth of the highest level they span),
+            divided by its replica count.
+        top_level: the top level's stages as ``(start, end, components)``.
+        boundary_levels: for each boundary between consecutive stages, the 1-based level of the
+            link it crosses.
+        replica_levels: for each stage, the highest 1-based level its replicas span (0: one
+            replica).
+        noam: NUM_OPT_ACTIVE_MINIBATCHES = ceil(workers / replicas of the input stage).
+    """
+
+    bounds: Bounds
+    replicas: tuple[int, ...]
+    time_per_minibatch: float
+    stage_times: tuple[float, ...]
+    top_level: tuple[tuple[int, int, int], ...]
+    boundary_levels: tuple[int, ...]
+    replica_levels: tuple[int, ...]
+    noam: int
+
+
+def allreduce_time(parameter_bytes: float, replicas: int, bandwidth: float) -> float:
+    """``4 (m-1) |w| / (m B)``: a ring all-reduce of ``|w|`` bytes among ``m`` replicas."""
+    if replicas <= 1 or math.isinf(bandwidth):
+        return 0.0
+    return 4.0 * (replicas - 1) * parameter_bytes / (replicas * bandwidth)
+
+
+def noam(workers: int, input_replicas: int) -> int:
+    """pipedream.txt §3.2: ``ceil(workers / replicas of the input stage)``."""
+    return -(-workers // input_replicas)
+
+
+@dataclass
+class _Level:
+    """Solved DP tables of one level: ``A[i, j, m]`` and the choice that achieved it."""
+
+    machines: int
+    time: np.ndarray
+    split: np.ndarray  # s of the last stage, -1: the whole range is one stage
+    last_replicas: np.ndarray  # m' of the last stage
+    all_starts: bool
+
+    def row(self, start: int) -> int:
+        assert self.all_starts or start == 0, start
+        return start if self.all_starts else 0
+
+    def stages(self, start: int, end: int, machines: int) -> list[tuple[int, int, int]]:
+        out = []
+        row = self.row(start)
+        while True:
+            split = int(self.split[row, end, machines])
+            if split < 0:
+                out.append((start, end, machines))
+                break
+            replicas = int(self.last_replicas[row, end, machines])
+            out.append((split, end, replicas))
+            end, machines = split, machines - replicas
+        out.reverse()
+        return out
+
+
+def pipedream_partition(
+    compute: Sequence[float],
+    parameter_bytes: Sequence[float],
+    output_bytes: Sequence[float],
+    topology: Topology,
+    *,
+    straight: bool = False,
+    allreduce_overlap: bool = True,
+    memory_limit: float | None = None,
+    activation_bytes: Sequence[float] | None = None,
+    optimizer_bytes: Sequence[float] | None = None,
+) -> PipeDreamSolution:
+    """Solve the dynamic program of the module docstring for a chain of blocks."""
+    n = len(compute)
+    if n == 0 or len(parameter_bytes) != n or len(output_bytes) != n:
+        raise ValueError(f"need one compute time, parameter size and output size per block, got "
+                         f"{len(compute)}, {len(parameter_bytes)} and {len(output_bytes)}")
+    if straight and topology.workers > n:
+        raise ValueError(
+            f"a straight pipeline on {topology.workers} workers needs at least {topology.workers} "
+            f"blocks, the model has {n}; allow replication (drop --straight) or use fewer ranks"
+        )
+    memory = None
+    if memory_limit is not None:
+        if len(topology.levels) != 1:
+            raise ValueError("memory_limit is supported for single-level topologies only; give "
+                             "one level (e.g. --topology 8x1e9) or drop the memory limit")
+        act = activation_bytes if activation_bytes is not None else output_bytes
+        opt = optimizer_bytes if optimizer_bytes is not None else [0.0] * n
+        memory = (_spans(act) + _spans(parameter_bytes), _spans(opt), float(memory_limit))
+
+    compute_span = _spans(compute)
+    compute_span[~_valid(n)] = np.inf
+    weights = _spans(parameter_bytes)
+    below_machines = 1
+    levels: list[_Level] = []
+    for index, level in enumerate(topology.levels):
+        top = index == len(topology.levels) - 1
+        solved = _solve_level(
+            compute_span, weights, output_bytes, level.machines, level.bandwidth, below_machines,
+            all_starts=not top, straight=straight, overlap=allreduce_overlap,
+            memory=memory if top else None,
+        )
+        levels.append(solved)
+        compute_span = solved.time[:, :, level.machines] if not top else compute_span
+        below_machines = level.machines
+    top_level = levels[-1]
+    best = float(top_level.time[0, n, topology.levels[-1].machines])
+    if not math.isfinite(best):
+        raise ValueError(_infeasible_message(n, topology, straight, memory_limit))
+    flat: list[tuple[int, int, int, int]] = []  # start, end, replicas, highest replicated level
+    boundaries: list[int] = []
+    _flatten(levels, topology, len(levels) - 1, 0, n, topology.levels[-1].machines, 1, 0,
+             flat, boundaries)
+    bounds = tuple((a, b) for a, b, _, _ in flat)
+    replicas = tuple(r for _, _, r, _ in flat)
+    stage_times = tuple(
+        _stage_time(compute, parameter_bytes, a, b, r, topology, level, allreduce_overlap)
+        for a, b, r, level in flat
+    )
+    return PipeDreamSolution(
+        bounds=bounds, replicas=replicas, time_per_minibatch=best, stage_times=stage_times,
+        top_level=tuple(top_level.stages(0, n, topology.levels[-1].machines)),
+        boundary_levels=tuple(boundaries), replica_levels=tuple(level for *_, level in flat),
+        noam=noam(topology.workers, replicas[0]),
+    )
+
+
+def _spans(values: Sequence[float]) -> np.ndarray:
+    """``[i, j] -> sum(values[i:j])`` for all ``0 <= i, j <= N`` (meaningful for ``i < j``)."""
+    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(values, dtype=float))))
+    spans: np.ndarray = prefix[None, :] - prefix[:, None]
+    return spans
+
+
+def _valid(n: int) -> np.ndarray:
+    """``[i, j]`` true where ``[i, j)`` is a non-empty range."""
+    return np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
+
+
+def _solve_level(
+    compute: np.ndarray, weights: np.ndarray, output_bytes: Sequence[float], machines: int,
+    bandwidth: float, below: int, *, all_starts: bool, straight: bool, overlap: bool,
+    memory: tuple[np.ndarray, np.ndarray, float] | None,
+) -> _Level:
+    n = compute.shape[0] - 1
+    inf = np.inf
+    # stage[m][i, j] = T^k(i -> j, m)
+    stage = np.full((machines + 1, n + 1, n + 1), inf)
+    for m in range(1, machines + 1):
+        if straight and m > 1:
+            continue
+        reduce = 0.0 if m == 1 or math.isinf(bandwidth) else \
+            4.0 * (m - 1) * weights / (m * bandwidth) / below
+        combined = np.maximum(compute, reduce) if overlap else compute + reduce
+        stage[m] = combined / m
+    # comm[s] = 2 a_s / B_k for a boundary at position s (after block s-1)
+    comm = np.zeros(n + 1)
+    if not math.isinf(bandwidth):
+        comm[1:] = 2.0 * np.asarray(output_bytes, dtype=float) / bandwidth
+    rows = n + 1 if all_starts else 1
+    time = np.full((rows, n + 1, machines + 1), inf)
+    split = np.full((rows, n + 1, machines + 1), -1, dtype=np.int64)
+    last = np.zeros((rows, n + 1, machines + 1), dtype=np.int64)
+    workers = machines  # memory: workers of the whole (single-level) pipeline
+    for j in range(1, n + 1):
+        for m in range(1, machines + 1):
+            single = stage[m, :rows, j].copy()
+            if memory is not None:  # the whole prefix [0, j) as the input stage
+                held = -(-workers // m)
+                need = held * memory[0][0, j] + memory[1][0, j]
+                if need > memory[2]:
+                    single[:] = inf
+            time[:, j, m] = single
+            last[:, j, m] = m
+            if m == 1 or j == 1:
+                continue
+            options = np.arange(1, 2 if straight else m)  # m'
+            # previous sub-pipeline [i, s) on m - m'; last stage [s, j) on m'
+            sub = time[:, 1:j, :][:, :, m - options]  # [row, s-1, option]
+            tail = np.maximum(comm[1:j, None], stage[options][:, 1:j, j].T)  # [s-1, option]
+            if memory is not None:
+                held = -(-(options[None, :] + workers - m) // options[None, :])
+                need = held * memory[0][1:j, j][:, None] + memory[1][1:j, j][:, None]
+                tail = np.where(need > memory[2], inf, tail)
+            candidate = np.maximum(sub, tail[None, :, :]).reshape(rows, -1)
+            best = np.argmin(candidate, axis=1)
+            value = candidate[np.arange(rows), best]
+            better = value < single
+            time[:, j, m] = np.where(better, value, single)
+            split[:, j, m] = np.where(better, 1 + best // len(options), -1)
+            last[:, j, m] = np.where(better, options[best % len(options)], m)
+    return _Level(machines, time, split, last, all_starts)
+
+
+def _flatten(levels: list[_Level], topology: Topology, index: int, start: int, end: int,
+             machines: int, multiplier: int, replicated_level: int,
+             out: list[tuple[int, int, int, int]], boundaries: list[int]) -> None:
+    """Expand level ``index``'s stages of ``[start, end)`` down to level 1 (module docstring)."""
+    for position, (a, b, components) in enumerate(levels[index].stages(start, end, machines)):
+        if position:
+            boundaries.append(index + 1)
+        level = max(index + 1, replicated_level) if components > 1 else replicated_level
+        if index == 0:
+            out.append((a, b, components * multiplier, level))
+        else:
+            _flatten(levels, topology, index - 1, a, b, topology.levels[index - 1].machines,
+                     components * multiplier, level, out, boundaries)
+
+
+def _stage_time(compute: Sequence[float], parameter_bytes: Sequence[float], start: int, end: int,
+                replicas: int, topology: Topology, level: int, overlap: bool) -> float:
+    work = float(sum(compute[start:end]))
+    bandwidth = topology.levels[level - 1].bandwidth if level else math.inf
+    reduce = allreduce_time(float(sum(parameter_bytes[start:end])), replicas, bandwidth)
+    return (max(work, reduce) if overlap else work + reduce) / replicas
+
+
+def _infeasible_message(n: int, topology: Topology, straight: bool,
+                        memory_limit: float | None) -> str:
+    if memory_limit is not None:
+        return (f"no partition of {n} blocks on {topology.workers} workers fits the memory limit "
+                f"of {memory_limit:.6g} bytes per worker (stashed activations and weight versions "
+                "of the in-flight minibatches plus optimizer state); raise --memory-limit or use "
+                "more workers")
+    what = "straight pipeline" if straight else "pipeline"
+    return f"no {what} of {n} blocks on {topology} exists; use fewer workers or more blocks"

@@ -1,0 +1,154 @@
+"""What every planner is asked (:class:`PlanRequest`) and what it answers (:class:`PlanResult`).
+
+A planner method turns a request into a :class:`Partition` (stage bounds, replicas, schedule,
+its own numbers); :func:`pipeweave.planner.make_plan` times it, turns it into a runtime
+:class:`~pipeweave.runtime.plan.Plan`, simulates it and wraps everything in a
+:class:`PlanResult` — the report ``pipeweave plan --json`` prints::
+
+    {"method": "autopipe", "stages": [[0, 4], [4, 10]], "replicas": [1, 1],
+     "balance": 1.02, "predicted_iteration_time": 0.0123, "planning_seconds": 0.004, ...}
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..profiler import Profile
+from ..runtime.plan import Plan
+from .partition import Bounds
+from .topology import Topology
+
+__all__ = ["PlanRequest", "Partition", "PlanResult", "balance"]
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A planning problem.
+
+    Attributes:
+        profile: per-block costs (see :mod:`pipeweave.profiler`).
+        ranks: workers (processes / devices) to use.
+        microbatches: M, micro-batches per iteration (default ``2 * ranks``).
+        memory_limit: bytes available per worker; ``None``: unlimited.
+        topology: hierarchical levels for PipeDream (default: one level of ``ranks`` workers
+            at the profile's measured link bandwidth, or free communication without one).
+        straight: PipeDream without stage replication.
+        slicer: AutoPipe's Slicer: run ``sliced-1f1b`` with Algorithm 2's ``k``.
+        schedule: override the method's default schedule.
+        allreduce_overlap: PipeDream's ``max(compute, all-reduce)`` (True, the paper) or their
+            sum (False, PipeDream's released optimizer).
+    """
+
+    profile: Profile
+    ranks: int
+    microbatches: int | None = None
+    memory_limit: float | None = None
+    topology: Topology | None = None
+    straight: bool = False
+    slicer: bool = False
+    schedule: str | None = None
+    allreduce_overlap: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
+            raise ValueError(f"ranks must be an integer >= 1, got {self.ranks!r}")
+        if self.microbatches is not None and (isinstance(self.microbatches, bool)
+                                              or not isinstance(self.microbatches, int)
+                                              or self.microbatches < 1):
+            raise ValueError(f"microbatches must be an integer >= 1, got {self.microbatches!r}")
+        if self.memory_limit is not None and not (self.memory_limit > 0):
+            raise ValueError(f"memory_limit must be > 0 bytes, got {self.memory_limit!r}")
+        if self.topology is not None and self.topology.workers != self.ranks:
+            raise ValueError(
+                f"the topology {self.topology} has {self.topology.workers} workers but ranks is "
+                f"{self.ranks}; make the product of the machine counts equal --ranks"
+            )
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.microbatches if self.microbatches is not None else 2 * self.ranks
+
+    def resolved_topology(self) -> Topology:
+        if self.topology is not None:
+            return self.topology
+        link = self.profile.link
+        return Topology.single(self.ranks, link.bandwidth if link is not None else math.inf)
+
+    @property
+    def latency(self) -> float:
+        return self.profile.link.latency if self.profile.link is not None else 0.0
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A method's answer before it becomes a plan."""
+
+    bounds: Bounds
+    schedule: str
+    replicas: tuple[int, ...] | None = None
+    microbatches: int | None = None
+    schedule_options: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def balance(stage_times: tuple[float, ...] | list[float]) -> float:
+    """max / mean of the stage times (1.0 is perfect; DESIGN.md "Measures")."""
+    mean = sum(stage_times) / len(stage_times)
+    return max(stage_times) / mean if mean > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan and what the planner predicts for it.
+
+    Attributes:
+        method: the planner method's name.
+        plan: the runtime plan (``Plan.save`` writes what ``pipeweave train --plan`` reads).
+        stage_times: per stage, forward + backward time of one micro-batch divided by the
+            stage's replicas (PipeDream: including its all-reduce, see ``details``).
+        predicted_iteration_time: simulated seconds per iteration of M micro-batches.
+        planning_seconds: wall time the method took.
+        details: method-specific numbers (PipeDream's time per minibatch and NOAM, AutoPipe's
+            Algorithm 1 start and simulator calls, the Slicer's k, ...).
+    """
+
+    method: str
+    plan: Plan
+    stage_times: tuple[float, ...]
+    predicted_iteration_time: float
+    planning_seconds: float
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def balance(self) -> float:
+        return balance(self.stage_times)
+
+    @property
+    def balance_std(self) -> float:
+        """Standard deviation of the stage times over their mean (AutoPipe's measure)."""
+        mean = statistics.fmean(self.stage_times)
+        return statistics.pstdev(self.stage_times) / mean if mean > 0 else 0.0
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        return self.plan.replicas if self.plan.replicas is not None else (1,) * len(self.plan.stages)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "stages": [list(s) for s in self.plan.stages],
+            "replicas": list(self.replicas),
+            "schedule": self.plan.schedule,
+            "microbatches": self.plan.microbatches,
+            "balance": self.balance,
+            "balance_std": self.balance_std,
+            "stage_times": list(self.stage_times),
+            "predicted_iteration_time": self.predicted_iteration_time,
+            "planning_seconds": self.planning_seconds,
+            **dict(self.details),
+            "plan": self.plan.to_json(),
+        }

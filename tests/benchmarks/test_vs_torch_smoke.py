@@ -1,6 +1,7 @@
 """benchmarks/vs_torch_pipelining.py runs end to end at a tiny size, both sides training."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,12 @@ def test_benchmark_runs_both_sides_on_the_same_model_and_data(tmp_path: Path) ->
     out = tmp_path / "vs.json"
     # A fresh interpreter, as documented: the benchmark's forkserver must see benchmarks/ on
     # sys.path to import the torch-side worker.
-    env_path = str(ROOT / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     completed = subprocess.run(
         [sys.executable, str(SCRIPT), "--cases", "tiny", "--ranks", "2", "--schedules", "1f1b",
          "--steps", "3", "--repeats", "1", "--json-out", str(out)],
-        capture_output=True, text=True, timeout=280, env={"PYTHONPATH": env_path, "PATH": ""},
+        capture_output=True, text=True, timeout=280, env=env,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "samples/s" in completed.stdout

@@ -51,6 +51,7 @@ COMM_OPS = frozenset({Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD})
 _PER_MICROBATCH = COMPUTE_OPS | COMM_OPS
 _PIECES = {"": 0, "a": 1, "b": 2}
 _PIECE_LETTERS = {v: k for k, v in _PIECES.items()}
+_tuple_new = tuple.__new__
 
 
 class _Fields(NamedTuple):
@@ -100,7 +101,9 @@ class Action(_Fields):
             raise ValueError(f"{op.value} {need}, got {microbatch}")
         if piece not in _PIECE_LETTERS:
             raise ValueError(f"piece must be 0 (whole), 1 or 2 (halves), got {piece}")
-        return super().__new__(cls, op, stage, microbatch, piece, version, lookahead, pipeline)
+        # what the named tuple's own __new__ does, without the extra call (generators build
+        # one Action per step of every rank)
+        return _tuple_new(cls, (op, stage, microbatch, piece, version, lookahead, pipeline))
 
     @property
     def is_compute(self) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..profiler import Profile
 from ..runtime.plan import Plan
+from .evaluate import Network
 from .partition import Bounds
 from .topology import Topology
 
@@ -93,6 +94,8 @@ class Partition:
     microbatches: int | None = None
     schedule_options: Mapping[str, Any] = field(default_factory=dict)
     details: Mapping[str, Any] = field(default_factory=dict)
+    network: Network | None = None
+    """Links the plan is simulated with (default: a straight pipeline on the topology)."""
 
 
 def balance(stage_times: tuple[float, ...] | list[float]) -> float:

@@ -140,6 +140,8 @@ class RankResult:
     peak_stashed_microbatches: int = 0
     parameters: dict[str, Tensor] = field(default_factory=dict)
     """``"<block>.<name>" -> tensor`` for the blocks this rank owns (first replica only)."""
+    peak_weight_versions: dict[int, int] = field(default_factory=dict)
+    """Per stage on this rank: most weight sets held at once (live, stashed, predicted)."""
     wall_seconds: float = 0.0
 
 
@@ -149,6 +151,7 @@ def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: 
     for stage_id, stage in parts.stages.items():
         result.losses.update(stage.losses)
         result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.peak_stashed)
+        result.peak_weight_versions[stage_id] = parts.weights[stage_id].peak_versions
         if want_parameters and schedule.layout.stage_ranks[stage_id][0] == rank:
             result.parameters.update(_named_parameters(stage))
     result.peak_memory_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"

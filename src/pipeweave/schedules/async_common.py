@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from ..ir import Action, Layout, Op, Schedule
 from .common import routed, update_actions
-from .registry import Shape
+from .registry import Shape, check_options
 
 __all__ = [
     "Counts", "Tags", "VersionRule", "warmup_depth", "async_order", "async_layout",
@@ -125,14 +125,6 @@ def async_layout(name: str, shape: Shape) -> Layout:
                 f"{replicas}; got {shape.microbatches}, use e.g. {fix}"
             )
     return layout
-
-
-def check_options(name: str, shape: Shape, allowed: Sequence[str]) -> None:
-    """Reject options the schedule does not know (a typo would otherwise be silently ignored)."""
-    unknown = sorted(set(shape.options) - set(allowed))
-    if unknown:
-        known = ", ".join(allowed) if allowed else "none"
-        raise ValueError(f"schedule {name!r} got unknown option(s) {unknown}; it accepts: {known}")
 
 
 def build_async(

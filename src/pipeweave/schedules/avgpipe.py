@@ -83,7 +83,8 @@ def advance_order(advance: int) -> Order:
 
 @register("avgpipe", description="AvgPipe: N parallel 1F1B pipelines with advance forward "
                                  "propagation; per-pipeline update then elastic averaging (AV)",
-          paper="AvgPipe (avgpipe.txt §3.2, §4.2, Algorithm 1, Fig. 7)", synchronous=True)
+          paper="AvgPipe (avgpipe.txt §3.2, §4.2, Algorithm 1, Fig. 7)", synchronous=True,
+          options=("advance",))
 def avgpipe(shape: Shape) -> Schedule:
     if shape.chunks != 1:
         raise ValueError(f"avgpipe runs one chunk per rank, got chunks={shape.chunks}; set chunks=1")

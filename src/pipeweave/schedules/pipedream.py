@@ -39,7 +39,8 @@ __all__ = ["pipedream"]
 
 @register("pipedream",
           description="asynchronous 1F1B(-RR) without flush, update after every backward, weight stashing",
-          paper="PipeDream (pipedream.txt §3.2-3.3)", synchronous=False)
+          paper="PipeDream (pipedream.txt §3.2-3.3)", synchronous=False,
+          options=("vertical_sync",))
 def pipedream(shape: Shape) -> Schedule:
     check_options("pipedream", shape, ["vertical_sync"])
     vertical_sync = shape.option("vertical_sync", False)

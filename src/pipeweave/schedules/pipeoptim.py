@@ -52,7 +52,8 @@ __all__ = ["pipeoptim", "spectrain", "prediction_distance", "spectrain_backward_
 @register("pipeoptim",
           description="asynchronous 1F1B, update after every backward, forward on weights predicted "
                       "s = D-rank-1 updates ahead, no stashing",
-          paper="PipeOptim (pipeoptim.txt §III, Algorithm 1)", synchronous=False)
+          paper="PipeOptim (pipeoptim.txt §III, Algorithm 1)", synchronous=False,
+          options=("lookahead",))
 def pipeoptim(shape: Shape) -> Schedule:
     check_options("pipeoptim", shape, ["lookahead"])
     override = shape.option("lookahead", None)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import Layout, Schedule
 
-__all__ = ["Shape", "ScheduleInfo", "register", "build_schedule", "available_schedules", "get_info"]
+__all__ = ["Shape", "ScheduleInfo", "register", "build_schedule", "available_schedules", "get_info",
+           "check_options"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class ScheduleInfo:
     generate: Generator
     min_microbatches: Callable[[Shape], int] = lambda shape: 1
     """Smallest M the schedule accepts for a shape (e.g. P for 2BW)."""
+    options: tuple[str, ...] = ()
+    """Names of the options the generator understands; anything else is rejected."""
 
 
 _REGISTRY: dict[str, ScheduleInfo] = {}
@@ -86,6 +89,7 @@ def register(
     paper: str,
     synchronous: bool,
     min_microbatches: Callable[[Shape], int] | None = None,
+    options: Sequence[str] = (),
 ) -> Callable[[Generator], Generator]:
     """Decorator registering a generator under ``name``."""
 
@@ -95,6 +99,7 @@ def register(
         _REGISTRY[name] = ScheduleInfo(
             name, description, paper, synchronous, fn,
             min_microbatches if min_microbatches is not None else (lambda shape: 1),
+            tuple(options),
         )
         return fn
 
@@ -126,6 +131,7 @@ def build_schedule(name: str, shape: Shape | None = None, **kwargs: Any) -> Sche
         options = dict(kwargs.pop("options", {}))
         options.update({k: kwargs.pop(k) for k in list(kwargs) if k not in fields})
         shape = Shape(**kwargs, options=options)
+    check_options(name, shape, info.options)
     needed = info.min_microbatches(shape)
     if shape.microbatches < needed:
         raise ValueError(
@@ -133,6 +139,14 @@ def build_schedule(name: str, shape: Shape | None = None, **kwargs: Any) -> Sche
             f"{shape.microbatches}; raise --microbatches to at least {needed}"
         )
     return info.generate(shape)
+
+
+def check_options(name: str, shape: Shape, allowed: Sequence[str]) -> None:
+    """Reject options the schedule does not know (a typo would otherwise be silently ignored)."""
+    unknown = sorted(set(shape.options) - set(allowed))
+    if unknown:
+        known = ", ".join(allowed) if allowed else "none"
+        raise ValueError(f"schedule {name!r} got unknown option(s) {unknown}; it accepts: {known}")
 
 
 def _load_builtins() -> None:

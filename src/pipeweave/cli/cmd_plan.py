@@ -1,0 +1,152 @@
+"""``pipeweave plan``: partition a model over ranks and write a plan ``pipeweave train`` runs.
+
+    pipeweave plan --model gpt-tiny --ranks 2 --method autopipe --out plan.json
+    pipeweave train --model gpt-tiny --plan plan.json
+    pipeweave plan --profile vgg16.json --ranks 16 --method pipedream --topology 16x1e9 --json
+
+With ``--model`` the model is profiled first (on this machine, ``--batch-size`` samples per
+micro-batch, no link measurement); with ``--profile`` the JSON profile (or PipeDream's
+``graph.txt``) is read. ``--json`` prints the report: ``stages`` (block ranges), ``replicas``,
+``balance`` (max/mean stage time), ``predicted_iteration_time`` (simulated seconds per
+iteration), ``planning_seconds`` and the method's own numbers, with the plan under ``plan``.
+``--out`` writes only the plan, which ``Plan.load`` / ``pipeweave train --plan`` read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ..models import available_models
+from ..planner import PlanRequest, PlanResult, Topology, available_methods, make_plan
+from ..profiler import Profile, profile_builtin
+
+__all__ = ["add_parser", "run", "parse_bytes", "format_result"]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="partition a model over ranks (uniform, parameters, time, pipedream, autopipe)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_argument_group("what to plan (give --model, --profile or both)")
+    source.add_argument("--model", choices=available_models(), default=None,
+                        help="built-in model (profiled now unless --profile is given)")
+    source.add_argument("--profile", type=Path, default=None,
+                        help="profile JSON from `pipeweave profile`, or PipeDream's graph.txt")
+    parser.add_argument("--ranks", type=int, required=True, help="workers to plan for")
+    parser.add_argument("--method", required=True, help=f"one of {', '.join(available_methods())}")
+    parser.add_argument("--microbatches", type=int, default=None,
+                        help="M, micro-batches per iteration (default 2 x ranks)")
+    parser.add_argument("--memory-limit", default=None, metavar="BYTES",
+                        help="memory per worker, e.g. 16e9 or 16GiB")
+    parser.add_argument("--topology", default=None, metavar="MxB[,MxB...]",
+                        help="hierarchical levels, lowest first: machines x bandwidth (bytes/s), "
+                             "e.g. 4x1.2e10,4x1.25e9; default: one level at the profile's link")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="shorthand for a single level --topology RANKSxBANDWIDTH")
+    parser.add_argument("--straight", action="store_true", help="pipedream: no stage replication")
+    parser.add_argument("--sum-allreduce", action="store_true",
+                        help="pipedream: add all-reduce to compute instead of overlapping them")
+    parser.add_argument("--slicer", action="store_true",
+                        help="AutoPipe Slicer: sliced-1f1b with Algorithm 2's k")
+    parser.add_argument("--schedule", default=None, help="override the method's schedule")
+    parser.add_argument("--batch-size", type=int, default=4,
+                        help="with --model and no --profile: samples per profiled micro-batch")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="with --model and no --profile: device to profile on")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--out", type=Path, default=None, help="write the plan JSON here")
+    parser.set_defaults(func=run)
+
+
+def parse_bytes(text: str) -> float:
+    """``16e9``, ``16GB``, ``16GiB``, ``512MiB`` -> bytes."""
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    try:
+        if match is None or unit not in _UNITS:
+            raise ValueError
+        value = float(match.group(1)) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"--memory-limit {text!r} is not a size; give bytes like 16e9, 16GB or "
+                         "16GiB") from None
+    if value <= 0:
+        raise ValueError(f"--memory-limit must be > 0 bytes, got {text!r}")
+    return value
+
+
+def load_profile(args: argparse.Namespace) -> Profile:
+    if args.profile is None and args.model is None:
+        raise ValueError("give --model NAME (profiled now) or --profile FILE")
+    if args.profile is None:
+        return profile_builtin(args.model, batch_size=args.batch_size, device=args.device,
+                               warmup=1, repeats=3)
+    profile = Profile.load(args.profile)
+    if args.model is not None:
+        from ..models import build_model
+
+        blocks = len(build_model(args.model).blocks)
+        if profile.num_blocks != blocks or profile.model != args.model:
+            raise ValueError(
+                f"profile {args.profile} is of model {profile.model!r} with {profile.num_blocks} "
+                f"blocks but --model {args.model} has {blocks} blocks; profile this model with "
+                f"`pipeweave profile --model {args.model}`"
+            )
+    return profile
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    if args.topology is not None and args.bandwidth is not None:
+        raise ValueError("give --topology or --bandwidth, not both")
+    topology = None
+    if args.topology is not None:
+        topology = Topology.parse(args.topology)
+    elif args.bandwidth is not None:
+        topology = Topology.single(args.ranks, args.bandwidth)
+    request = PlanRequest(
+        profile=profile, ranks=args.ranks, microbatches=args.microbatches,
+        memory_limit=parse_bytes(args.memory_limit) if args.memory_limit is not None else None,
+        topology=topology, straight=args.straight, slicer=args.slicer, schedule=args.schedule,
+        allreduce_overlap=not args.sum_allreduce,
+    )
+    result = make_plan(request, args.method)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        result.plan.save(args.out)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(format_result(result, profile))
+        if args.out is not None:
+            model = f" --model {profile.model}" if profile.model in available_models() else ""
+            print(f"wrote {args.out}; run it with: pipeweave train{model} --plan {args.out}")
+    return 0
+
+
+def format_result(result: PlanResult, profile: Profile) -> str:
+    plan = result.plan
+    lines = [f"{result.method}: {profile.model}, {profile.num_blocks} blocks on "
+             f"{plan.world_size} ranks, schedule {plan.schedule}, M={plan.microbatches}",
+             f"{'stage':>5} {'blocks':>11} {'replicas':>8} {'time ms':>9}  first .. last block"]
+    for s, ((a, e), r, t) in enumerate(zip(plan.stages, result.replicas, result.stage_times)):
+        names = profile.blocks[a].name if e - a == 1 else \
+            f"{profile.blocks[a].name} .. {profile.blocks[e - 1].name}"
+        lines.append(f"{s:>5} {f'[{a}, {e})':>11} {r:>8} {1e3 * t:>9.3f}  {names}")
+    lines.append(f"balance (max/mean stage time) {result.balance:.4f}")
+    lines.append(f"predicted iteration time {1e3 * result.predicted_iteration_time:.3f} ms "
+                 "(simulated)")
+    for key in ("predicted_time_per_minibatch", "noam", "algorithm1_iteration_time", "sliced"):
+        if key in result.details:
+            value = result.details[key]
+            lines.append(f"{key.replace('_', ' ')} {value:.6g}" if isinstance(value, float)
+                         else f"{key.replace('_', ' ')} {value}")
+    lines.append(f"planning time {result.planning_seconds:.4f} s")
+    return "\n".join(lines)

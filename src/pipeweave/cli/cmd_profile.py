@@ -1,0 +1,91 @@
+"""``pipeweave profile``: measure every block of a model (and the link between two ranks).
+
+    pipeweave profile --model gpt-tiny --batch-size 4 --json-out profile.json
+    pipeweave profile --pipedream-graph vgg16/graph.txt --json-out vgg16.json   (import)
+
+``--batch-size`` should be the micro-batch size you will train with: the planners take the
+profiled times as the cost of one micro-batch. The link (ping-pong between two local processes
+over gloo, or NCCL with ``--device cuda``) is measured unless ``--no-link``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..models import available_models
+from ..profiler import Profile, measure_link, profile_builtin, read_pipedream_graph
+
+__all__ = ["add_parser", "run", "format_profile"]
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "profile", help="measure per-block times, activation and memory sizes, and the link",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", choices=available_models(), help="built-in model to measure")
+    source.add_argument("--pipedream-graph", type=Path, metavar="GRAPH_TXT",
+                        help="import PipeDream's profile (graph.txt) instead of measuring")
+    parser.add_argument("--batch-size", type=int, default=4, help="samples per profiled micro-batch")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sample (GPT models)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs per block")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per block (median)")
+    parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
+                        help="optimizer whose state size is measured")
+    parser.add_argument("--no-link", action="store_true",
+                        help="skip measuring the point-to-point link between two local ranks")
+    parser.add_argument("--json-out", type=Path, default=None, help="write the profile JSON here")
+    parser.add_argument("--json", action="store_true", help="print the profile JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pipedream_graph is not None:
+        if not args.pipedream_graph.exists():
+            raise ValueError(f"--pipedream-graph {args.pipedream_graph} does not exist")
+        profile = read_pipedream_graph(args.pipedream_graph)
+    else:
+        overrides: dict[str, Any] = {}
+        if args.seq_len is not None:
+            overrides["seq_len"] = args.seq_len
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        profile = profile_builtin(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+                                  device=args.device, warmup=args.warmup, repeats=args.repeats,
+                                  optimizer=args.optimizer, overrides=overrides)
+        if not args.no_link:
+            profile = profile.with_link(measure_link(device=args.device))
+    if args.json_out is not None:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        profile.save(args.json_out)
+    if args.json:
+        print(json.dumps(profile.to_json()))
+    else:
+        print(format_profile(profile))
+        if args.json_out is not None:
+            print(f"wrote {args.json_out}")
+    return 0
+
+
+def format_profile(profile: Profile) -> str:
+    """A table: one row per block, times in ms and sizes in KiB."""
+    lines = [f"{profile.model}: {profile.num_blocks} blocks, batch {profile.batch_size}, "
+             f"device {profile.device} ({profile.source})",
+             f"{'block':>22} {'fwd ms':>9} {'bwd ms':>9} {'out KiB':>10} {'act KiB':>10} "
+             f"{'param KiB':>10} {'optim KiB':>10}"]
+    for b in profile.blocks:
+        lines.append(f"{b.name[:22]:>22} {1e3 * b.forward:>9.3f} {1e3 * b.backward:>9.3f} "
+                     f"{b.output_bytes / 1024:>10.1f} {b.activation_bytes / 1024:>10.1f} "
+                     f"{b.parameter_bytes / 1024:>10.1f} {b.optimizer_bytes / 1024:>10.1f}")
+    total = sum(profile.compute)
+    lines.append(f"{'total':>22} {1e3 * sum(profile.forward):>9.3f} {1e3 * sum(profile.backward):>9.3f}"
+                 f"   (forward+backward {1e3 * total:.3f} ms)")
+    if profile.link is not None:
+        lines.append(f"link: {profile.link.bandwidth / 1e9:.3f} GB/s, latency "
+                     f"{1e6 * profile.link.latency:.1f} us")
+    return "\n".join(lines)

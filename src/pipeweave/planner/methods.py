@@ -1,0 +1,160 @@
+"""The partitioner methods, one function each: ``PlanRequest -> Partition``.
+
+==========  ==========================================================  ======================
+name        what it balances                                             from
+==========  ==========================================================  ======================
+uniform     equal block counts per stage                                 Megatron-LM
+parameters  parameter bytes per stage (min-max)                          DeepSpeed
+time        forward + backward time per stage (min-max)                  torchgpipe
+pipedream   slowest stage incl. communication, with replication (DP)     pipedream.txt §3.1
+autopipe    simulated iteration time: Algorithm 1 + master-stage search  autopipe.txt §III-B
+==========  ==========================================================  ======================
+
+Every method but ``pipedream`` puts one stage on each rank and runs ``1f1b``; ``pipedream``
+replicates stages and runs PipeDream's asynchronous 1F1B-RR (``pipedream``), whose
+micro-batch count must be a multiple of every replica count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .autopipe import autopipe_search
+from .evaluate import Evaluator, Network
+from .partition import FeasibleFn, min_max_partition, uniform_partition
+from .pipedream import pipedream_partition
+from .result import Partition, PlanRequest
+from .topology import Topology
+
+__all__ = ["uniform", "parameters", "time", "pipedream", "autopipe", "held_microbatches",
+           "memory_mask", "straight_network"]
+
+
+def uniform(request: PlanRequest) -> Partition:
+    return Partition(uniform_partition(request.profile.num_blocks, request.ranks), "1f1b")
+
+
+def parameters(request: PlanRequest) -> Partition:
+    weights = request.profile.parameter_bytes
+    if not any(weights):
+        return Partition(uniform_partition(len(weights), request.ranks), "1f1b",
+                         details={"note": "no parameters in the profile: equal block counts"})
+    bounds, heaviest = min_max_partition(weights, request.ranks)
+    return Partition(bounds, "1f1b", details={"max_stage_parameter_bytes": heaviest})
+
+
+def time(request: PlanRequest) -> Partition:
+    schedule = request.schedule or "1f1b"
+    bounds, heaviest = min_max_partition(
+        request.profile.compute, request.ranks,
+        feasible=memory_mask(request, schedule) if request.memory_limit is not None else None,
+    )
+    return Partition(bounds, "1f1b", details={"max_stage_time": heaviest})
+
+
+def autopipe(request: PlanRequest) -> Partition:
+    profile = request.profile
+    schedule = "1f1b"  # the search runs on 1F1B; the Slicer, if asked, is applied afterwards
+    evaluator = Evaluator(profile, schedule, request.ranks, request.num_microbatches,
+                          straight_network(request))
+    search = autopipe_search(
+        evaluator, profile.forward, profile.backward, request.ranks,
+        feasible=memory_mask(request, schedule) if request.memory_limit is not None else None,
+    )
+    compute = profile.compute
+    start_times = [sum(compute[a:e]) for a, e in search.start]
+    return Partition(search.bounds, schedule, details={
+        "algorithm1_stages": [list(s) for s in search.start],
+        "algorithm1_iteration_time": search.start_result.iteration_time,
+        "algorithm1_balance": max(start_times) / (sum(start_times) / len(start_times)),
+        "algorithm1_master_stage": search.start_result.master_stage,
+        "master_stage": search.result.master_stage,
+        "simulations": search.simulations,
+    })
+
+
+def pipedream(request: PlanRequest) -> Partition:
+    profile = request.profile
+    topology = request.resolved_topology()
+    solution = pipedream_partition(
+        profile.compute, profile.parameter_bytes, profile.output_bytes, topology,
+        straight=request.straight, allreduce_overlap=request.allreduce_overlap,
+        memory_limit=request.memory_limit,
+        activation_bytes=[b.activation_bytes for b in profile.blocks],
+        optimizer_bytes=[b.optimizer_bytes for b in profile.blocks],
+    )
+    rounds = math.lcm(*solution.replicas)
+    microbatches = rounds * -(-request.num_microbatches // rounds)
+    bandwidths = [level.bandwidth for level in topology.levels]
+    network = Network(
+        bandwidth=[bandwidths[level - 1] for level in solution.boundary_levels],
+        latency=request.latency,
+        allreduce_bandwidth=[bandwidths[level - 1] if level else math.inf
+                             for level in solution.replica_levels],
+    )
+    return Partition(
+        solution.bounds, "pipedream",
+        replicas=solution.replicas if any(r > 1 for r in solution.replicas) else None,
+        microbatches=microbatches, network=network,
+        details={
+            "predicted_time_per_minibatch": solution.time_per_minibatch,
+            "noam": solution.noam,
+            "top_level_stages": [list(s) for s in solution.top_level],
+            "pipedream_stage_times": list(solution.stage_times),
+            "topology": topology.to_json(),
+            "straight": request.straight,
+        },
+    )
+
+
+def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int) -> int:
+    """Micro-batches stage ``stage`` keeps activations for at once: GPipe all ``M``; 1F1B and
+    the sliced 1F1B ``min(P - s, M)`` (its warm-up depth)."""
+    if schedule == "gpipe":
+        return microbatches
+    return min(stages - stage, microbatches)
+
+
+def memory_mask(request: PlanRequest, schedule: str) -> FeasibleFn:
+    """``feasible(j)[k, i]``: stage ``j`` holding blocks ``k..i-1`` fits ``memory_limit``.
+
+    A stage keeps its parameters, its optimizer state and the activations of the micro-batches
+    in flight (:func:`held_microbatches`).
+    """
+    assert request.memory_limit is not None
+    blocks = request.profile.blocks
+
+    def spans(values: list[float]) -> np.ndarray:
+        prefix = np.concatenate(([0.0], np.cumsum(values)))
+        out: np.ndarray = prefix[None, :] - prefix[:, None]
+        return out
+
+    fixed = spans([b.parameter_bytes + b.optimizer_bytes for b in blocks])
+    stash = spans([b.activation_bytes for b in blocks])
+    limit = float(request.memory_limit)
+    stages, microbatches = request.ranks, request.num_microbatches
+
+    def feasible(stage: int) -> np.ndarray:
+        held = held_microbatches(schedule, stages, microbatches, stage)
+        mask: np.ndarray = fixed + held * stash <= limit
+        return mask
+
+    return feasible
+
+
+def straight_network(request: PlanRequest) -> Network:
+    """Links of a straight pipeline with stage ``s`` on rank ``s``, ranks filling the lowest
+    level first: the boundary after rank ``s`` crosses the highest level ``k`` whose
+    component size divides ``s + 1``."""
+    topology: Topology = request.resolved_topology()
+    sizes, size = [], 1
+    for level in topology.levels:
+        sizes.append(size)
+        size *= level.machines
+    bandwidths = []
+    for s in range(request.ranks - 1):
+        level = max(k for k, component in enumerate(sizes) if (s + 1) % component == 0)
+        bandwidths.append(topology.levels[level].bandwidth)
+    return Network(bandwidth=bandwidths if bandwidths else math.inf, latency=request.latency)

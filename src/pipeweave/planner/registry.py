@@ -1,0 +1,154 @@
+"""Planner methods by name, and :func:`make_plan`: request -> timed, simulated :class:`PlanResult`.
+
+``make_plan`` runs the method (timing it: ``planning_seconds``), applies AutoPipe's Slicer when
+asked (Algorithm 2's ``k`` from the plan's stage costs, schedule ``sliced-1f1b``), builds the
+runtime :class:`~pipeweave.runtime.plan.Plan`, simulates it for the predicted iteration time
+and, with a memory limit, checks every rank's simulated peak (parameters + optimizer state +
+held activations) against it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..runtime.plan import Plan
+from ..schedules import get_info
+from ..schedules.sliced import slicer_count
+from ..sim import SimulationResult
+from . import methods
+from .evaluate import Evaluator, Network
+from .result import Partition, PlanRequest, PlanResult
+
+__all__ = ["MethodInfo", "register_method", "available_methods", "get_method", "make_plan"]
+
+Method = Callable[[PlanRequest], Partition]
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    name: str
+    description: str
+    paper: str
+    run: Method
+
+
+_METHODS: dict[str, MethodInfo] = {}
+
+
+def register_method(name: str, *, description: str, paper: str) -> Callable[[Method], Method]:
+    """Decorator registering a planner method under ``name``."""
+
+    def decorate(fn: Method) -> Method:
+        if name in _METHODS:
+            raise ValueError(f"planner method {name!r} is registered twice")
+        _METHODS[name] = MethodInfo(name, description, paper, fn)
+        return fn
+
+    return decorate
+
+
+def available_methods() -> list[str]:
+    return sorted(_METHODS)
+
+
+def get_method(name: str) -> MethodInfo:
+    try:
+        return _METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown planner method {name!r}; choose one of "
+                         f"{', '.join(available_methods())}") from None
+
+
+register_method("uniform", description="equal block counts per stage",
+                paper="Megatron-LM")(methods.uniform)
+register_method("parameters", description="balance parameter bytes (min-max)",
+                paper="DeepSpeed partition_method='parameters'")(methods.parameters)
+register_method("time", description="balance forward+backward time (min-max)",
+                paper="torchgpipe balance_by_time")(methods.time)
+register_method("pipedream", description="DP over a hierarchical topology with replication",
+                paper="pipedream.txt §3.1")(methods.pipedream)
+register_method("autopipe", description="Algorithm 1 + simulator-driven master-stage search",
+                paper="autopipe.txt §III-B")(methods.autopipe)
+
+
+def make_plan(request: PlanRequest, method: str) -> PlanResult:
+    """Plan ``request`` with ``method`` (see the module docstring)."""
+    info = get_method(method)
+    started = time.perf_counter()
+    partition = info.run(request)
+    if request.schedule is not None:
+        get_info(request.schedule)  # unknown names fail here, with the list of known ones
+        partition = replace(partition, schedule=request.schedule)
+    network = partition.network or methods.straight_network(request)
+    details: dict[str, Any] = dict(partition.details)
+    if request.slicer:
+        partition = _apply_slicer(request, partition, network, details)
+    seconds = time.perf_counter() - started
+
+    microbatches = partition.microbatches or request.num_microbatches
+    plan = Plan(num_blocks=request.profile.num_blocks, stages=partition.bounds,
+                schedule=partition.schedule, microbatches=microbatches,
+                replicas=partition.replicas, schedule_options=dict(partition.schedule_options))
+    simulation = _simulate(request, partition, network, microbatches)
+    if request.memory_limit is not None and partition.replicas is None:
+        _check_memory(request, partition, simulation)
+    replicas = partition.replicas or (1,) * len(partition.bounds)
+    compute = request.profile.compute
+    stage_times = tuple(sum(compute[a:e]) / r for (a, e), r in zip(partition.bounds, replicas))
+    return PlanResult(method=method, plan=plan, stage_times=stage_times,
+                      predicted_iteration_time=simulation.iteration_time,
+                      planning_seconds=seconds, details=details)
+
+
+def _simulate(request: PlanRequest, partition: Partition, network: Network,
+              microbatches: int) -> SimulationResult:
+    evaluator = Evaluator(request.profile, partition.schedule, len(partition.bounds),
+                          microbatches, network, partition.replicas,
+                          dict(partition.schedule_options))
+    return evaluator(partition.bounds)
+
+
+def _apply_slicer(request: PlanRequest, partition: Partition, network: Network,
+                  details: dict[str, Any]) -> Partition:
+    """AutoPipe's Slicer (autopipe.txt §III-C): ``sliced-1f1b`` with Algorithm 2's ``k``."""
+    if partition.schedule not in ("1f1b", "sliced-1f1b") or partition.replicas is not None:
+        raise ValueError(
+            f"the Slicer splits the warm-up micro-batches of a 1F1B pipeline; this plan runs "
+            f"{partition.schedule!r}{' with replicated stages' if partition.replicas else ''}. "
+            "Drop --slicer, or plan with a 1F1B method (uniform, parameters, time, autopipe)"
+        )
+    microbatches = partition.microbatches or request.num_microbatches
+    blocks = request.profile.blocks
+    forward = [sum(b.forward for b in blocks[a:e]) for a, e in partition.bounds]
+    backward = [sum(b.backward for b in blocks[a:e]) for a, e in partition.bounds]
+    transfers = [request.profile.blocks[e - 1].output_bytes / network.boundary(s)
+                 for s, (_, e) in enumerate(partition.bounds[:-1])]
+    # Algorithm 2 takes one Comm for every boundary (§III-B): the mean transfer time.
+    comm = network.latency + (sum(transfers) / len(transfers) if transfers else 0.0)
+    k = min(slicer_count(forward, backward, comm), microbatches)
+    plain = _simulate(request, replace(partition, schedule="1f1b"), network, microbatches)
+    details["sliced"] = k
+    details["iteration_time_without_slicer"] = plain.iteration_time
+    options = {**dict(partition.schedule_options), "sliced": k}
+    return replace(partition, schedule="sliced-1f1b", schedule_options=options)
+
+
+def _check_memory(request: PlanRequest, partition: Partition, simulation: SimulationResult) -> None:
+    assert request.memory_limit is not None
+    blocks = request.profile.blocks
+    layout = simulation.schedule.layout
+    for rank in range(simulation.schedule.num_ranks):
+        fixed = sum(b.parameter_bytes + b.optimizer_bytes for s in layout.stages_of(rank)
+                    for b in blocks[partition.bounds[s][0]:partition.bounds[s][1]])
+        need = fixed + simulation.peak_activation_bytes[rank]
+        if need > request.memory_limit:
+            raise ValueError(
+                f"the {partition.schedule} plan {list(map(list, partition.bounds))} needs "
+                f"{need:.6g} bytes on rank {rank} (parameters and optimizer state {fixed:.6g}, "
+                f"held activations {simulation.peak_activation_bytes[rank]:.6g}) but "
+                f"--memory-limit is {request.memory_limit:.6g}; raise the limit, use more ranks, "
+                "fewer micro-batches, or a memory-aware method (time, autopipe, pipedream)"
+            )

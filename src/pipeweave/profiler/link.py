@@ -1,0 +1,111 @@
+"""Measure the point-to-point link between two local ranks: bandwidth and latency.
+
+Two processes (``forkserver``, as :mod:`pipeweave.runtime.launch` starts ranks) join a gloo
+process group over loopback (or NCCL between two GPUs). For each message size rank 0 sends a
+tensor and rank 1 sends it back (ping-pong); half the median round trip is the one-way time,
+and a least-squares line through ``(bytes, time)`` gives the link model the planner uses::
+
+    time(bytes) = latency + bytes / bandwidth
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..runtime.launch import free_port
+from .profile import LinkProfile
+
+__all__ = ["measure_link", "fit_link", "DEFAULT_SIZES"]
+
+DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
+"""Message sizes in bytes (1 KiB .. 16 MiB)."""
+
+
+def fit_link(samples: Sequence[tuple[float, float]]) -> LinkProfile:
+    """Least-squares ``time = latency + bytes / bandwidth`` through ``(bytes, seconds)`` samples."""
+    if len(samples) < 2 or len({b for b, _ in samples}) < 2:
+        raise ValueError("fitting a link needs samples at two or more message sizes")
+    xs, ys = [float(b) for b, _ in samples], [float(t) for _, t in samples]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if slope <= 0:
+        raise ValueError(f"link timings do not grow with message size ({samples}); measure again "
+                         "with larger messages")
+    return LinkProfile(bandwidth=1.0 / slope, latency=max(0.0, my - slope * mx))
+
+
+def measure_link(*, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, device: str = "cpu",
+                 timeout_s: float = 60.0) -> LinkProfile:
+    """Ping-pong between two local processes and fit the link (module docstring)."""
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        raise ValueError("measuring a GPU link needs two visible GPUs; use --device cpu or skip "
+                         "the link measurement")
+    mp.set_forkserver_preload(["torch"])
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    with tempfile.TemporaryDirectory(prefix="pipeweave-link-") as out_dir:
+        context = mp.start_processes(
+            _rank, args=(init_method, list(sizes), repeats, device, timeout_s, out_dir), nprocs=2,
+            join=False, start_method="forkserver",
+        )
+        started = time.monotonic()
+        try:
+            while not context.join(timeout=0.5):
+                if time.monotonic() - started > timeout_s:
+                    raise RuntimeError(f"link measurement exceeded {timeout_s:.0f} s; stopped it")
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.terminate()
+                process.join(timeout=10)
+        with open(Path(out_dir) / "link.pkl", "rb") as handle:
+            samples = pickle.load(handle)
+    return fit_link(samples)
+
+
+def _rank(index: int, init_method: str, sizes: list[int], repeats: int, device: str,
+          timeout_s: float, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    backend = "nccl" if device == "cuda" else "gloo"
+    target = torch.device("cuda", index) if device == "cuda" else torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(target)
+    dist.init_process_group(backend, init_method=init_method, rank=index, world_size=2,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        samples = []
+        for size in sizes:
+            buffer = torch.zeros(max(1, size // 4), dtype=torch.float32, device=target)
+            times = []
+            for run in range(repeats + 1):  # the first exchange of each size warms up
+                dist.barrier()
+                started = time.perf_counter()
+                if index == 0:
+                    dist.send(buffer, dst=1)
+                    dist.recv(buffer, src=1)
+                else:
+                    dist.recv(buffer, src=0)
+                    dist.send(buffer, dst=0)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if run:
+                    times.append((time.perf_counter() - started) / 2)
+            samples.append((float(buffer.numel() * 4), statistics.median(times)))
+        if index == 0:
+            path = Path(out_dir) / "link.pkl"
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "wb") as handle:
+                pickle.dump(samples, handle)
+            os.replace(tmp, path)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,236 @@
+"""Measure every block of a model with stock PyTorch: times, activation and memory sizes.
+
+For block ``i`` (its input ``x_i`` is the output of blocks ``0..i-1`` on the same batch)::
+
+    forward    run block(x_i)                           warm-up runs, then the median of
+    backward   run output.backward(gradient)            `repeats` timed runs each
+               (the last block: loss_fn(output, targets).backward(), so the loss is in it)
+    output_bytes        bytes of the output tensor
+    activation_bytes    bytes autograd saves for the backward (saved-tensor hooks; each
+                        storage counted once), i.e. what a stage stashes per micro-batch
+    parameter_bytes     bytes of the block's parameters
+    optimizer_bytes     bytes of the optimizer state after one step on a deep copy
+    peak_memory_bytes   CUDA: most memory allocated during forward+backward above what was
+                        allocated before it; CPU: the estimate activation + 2 x output +
+                        parameter (their gradients) + input bytes (metadata says which)
+
+On CUDA every timed region is bracketed by ``torch.cuda.synchronize()`` so kernels are
+counted where they run, not where they are queued.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..models import ModelSpec
+from .profile import BlockProfile, Profile
+
+__all__ = ["profile_model", "profile_block", "profile_builtin", "tensor_bytes", "OPTIMIZERS"]
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+}
+"""Optimizers whose state size the profiler can measure, by name."""
+
+
+def tensor_bytes(tensor: Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def profile_model(
+    spec: ModelSpec,
+    inputs: Tensor,
+    targets: Tensor | None = None,
+    *,
+    device: str = "cpu",
+    warmup: int = 2,
+    repeats: int = 5,
+    optimizer: str = "adam",
+) -> Profile:
+    """Profile every block of ``spec`` on one micro-batch ``inputs`` (module docstring).
+
+    ``targets`` lets the last block's backward start from the model's loss; without them it
+    starts from a gradient of ones.
+    """
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r} for profiling; choose one of "
+                         f"{sorted(OPTIMIZERS)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked but torch.cuda.is_available() is False; "
+                         "profile on --device cpu or on a machine with a GPU")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    target = torch.device(device)
+    blocks = [copy.deepcopy(block).to(target).train() for block in spec.blocks]
+    x = inputs.to(target)
+    y = targets.to(target) if targets is not None else None
+    profiles = []
+    for index, (name, block) in enumerate(zip(spec.block_names, blocks)):
+        loss_fn = spec.loss_fn if index == len(blocks) - 1 and y is not None else None
+        profiles.append(profile_block(block, x, name=name, loss_fn=loss_fn, targets=y,
+                                      warmup=warmup, repeats=repeats, optimizer=optimizer))
+        with torch.no_grad():
+            x = block(x)
+    return Profile(
+        blocks=tuple(profiles), model=spec.name, batch_size=int(inputs.shape[0]),
+        device=_device_name(target), source="measured", input_bytes=float(tensor_bytes(inputs)),
+        metadata={"warmup": warmup, "repeats": repeats, "statistic": "median",
+                  "optimizer": optimizer, "torch": torch.__version__,
+                  "threads": torch.get_num_threads(),
+                  "peak_memory": "measured" if device == "cuda" else "estimated"},
+    )
+
+
+def profile_block(
+    block: nn.Module,
+    inputs: Tensor,
+    *,
+    name: str,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+    targets: Tensor | None = None,
+    warmup: int = 2,
+    repeats: int = 5,
+    optimizer: str = "adam",
+) -> BlockProfile:
+    """Measure one block on one input (see the module docstring)."""
+    cuda = inputs.device.type == "cuda"
+    forward_times, backward_times = [], []
+    saved = output_bytes = 0
+    for run in range(warmup + repeats):
+        x = _leaf(inputs)
+        block.zero_grad(set_to_none=True)
+        _sync(cuda)
+        started = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(*_counter(record := [])):
+            out = block(x)
+            loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
+        _sync(cuda)
+        middle = time.perf_counter()
+        _backward(out, loss)
+        _sync(cuda)
+        finished = time.perf_counter()
+        if run >= warmup:
+            forward_times.append(middle - started)
+            backward_times.append(finished - middle)
+        saved, output_bytes = sum(record), tensor_bytes(out)
+    parameters = sum(tensor_bytes(p) for p in block.parameters())
+    return BlockProfile(
+        name=name,
+        forward=statistics.median(forward_times),
+        backward=statistics.median(backward_times),
+        output_bytes=output_bytes,
+        activation_bytes=saved,
+        parameter_bytes=parameters,
+        optimizer_bytes=_optimizer_bytes(block, inputs, loss_fn, targets, optimizer),
+        peak_memory_bytes=_peak_memory(block, inputs, loss_fn, targets) if cuda else
+        saved + 2 * output_bytes + parameters + (tensor_bytes(inputs) if inputs.is_floating_point() else 0),
+    )
+
+
+def _leaf(inputs: Tensor) -> Tensor:
+    """A fresh leaf input; floating inputs require grad, as a stage's received activation does."""
+    x = inputs.detach()
+    return x.requires_grad_(True) if x.is_floating_point() else x
+
+
+def _counter(record: list[int]) -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]:
+    """Saved-tensor hooks adding each saved storage's bytes to ``record`` once."""
+    seen: set[tuple[int, int]] = set()
+
+    def pack(tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        if key not in seen:
+            seen.add(key)
+            record.append(storage.nbytes())
+        return tensor
+
+    def unpack(tensor: Tensor) -> Tensor:
+        return tensor
+
+    return pack, unpack
+
+
+def _backward(out: Tensor, loss: Tensor | None) -> None:
+    if loss is not None:
+        loss.backward()
+    elif out.requires_grad:
+        out.backward(torch.ones_like(out))
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _optimizer_bytes(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
+                     targets: Tensor | None, optimizer: str) -> int:
+    params = [p for p in block.parameters() if p.requires_grad]
+    if not params:
+        return 0
+    clone = copy.deepcopy(block)
+    opt = OPTIMIZERS[optimizer](clone.parameters())
+    out = clone(_leaf(inputs))
+    _backward(out, loss_fn(out, targets) if loss_fn is not None and targets is not None else None)
+    opt.step()
+    return sum(tensor_bytes(value) for state in opt.state.values() for value in state.values()
+               if isinstance(value, Tensor))
+
+
+def _peak_memory(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
+                 targets: Tensor | None) -> int:
+    block.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = block(_leaf(inputs))
+    _backward(out, loss_fn(out, targets) if loss_fn is not None and targets is not None else None)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    block.zero_grad(set_to_none=True)
+    return max(0, int(peak))
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return "cpu"
+
+
+def profile_builtin(
+    name: str,
+    *,
+    batch_size: int = 4,
+    seq_len: int | None = None,
+    device: str = "cpu",
+    warmup: int = 2,
+    repeats: int = 5,
+    optimizer: str = "adam",
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+) -> Profile:
+    """Profile a registered model (``pipeweave.models.build_model``) on one batch of its
+    default dataset; ``batch_size`` should be the micro-batch size you will train with."""
+    from ..data import build_dataset
+    from ..models import build_model
+    from ..models.gpt import GPT_PRESETS
+
+    spec = build_model(name, seed=seed, **(overrides or {}))
+    dataset = spec.dataset or "digits"
+    if dataset == "stdlib-bytes" and seq_len is None:
+        seq_len = (overrides or {}).get("seq_len", GPT_PRESETS[name].seq_len if name in GPT_PRESETS else None)
+    inputs, targets = next(iter(build_dataset(dataset, batch_size=batch_size, seq_len=seq_len,
+                                              seed=seed)))
+    return profile_model(spec, inputs, targets, device=device, warmup=warmup, repeats=repeats,
+                         optimizer=optimizer)

@@ -86,8 +86,10 @@ def load_profile(args: argparse.Namespace) -> Profile:
     if args.profile is None and args.model is None:
         raise ValueError("give --model NAME (profiled now) or --profile FILE")
     if args.profile is None:
+        from ..runtime.distributed import threads_per_rank
+
         return profile_builtin(args.model, batch_size=args.batch_size, device=args.device,
-                               warmup=1, repeats=3)
+                               threads=threads_per_rank(args.ranks) if args.device == "cpu" else None)
     profile = Profile.load(args.profile)
     if args.model is not None:
         from ..models import build_model

@@ -35,6 +35,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs per block")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per block (median)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="intra-op threads while measuring (default: torch's; on CPU use "
+                             "what one rank gets, cores / local ranks)")
     parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
                         help="optimizer whose state size is measured")
     parser.add_argument("--no-link", action="store_true",
@@ -57,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
         profile = profile_builtin(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                                   device=args.device, warmup=args.warmup, repeats=args.repeats,
-                                  optimizer=args.optimizer, overrides=overrides)
+                                  optimizer=args.optimizer, overrides=overrides,
+                                  threads=args.threads)
         if not args.no_link:
             profile = profile.with_link(measure_link(device=args.device))
     if args.json_out is not None:

@@ -55,12 +55,28 @@ def profile_model(
     warmup: int = 2,
     repeats: int = 5,
     optimizer: str = "adam",
+    threads: int | None = None,
 ) -> Profile:
     """Profile every block of ``spec`` on one micro-batch ``inputs`` (module docstring).
 
     ``targets`` lets the last block's backward start from the model's loss; without them it
-    starts from a gradient of ones.
+    starts from a gradient of ones. ``threads`` sets torch's intra-op threads while measuring
+    (on CPU give what one rank will use: cores / ranks per machine).
     """
+    if threads is None:
+        return _profile_model(spec, inputs, targets, device, warmup, repeats, optimizer)
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _profile_model(spec, inputs, targets, device, warmup, repeats, optimizer)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, device: str,
+                   warmup: int, repeats: int, optimizer: str) -> Profile:
     if warmup < 0 or repeats < 1:
         raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
     if optimizer not in OPTIMIZERS:
@@ -219,6 +235,7 @@ def profile_builtin(
     optimizer: str = "adam",
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
+    threads: int | None = None,
 ) -> Profile:
     """Profile a registered model (``pipeweave.models.build_model``) on one batch of its
     default dataset; ``batch_size`` should be the micro-batch size you will train with."""
@@ -233,4 +250,4 @@ def profile_builtin(
     inputs, targets = next(iter(build_dataset(dataset, batch_size=batch_size, seq_len=seq_len,
                                               seed=seed)))
     return profile_model(spec, inputs, targets, device=device, warmup=warmup, repeats=repeats,
-                         optimizer=optimizer)
+                         optimizer=optimizer, threads=threads)

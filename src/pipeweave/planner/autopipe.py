@@ -20,13 +20,14 @@ it are loaded (Fig. 7). The search, with ``i`` the master stage of the scheme at
    ``0..i`` with Algorithm 1). Simulate the four candidates; those whose master stage is
    ``<= i`` go back to step 2.
 
-Moving the master forward shortens the iteration::
+The same total load, placed differently (1F1B, P=4, M=4, F = load, B = 2 load, simulated)::
 
-    master = stage 2                     master = stage 1 (same loads, swapped)
-    s0  F F F . . B F B F B . . B        s0  F F F . B F B F B . B
-    s1    F F F . B F B F B . B          s1    F F F B F B F B F B       <- drives the others
-    s2      F F F B F B F B F B          s2      F F . B F B F B . B
-    s3        F . B F B F B . . B        s3        F . B F B F B . B
+    stage loads         master stage   iteration time
+    1   1   2   1             2              31      (a) heaviest stage late
+    1   2   1   1             1              29      (b) master moved forward
+    2   1   1   1             0              27
+    1   2   1.5 0.5           1              30      breaks eq. (1) at s = 2: 4.5 > 1 x 4
+    1   2   0.5 1.5           1              29      (c) eq. (1) holds
 
 The answer is the simulated-fastest scheme seen (ties: the smaller heaviest stage), so it is
 never slower than Algorithm 1's. Schemes are memoised; ``max_simulations`` bounds the search.

@@ -155,6 +155,6 @@ def straight_network(request: PlanRequest) -> Network:
         size *= level.machines
     bandwidths = []
     for s in range(request.ranks - 1):
-        level = max(k for k, component in enumerate(sizes) if (s + 1) % component == 0)
-        bandwidths.append(topology.levels[level].bandwidth)
+        crossed = max(k for k, component in enumerate(sizes) if (s + 1) % component == 0)
+        bandwidths.append(topology.levels[crossed].bandwidth)
     return Network(bandwidth=bandwidths if bandwidths else math.inf, latency=request.latency)

@@ -237,8 +237,8 @@ def _solve_level(
         for m in range(1, machines + 1):
             single = stage[m, :rows, j].copy()
             if memory is not None:  # the whole prefix [0, j) as the input stage
-                held = -(-workers // m)
-                need = held * memory[0][0, j] + memory[1][0, j]
+                in_flight = -(-workers // m)
+                need = in_flight * memory[0][0, j] + memory[1][0, j]
                 if need > memory[2]:
                     single[:] = inf
             time[:, j, m] = single

@@ -123,12 +123,14 @@ def profile_block(
     cuda = inputs.device.type == "cuda"
     forward_times, backward_times = [], []
     saved = output_bytes = 0
+    record: list[int] = []
     for run in range(warmup + repeats):
+        record.clear()
         x = _leaf(inputs)
         block.zero_grad(set_to_none=True)
         _sync(cuda)
         started = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(*_counter(record := [])):
+        with torch.autograd.graph.saved_tensors_hooks(*_counter(record)):
             out = block(x)
             loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
         _sync(cuda)

@@ -217,7 +217,7 @@ class Profile:
                 link=None if link is None else LinkProfile(**link),
                 metadata=dict(data.get("metadata") or {}),
             )
-        except TypeError as error:
+        except (TypeError, ValueError) as error:
             raise ValueError(f"{origin}: {error}") from None
 
     def save(self, path: str | Path) -> None:

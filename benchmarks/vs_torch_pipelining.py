@@ -52,6 +52,8 @@ from pipeweave.runtime.summary import summarize  # noqa: E402
 # -- settings -------------------------------------------------------------------------------
 STEPS = 12            # iterations per run; the first is warm-up and is not timed
 REPEATS = 3           # runs per side and configuration; the table shows the median
+QUIET_WAIT_S = 120.0  # before each run, wait up to this long for other processes to go idle
+QUIET_BUSY = 0.25     # "idle": other processes use less than this share of the CPUs
 RANKS = (2, 4)        # pipeline depths (one process per stage)
 SCHEDULES = ("gpipe", "1f1b")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vs_torch_pipelining.json"
@@ -97,6 +99,41 @@ class Run:
     peak_rss_bytes: list[int]
     losses: list[float]
     iteration_end_s: list[float] = field(default_factory=list)
+    busy_before: float = 0.0
+    """Share of the CPUs other processes used just before the run."""
+
+
+def busy_share(seconds: float = 1.0) -> float:
+    """Share of all CPUs busy over ``seconds`` (Linux /proc/stat; 0.0 elsewhere).
+
+    Sampled while no benchmark rank runs, so it measures everyone else on the machine.
+    """
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except OSError:
+        return 0.0
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_for_quiet(max_wait_s: float) -> float:
+    """Wait (up to ``max_wait_s``) until other processes leave the CPUs mostly idle.
+
+    On a shared machine another job's burst can halve one run's throughput; starting runs
+    only when the machine is quiet keeps such bursts out of most runs. Returns the busy
+    share seen last (recorded with each run).
+    """
+    deadline = time.monotonic() + max_wait_s
+    busy = busy_share()
+    while busy > QUIET_BUSY and time.monotonic() < deadline:
+        busy = busy_share()
+    return busy
 
 
 def steady_throughput(ends: list[float], batch_size: int) -> float:
@@ -140,20 +177,25 @@ def run_torch(case: Case, schedule: str, ranks: int, steps: int) -> Run:
                results[-1].losses, ends)
 
 
-def compare(case: Case, schedule: str, ranks: int, steps: int, repeats: int) -> dict[str, Any]:
+def compare(case: Case, schedule: str, ranks: int, steps: int, repeats: int,
+            quiet_wait_s: float = QUIET_WAIT_S) -> dict[str, Any]:
     """Alternate the two sides ``repeats`` times; medians, memory and a training check."""
     runs: dict[str, list[Run]] = {"pipeweave": [], "torch": []}
     for repeat in range(repeats):
         order = ("pipeweave", "torch") if repeat % 2 == 0 else ("torch", "pipeweave")
         for side in order:
+            busy = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else 0.0
             runner = run_pipeweave if side == "pipeweave" else run_torch
-            runs[side].append(runner(case, schedule, ranks, steps))
+            run = runner(case, schedule, ranks, steps)
+            run.busy_before = busy
+            runs[side].append(run)
     row: dict[str, Any] = {"case": case.label, "schedule": schedule, "ranks": ranks}
     for side, side_runs in runs.items():
         rss = [max(r.peak_rss_bytes[rank] for r in side_runs) for rank in range(ranks)]
         row[side] = {
             "samples_per_second": statistics.median(r.samples_per_second for r in side_runs),
             "samples_per_second_runs": [r.samples_per_second for r in side_runs],
+            "busy_before_runs": [round(r.busy_before, 3) for r in side_runs],
             "peak_rss_bytes": rss,
             "losses": side_runs[0].losses,
         }
@@ -193,6 +235,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
     parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES))
+    parser.add_argument("--quiet-wait", type=float, default=QUIET_WAIT_S,
+                        help="seconds to wait for an idle machine before each run (0: don't)")
     parser.add_argument("--json-out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.steps < 3:
@@ -203,7 +247,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for ranks in args.ranks:
             for schedule in args.schedules:
                 started = time.perf_counter()
-                rows.append(compare(cases[name], schedule, ranks, args.steps, args.repeats))
+                rows.append(compare(cases[name], schedule, ranks, args.steps, args.repeats,
+                                    args.quiet_wait))
                 print(f"  {name} {schedule} {ranks} ranks: {rows[-1]['throughput_ratio']:.2f}x "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)
     print(table(rows))

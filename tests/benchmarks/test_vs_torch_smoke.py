@@ -22,7 +22,7 @@ def test_benchmark_runs_both_sides_on_the_same_model_and_data(tmp_path: Path) ->
         [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     completed = subprocess.run(
         [sys.executable, str(SCRIPT), "--cases", "tiny", "--ranks", "2", "--schedules", "1f1b",
-         "--steps", "3", "--repeats", "1", "--json-out", str(out)],
+         "--steps", "3", "--repeats", "1", "--quiet-wait", "0", "--json-out", str(out)],
         capture_output=True, text=True, timeout=280, env=env,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]

@@ -29,7 +29,7 @@ def test_round_trip_through_json(tmp_path: Path) -> None:
     assert data["blocks"][0] == {"name": "embed", "forward": 1e-3, "backward": 2e-3,
                                  "output_bytes": 4096.0, "activation_bytes": 4096.0,
                                  "parameter_bytes": 1024.0, "optimizer_bytes": 2048.0,
-                                 "peak_memory_bytes": 9000.0}
+                                 "peak_memory_bytes": 9000.0, "update": 0.0}
     assert Profile.load(path) == profile
 
 

@@ -226,6 +226,26 @@ def test_missing_producer_is_an_error() -> None:
         simulate(schedule)
 
 
+def test_duplicate_action_is_an_error() -> None:
+    schedule = hand_written(["0F0 0F0 0B0", "1F0 1B0"], microbatches=1)
+    with pytest.raises(ScheduleError, match=r"0F0 appears twice, at rank 0 step 0 and rank 0 step 1"):
+        simulate(schedule)
+
+
+def test_garbage_collector_state_is_restored() -> None:
+    import gc
+
+    assert gc.isenabled()
+    simulate(build("1f1b", 2, 2))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        simulate(build("1f1b", 2, 2))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 # -- scale --------------------------------------------------------------------------------------
 def test_large_schedule_is_fast_enough() -> None:
     """16 stages x 128 micro-batches (4k actions) in well under a second on a slow machine."""

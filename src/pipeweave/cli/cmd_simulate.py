@@ -31,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--backward", "-B", default="2", metavar="B[,B1,...]",
                         help="backward time: one number or one per stage (default 2)")
     parser.add_argument("--comm", "-C", default="0", metavar="C[,C1,...]",
-                        help="transfer time per boundary: one number or one per boundary (default 0)")
+                        help="transfer time: one number or one per stage boundary (default 0)")
     parser.add_argument("--update", default="0", metavar="U[,U1,...]",
                         help="optimizer-step time per stage (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -93,7 +93,8 @@ def _table(result: SimulationResult) -> str:
                      f"K={s.iterations}"),
         ("iteration time", f"{result.iteration_time:.6g}  (makespan {result.makespan:.6g}, "
                            f"measured over [{lo:.6g}, {hi:.6g}])"),
-        ("bubble fraction", f"{result.bubble_fraction:.4f}  ({100 * result.bubble_fraction:.2f} %)"),
+        ("bubble fraction",
+         f"{result.bubble_fraction:.4f}  ({100 * result.bubble_fraction:.2f} %)"),
         ("peak activations", "per rank: " + " ".join(f"{v:g}" for v in result.peak_activations)),
         ("weight versions", "per stage: " + " ".join(str(v) for v in result.weight_versions)),
         ("master stage", str(result.master_stage)),

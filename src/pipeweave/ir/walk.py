@@ -71,7 +71,8 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
     for rank, program in enumerate(schedule.programs):
         positions = [p for p, a in enumerate(program) if a[2] is not None]
         keys = [
-            a if a[4] is None and a[5] == 0 else new(Action, (a[0], a[1], a[2], a[3], None, 0, a[6]))
+            a if a[4] is None and a[5] == 0
+            else new(Action, (a[0], a[1], a[2], a[3], None, 0, a[6]))
             for a in map(program.__getitem__, positions)
         ]
         index.update(zip(keys, zip(repeat(rank), positions)))

@@ -6,6 +6,7 @@ Every planner is judged the same way: the plan's schedule is simulated
     forward[s]  = sum of the blocks' forward times      backward[s] likewise
     comm[s]     = output_bytes(last block of s) / bandwidth(boundary s)   (+ latency)
     all_reduce  = 4 (r-1) |w_s| / (r B)  for a stage with r replicas   (pipedream.txt §3.1)
+    update[s]   = sum of the blocks' optimizer-step times
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
 
 :class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
@@ -63,6 +64,7 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
     forward = [sum(b.forward for b in blocks[a:e]) for a, e in bounds]
     backward = [sum(b.backward for b in blocks[a:e]) for a, e in bounds]
     activation = [sum(b.activation_bytes for b in blocks[a:e]) for a, e in bounds]
+    update = [sum(b.update for b in blocks[a:e]) for a, e in bounds]
     comm = [blocks[e - 1].output_bytes / network.boundary(s) if not math.isinf(network.boundary(s))
             else 0.0 for s, (_, e) in enumerate(bounds[:-1])]
     reduce = [0.0] * len(bounds)
@@ -70,7 +72,7 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
         reduce = [allreduce_time(sum(b.parameter_bytes for b in blocks[a:e]), r, network.replicas(s))
                   for s, ((a, e), r) in enumerate(zip(bounds, replicas))]
     return Costs(forward=forward, backward=backward, comm=comm or 0.0, latency=network.latency,
-                 activation_bytes=activation, all_reduce=reduce)
+                 activation_bytes=activation, all_reduce=reduce, update=update)
 
 
 def simulated_iterations(schedule: str) -> int:

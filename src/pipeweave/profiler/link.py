@@ -2,8 +2,9 @@
 
 Two processes (``forkserver``, as :mod:`pipeweave.runtime.launch` starts ranks) join a gloo
 process group over loopback (or NCCL between two GPUs). For each message size rank 0 sends a
-tensor and rank 1 sends it back (ping-pong); half the median round trip is the one-way time,
-and a least-squares line through ``(bytes, time)`` gives the link model the planner uses::
+tensor and rank 1 sends it back (ping-pong); half the fastest round trip is the one-way time
+(the minimum filters out scheduling noise on a busy machine, as latency benchmarks do), and a
+least-squares line through ``(bytes, time)`` gives the link model the planner uses::
 
     time(bytes) = latency + bytes / bandwidth
 """
@@ -45,7 +46,7 @@ def fit_link(samples: Sequence[tuple[float, float]]) -> LinkProfile:
     return LinkProfile(bandwidth=1.0 / slope, latency=max(0.0, my - slope * mx))
 
 
-def measure_link(*, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, device: str = "cpu",
+def measure_link(*, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10, device: str = "cpu",
                  timeout_s: float = 60.0) -> LinkProfile:
     """Ping-pong between two local processes and fit the link (module docstring)."""
     if device == "cuda" and torch.cuda.device_count() < 2:
@@ -100,7 +101,7 @@ def _rank(index: int, init_method: str, sizes: list[int], repeats: int, device: 
                     torch.cuda.synchronize()
                 if run:
                     times.append((time.perf_counter() - started) / 2)
-            samples.append((float(buffer.numel() * 4), statistics.median(times)))
+            samples.append((float(buffer.numel() * 4), min(times)))
         if index == 0:
             path = Path(out_dir) / "link.pkl"
             tmp = path.with_suffix(".tmp")

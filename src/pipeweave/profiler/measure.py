@@ -10,6 +10,8 @@ For block ``i`` (its input ``x_i`` is the output of blocks ``0..i-1`` on the sam
                         storage counted once), i.e. what a stage stashes per micro-batch
     parameter_bytes     bytes of the block's parameters
     optimizer_bytes     bytes of the optimizer state after one step on a deep copy
+    update              seconds of one optimizer step on that copy (median of `repeats`
+                        steps after the first, which allocates the state)
     peak_memory_bytes   CUDA: most memory allocated during forward+backward above what was
                         allocated before it; CPU: the estimate activation + 2 x output +
                         parameter (their gradients) + input bytes (metadata says which)
@@ -143,6 +145,7 @@ def profile_block(
             backward_times.append(finished - middle)
         saved, output_bytes = sum(record), tensor_bytes(out)
     parameters = sum(tensor_bytes(p) for p in block.parameters())
+    optimizer_bytes, update = _optimizer_step(block, inputs, loss_fn, targets, optimizer, repeats)
     return BlockProfile(
         name=name,
         forward=statistics.median(forward_times),
@@ -150,7 +153,8 @@ def profile_block(
         output_bytes=output_bytes,
         activation_bytes=saved,
         parameter_bytes=parameters,
-        optimizer_bytes=_optimizer_bytes(block, inputs, loss_fn, targets, optimizer),
+        optimizer_bytes=optimizer_bytes,
+        update=update,
         peak_memory_bytes=_peak_memory(block, inputs, loss_fn, targets) if cuda else
         saved + 2 * output_bytes + parameters + (tensor_bytes(inputs) if inputs.is_floating_point() else 0),
     )
@@ -192,18 +196,29 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def _optimizer_bytes(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
-                     targets: Tensor | None, optimizer: str) -> int:
+def _optimizer_step(block: nn.Module, inputs: Tensor,
+                    loss_fn: Callable[[Tensor, Tensor], Tensor] | None, targets: Tensor | None,
+                    optimizer: str, repeats: int) -> tuple[int, float]:
+    """State bytes after one step, and the median time of ``repeats`` further steps."""
     params = [p for p in block.parameters() if p.requires_grad]
     if not params:
-        return 0
+        return 0, 0.0
     clone = copy.deepcopy(block)
     opt = OPTIMIZERS[optimizer](clone.parameters())
     out = clone(_leaf(inputs))
     _backward(out, loss_fn(out, targets) if loss_fn is not None and targets is not None else None)
-    opt.step()
-    return sum(tensor_bytes(value) for state in opt.state.values() for value in state.values()
-               if isinstance(value, Tensor))
+    cuda = inputs.device.type == "cuda"
+    times = []
+    for run in range(repeats + 1):
+        _sync(cuda)
+        started = time.perf_counter()
+        opt.step()
+        _sync(cuda)
+        if run:
+            times.append(time.perf_counter() - started)
+    state = sum(tensor_bytes(value) for entry in opt.state.values() for value in entry.values()
+                if isinstance(value, Tensor))
+    return state, statistics.median(times)
 
 
 def _peak_memory(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor] | None,

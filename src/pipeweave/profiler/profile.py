@@ -11,6 +11,8 @@ of the model in pipeline order, what one micro-batch costs::
     optimizer_bytes       the optimizer's state for those weights (Adam: 2x parameters)
     peak_memory_bytes     most memory the block's forward+backward allocated above its
                           input (0 when unknown)
+    update                seconds of one optimizer step on the block's parameters (0 when
+                          unknown)
 
 and optionally the measured point-to-point ``link`` (bandwidth in bytes/s, latency in s).
 
@@ -21,7 +23,7 @@ JSON form (``schema`` is checked on load; a newer schema is refused, not misread
      "link": {"bandwidth": 2.1e9, "latency": 4.5e-05},
      "blocks": [{"name": "embed", "forward": 1.2e-4, "backward": 2.0e-4, "output_bytes": 65536,
                  "activation_bytes": 65536, "parameter_bytes": 81920, "optimizer_bytes": 163840,
-                 "peak_memory_bytes": 0}, ...],
+                 "peak_memory_bytes": 0, "update": 3.1e-05}, ...],
      "metadata": {...}}
 """
 
@@ -40,7 +42,8 @@ SCHEMA = "pipeweave.profile/1"
 """Schema tag written into every profile and required on load."""
 
 _BLOCK_NUMBERS = ("forward", "backward", "output_bytes", "activation_bytes", "parameter_bytes",
-                  "optimizer_bytes", "peak_memory_bytes")
+                  "optimizer_bytes", "peak_memory_bytes", "update")
+_OPTIONAL = frozenset({"optimizer_bytes", "peak_memory_bytes", "update"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class BlockProfile:
     parameter_bytes: float
     optimizer_bytes: float = 0.0
     peak_memory_bytes: float = 0.0
+    update: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -191,7 +195,7 @@ class Profile:
         if not isinstance(raw_blocks, Sequence) or isinstance(raw_blocks, (str, bytes)):
             raise ValueError(f"{origin}: 'blocks' must be a list of block objects")
         block_fields = {f.name for f in fields(BlockProfile)}
-        required = block_fields - {"optimizer_bytes", "peak_memory_bytes"}
+        required = block_fields - _OPTIONAL
         blocks = []
         for index, raw in enumerate(raw_blocks):
             if not isinstance(raw, Mapping):

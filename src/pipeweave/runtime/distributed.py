@@ -61,6 +61,7 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
     try:
         transport = DistTransport(rank, device, timeout)
         transport.make_groups(schedule.layout.stage_ranks)
+        transport.track_deliveries(schedule)
         parts = build_rank(job, rank, schedule, device)
         data = MicrobatchSource(job.data(), microbatches=job.plan.microbatches,
                                 pipelines=job.plan.pipelines, device=device)

@@ -5,7 +5,9 @@ Two implementations of one small interface, so that one interpreter serves both 
 * :class:`DistTransport` — torch.distributed point-to-point (gloo on CPU, NCCL on CUDA).
   Sends are ``isend`` (never block the rank); receives can be posted early (``prefetch``) so
   the transfer overlaps with compute. The shape and dtype of each kind of message between two
-  ranks are exchanged once, in a small header before the first message of that kind.
+  ranks are exchanged once, in a small header before the first message of that kind. A sent
+  tensor is let go as soon as the schedule proves it delivered (:func:`delivery_proofs`), so
+  memory stays flat over any number of iterations and no rank ever waits on a send.
 * :class:`LocalTransport` — in-memory mailboxes for the single-process executor; a receive
   whose message has not been sent yet *yields*, letting the executor run another rank.
 
@@ -26,9 +28,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..ir import Action, Op
+from ..ir import Action, Op, Schedule, dependencies, ref
+from ..ir.deps import producer_rank, receiver
 
-__all__ = ["Transport", "DistTransport", "LocalTransport", "message_tag", "PeerTimeout"]
+__all__ = ["Transport", "DistTransport", "LocalTransport", "message_tag", "PeerTimeout",
+           "delivery_proofs"]
 
 Waiting = Generator[None, None, Tensor]
 
@@ -63,6 +67,58 @@ def message_tag(message: Action) -> int:
     return tag * 16 + message.pipeline % 16
 
 
+def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action, ...]]:
+    """For each message ``rank`` receives, the messages it sent that have surely arrived by then.
+
+    A sent tensor must stay alive until its transfer is done, and asking does not work:
+    gloo's send ``Work.is_completed()`` stays False until someone calls ``wait()``. Waiting on
+    an old send at an arbitrary point could deadlock, since schedules are proven deadlock-free
+    (``ir/validate.py``) on the premise that sends never block. The schedule itself gives
+    the proof instead: programs run in order and a receive blocks until its data is there, so
+    when rank B sends message m (position p of B's program) every receive before p on B has
+    completed; once A receives m, each of A's sends that B receives before p has arrived::
+
+        A:  SF0 ──────────────► ... RB0   (RB0 arrives: SF0 arrived, release its buffer)
+        B:        RF0  F0  B0  SB0 ──┘
+
+    Returns ``received message -> sends (as :func:`ref` identities) delivered once it is in``;
+    every send of ``rank`` appears at most once, at the earliest receive that proves it.
+    """
+    layout = schedule.layout
+    sent_at: dict[Action, int] = {}
+    received_at: dict[Action, int] = {}
+    for program in schedule.programs:
+        for position, action in enumerate(program):
+            if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
+                sent_at[ref(action)] = position
+            elif action.op is Op.RECV_ACT or action.op is Op.RECV_GRAD:
+                (message,) = dependencies(action, layout, lowered=True)
+                received_at[message] = position
+    # This rank's sends per destination, in the order the destination receives them.
+    outgoing: dict[int, list[tuple[int, Action]]] = {}
+    for action in schedule.programs[rank]:
+        if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
+            _, dst = receiver(action, layout)
+            outgoing.setdefault(dst, []).append((received_at[ref(action)], ref(action)))
+    for sends in outgoing.values():
+        sends.sort()
+    proven = dict.fromkeys(outgoing, 0)  # per destination: sends[:proven] are known delivered
+    proofs: dict[Action, tuple[Action, ...]] = {}
+    for action in schedule.programs[rank]:
+        if action.op is not Op.RECV_ACT and action.op is not Op.RECV_GRAD:
+            continue
+        (message,) = dependencies(action, layout, lowered=True)
+        src = producer_rank(message, layout)
+        sends = outgoing.get(src, [])
+        first = last = proven.get(src, 0)
+        while last < len(sends) and sends[last][0] < sent_at[message]:
+            last += 1
+        if last > first:
+            proofs[message] = tuple(sent for _, sent in sends[first:last])
+            proven[src] = last
+    return proofs
+
+
 _HEADER_BIT = 1 << 30
 _HEADER_LEN = 10  # dtype code, ndim, up to 8 dims
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -78,7 +134,9 @@ class DistTransport:
         self.timeout = timeout
         self._sent_header: set[tuple[Op, int, int, int]] = set()
         self._shapes: dict[tuple[Op, int, int, int], tuple[torch.Size, torch.dtype]] = {}
-        self._pending: list[tuple[dist.Work, Tensor]] = []
+        self._in_flight: dict[Action, list[tuple[dist.Work, Tensor]]] = {}
+        """Sends (with their header) not yet known to be delivered; they keep their tensors."""
+        self._proofs: dict[Action, tuple[Action, ...]] = {}
         self._prefetched: dict[Action, tuple[dist.Work, Tensor]] = {}
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
@@ -88,6 +146,14 @@ class DistTransport:
             key = tuple(ranks)
             if len(key) > 1 and key not in self._groups:
                 self._groups[key] = dist.new_group(list(key), timeout=self.timeout)
+
+    def track_deliveries(self, schedule: Schedule) -> None:
+        """Release each sent tensor as soon as ``schedule`` proves it delivered.
+
+        Without this (or for sends no later receive proves), sent tensors are kept until
+        :meth:`finish`, or until polling reports them complete where the backend supports it.
+        """
+        self._proofs = delivery_proofs(schedule, self.rank)
 
     @staticmethod
     def _kind(message: Action, src: int, dst: int) -> tuple[Op, int, int, int]:
@@ -104,21 +170,30 @@ class DistTransport:
             header[1] = tensor.dim()
             header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
             header = header.to(self.device)
-            self._pending.append((dist.isend(header, dst, tag=tag | _HEADER_BIT), header))
+            self._track(message, dist.isend(header, dst, tag=tag | _HEADER_BIT), header)
             self._sent_header.add(kind)
         tensor = tensor.contiguous()
-        self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
-        self._reap()
+        self._track(message, dist.isend(tensor, dst, tag=tag), tensor)
 
-    def _reap(self) -> None:
-        if len(self._pending) > 8:
-            self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+    def _track(self, message: Action, work: dist.Work | None, tensor: Tensor) -> None:
+        assert work is not None
+        self._in_flight.setdefault(message, []).append((work, tensor))
+        if not self._proofs and len(self._in_flight) > 64:  # no schedule given: poll (NCCL)
+            self._in_flight = {m: sends for m, sends in self._in_flight.items()
+                               if not all(w.is_completed() for w, _ in sends)}
+
+    def _release(self, received: Action) -> None:
+        """Drop the sends that ``received`` proves delivered (their ``wait`` returns at once)."""
+        for sent in self._proofs.pop(received, ()):
+            for work, _ in self._in_flight.pop(sent, ()):
+                work.wait(self.timeout)
 
     def _shape(self, message: Action, src: int) -> tuple[torch.Size, torch.dtype]:
         kind = self._kind(message, src, self.rank)
         if kind not in self._shapes:
             header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.device)
-            self._wait(dist.irecv(header, src, tag=message_tag(message) | _HEADER_BIT), message, src)
+            self._wait(_posted(dist.irecv(header, src, tag=message_tag(message) | _HEADER_BIT)),
+                       message, src)
             header = header.cpu()
             ndim = int(header[1])
             self._shapes[kind] = (torch.Size(header[2 : 2 + ndim].tolist()), _DTYPES[int(header[0])])
@@ -142,7 +217,8 @@ class DistTransport:
             return  # the first message of a kind carries its header; receive it in order
         shape, dtype = self._shapes[kind]
         buffer = torch.empty(shape, dtype=dtype, device=self.device)
-        self._prefetched[message] = (dist.irecv(buffer, src, tag=message_tag(message)), buffer)
+        self._prefetched[message] = (_posted(dist.irecv(buffer, src, tag=message_tag(message))),
+                                     buffer)
 
     def recv(self, message: Action, src: int) -> Waiting:
         if message in self._prefetched:
@@ -150,8 +226,9 @@ class DistTransport:
         else:
             shape, dtype = self._shape(message, src)
             buffer = torch.empty(shape, dtype=dtype, device=self.device)
-            work = dist.irecv(buffer, src, tag=message_tag(message))
+            work = _posted(dist.irecv(buffer, src, tag=message_tag(message)))
         self._wait(work, message, src)
+        self._release(message)
         return buffer
         yield  # pragma: no cover  (makes this a generator; it never waits cooperatively)
 
@@ -168,9 +245,15 @@ class DistTransport:
         yield  # pragma: no cover
 
     def finish(self) -> None:
-        for work, _ in self._pending:
-            work.wait(self.timeout)
-        self._pending.clear()
+        for sends in self._in_flight.values():
+            for work, _ in sends:
+                work.wait(self.timeout)
+        self._in_flight.clear()
+
+
+def _posted(work: dist.Work | None) -> dist.Work:
+    assert work is not None  # None only for ranks outside the group, never the case here
+    return work
 
 
 class LocalTransport:

@@ -101,7 +101,9 @@ class Costs:
         """Expand every field to one value per stage / boundary of a ``stages``-stage schedule."""
         if stages < 1:
             raise ValueError(f"stages must be >= 1, got {stages}")
-        per_stage = {name: _expand(name, getattr(self, name), stages, "stage") for name in _PER_STAGE}
+        per_stage = {
+            name: _expand(name, getattr(self, name), stages, "stage") for name in _PER_STAGE
+        }
         if self.boundary_bytes is not None:
             assert self.bandwidth is not None
             sizes = _expand("boundary_bytes", self.boundary_bytes, stages - 1, "boundary")

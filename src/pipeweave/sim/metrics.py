@@ -74,18 +74,16 @@ def busy_time(
 ) -> list[float]:
     """Forward + backward time of each rank, clipped to ``window`` when given."""
     busy = []
+    compute = (_F, _B)
     for program, starts, ends in zip(schedule.programs, start, end):
-        total = 0.0
         if window is None:
-            for action, t0, t1 in zip(program, starts, ends):
-                if action[0] is _F or action[0] is _B:
-                    total += t1 - t0
+            spans = [t1 - t0 for action, t0, t1 in zip(program, starts, ends)
+                     if action[0] in compute]
         else:
             lo, hi = window
-            for action, t0, t1 in zip(program, starts, ends):
-                if (action[0] is _F or action[0] is _B) and t1 > lo and t0 < hi:
-                    total += min(t1, hi) - max(t0, lo)
-        busy.append(total)
+            spans = [min(t1, hi) - max(t0, lo) for action, t0, t1 in zip(program, starts, ends)
+                     if action[0] in compute and t1 > lo and t0 < hi]
+        busy.append(sum(spans))
     return busy
 
 
@@ -106,15 +104,14 @@ def peak_activations(schedule: Schedule, costs: StageCosts) -> tuple[list[float]
     sizes = costs.activation_bytes
     counts, volumes = [], []
     for program in schedule.programs:
-        held: dict[tuple[int, int | None, int], tuple[float, float]] = {}
+        held: dict[tuple[int, int | None, int], float] = {}  # (stage, mb, pipeline) -> share
         count = volume = peak_count = peak_volume = 0.0
         for action in program:
             op = action[0]
             if op is _F:
                 share = 0.5 if action[3] else 1.0
                 key = (action[1], action[2], action[6])
-                c, v = held.get(key, (0.0, 0.0))
-                held[key] = (c + share, v + share * sizes[action[1]])
+                held[key] = held.get(key, 0.0) + share
                 count += share
                 volume += share * sizes[action[1]]
                 if count > peak_count:
@@ -122,9 +119,9 @@ def peak_activations(schedule: Schedule, costs: StageCosts) -> tuple[list[float]
                 if volume > peak_volume:
                     peak_volume = volume
             elif op is _B:
-                c, v = held.pop((action[1], action[2], action[6]), (0.0, 0.0))
-                count -= c
-                volume -= v
+                share = held.pop((action[1], action[2], action[6]), 0.0)
+                count -= share
+                volume -= share * sizes[action[1]]
         counts.append(peak_count)
         volumes.append(peak_volume)
     return counts, volumes

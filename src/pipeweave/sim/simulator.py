@@ -211,7 +211,7 @@ def _delay_fn(costs: StageCosts) -> DelayFn | None:
         return None
     latency, transfer = costs.latency, costs.transfer
 
-    def delay(producer: Action, _producer_rank: int, consumer: Action, _consumer_rank: int) -> float:
+    def delay(producer: Action, _from_rank: int, consumer: Action, _to_rank: int) -> float:
         # boundary between stages b and b+1; the gradient crosses it the other way
         t = transfer[min(producer[1], consumer[1])]
         return latency + (t * 0.5 if producer[3] else t)

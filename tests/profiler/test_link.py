@@ -1,0 +1,29 @@
+"""The link model: an exact fit on synthetic samples, and a real two-process measurement."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeweave.profiler import fit_link, measure_link
+
+
+def test_fit_recovers_latency_and_bandwidth() -> None:
+    samples = [(b, 2e-5 + b / 3e9) for b in (1e3, 1e5, 1e6, 1e7)]
+    link = fit_link(samples)
+    assert link.bandwidth == pytest.approx(3e9) and link.latency == pytest.approx(2e-5)
+
+
+def test_fit_rejects_degenerate_samples() -> None:
+    with pytest.raises(ValueError, match="two or more message sizes"):
+        fit_link([(1e3, 1e-5), (1e3, 2e-5)])
+    with pytest.raises(ValueError, match="do not grow with message size"):
+        fit_link([(1e3, 1e-3), (1e6, 1e-5)])
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_measure_link_between_two_local_ranks() -> None:
+    link = measure_link(sizes=(1 << 10, 1 << 18, 1 << 22), repeats=5)
+    # loopback gloo: somewhere between 10 MB/s and 1 TB/s, latency under 50 ms
+    assert 1e7 < link.bandwidth < 1e12
+    assert 0 <= link.latency < 0.05

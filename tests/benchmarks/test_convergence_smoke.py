@@ -66,11 +66,13 @@ def test_all_losses_finite_and_gpt_losses_decrease(study: dict) -> None:
 
 
 def test_same_initial_weights_and_samples_for_every_method(study: dict) -> None:
-    # The first U samples meet the initial weights in every method (no update has happened
-    # yet), and the equal-update geometry feeds them as one micro-batch instead of M: the first
-    # group's loss agrees to float32 rounding for every method.
+    # In the equal-update geometry the first U samples meet the initial weights in every method
+    # (no update has happened yet); per-micro-batch methods get them as one micro-batch instead
+    # of M, so the first group's loss agrees to float32 rounding, not bit for bit.
     for case in ("gpt", "cnn"):
-        firsts = [r["loss_per_group"][0] for r in runs_of(study, case).values()]
+        firsts = [r["loss_per_group"][0] for (_, geometry), r in runs_of(study, case).items()
+                  if geometry == "equal-update"]
+        assert len(firsts) == 12
         assert max(firsts) == pytest.approx(min(firsts), rel=1e-5)
 
 

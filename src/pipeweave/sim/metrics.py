@@ -19,11 +19,9 @@ Definitions (the same for simulated and measured timelines, see DESIGN.md "Measu
   end of its backward, on the rank that runs both. A Slicer half (piece ``a``/``b``) holds
   half a micro-batch, so it counts 0.5 (and half the bytes). Ranks run their programs in
   order, so the peak is read off program order, independent of the costs.
-* **weight versions** of a stage: its current weights plus every older version an in-flight
-  micro-batch (forward done, backward not yet) still needs for its backward (stashing,
-  PipeDream §3.3). The backward uses version ``F.version + F.lookahead``; with lookahead
-  (PipeOptim) that is the stage's current weights by the time the backward runs, so it costs
-  no stashed copy, and the predicted weights of the forward are transient.
+* **weight versions** of a stage: its current weights plus every older version a later
+  action still names (stashing, PipeDream §3.3; vertical sync; 2BW; WPipe's G0), plus one
+  transient set while an action runs on predicted weights (PipeOptim, SpecTrain).
 """
 
 from __future__ import annotations
@@ -128,55 +126,42 @@ def peak_activations(schedule: Schedule, costs: StageCosts) -> tuple[list[float]
 
 
 def weight_versions(schedule: Schedule) -> list[int]:
-    """Per stage: the most weight versions one copy of the stage holds at once.
+    """Per stage: the most weight sets one copy of the stage holds at once.
 
-    A stage's current version is the number of its updates so far (or the ``U``'s version).
-    The maximum is taken over replicas and parallel pipelines (each pipeline keeps its own
-    copy of the stage, so a rank hosting ``N`` pipelines holds ``N`` such sets).
+    Held at a point of a rank's program: the current version (the number of the stage's
+    updates so far), every older version that an action at or after that point still names
+    (a stashed backward, or a vertical-sync/2BW/WPipe forward on an old version — those
+    must be kept from the update that retires them until their last use, even before the
+    micro-batch reaches the stage), and one transient set while a forward or backward runs
+    on predicted weights (``lookahead`` > 0: PipeOptim, SpecTrain). This is what the
+    runtime's :class:`pipeweave.runtime.weights.StageWeights` keeps. The maximum is taken
+    over replicas and parallel pipelines (each pipeline keeps its own copy).
     """
     peak = [0] * schedule.num_stages
     for program in schedule.programs:
-        # One state per copy (stage, pipeline) of the weights on this rank:
-        # [current version, in-flight count per referenced version,
-        #  number of referenced versions older than current, micro-batch -> backward's version]
-        copies: dict[tuple[int, int], list[Any]] = {}
-        for action in program:
-            op, stage, microbatch, _, version, lookahead, pipeline = action
+        last_use: dict[tuple[int, int, int], int] = {}
+        for position, action in enumerate(program):
+            op, stage, _, _, version, _, pipeline = action
+            if (op is _F or op is _B) and version is not None:
+                last_use[(stage, pipeline, version)] = position
+        current: dict[tuple[int, int], int] = {}
+        old: dict[tuple[int, int], set[int]] = {}
+        for position, action in enumerate(program):
+            op, stage, _, _, version, lookahead, pipeline = action
             if op is not _F and op is not _B and op is not _U:
                 continue
-            state = copies.get((stage, pipeline))
-            if state is None:
-                state = copies[(stage, pipeline)] = [0, {}, 0, {}]
-            current, refs, stashed, backward_version = state
-            if op is _F:
-                if microbatch in backward_version:  # second half of a sliced micro-batch
-                    continue
-                used = (version if version is not None else current) + lookahead
-                backward_version[microbatch] = used
-                if used in refs:
-                    refs[used] += 1
-                else:
-                    refs[used] = 1
-                    if used < current:
-                        stashed = state[2] = stashed + 1
-            elif op is _B:
-                used = backward_version.pop(microbatch, None)
-                if used is not None:
-                    if refs[used] > 1:
-                        refs[used] -= 1
-                    else:
-                        del refs[used]
-                        if used < current:
-                            state[2] = stashed - 1
-                continue
+            key = (stage, pipeline)
+            now = current.setdefault(key, 0)
+            kept = old.setdefault(key, set())
+            kept.difference_update([v for v in kept if last_use[(stage, pipeline, v)] < position])
+            if op is _U:
+                new = version if version is not None else now + 1
+                if last_use.get((stage, pipeline, now), -1) > position:
+                    kept.add(now)
+                current[key] = new
+                held = 1 + len(kept)
             else:
-                new = version if version is not None else current + 1
-                if new == current + 1:  # the usual case: one more update
-                    if current in refs:
-                        stashed = state[2] = stashed + 1
-                else:  # recount the referenced versions older than the new current one
-                    stashed = state[2] = sum(1 for v in refs if v < new)
-                state[0] = new
-            if stashed + 1 > peak[stage]:
-                peak[stage] = stashed + 1
+                held = 1 + len(kept) + (1 if lookahead else 0)
+            if held > peak[stage]:
+                peak[stage] = held
     return peak

@@ -1,12 +1,12 @@
 """Convergence study: every weight-update semantics, same samples, same seeds, 4 stages.
 
-Run (about 15 minutes on a 2-core machine; ``--quick`` is a < 1 minute smoke version)::
+Run (about 15 minutes on a quiet 2-core machine; ``--quick`` is a < 1 minute smoke version)::
 
     cd /work/main && PYTHONPATH=src .venv/bin/python benchmarks/convergence.py \
         [--quick] [--cases gpt cnn] [--seeds 0 1 2] [--workers 2] [--no-timing] \
         [--json-out benchmarks/results/convergence.json] [--plot-dir docs/img]
 
-Two models: the built-in GPT-tiny (10 blocks, byte-level, 64-token sequences) on the standard
+Two models: the built-in GPT-tiny (10 blocks, byte-level; 32-token windows) on the standard
 library corpus, and the CNN (5 blocks) on the 8x8 digits. Each is cut into P = 4 pipeline stages
 (``Plan.uniform``) and trained, float32, by every method below from the same initial weights
 (one model seed per run seed) on the same sample sequence:
@@ -19,6 +19,9 @@ library corpus, and the CNN (5 blocks) on the 8x8 digits. Each is cut into P = 4
     wpipe                        2GW: one update per batch, first half of the stages one behind
     1f1b (Adam), 1f1b (AdamW)    synchronous baselines for PipeOptim's Adam/AdamW runs
 
+SGD with momentum runs at two learning rates (see ``CASES``): a conservative one and 3x it;
+the stale methods' sensitivity to it is the main finding (docs/convergence.md).
+
 What "the same number of updates" means. A per-micro-batch method (PipeDream, PipeOptim,
 SpecTrain) steps the optimizer after every micro-batch; a per-batch method (GPipe, 1F1B, 2BW,
 WPipe) after every M micro-batches. We fix the UPDATE SIZE ``U`` (samples averaged into one
@@ -28,31 +31,39 @@ micro-batch as the synchronous baseline):
 
 * per-batch methods: batch ``U`` split into M = 4 micro-batches of ``U/M``; K iterations;
 * per-micro-batch methods ("equal-update" geometry): micro-batches of ``U``, batches of
-  ``M*U``, ``K/M`` iterations.
+  ``M*U``, ``K/M`` iterations; SGD's lr is multiplied by M because the runtime scales every
+  micro-batch loss by 1/M (see ``make_job``), so that each update is lr x the mean gradient of
+  U samples exactly as in the per-batch methods.
 
 Every method thus takes K updates of U samples and sees the same ``K*U`` samples in the same
 order (per-micro-batch batch j is the concatenation of per-batch batches 4j..4j+3), so at a
 given seed loss-vs-updates and loss-vs-samples line up and the curves differ only by the
 weight semantics. Because the pipeline shape then differs (bigger micro-batches), the study
 also runs the per-micro-batch methods in the "equal-microbatch" geometry: the SAME micro-batch
-``U/M`` and batch ``U`` as the per-batch methods, which gives them M times as many updates of M
-times fewer samples over the same samples -- how they would run on the same hardware. That
-geometry is shown in the loss-vs-samples and loss-vs-wall-time plots (dashed).
+``U/M`` and batch ``U`` as the per-batch methods with the same optimizer settings, i.e. what
+``--schedule pipedream`` does to a synchronous configuration: M times as many updates over the
+same samples, each of lr/M x the mean gradient of U/M samples for SGD (the 1/M loss scale: the
+linear scaling rule), each a full Adam step for Adam. That geometry appears in the
+loss-vs-samples and loss-vs-wall-time plots (dashed), not in loss-vs-updates.
 
 Losses are the training loss of each U-sample group at the weights its forward used (what the
 run reports), averaged over seeds; the table's "final loss" is the mean over the last 10 % of
-the groups. At the end the final parameters (``Job(return_parameters=True)``) are loaded into a
-fresh model and evaluated: held-out loss on the corpus' test split (GPT), test loss and
-accuracy on the digits test split (CNN).
+the groups, and "Δ vs sync" the paired (same seed) difference to 1F1B with the same optimizer.
+At the end the final parameters (``Job(return_parameters=True)``) are loaded into a fresh model
+and evaluated: held-out loss on the corpus' test split (GPT; 256 fixed windows), test loss and
+accuracy on the whole digits test split (CNN). A run whose loss becomes non-finite stops (the
+runtime raises) and is counted as diverged.
 
 Executors. The loss curves come from the single-process executor ``run_local`` (one process
 interprets every rank's program; it gives bit-identical numbers to the multi-process run, which
-this script checks on every timing run), run ``--workers`` at a time. Wall time comes from ONE
-multi-process run per method and geometry (``launch_local``, one process per rank, gloo on the
-loopback): its steady-state samples/s (``pipeweave.runtime.summary.summarize``, first iteration
-excluded) converts samples into seconds. These runs go one at a time, nothing else of ours
-running. On 2 cores 4 ranks share 2 CPUs, so the wall-time axis shows the methods' relative
-cost on this machine, not on 4 devices.
+this script checks on every timing run: ``bit_identical_to_local`` in the JSON), run
+``--workers`` at a time, each on one intra-op thread. Wall time comes from ONE multi-process run
+per method and geometry (``launch_local``, one process per rank, gloo on the loopback; the 3x-lr
+runs do the same work and share their base method's): its steady-state samples/s
+(``pipeweave.runtime.summary.summarize``, first iteration excluded) converts samples into
+seconds. These runs go first, one at a time, after waiting (briefly) for the CPUs to be quiet.
+On 2 cores, 4 ranks share 2 CPUs, so the wall-time axis shows the methods' relative cost on this
+machine, not on 4 devices.
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ import argparse
 import concurrent.futures
 import functools
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -94,7 +106,7 @@ WORKERS = 2               # single-process runs in parallel (each uses one intra
 FINAL_FRACTION = 0.1      # "final loss" = mean over the last 10 % of the U-sample groups
 TIMED_BATCHES = 4         # timed iterations of each multi-process run (plus one warm-up)
 QUIET_BUSY = 0.3          # wait (up to QUIET_WAIT_S) for others' CPU use below this share
-QUIET_WAIT_S = 20.0
+QUIET_WAIT_S = 5.0
 
 Batch = tuple[Tensor, Tensor]
 
@@ -113,7 +125,7 @@ class Case:
     updates: int
     """K: optimizer steps of the whole model, for every method (a multiple of M)."""
     optimizers: dict[str, tuple[str, dict[str, float]]]
-    """``"sgdm" | "adam" | "adamw"`` -> (torch.optim name, keyword arguments)."""
+    """``"sgdm" | "sgdm-3x" | "adam" | "adamw"`` -> (torch.optim name, keyword arguments)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     wpipe_depth: int = DEPTH
     """Ranks for WPipe (it needs 2 x depth stages; the CNN has only 5 blocks)."""
@@ -122,20 +134,25 @@ class Case:
 
 
 CASES = {
-    # Learning rates: the better of a short sweep for the non-pipelined model (SGDM 0.1/0.3/1.0,
-    # Adam 1e-3/3e-3/1e-2 for GPT; SGDM 0.03-0.3, Adam 1e-3-1e-2 for the CNN), kept off the
-    # edge of stability.
-    "gpt": Case("gpt", "GPT-tiny on the stdlib corpus", "gpt-tiny", "stdlib-bytes", 64,
-                update_size=16, updates=120,
-                optimizers={"sgdm": ("sgd", {"lr": 0.1, "momentum": 0.9}),
+    # Learning rates. A short sweep of the non-pipelined model (SGDM 0.03-1.0, Adam 1e-3-1e-2)
+    # put synchronous training's best at SGDM 0.1-0.3 / Adam 1e-3 (GPT) and SGDM 0.05-0.07 /
+    # Adam 3e-3 (CNN, U=32). The stale methods are far more sensitive to the SGDM rate than the
+    # synchronous ones (PipeDream + vertical sync and 2BW diverged on GPT at 0.1), so SGDM runs
+    # at two rates: "sgdm" (conservative: well inside every method's stable range) and
+    # "sgdm-3x" (3x that: near what one would tune for synchronous training).
+    "gpt": Case("gpt", "GPT-tiny on the stdlib corpus", "gpt-tiny", "stdlib-bytes", 32,
+                update_size=16, updates=96,
+                optimizers={"sgdm": ("sgd", {"lr": 0.01, "momentum": 0.9}),
+                            "sgdm-3x": ("sgd", {"lr": 0.03, "momentum": 0.9}),
                             "adam": ("adam", {"lr": 1e-3}),
                             "adamw": ("adamw", {"lr": 1e-3, "weight_decay": 0.1})},
                 eval_batches=4, eval_batch_size=64),
     # 5 blocks: P = 4 stages [conv0+conv1 | conv2 | fc | head]; WPipe runs 2 ranks x 2 chunks =
     # 4 stages [conv0+conv1 | conv2 ‖ fc | head] (G0 = convs, G1 = fc, head).
     "cnn": Case("cnn", "CNN on 8x8 digits", "cnn", "digits", None,
-                update_size=32, updates=168,
-                optimizers={"sgdm": ("sgd", {"lr": 0.05, "momentum": 0.9}),
+                update_size=16, updates=288,
+                optimizers={"sgdm": ("sgd", {"lr": 0.015, "momentum": 0.9}),
+                            "sgdm-3x": ("sgd", {"lr": 0.045, "momentum": 0.9}),
                             "adam": ("adam", {"lr": 3e-3}),
                             "adamw": ("adamw", {"lr": 3e-3, "weight_decay": 0.05})},
                 wpipe_depth=2, eval_batches=1, eval_batch_size=359),
@@ -153,9 +170,17 @@ class Method:
     baseline: str
     """The synchronous method with the same optimizer (for the table's delta column)."""
     options: dict[str, Any] = field(default_factory=dict)
+    both_geometries: bool = True
+    """Also run the equal-microbatch geometry (per-micro-batch methods only)."""
 
 
-METHODS = (
+def _three_x(method: Method) -> Method:
+    """The same method at the 3x SGDM learning rate (equal-update geometry only)."""
+    return replace(method, key=method.key + "-3x", label=method.label + " 3x lr",
+                   optimizer="sgdm-3x", baseline="1f1b-3x", both_geometries=False)
+
+
+METHODS: tuple[Method, ...] = (
     Method("gpipe", "GPipe", "gpipe", "sgdm", False, "1f1b"),
     Method("1f1b", "1F1B", "1f1b", "sgdm", False, "1f1b"),
     Method("pipedream", "PipeDream", "pipedream", "sgdm", True, "1f1b"),
@@ -170,6 +195,9 @@ METHODS = (
     Method("1f1b-adamw", "1F1B (AdamW)", "1f1b", "adamw", False, "1f1b-adamw"),
     Method("pipeoptim-adamw", "PipeOptim (AdamW)", "pipeoptim", "adamw", True, "1f1b-adamw"),
 )
+METHODS += tuple(_three_x(m) for m in METHODS
+                 if m.key in ("1f1b", "pipedream", "pipedream-vs", "2bw", "wpipe",
+                              "pipeoptim-sgdm", "spectrain"))
 GEOMETRIES = ("equal-update", "equal-microbatch")
 
 
@@ -199,6 +227,14 @@ def make_job(case: Case, method: Method, geometry: str, seed: int, *, updates: i
                         schedule_options=method.options)
     base = BuiltinData(case.dataset, batch_size=case.update_size, seq_len=case.seq_len, seed=seed)
     name, kwargs = case.optimizers[method.optimizer]
+    if grouped and name == "sgd":
+        # The runtime scales every micro-batch's loss by rows/batch_rows = 1/M (runtime/stage.py),
+        # also for methods that step after each micro-batch, so their SGD step is lr/M times the
+        # micro-batch mean gradient. Multiplying lr by M makes each update exactly "lr times the
+        # mean gradient of U samples", like the per-batch methods' (momentum and PipeOptim's /
+        # SpecTrain's predictions are linear in lr x gradient, so they agree too). Adam(W) is
+        # invariant to the gradient's scale (up to eps) and keeps its lr.
+        kwargs = {**kwargs, "lr": kwargs["lr"] * MICROBATCHES}
     return Job(
         plan=plan, steps=updates // MICROBATCHES if grouped else updates,
         model=BuiltinModel(case.model, seed=seed, overrides=case.overrides),
@@ -247,7 +283,11 @@ def train_one(case: Case, method: Method, geometry: str, seed: int, updates: int
     num_blocks = len(build_model(case.model, **case.overrides).blocks)
     job = make_job(case, method, geometry, seed, updates=updates, num_blocks=num_blocks)
     started = time.perf_counter()
-    results = run_local(job)
+    try:
+        results = run_local(job)
+    except FloatingPointError as error:  # the runtime stops at the first non-finite loss
+        return {"case": case.key, "method": method.key, "geometry": geometry, "seed": seed,
+                "diverged": str(error), "local_seconds": time.perf_counter() - started}
     seconds = time.perf_counter() - started
     by_update = per_update_losses(results, job, method)
     # Group into U-sample groups: batch losses (the runtime's per-iteration mean) for batch-
@@ -311,7 +351,7 @@ def time_one(case: Case, method: Method, geometry: str, updates: int) -> dict[st
 def variants(methods: Sequence[Method], geometries: Sequence[str]) -> list[tuple[Method, str]]:
     """(method, geometry) pairs: the equal-microbatch geometry only differs for per-mb methods."""
     return [(m, g) for g in geometries for m in methods
-            if g == "equal-update" or m.per_microbatch]
+            if g == "equal-update" or (m.per_microbatch and m.both_geometries)]
 
 
 def run_study(cases: Sequence[Case], methods: Sequence[Method] = METHODS, *,
@@ -333,6 +373,8 @@ def run_study(cases: Sequence[Case], methods: Sequence[Method] = METHODS, *,
     if timing:  # first, alone on the machine
         for case in cases:
             for method, geometry in variants(methods, geometries):
+                if timing_key(method.key) != method.key:
+                    continue  # same schedule and work as the base method: timed once
                 record = time_one(case, method, geometry, updates or case.updates)
                 timings.append(record)
                 print(f"  timed {case.key:4} {method.key:16} {geometry:17} "
@@ -353,7 +395,7 @@ def run_study(cases: Sequence[Case], methods: Sequence[Method] = METHODS, *,
     runs.sort(key=lambda r: (r["case"], r["method"], r["geometry"], r["seed"]))
     for record in timings:  # the multi-process run repeats the start of the seed-0 run exactly
         match = [r for r in runs if (r["case"], r["method"], r["geometry"], r["seed"])
-                 == (record["case"], record["method"], record["geometry"], 0)]
+                 == (record["case"], record["method"], record["geometry"], 0) and "diverged" not in r]
         if match:
             prefix = match[0]["loss_per_update"][:len(record["loss_per_update"])]
             record["bit_identical_to_local"] = prefix == record["loss_per_update"]
@@ -370,7 +412,16 @@ def run_study(cases: Sequence[Case], methods: Sequence[Method] = METHODS, *,
     }
 
 
+def timing_key(method: str) -> str:
+    """The method whose multi-process run times ``method`` (the 3x-lr runs share the base's)."""
+    return method.removesuffix("-3x")
+
+
 def _report(run: dict[str, Any], done: int, total: int) -> None:
+    if "diverged" in run:
+        print(f"  [{done:3}/{total}] {run['case']:4} {run['method']:16} {run['geometry']:17} "
+              f"seed {run['seed']}: DIVERGED ({run['diverged'][:70]})", flush=True)
+        return
     extra = f" acc {run['test_accuracy']:.3f}" if "test_accuracy" in run else ""
     print(f"  [{done:3}/{total}] {run['case']:4} {run['method']:16} {run['geometry']:17} "
           f"seed {run['seed']}: final {final_loss(run['loss_per_group']):.3f} "
@@ -388,30 +439,38 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def summary_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (case, method, geometry): means and standard deviations over seeds."""
+    """One row per (case, method, geometry): means and standard deviations over the seeds
+    that did not diverge, and how many did."""
     rows = []
     timing = {(t["case"], t["method"], t["geometry"]): t for t in study["timing"]}
+    order = [m.key for m in METHODS]
     keys = sorted({(r["case"], r["method"], r["geometry"]) for r in study["runs"]},
-                  key=lambda k: (k[0], GEOMETRIES.index(k[2]), [m.key for m in METHODS].index(k[1])))
+                  key=lambda k: (k[0], GEOMETRIES.index(k[2]), order.index(k[1])))
     for case, method, geometry in keys:
-        runs = [r for r in study["runs"] if (r["case"], r["method"], r["geometry"]) == (case, method, geometry)]
+        every = [r for r in study["runs"] if (r["case"], r["method"], r["geometry"]) == (case, method, geometry)]
+        runs = [r for r in every if "diverged" not in r]
+        settings = next(c for c in study["settings"]["cases"] if c["key"] == case)
+        name, kwargs = settings["optimizers"][_method(method).optimizer]
         row: dict[str, Any] = {"case": case, "method": method, "geometry": geometry,
-                               "updates": runs[0]["updates"], "seeds": len(runs)}
-        row["final_loss"] = _mean_std([final_loss(r["loss_per_group"]) for r in runs])
-        row["heldout_loss"] = _mean_std([r["heldout_loss"] for r in runs])
-        if "test_accuracy" in runs[0]:
-            row["test_accuracy"] = _mean_std([r["test_accuracy"] for r in runs])
-        if (case, method, geometry) in timing:
-            row["samples_per_second"] = timing[case, method, geometry]["samples_per_second"]
+                               "optimizer": f"{name} lr {kwargs['lr']:g}",
+                               "seeds": len(every), "diverged": len(every) - len(runs)}
+        if runs:
+            row["updates"] = runs[0]["updates"]
+            row["final_loss"] = _mean_std([final_loss(r["loss_per_group"]) for r in runs])
+            row["heldout_loss"] = _mean_std([r["heldout_loss"] for r in runs])
+            if "test_accuracy" in runs[0]:
+                row["test_accuracy"] = _mean_std([r["test_accuracy"] for r in runs])
+        if (case, timing_key(method), geometry) in timing:
+            row["samples_per_second"] = timing[case, timing_key(method), geometry]["samples_per_second"]
+        # Paired difference to the synchronous baseline with the same optimizer (same seed,
+        # same initial weights, same samples).
+        baseline = {r["seed"]: r for r in study["runs"] if (r["case"], r["method"], r["geometry"])
+                    == (case, _method(method).baseline, "equal-update") and "diverged" not in r}
+        deltas = [final_loss(r["loss_per_group"]) - final_loss(baseline[r["seed"]]["loss_per_group"])
+                  for r in runs if r["seed"] in baseline]
+        if deltas:
+            row["delta_vs_sync"] = _mean_std(deltas)
         rows.append(row)
-    for row in rows:  # paired difference to the synchronous baseline (same seeds, same samples)
-        baseline = _method(row["method"]).baseline
-        pairs = [(final_loss(r["loss_per_group"]), final_loss(b["loss_per_group"]))
-                 for r in study["runs"] if (r["case"], r["method"], r["geometry"]) == (row["case"], row["method"], row["geometry"])
-                 for b in study["runs"] if (b["case"], b["method"], b["seed"]) == (row["case"], baseline, r["seed"])
-                 and b["geometry"] == "equal-update"]
-        if pairs:
-            row["delta_vs_sync"] = _mean_std([a - b for a, b in pairs])
     return rows
 
 
@@ -420,33 +479,38 @@ def _method(key: str) -> Method:
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
-    def pm(value: tuple[float, float], digits: int = 3) -> str:
-        return f"{value[0]:.{digits}f} ± {value[1]:.{digits}f}"
+    """The summary as one Markdown table per case."""
+    def pm(row: dict[str, Any], key: str, digits: int = 3) -> str:
+        if key not in row:
+            return "—"
+        mean, std = row[key]
+        return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
     lines = []
     for case in dict.fromkeys(r["case"] for r in rows):
         accuracy = any("test_accuracy" in r for r in rows if r["case"] == case)
         lines += [f"\n**{CASES[case].title if case in CASES else case}**\n",
-                  "| method | geometry | updates | final train loss | Δ vs sync (paired) | "
-                  + ("test loss | test accuracy" if accuracy else "held-out loss")
+                  "| method | optimizer | geometry | updates | diverged | final train loss | "
+                  "Δ vs sync (paired) | " + ("test loss | test accuracy" if accuracy else "held-out loss")
                   + " | samples/s (4 proc.) |",
-                  "|---|---|---:|---:|---:|---:|" + ("---:|" if accuracy else "") + "---:|"]
+                  "|---|---|---|---:|---:|---:|---:|---:|" + ("---:|" if accuracy else "") + "---:|"]
         for r in (r for r in rows if r["case"] == case):
-            cells = [_method(r["method"]).label, r["geometry"], str(r["updates"]), pm(r["final_loss"]),
-                     pm(r["delta_vs_sync"]) if "delta_vs_sync" in r else "", pm(r["heldout_loss"])]
+            cells = [_method(r["method"]).label, r["optimizer"], r["geometry"],
+                     str(r.get("updates", "—")), f"{r['diverged']}/{r['seeds']}",
+                     pm(r, "final_loss"), pm(r, "delta_vs_sync"), pm(r, "heldout_loss")]
             if accuracy:
-                cells.append(pm(r["test_accuracy"]))
+                cells.append(pm(r, "test_accuracy"))
             cells.append(f"{r['samples_per_second']:.0f}" if "samples_per_second" in r else "")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-STYLE = {  # colour per method; synchronous in black/grey
+STYLE = {  # colour per method (the 3x-lr runs share their base's); synchronous in black/grey
     "gpipe": ("#888888", ":"), "1f1b": ("#000000", "-"), "pipedream": ("#1f77b4", "-"),
     "pipedream-vs": ("#17becf", "-"), "2bw": ("#ff7f0e", "-"), "wpipe": ("#2ca02c", "-"),
     "pipeoptim-sgdm": ("#d62728", "-"), "spectrain": ("#9467bd", "-"),
     "1f1b-adam": ("#000000", "-"), "pipeoptim-adam": ("#d62728", "-"),
-    "1f1b-adamw": ("#555555", "-"), "pipeoptim-adamw": ("#e377c2", "-"),
+    "1f1b-adamw": ("#777777", "-"), "pipeoptim-adamw": ("#e377c2", "-"),
 }
 
 
@@ -462,12 +526,13 @@ def smooth(values: Sequence[float], window: int) -> list[float]:
 
 
 def plot(study: dict[str, Any], plot_dir: Path) -> list[Path]:
-    """Per case: loss vs updates, vs samples and vs wall time; SGDM and Adam(W) panels."""
+    """Per case: loss vs updates, vs samples and vs wall time; one panel per optimizer family."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     timing = {(t["case"], t["method"], t["geometry"]): t["samples_per_second"] for t in study["timing"]}
+    families = (("sgdm",), ("sgdm-3x",), ("adam", "adamw"))
     written = []
     plot_dir.mkdir(parents=True, exist_ok=True)
     for case in dict.fromkeys(r["case"] for r in study["runs"]):
@@ -476,16 +541,18 @@ def plot(study: dict[str, Any], plot_dir: Path) -> list[Path]:
         for axis in ("updates", "samples", "time"):
             if axis == "time" and not timing:
                 continue
-            figure, panels = plt.subplots(1, 2, figsize=(13, 4.6), sharey=True)
-            for panel, family in zip(panels, (("sgdm",), ("adam", "adamw"))):
+            figure, panels = plt.subplots(1, 3, figsize=(18, 5.2), sharey=True)
+            low, high = math.inf, 0.0
+            for panel, family in zip(panels, families):
                 for method, geometry in variants(METHODS, GEOMETRIES):
-                    runs = [r for r in study["runs"] if (r["case"], r["method"], r["geometry"])
-                            == (case, method.key, geometry)]
+                    every = [r for r in study["runs"] if (r["case"], r["method"], r["geometry"])
+                             == (case, method.key, geometry)]
+                    runs = [r for r in every if "diverged" not in r]
                     if not runs or method.optimizer not in family:
                         continue
                     if axis == "updates" and geometry != "equal-update":
                         continue  # M x more updates of M x fewer samples: see the samples plot
-                    if axis == "time" and (case, method.key, geometry) not in timing:
+                    if axis == "time" and (case, timing_key(method.key), geometry) not in timing:
                         continue
                     curves = [smooth(r["loss_per_group"], max(1, len(r["loss_per_group"]) // 12))
                               for r in runs]
@@ -496,25 +563,34 @@ def plot(study: dict[str, Any], plot_dir: Path) -> list[Path]:
                     if axis in ("samples", "time"):
                         xs = [g * update_size for g in groups]
                     if axis == "time":
-                        xs = [x / timing[case, method.key, geometry] for x in xs]
-                    colour, style = STYLE[method.key]
-                    label = method.label + (" [equal micro-batch]" if geometry != "equal-update" else "")
-                    panel.plot(xs, mean, color=colour, linestyle="--" if geometry != "equal-update" else style,
-                               linewidth=1.4, label=label)
-                    panel.fill_between(xs, [m - s for m, s in zip(mean, spread)],
-                                       [m + s for m, s in zip(mean, spread)], color=colour, alpha=0.12)
-                panel.set_title({"sgdm": "SGD with momentum", "adam": "Adam / AdamW"}[family[0]])
+                        xs = [x / timing[case, timing_key(method.key), geometry] for x in xs]
+                    colour, style = STYLE[timing_key(method.key)]
+                    label = method.label.removesuffix(" 3x lr")
+                    label += " [equal micro-batch]" if geometry != "equal-update" else ""
+                    if len(runs) < len(every):
+                        label += f" ({len(every) - len(runs)}/{len(every)} diverged)"
+                    panel.plot(xs, mean, color=colour, linewidth=1.4, label=label,
+                               linestyle="--" if geometry != "equal-update" else style)
+                    panel.fill_between(xs, [m - d for m, d in zip(mean, spread)],
+                                       [m + d for m, d in zip(mean, spread)], color=colour, alpha=0.12)
+                    low, high = min(low, min(mean)), max(high, mean[0])
+                lrs = [settings["optimizers"][f][1]["lr"] for f in family]
+                panel.set_title({"sgdm": f"SGD momentum 0.9, lr {lrs[0]:g}",
+                                 "sgdm-3x": f"SGD momentum 0.9, lr {lrs[0]:g} (3x)",
+                                 "adam": f"Adam / AdamW, lr {lrs[0]:g}"}[family[0]])
                 panel.set_xlabel({"updates": f"optimizer updates (each {update_size} samples)",
                                   "samples": "training samples seen",
-                                  "time": "wall time (s), 4 processes on this machine"}[axis])
+                                  "time": "wall time (s): 4 processes on a 2-core machine"}[axis])
                 panel.grid(alpha=0.3)
                 panel.legend(fontsize=7.5, loc="upper right")
-            panels[0].set_ylabel("training loss (moving average, mean ± std over seeds)")
-            figure.suptitle(f"{settings['title']}: loss vs {axis}, P={DEPTH}, M={MICROBATCHES}, "
+            if high > 0:  # diverging curves would squash the rest: clip to the useful range
+                panels[0].set_ylim(low - 0.05 * (high - low), high + 0.15 * (high - low))
+            panels[0].set_ylabel("training loss (moving average; mean ± std over seeds)")
+            figure.suptitle(f"{settings['title']}: loss vs {axis} — P={DEPTH}, M={MICROBATCHES}, "
                             f"{len(study['settings']['seeds'])} seeds")
             figure.tight_layout()
             path = plot_dir / f"convergence_{case}_{axis}.png"
-            figure.savefig(path, dpi=110)
+            figure.savefig(path, dpi=100)
             plt.close(figure)
             written.append(path)
     return written
@@ -522,15 +598,16 @@ def plot(study: dict[str, Any], plot_dir: Path) -> list[Path]:
 
 # -- command line -----------------------------------------------------------------------------
 QUICK_UPDATES = 8
+ALL_KEYS = [m.key for m in METHODS]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_UPDATES} updates, one seed, no multi-process timing")
+                        help=f"{QUICK_UPDATES} updates, one seed, no 3x-lr repeats, no multi-process timing")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--methods", nargs="+", default=[m.key for m in METHODS],
-                        choices=[m.key for m in METHODS])
+    parser.add_argument("--methods", nargs="+", default=ALL_KEYS, choices=ALL_KEYS,
+                        help="default: all (with --quick: all but the 3x-lr repeats)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--updates", type=int, default=None, help="override every case's K")
     parser.add_argument("--workers", type=int, default=WORKERS)
@@ -542,7 +619,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     seeds = args.seeds or ([0] if args.quick else list(SEEDS))
     updates = args.updates or (QUICK_UPDATES if args.quick else None)
-    methods = [m for m in METHODS if m.key in args.methods]
+    methods = [m for m in METHODS if m.key in args.methods
+               and not (args.quick and m.optimizer == "sgdm-3x" and args.methods == ALL_KEYS)]
     started = time.perf_counter()
     study = run_study([CASES[c] for c in args.cases], methods, seeds=seeds, updates=updates,
                       timing=not (args.quick or args.no_timing), workers=args.workers)

@@ -33,6 +33,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,8 @@ STEPS = 12            # iterations per run; the first is warm-up and is not time
 REPEATS = 3           # runs per side and configuration; the table shows the median
 QUIET_WAIT_S = 120.0  # before each run, wait up to this long for other processes to go idle
 QUIET_BUSY = 0.25     # "idle": other processes use less than this share of the CPUs
+MAX_FOREIGN = 0.10    # a run during which other processes used more of the CPUs is redone
+RETRIES = 3           # ... at most this many times (the last attempt is kept either way)
 RANKS = (2, 4)        # pipeline depths (one process per stage)
 SCHEDULES = ("gpipe", "1f1b")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vs_torch_pipelining.json"
@@ -101,6 +104,9 @@ class Run:
     iteration_end_s: list[float] = field(default_factory=list)
     busy_before: float = 0.0
     """Share of the CPUs other processes used just before the run."""
+    foreign: float = 0.0
+    """Share of the CPUs processes outside the benchmark used during the run."""
+    attempts: int = 1
 
 
 def busy_share(seconds: float = 1.0) -> float:
@@ -134,6 +140,70 @@ def wait_for_quiet(max_wait_s: float) -> float:
     while busy > QUIET_BUSY and time.monotonic() < deadline:
         busy = busy_share()
     return busy
+
+
+class ForeignLoad:
+    """Measures the CPU that processes outside this benchmark's process tree use meanwhile.
+
+    A thread samples /proc every 0.25 s; ours are this process and its descendants (the
+    forkserver and the ranks). ``share`` is foreign CPU time over wall time x CPUs. Linux
+    only; elsewhere ``share`` stays 0.
+    """
+
+    def __init__(self) -> None:
+        self.share = 0.0
+        self._ticks: dict[int, int] = {}
+        self._foreign_ticks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @staticmethod
+    def _snapshot() -> dict[int, tuple[int, int]]:
+        """pid -> (parent pid, CPU ticks used so far)."""
+        table = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                except (OSError, IndexError):
+                    continue  # gone meanwhile
+                table[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+        return table
+
+    def _sample(self, first: bool = False) -> None:
+        table = self._snapshot()
+        ours, grew = {os.getpid()}, True
+        while grew:
+            grew = False
+            for pid, (parent, _) in table.items():
+                if parent in ours and pid not in ours:
+                    ours.add(pid)
+                    grew = True
+        for pid, (_, ticks) in table.items():
+            if pid not in ours and not first:
+                self._foreign_ticks += ticks - self._ticks.get(pid, 0)
+            self._ticks[pid] = ticks
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            self._sample()
+
+    def __enter__(self) -> "ForeignLoad":
+        self._started = time.monotonic()
+        if Path("/proc/self/stat").exists():
+            self._sample(first=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._thread.is_alive():
+            return
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        wall = time.monotonic() - self._started
+        cpu = self._foreign_ticks / os.sysconf("SC_CLK_TCK")
+        self.share = cpu / max(wall * (os.cpu_count() or 1), 1e-9)
 
 
 def steady_throughput(ends: list[float], batch_size: int) -> float:
@@ -184,10 +254,14 @@ def compare(case: Case, schedule: str, ranks: int, steps: int, repeats: int,
     for repeat in range(repeats):
         order = ("pipeweave", "torch") if repeat % 2 == 0 else ("torch", "pipeweave")
         for side in order:
-            busy = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else 0.0
             runner = run_pipeweave if side == "pipeweave" else run_torch
-            run = runner(case, schedule, ranks, steps)
-            run.busy_before = busy
+            for attempt in range(1, RETRIES + 2 if quiet_wait_s > 0 else 2):
+                busy = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else 0.0
+                with ForeignLoad() as load:
+                    run = runner(case, schedule, ranks, steps)
+                run.busy_before, run.foreign, run.attempts = busy, load.share, attempt
+                if load.share <= MAX_FOREIGN:
+                    break
             runs[side].append(run)
     row: dict[str, Any] = {"case": case.label, "schedule": schedule, "ranks": ranks}
     for side, side_runs in runs.items():
@@ -196,6 +270,8 @@ def compare(case: Case, schedule: str, ranks: int, steps: int, repeats: int,
             "samples_per_second": statistics.median(r.samples_per_second for r in side_runs),
             "samples_per_second_runs": [r.samples_per_second for r in side_runs],
             "busy_before_runs": [round(r.busy_before, 3) for r in side_runs],
+            "foreign_load_runs": [round(r.foreign, 3) for r in side_runs],
+            "attempts_runs": [r.attempts for r in side_runs],
             "peak_rss_bytes": rss,
             "losses": side_runs[0].losses,
         }

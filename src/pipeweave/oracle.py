@@ -46,7 +46,7 @@ from torch.func import functional_call
 from .models import ModelSpec
 from .runtime.prediction import constructor_options, predict
 
-__all__ = ["OracleResult", "run_oracle", "METHODS"]
+__all__ = ["OracleResult", "run_oracle", "run_elastic_oracle", "METHODS"]
 
 METHODS = ("pipedream", "pipedream-vs", "2bw", "pipeoptim", "spectrain", "wpipe")
 
@@ -209,3 +209,42 @@ def _maybe_update(method: str, state: list[_Stage], depth: int, j: int, microbat
         return
     for stage in state:
         stage.step()
+
+
+def run_elastic_oracle(*, spec: ModelSpec, pipelines: int, steps: int,
+                       data: Iterable[tuple[Tensor, Tensor]],
+                       optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+                       alpha: float | None = None, order: str = "simultaneous") -> OracleResult:
+    """AvgPipe's elastic averaging, sequentially (avgpipe.txt §3.2).
+
+    Every iteration k, parallel model p trains on batch ``k*N + p`` (full batch, mean loss),
+    takes its optimizer step ``δ``, and is pulled to the previous reference:
+    ``w <- w + δ - α (w - w_ref)`` ("simultaneous") or ``w <- (w+δ) - α ((w+δ) - w_ref)``;
+    then ``w_ref <- mean_p w_p``. Returns the reference model and the mean loss over the
+    parallel models per iteration.
+    """
+    alpha = 1.0 / pipelines if alpha is None else alpha
+    models = [copy.deepcopy(spec.sequential()) for _ in range(pipelines)]
+    optimizers = [optimizer(m.parameters()) for m in models]
+    reference = {n: p.detach().clone() for n, p in models[0].named_parameters()}
+    iterator = iter(data)
+    losses = []
+    for _ in range(steps):
+        total = {n: torch.zeros_like(t) for n, t in reference.items()}
+        loss_sum = 0.0
+        for model, opt in zip(models, optimizers):
+            inputs, targets = next(iterator)
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            loss = spec.loss_fn(model(inputs), targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += float(loss.detach())
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    anchor = before[name] if order == "simultaneous" else param.detach()
+                    param.sub_(alpha * (anchor - reference[name]))
+                    total[name] = total[name] + param.detach()
+        reference = {n: s / pipelines for n, s in total.items()}
+        losses.append(loss_sum / pipelines)
+    return OracleResult(losses, dict(reference))

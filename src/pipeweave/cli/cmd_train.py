@@ -4,18 +4,26 @@ With no arguments: GPT-tiny on the standard-library byte corpus, 2 ranks, ``1f1b
 summary table and writes, under ``--output-dir``: ``metrics.jsonl``/``metrics.csv`` (per
 step), ``summary.json``, ``plan.json``, ``trace.json`` (Chrome trace of the measured
 timeline) and ``loss.png``.
+
+Checkpoints (synchronous schedules): ``--checkpoint-every N`` writes one every N steps and at
+the end into ``--checkpoint-dir`` (default ``<output-dir>/checkpoints``); ``--resume DIR``
+continues from one (any plan), ``--resume auto`` from the newest in ``--checkpoint-dir`` if
+there is one (for ``torchrun --max-restarts``). See docs/checkpoints.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from ..models import available_models
 from ..models.gpt import GPT_PRESETS
 from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
+from ..runtime.checkpoint import check_resume
+from ..runtime.checkpoint_options import CheckpointOptions
 from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.local_executor import run_local
 from ..runtime.summary import TrainSummary, summarize
@@ -56,6 +64,14 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--output-dir", type=Path, default=Path(DEFAULT_OUTPUT))
     parser.add_argument("--json-out", type=Path, default=None, help="write the summary JSON here too")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None,
+                        help="write checkpoints here (every --checkpoint-every steps and at the end)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                        help="checkpoint every N steps (0: only at the end); implies "
+                             "--checkpoint-dir <output-dir>/checkpoints if none is given")
+    parser.add_argument("--resume", default=None, metavar="DIR|auto",
+                        help="continue from a checkpoint directory (or one step-* folder in it); "
+                             "'auto': from --checkpoint-dir's newest checkpoint if any")
     parser.set_defaults(func=run)
 
 
@@ -96,7 +112,7 @@ def build_job(args: argparse.Namespace) -> Job:
             raise ValueError("--momentum applies to --optimizer sgd only")
         kwargs["momentum"] = args.momentum
     return Job(
-        plan=plan, steps=args.steps, model=model,
+        plan=plan, steps=args.steps, model=model, checkpoint=checkpoint_options(args),
         data=BuiltinData(dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
                          dtype=args.dtype),
         optimizer=OptimizerFactory(args.optimizer, kwargs), seed=args.seed, device=args.device,
@@ -104,8 +120,22 @@ def build_job(args: argparse.Namespace) -> Job:
     )
 
 
+def checkpoint_options(args: argparse.Namespace) -> CheckpointOptions | None:
+    directory = args.checkpoint_dir
+    if directory is None and args.checkpoint_every:
+        directory = args.output_dir / "checkpoints"
+    if directory is None and args.resume is None:
+        return None
+    return CheckpointOptions(directory=None if directory is None else str(directory),
+                             every=args.checkpoint_every, resume=args.resume)
+
+
 def run(args: argparse.Namespace) -> int:
     job = build_job(args)
+    stored = check_resume(job, job.model())  # a bad checkpoint stops us here, before any rank
+    first_step = stored.step if stored is not None else 0
+    if stored is not None and not (under_torchrun() and int(os.environ["RANK"]) != 0):
+        print(f"resuming from {stored.folder} after step {first_step} of {job.steps}")
     if under_torchrun():
         results = run_under_torchrun(job)
         if not results:
@@ -116,9 +146,12 @@ def run(args: argparse.Namespace) -> int:
         results = launch_local(job)
     summary = summarize(results, schedule=job.plan.schedule, steps=job.steps,
                         batch_size=args.batch_size, microbatches=job.plan.microbatches,
-                        pipelines=job.plan.pipelines)
+                        pipelines=job.plan.pipelines, first_step=first_step)
     write_outputs(args.output_dir, job, summary, results)
     print(format_summary(summary, args.output_dir))
+    if job.checkpoint is not None and job.checkpoint.directory is not None:
+        print(f"checkpoints in {job.checkpoint.directory}/ (continue with --resume "
+              f"{job.checkpoint.directory} --steps N)")
     if args.json_out is not None:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
@@ -137,6 +170,8 @@ def write_outputs(directory: Path, job: Job, summary: TrainSummary,
          "samples": (k + 1) * summary.batch_size}
         for k, loss in enumerate(summary.losses)
     ]
+    for row in rows[:summary.first_step]:  # restored from a checkpoint: not timed by this run
+        del row["time_s"]
     write_metrics(rows, directory)
     (directory / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     job.plan.save(directory / "plan.json")

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 
 from ..ir import Schedule
+from .checkpoint import combine_hooks, distributed_recovery
+from .faults import injected_fault_hooks
 from .interpreter import RankInterpreter
 from .progress import StepProgress
 from .job import Job
@@ -63,22 +65,30 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
         transport.make_groups(schedule.layout.stage_ranks)
         transport.track_deliveries(schedule)
         parts = build_rank(job, rank, schedule, device)
-        data = MicrobatchSource(job.data(), microbatches=job.plan.microbatches,
-                                pipelines=job.plan.pipelines, device=device)
+        recovery = distributed_recovery(job, schedule, rank, parts, device)  # resume, checkpoints
+        data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,
+                                pipelines=job.plan.pipelines, device=device,
+                                first_batch=recovery.first_batch)
         origin = _common_origin(device)
         recorder = Recorder(rank, origin) if job.record_timeline else None
         progress = _progress_bar(job, schedule, rank)
         interpreter = RankInterpreter(rank=rank, schedule=schedule, stages=parts.stages,
-                                      optimizers=parts.optimizers, weights=parts.weights, transport=transport,
-                                      data=data, recorder=recorder, on_step=progress)
+                                      optimizers=parts.optimizers, weights=parts.weights,
+                                      others=parts.others, averagers=parts.averagers, transport=transport,
+                                      data=data, recorder=recorder, on_step=progress,
+                                      start=recovery.start,
+                                      after=combine_hooks(recovery.hooks,
+                                                          injected_fault_hooks(schedule, rank)))
         for _ in interpreter.run():
             raise AssertionError("the distributed transport never yields")
+        recovery.close()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         wall = time.time() - origin
         result = collect_result(rank, parts, schedule,
                                 records=recorder.records if recorder else [],
                                 want_parameters=job.return_parameters, wall=wall, device=device)
+        result.checkpoint_stall_s = recovery.stall_s
         if progress is not None:
             progress.close()
         if not gather:

@@ -12,8 +12,8 @@ one and the single-process one — drive this same class; only the transport dif
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
-from itertools import islice
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -25,6 +25,10 @@ from .stage import StageRuntime
 from .timeline import Recorder
 from .transport import Transport
 from .weights import StageWeights
+
+if TYPE_CHECKING:
+    from .averaging import ElasticAverager
+    from .worker import RankParts
 
 __all__ = ["RankInterpreter"]
 
@@ -46,7 +50,14 @@ class RankInterpreter:
         data: MicrobatchSource,
         recorder: Recorder | None = None,
         on_step: Callable[[Action, Mapping[int, StageRuntime]], None] | None = None,
+        start: int = 0,
+        after: Mapping[int, Callable[[], None]] | None = None,
+        others: Sequence[RankParts] = (),
+        averagers: Mapping[int, ElasticAverager] | None = None,
     ) -> None:
+        """``start``: position to begin at (a resumed run, :mod:`.checkpoint`); ``after``:
+        ``position -> hook`` run right after that action (checkpoints, fault injection);
+        ``others``/``averagers``: AvgPipe's parallel pipelines 1..N-1 and reference models."""
         if not schedule.lowered:
             raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
         self.rank = rank
@@ -55,54 +66,76 @@ class RankInterpreter:
         self.stages = stages
         self.optimizers = optimizers
         self.weights = weights
+        self.others = list(others)
+        self.averagers = dict(averagers or {})
         self.transport = transport
         self.data = data
         self.recorder = recorder
         self.on_step = on_step
-        self.executed = 0
+        self.start = start
+        self.after = dict(after or {})
+        self.executed = start
         self._values: dict[Action, Tensor] = {}
         """Outputs of F (activations) and B (input gradients) and received tensors, by ref."""
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> Generator[None, None, None]:
-        layout = self.schedule.layout
-        receives = [(i, a) for i, a in enumerate(self.program)
-                    if a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
+        routes = self._routes()
+        receives = [p for p, a in enumerate(self.program)
+                    if p >= self.start and a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
+        after = self.after
+        texts = [str(action) for action in self.program] if self.recorder else []
         next_receive = 0
-        for position, action in enumerate(self.program):
-            while next_receive < len(receives) and receives[next_receive][0] < position:
-                next_receive += 1
-            for _, upcoming in islice(receives, next_receive, next_receive + _PREFETCH):
-                self._prefetch(upcoming)
+        window_moved = True
+        for position, action in enumerate(self.program[self.start:], self.start):
+            # Post the next receives early so transfers overlap compute. The window only moves,
+            # and a receive only becomes postable (its kind's header known), at a receive.
+            if window_moved:
+                for upcoming in receives[next_receive:next_receive + _PREFETCH]:
+                    self.transport.prefetch(*routes[upcoming])
+                window_moved = False
             start = self.recorder.now() if self.recorder else 0.0
             op = action.op
             if op is Op.FORWARD:
                 self._forward(action)
             elif op is Op.BACKWARD:
                 self._backward(action, position)
-            elif op in (Op.SEND_ACT, Op.SEND_GRAD):
-                _, dst = receiver(action, layout)
-                self.transport.send(ref(action), self._values.pop(self._produced_by(action)), dst)
-            elif op in (Op.RECV_ACT, Op.RECV_GRAD):
-                (message,) = dependencies(action, layout, lowered=True)
-                src = producer_rank(message, layout)
+            elif op is Op.SEND_ACT or op is Op.SEND_GRAD:
+                message, dst = routes[position]
+                self.transport.send(message, self._values.pop(self._produced_by(action)), dst)
+            elif op is Op.RECV_ACT or op is Op.RECV_GRAD:
+                message, src = routes[position]
                 self._values[ref(action)] = yield from self.transport.recv(message, src)
+                next_receive += 1
+                window_moved = True
             elif op is Op.ALL_REDUCE:
                 yield from self._all_reduce(action)
             elif op is Op.STEP:
                 self._step(action, position)
             elif op is Op.AVERAGE:
-                raise NotImplementedError(
-                    f"{action}: elastic averaging (AvgPipe) is not available in this runtime yet"
-                )
+                self._average(action)
             if self.recorder:
-                self.recorder.add(str(action), start, self.recorder.now())
+                self.recorder.add(texts[position], start, self.recorder.now())
             self.executed += 1
+            if position in after:
+                after[position]()
         self.transport.finish()
 
-    def _prefetch(self, action: Action) -> None:
-        (message,) = dependencies(action, self.schedule.layout, lowered=True)
-        self.transport.prefetch(message, producer_rank(message, self.schedule.layout))
+    def _routes(self) -> dict[int, tuple[Action, int]]:
+        """``position -> (message, peer rank)`` for every send and receive of the program.
+
+        Fixed by the schedule, so worked out once before the loop rather than at every
+        action of every iteration.
+        """
+        layout = self.schedule.layout
+        routes: dict[int, tuple[Action, int]] = {}
+        for position, action in enumerate(self.program):
+            if action.op in (Op.RECV_ACT, Op.RECV_GRAD):
+                (message,) = dependencies(action, layout, lowered=True)
+                routes[position] = (message, producer_rank(message, layout))
+            elif action.op in (Op.SEND_ACT, Op.SEND_GRAD):
+                routes[position] = (ref(action), receiver(action, layout)[1])
+        return routes
 
     @staticmethod
     def _produced_by(send: Action) -> Action:
@@ -119,7 +152,7 @@ class RankInterpreter:
 
     # -- compute ------------------------------------------------------------------------
     def _forward(self, action: Action) -> None:
-        stage = self.stages[action.stage]
+        stage = self._stages(action)[action.stage]
         j, piece, pipeline = action.microbatch, action.piece, action.pipeline
         assert j is not None
         if action.stage == 0:
@@ -129,7 +162,7 @@ class RankInterpreter:
             assert received is not None
             inputs = received
         target = self.data.targets(j, piece, pipeline) if stage.is_last else None
-        weights = self.weights[action.stage]
+        weights = self._weights(action)[action.stage]
         plan = weights.forward_plan(action)
         output = stage.forward((j, piece, pipeline), inputs, target=target,
                                batch_rows=self._batch_rows(),
@@ -139,8 +172,8 @@ class RankInterpreter:
             self._values[ref(action)] = output
 
     def _backward(self, action: Action, position: int) -> None:
-        stage = self.stages[action.stage]
-        weights = self.weights[action.stage]
+        stage = self._stages(action)[action.stage]
+        weights = self._weights(action)[action.stage]
         assert action.microbatch is not None
         grad_output = None if stage.is_last else self._input_of(action)
         grad_input = stage.backward(
@@ -154,7 +187,7 @@ class RankInterpreter:
         return self.data.batch_rows or 1
 
     def _all_reduce(self, action: Action) -> Generator[None, None, None]:
-        params = [p for p in self.stages[action.stage].module.parameters() if p.requires_grad]
+        params = [p for p in self._stages(action)[action.stage].module.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
         ranks = self.schedule.layout.stage_ranks[action.stage]
@@ -166,11 +199,33 @@ class RankInterpreter:
             offset += count
 
     def _step(self, action: Action, position: int) -> None:
-        optimizer = self.optimizers[action.stage]
-        weights = self.weights[action.stage]
+        optimizer = self._optimizers(action)[action.stage]
+        weights = self._weights(action)[action.stage]
         weights.before_step(position)
+        averager = self.averagers.get(action.stage)
+        if averager is not None:
+            averager.before_step(action.pipeline, self._stages(action)[action.stage].module)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         weights.after_step()
-        if self.on_step is not None:
+        if self.on_step is not None and action.pipeline == 0:
             self.on_step(action, self.stages)
+
+    def _average(self, action: Action) -> None:
+        averager = self.averagers.get(action.stage)
+        if averager is None:
+            raise RuntimeError(f"{action}: no reference model for stage {action.stage} on rank "
+                               f"{self.rank}; averaging needs the parts built by build_rank")
+        assert action.version is not None
+        averager.average(action.pipeline, self._stages(action)[action.stage].module, action.version)
+
+    # -- per-pipeline parts (AvgPipe's parallel pipelines; pipeline 0 is the common case) ---
+    def _stages(self, action: Action) -> Mapping[int, StageRuntime]:
+        return self.stages if action.pipeline == 0 else self.others[action.pipeline - 1].stages
+
+    def _optimizers(self, action: Action) -> Mapping[int, torch.optim.Optimizer]:
+        return (self.optimizers if action.pipeline == 0
+                else self.others[action.pipeline - 1].optimizers)
+
+    def _weights(self, action: Action) -> Mapping[int, StageWeights]:
+        return self.weights if action.pipeline == 0 else self.others[action.pipeline - 1].weights

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec, build_model
+from .checkpoint_options import CheckpointOptions
 from .plan import Plan
 
 __all__ = ["Job", "BuiltinModel", "BuiltinData", "OptimizerFactory", "DTYPES"]
@@ -96,6 +97,8 @@ class Job:
         record_timeline: record start/end of every action.
         return_parameters: include every rank's final parameters in the results (tests).
         progress: show a progress bar (on the rank that holds the last stage).
+        checkpoint: when to write checkpoints and what to resume from (None: neither); see
+            :mod:`pipeweave.runtime.checkpoint`.
     """
 
     plan: Plan
@@ -109,6 +112,7 @@ class Job:
     record_timeline: bool = True
     return_parameters: bool = False
     progress: bool = False
+    checkpoint: CheckpointOptions | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
+from .checkpoint import check_checkpointable, check_resume
 from .distributed import run_rank
+from .faults import exit_with_launcher
 from .job import Job
 from .worker import RankResult, make_schedule, preflight
 
@@ -36,7 +38,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _spawned_rank(index: int, job: Job, world_size: int, init_method: str, out_dir: str) -> None:
+def _spawned_rank(index: int, job: Job, world_size: int, init_method: str, out_dir: str,
+                  launcher_pid: int) -> None:
+    exit_with_launcher(launcher_pid)  # the launcher killed (even by SIGKILL): leave nothing behind
     (result,) = run_rank(job, rank=index, world_size=world_size, local_rank=index,
                          local_world_size=world_size, init_method=init_method)
     path = Path(out_dir) / f"rank{index}.pkl"
@@ -52,9 +56,13 @@ def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResul
     Raises :class:`RunFailed` if any rank fails (the others are terminated), or if the whole
     run exceeds ``deadline_s`` seconds.
     """
-    world_size = make_schedule(job.plan, job.steps).num_ranks
+    schedule = make_schedule(job.plan, job.steps)
+    world_size = schedule.num_ranks
     inputs, _ = next(iter(job.data()))
-    preflight(job.model(), job.plan, inputs)
+    spec = job.model()
+    preflight(spec, job.plan, inputs)
+    check_checkpointable(job, schedule)
+    check_resume(job, spec)  # a bad checkpoint is reported before any rank starts
     # forkserver: the server imports torch once (no kernels run there, so no thread pools
     # exist to break by forking); each launch then forks ranks in milliseconds instead of
     # re-importing torch in every fresh interpreter as ``spawn`` does.
@@ -62,7 +70,8 @@ def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResul
     init_method = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="pipeweave-") as out_dir:
         context = mp.start_processes(
-            _spawned_rank, args=(job, world_size, init_method, out_dir), nprocs=world_size,
+            _spawned_rank, args=(job, world_size, init_method, out_dir, os.getpid()),
+            nprocs=world_size,
             join=False, start_method="forkserver",
         )
         started = time.monotonic()

@@ -15,6 +15,7 @@ import torch
 
 from ..ir import ScheduleError, render_grid
 from .distributed import threads_per_rank
+from .checkpoint import RankRecovery, check_checkpointable, check_resume, new_session
 from .interpreter import RankInterpreter
 from .job import Job
 from .microbatches import MicrobatchSource
@@ -45,40 +46,57 @@ def _run(job: Job) -> list[RankResult]:
     device = torch.device("cpu")
     spec = job.model()
     preflight(spec, job.plan, next(iter(job.data()))[0])
+    check_checkpointable(job, schedule)
+    check_resume(job, spec)  # a bad checkpoint is reported before anything runs
+    session = new_session(job.checkpoint) if job.checkpoint is not None else None
     hub = LocalTransport()
     origin = time.time()
-    interpreters, parts = [], []
+    interpreters, parts, recoveries = [], [], []
     for rank in range(schedule.num_ranks):
         rank_parts = build_rank(job, rank, schedule, device, spec=spec)
-        data = MicrobatchSource(job.data(), microbatches=job.plan.microbatches,
-                                pipelines=job.plan.pipelines)
+        recovery = RankRecovery(job=job, schedule=schedule, rank=rank, parts=rank_parts,
+                                device=device, session=session, apply_rng=False)
+        recoveries.append(recovery)
+        data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,
+                                pipelines=job.plan.pipelines, first_batch=recovery.first_batch)
         recorder = Recorder(rank, origin) if job.record_timeline else None
         interpreters.append(RankInterpreter(
             rank=rank, schedule=schedule, stages=rank_parts.stages,
-            optimizers=rank_parts.optimizers, weights=rank_parts.weights, transport=hub.endpoint(rank), data=data,
-            recorder=recorder,
+            optimizers=rank_parts.optimizers, weights=rank_parts.weights,
+            others=rank_parts.others, averagers=rank_parts.averagers, transport=hub.endpoint(rank), data=data,
+            recorder=recorder, start=recovery.start, after=recovery.hooks,
         ))
         parts.append(rank_parts)
+    # Every rank draws from its own random generator, as it would in its own process.
+    initial = torch.get_rng_state()
+    rng = [r.rng_state if r.rng_state is not None else initial for r in recoveries]
     running = {rank: interp.run() for rank, interp in enumerate(interpreters)}
     while running:
         progressed = False
         for rank in list(running):
             before = interpreters[rank].executed
+            torch.set_rng_state(rng[rank])
             try:
                 next(running[rank])
             except StopIteration:
                 del running[rank]
                 progressed = True
                 continue
+            rng[rank] = torch.get_rng_state()
             progressed = progressed or interpreters[rank].executed != before
         if running and not progressed:
             stuck = [(r, interpreters[r].executed) for r in sorted(running)]
             raise ScheduleError("single-process executor deadlocked:\n"
                                 + render_grid(schedule, marked=stuck, max_columns=64))
+    for recovery in recoveries:
+        recovery.close()
     wall = time.time() - origin
-    return [
+    results = [
         collect_result(rank, parts[rank], schedule,
                        records=interp.recorder.records if interp.recorder else [],
                        want_parameters=job.return_parameters, wall=wall, device=device)
         for rank, interp in enumerate(interpreters)
     ]
+    for result, recovery in zip(results, recoveries):
+        result.checkpoint_stall_s = recovery.stall_s
+    return results

@@ -25,14 +25,17 @@ class MicrobatchSource:
     """Lazily draws batches from ``stream`` and serves micro-batch row slices of them."""
 
     def __init__(self, stream: Iterable[Batch], *, microbatches: int, pipelines: int = 1,
-                 device: torch.device | None = None, window: int = 16) -> None:
+                 device: torch.device | None = None, window: int = 16,
+                 first_batch: int = 0) -> None:
+        # ``first_batch``: the stream's first batch is batch number ``first_batch`` (a resumed
+        # run's stream starts where the checkpoint left off).
         self._iterator: Iterator[Batch] = iter(stream)
         self.microbatches = microbatches
         self.pipelines = pipelines
         self.device = device
         self.window = window
         self._cache: OrderedDict[int, Batch] = OrderedDict()
-        self._drawn = 0
+        self._drawn = first_batch
         self.batch_rows: int | None = None
 
     def _batch(self, index: int) -> Batch:

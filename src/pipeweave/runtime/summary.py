@@ -36,6 +36,8 @@ class TrainSummary:
     peak_stashed_microbatches: list[int]
     wall_seconds: float
     iteration_end_s: list[float] = field(default_factory=list)
+    first_step: int = 0
+    """Steps restored from a checkpoint (resumed run): they have losses but no timings."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,16 +74,18 @@ def iteration_end_times(records: Sequence[Record], microbatches: int, steps: int
 
 
 def summarize(results: Sequence[RankResult], *, schedule: str, steps: int, batch_size: int,
-              microbatches: int, pipelines: int = 1) -> TrainSummary:
+              microbatches: int, pipelines: int = 1, first_step: int = 0) -> TrainSummary:
+    """``first_step``: steps a resumed run restored from its checkpoint (not timed here)."""
     records = [r for result in results for r in result.records]
     ends = iteration_end_times(records, microbatches, steps)
     first_start = min((s for _, _, s, _ in records), default=0.0)
-    if steps >= 3:
-        window = (ends[0], ends[-1])
-        samples = (steps - 1) * batch_size * pipelines
+    ran = steps - first_step
+    if ran >= 3:
+        window = (ends[first_step], ends[-1])
+        samples = (ran - 1) * batch_size * pipelines
     else:
         window = (first_start, ends[-1] if ends else 0.0)
-        samples = steps * batch_size * pipelines
+        samples = ran * batch_size * pipelines
     span = window[1] - window[0]
     measured = efficiency(records, len(results), window=window) if records else None
     losses = iteration_losses(results, microbatches)
@@ -95,5 +99,5 @@ def summarize(results: Sequence[RankResult], *, schedule: str, steps: int, batch
         peak_memory_bytes=[r.peak_memory_bytes for r in results],
         peak_stashed_microbatches=[r.peak_stashed_microbatches for r in results],
         wall_seconds=max((r.wall_seconds for r in results), default=0.0),
-        iteration_end_s=ends,
+        iteration_end_s=ends, first_step=first_step,
     )

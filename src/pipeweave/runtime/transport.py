@@ -21,7 +21,11 @@ sum), so results are bit-identical between the executors and across runs.
 from __future__ import annotations
 
 import datetime
+import os
+import queue
+import threading
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -125,6 +129,54 @@ _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
            torch.bool, torch.uint8, torch.int8]
 
 
+@dataclass
+class _Send:
+    """One message on its way out: the tensors (header first, if any) and their ``Work``."""
+
+    parts: list[tuple[Tensor, int]]  # (tensor, tag)
+    dst: int
+    issued: threading.Event = field(default_factory=threading.Event)
+    works: list[dist.Work] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class _Sender:
+    """Issues a CPU rank's sends on a helper thread, so compute never stalls on a send.
+
+    A gloo ``isend`` writes into the socket from the calling thread, under a lock that the
+    connection's I/O thread also takes while it reads; with one core per rank that thread is
+    often waiting for the CPU, and a 256 KiB activation send measured up to 8 ms in the rank's
+    timeline — time the next forward or backward then starts late. Here the rank queues the
+    send and goes on computing; the helper waits for the lock instead (``isend`` releases the
+    GIL, and so do torch's kernels, so the two threads hardly contend)::
+
+        rank:    B(j) | queue SB(j) | F(j+1) ...
+        helper:              isend SB(j) (waits for the socket, off the critical path)
+    """
+
+    def __init__(self, rank: int) -> None:
+        self._queue: queue.SimpleQueue[_Send | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=f"pipeweave-send-{rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, send: _Send) -> None:
+        self._queue.put(send)
+
+    def _loop(self) -> None:
+        while (send := self._queue.get()) is not None:
+            try:
+                send.works = [_posted(dist.isend(t, send.dst, tag=tag)) for t, tag in send.parts]
+            except BaseException as error:  # surfaced on the rank's thread by _settle
+                send.error = error
+            finally:
+                send.issued.set()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
 class DistTransport:
     """Point-to-point over an initialised default process group."""
 
@@ -134,8 +186,10 @@ class DistTransport:
         self.timeout = timeout
         self._sent_header: set[tuple[Op, int, int, int]] = set()
         self._shapes: dict[tuple[Op, int, int, int], tuple[torch.Size, torch.dtype]] = {}
-        self._in_flight: dict[Action, list[tuple[dist.Work, Tensor]]] = {}
+        self._in_flight: dict[Action, _Send] = {}
         """Sends (with their header) not yet known to be delivered; they keep their tensors."""
+        self._sender: _Sender | None = None
+        self.send_thread = device.type == "cpu" and os.environ.get("PIPEWEAVE_SEND_THREAD", "1") != "0"
         self._proofs: dict[Action, tuple[Action, ...]] = {}
         self._prefetched: dict[Action, tuple[dist.Work, Tensor]] = {}
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
@@ -169,24 +223,41 @@ class DistTransport:
             header[0] = _DTYPES.index(tensor.dtype)
             header[1] = tensor.dim()
             header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-            header = header.to(self.device)
-            self._track(message, dist.isend(header, dst, tag=tag | _HEADER_BIT), header)
+            parts = [(header.to(self.device), tag | _HEADER_BIT)]
             self._sent_header.add(kind)
-        tensor = tensor.contiguous()
-        self._track(message, dist.isend(tensor, dst, tag=tag), tensor)
-
-    def _track(self, message: Action, work: dist.Work | None, tensor: Tensor) -> None:
-        assert work is not None
-        self._in_flight.setdefault(message, []).append((work, tensor))
+        else:
+            parts = []
+        parts.append((tensor.contiguous(), tag))
+        send = _Send(parts, dst)
+        if self.send_thread:
+            if self._sender is None:
+                self._sender = _Sender(self.rank)
+            self._sender.submit(send)
+        else:
+            send.works = [_posted(dist.isend(t, dst, tag=tag)) for t, tag in parts]
+            send.issued.set()
+        self._in_flight[message] = send
         if not self._proofs and len(self._in_flight) > 64:  # no schedule given: poll (NCCL)
-            self._in_flight = {m: sends for m, sends in self._in_flight.items()
-                               if not all(w.is_completed() for w, _ in sends)}
+            self._in_flight = {m: s for m, s in self._in_flight.items()
+                               if not (s.issued.is_set() and all(w.is_completed() for w in s.works))}
+
+    def _settle(self, message: Action, send: _Send) -> None:
+        """Wait until ``send`` is delivered; its tensors can go afterwards."""
+        if not send.issued.wait(self.timeout.total_seconds()):
+            raise PeerTimeout(f"rank {self.rank}: sending {message} did not start within "
+                              f"{self.timeout.total_seconds():.0f} s")
+        if send.error is not None:
+            raise RuntimeError(f"rank {self.rank}: sending {message} to rank {send.dst} "
+                               f"failed: {send.error}") from send.error
+        for work in send.works:
+            work.wait(self.timeout)
 
     def _release(self, received: Action) -> None:
         """Drop the sends that ``received`` proves delivered (their ``wait`` returns at once)."""
         for sent in self._proofs.pop(received, ()):
-            for work, _ in self._in_flight.pop(sent, ()):
-                work.wait(self.timeout)
+            send = self._in_flight.pop(sent, None)
+            if send is not None:
+                self._settle(sent, send)
 
     def _shape(self, message: Action, src: int) -> tuple[torch.Size, torch.dtype]:
         kind = self._kind(message, src, self.rank)
@@ -245,10 +316,12 @@ class DistTransport:
         yield  # pragma: no cover
 
     def finish(self) -> None:
-        for sends in self._in_flight.values():
-            for work, _ in sends:
-                work.wait(self.timeout)
+        for message, send in self._in_flight.items():
+            self._settle(message, send)
         self._in_flight.clear()
+        if self._sender is not None:
+            sender, self._sender = self._sender, None
+            sender.close()
 
 
 def _posted(work: dist.Work | None) -> dist.Work:

@@ -58,10 +58,11 @@ class StageWeights:
     def __init__(self, *, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer,
                  program: Sequence[Action], recompute: bool = False,
                  backward: str = "recompute", spectrain: bool = False,
-                 distance: Callable[[Action], int] | None = None) -> None:
+                 distance: Callable[[Action], int] | None = None, pipeline: int = 0) -> None:
         if backward not in BACKWARD_MODES:
             raise ValueError(f"backward={backward!r}; choose one of {BACKWARD_MODES}")
         self.stage = stage
+        self.pipeline = pipeline
         self.module = module
         self.optimizer = optimizer
         self.names = [name for name, _ in module.named_parameters()]
@@ -89,7 +90,7 @@ class StageWeights:
         forwards: dict[tuple[int, int], tuple[int, Action, int]] = {}
         updates_at: list[int] = []
         for position, action in enumerate(program):
-            if action.stage != self.stage:
+            if action.stage != self.stage or action.pipeline != self.pipeline:
                 continue
             if action.op is Op.STEP:
                 live += 1

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..ir import Schedule, lower
+from ..ir import Op, Schedule, lower
 from ..models import ModelSpec
 from ..schedules import build_schedule
+from ..schedules.pipeoptim import prediction_distance
 from .job import Job
 from .plan import Plan
-from ..schedules.pipeoptim import prediction_distance
+from .averaging import ElasticAverager
 from .stage import StageRuntime
 from .weights import StageWeights
 
@@ -29,7 +30,7 @@ __all__ = ["RankParts", "RankResult", "build_rank", "make_schedule", "check_mode
            "peak_rss_bytes", "preflight"]
 
 SUPPORTED = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "sliced-1f1b", "pipedream", "2bw",
-                       "pipeoptim", "spectrain", "wpipe"})
+                       "pipeoptim", "spectrain", "wpipe", "avgpipe"})
 
 
 def make_schedule(plan: Plan, steps: int) -> Schedule:
@@ -96,16 +97,44 @@ def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor) -> None:
 
 @dataclass
 class RankParts:
+    """What one rank owns for one pipeline; AvgPipe's further parallel pipelines in ``others``."""
+
     stages: dict[int, StageRuntime]
     optimizers: dict[int, torch.optim.Optimizer]
     weights: dict[int, StageWeights]
+    others: list["RankParts"] = field(default_factory=list)
+    """Parallel pipelines 1..N-1 (AvgPipe), each with its own copy of this rank's stages."""
+    averagers: dict[int, ElasticAverager] = field(default_factory=dict)
+    """Per stage, the reference model of the N parallel pipelines (AvgPipe)."""
+
+    def pipeline(self, index: int) -> "RankParts":
+        return self if index == 0 else self.others[index - 1]
 
 
 def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
                spec: ModelSpec | None = None) -> RankParts:
-    """Stages (deep copies of the model's blocks) and optimizers for the stages ``rank`` hosts."""
+    """Stages (deep copies of the model's blocks) and optimizers for the stages ``rank`` hosts.
+
+    With N parallel pipelines (AvgPipe) every pipeline gets its own copies, all starting from
+    the same initial weights, and every stage an :class:`ElasticAverager` holding the reference.
+    """
     spec = job.model() if spec is None else spec
     check_model_fits_plan(spec, job.plan)
+    parts = [_build_pipeline(job, rank, schedule, device, spec, p) for p in range(schedule.pipelines)]
+    main = parts[0]
+    main.others = parts[1:]
+    if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
+        alpha = job.plan.semantics.get("alpha")
+        order = str(job.plan.semantics.get("average_order", "simultaneous"))
+        for stage, runtime in main.stages.items():
+            main.averagers[stage] = ElasticAverager(
+                stage=stage, pipelines=schedule.pipelines, initial=runtime.module,
+                alpha=None if alpha is None else float(alpha), order=order)
+    return main
+
+
+def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.device,
+                    spec: ModelSpec, pipeline: int) -> RankParts:
     last = schedule.num_stages - 1
     stages: dict[int, StageRuntime] = {}
     optimizers: dict[int, torch.optim.Optimizer] = {}
@@ -123,7 +152,7 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
             stage=stage, module=module, optimizer=optimizers[stage], program=schedule.programs[rank],
             recompute=job.plan.recompute_stage(stage), backward=backward,
             spectrain=schedule.name == "spectrain",
-            distance=lambda action: prediction_distance(schedule, action),
+            distance=lambda action: prediction_distance(schedule, action), pipeline=pipeline,
         )
     return RankParts(stages, optimizers, weights)
 
@@ -139,10 +168,15 @@ class RankResult:
     peak_memory_bytes: int = 0
     peak_stashed_microbatches: int = 0
     parameters: dict[str, Tensor] = field(default_factory=dict)
-    """``"<block>.<name>" -> tensor`` for the blocks this rank owns (first replica only)."""
+    """``"<block>.<name>" -> tensor`` for the blocks this rank owns (first replica only); with
+    parallel pipelines, the reference model's values."""
+    pipeline_losses: dict[int, dict[int, float]] = field(default_factory=dict)
+    """AvgPipe: losses of parallel pipelines 1..N-1 (``losses`` holds pipeline 0's)."""
     peak_weight_versions: dict[int, int] = field(default_factory=dict)
     """Per stage on this rank: most weight sets held at once (live, stashed, predicted)."""
     wall_seconds: float = 0.0
+    checkpoint_stall_s: float = 0.0
+    """Seconds this rank's training thread spent on checkpoints (see runtime/checkpoint.py)."""
 
 
 def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: list[tuple[int, str, float, float]],
@@ -153,16 +187,24 @@ def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: 
         result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.peak_stashed)
         result.peak_weight_versions[stage_id] = parts.weights[stage_id].peak_versions
         if want_parameters and schedule.layout.stage_ranks[stage_id][0] == rank:
-            result.parameters.update(_named_parameters(stage))
+            averager = parts.averagers.get(stage_id)
+            result.parameters.update(_named_parameters(
+                stage, averager.reference_parameters() if averager is not None else None))
+    for index, other in enumerate(parts.others, start=1):
+        for stage in other.stages.values():
+            result.pipeline_losses.setdefault(index, {}).update(stage.losses)
     result.peak_memory_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                                 else peak_rss_bytes())
     return result
 
 
-def _named_parameters(stage: StageRuntime) -> Mapping[str, Tensor]:
+def _named_parameters(stage: StageRuntime,
+                      values: Mapping[str, Tensor] | None = None) -> Mapping[str, Tensor]:
+    """``"<block>.<name>"`` keys for the stage's parameters (or for ``values``, same names)."""
     start = stage.block_range[0]
     named = {}
-    for name, param in stage.module.named_parameters():
+    source = values.items() if values is not None else stage.module.named_parameters()
+    for name, param in source:
         index, _, rest = name.partition(".")
         named[f"{start + int(index)}.{rest}"] = param.detach().cpu().clone()
     return named

@@ -1,0 +1,279 @@
+"""The tuner's profile of one (M, N) setting, from a measured or a simulated timeline.
+
+avgpipe.txt §5.2.1: run one setting for a short while and collect, per GPU, "GPU utilization,
+computation time, communication time, and memory footprints". :class:`TuningProfile` holds
+exactly that, per iteration (all ``N`` pipelines' batches), as plain numbers; it is filled from
+``(rank, action_text, start_s, end_s)`` records, which both the simulator
+(``SimulationResult.timeline``) and the runtime (``RankResult.records``) produce.
+
+**Utilisation** ``φ^k(t)`` (what Equation 2 scales) is measured as the *busy share* of rank
+``k``'s wall time: the fraction of each instant (or of each ``bin_s`` bin, like a sampled
+counter) that the rank spends in a compute action (``F``, ``B``, ``U``, ``AR``, ``AV``: anything
+but a send or receive), times ``intensity``::
+
+    rank0  |F F F F . . . . B B B B|   busy share   1 1 1 1 0 0 0 0 1 1 1 1
+    φ histogram: (intensity, 8 slots of compute), (0, 4 slots of bubble)
+
+* CPU: there is no portable hardware counter, so the busy share comes from the timeline and
+  ``intensity`` is 1 unless the caller calibrates it (a rank runs one action at a time, so
+  "busy" is the best a timeline can say).
+* GPU: the same, from timings bracketed by ``torch.cuda.synchronize()`` (the runtime's
+  records); ``intensity`` can be set from a kernel-occupancy measure: ``torch.cuda.utilization()``
+  reports NVML's utilisation but needs the ``pynvml`` package, so pipeweave does not call it.
+
+**Communication** ``𝕋^k``: the transfer time of every message rank ``k`` receives (activations
+from ``k-1``, gradients from ``k+1``), each counted once at its receiver, from the per-boundary
+message time (``latency + bytes / bandwidth``). A timeline cannot separate a receive's transfer
+from waiting for the sender, so receive waits are kept only for reference.
+
+**Memory** ``F^k = fixed + F_mod + F_dat``: ``model_bytes`` are the ``n`` parallel models'
+weights, gradients and optimizer states (``F_mod``), ``data_bytes`` the activations held at
+the peak (``F_dat``), ``fixed_bytes`` what no setting changes (the reference model, the
+process's baseline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir import Op, parse_action
+from ..schedules.avgpipe import parse_advance
+
+__all__ = ["RankProfile", "TuningProfile", "Record", "profile_from_timeline",
+           "profile_from_simulation", "busy_segments", "utilisation_histogram"]
+
+Record = tuple[int, str, float, float]
+"""``(rank, action text, start, end)``: a timeline record (simulated or measured)."""
+
+_COMM = frozenset({Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD})
+_RECV = frozenset({Op.RECV_ACT, Op.RECV_GRAD})
+
+
+@dataclass(frozen=True)
+class RankProfile:
+    """One rank (GPU ``k``) over one iteration of the profiled setting.
+
+    Attributes:
+        compute_s: ``T^k_gpu``, busy compute time.
+        idle_s: iteration time minus ``compute_s`` (blocking communication plus bubbles).
+        comm_total_s: ``𝕋^k``, transfer time of the messages the rank receives.
+        utilisation: ``φ^k`` as ``(level, seconds)`` pairs summing to the iteration time.
+        model_bytes: ``F^k_mod``, the parallel models (weights, gradients, optimizer state).
+        data_bytes: ``F^k_dat``, activations and inputs held at the peak.
+        fixed_bytes: memory no setting changes (reference model, process baseline).
+        receive_wait_s: time spent in receives (transfer and waiting), when recorded.
+    """
+
+    compute_s: float
+    idle_s: float
+    comm_total_s: float
+    utilisation: tuple[tuple[float, float], ...]
+    model_bytes: float
+    data_bytes: float
+    fixed_bytes: float = 0.0
+    receive_wait_s: float | None = None
+
+    @property
+    def memory_bytes(self) -> float:
+        """``F^k``: everything the rank holds at its peak."""
+        return self.fixed_bytes + self.model_bytes + self.data_bytes
+
+
+@dataclass(frozen=True)
+class TuningProfile:
+    """A profile of one setting: ``microbatches`` (m) x ``pipelines`` (n), per iteration.
+
+    Attributes:
+        microbatches: m, micro-batches per batch (per pipeline).
+        pipelines: n, parallel pipelines (each trains one batch per iteration).
+        iteration_s: measured time of one iteration (all n batches).
+        ranks: one :class:`RankProfile` per rank, in pipeline order.
+        advance: forwards in advance of 1F1B the profiled run used (0 = 1F1B).
+        source: ``"simulated"`` or ``"measured"``.
+        batch_size: samples per batch, when known (M must divide it).
+        notes: free-form provenance (model, costs, how utilisation was measured).
+    """
+
+    microbatches: int
+    pipelines: int
+    iteration_s: float
+    ranks: tuple[RankProfile, ...]
+    advance: int = 0
+    source: str = "simulated"
+    batch_size: int | None = None
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", tuple(self.ranks))
+        for name in ("microbatches", "pipelines"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TuningProfile {name} must be an integer >= 1, got {value!r}")
+        if not self.ranks:
+            raise ValueError("TuningProfile needs at least one rank")
+        if not self.iteration_s > 0:
+            raise ValueError(f"TuningProfile iteration_s must be > 0 seconds, got {self.iteration_s!r}")
+
+    @property
+    def stages(self) -> int:
+        return len(self.ranks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "microbatches": self.microbatches, "pipelines": self.pipelines,
+            "iteration_s": self.iteration_s, "advance": self.advance, "source": self.source,
+            "batch_size": self.batch_size, "notes": dict(self.notes),
+            "ranks": [{**{k: getattr(r, k) for k in r.__dataclass_fields__},
+                       "utilisation": [list(p) for p in r.utilisation]} for r in self.ranks],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TuningProfile":
+        ranks = tuple(RankProfile(**{**r, "utilisation": tuple(tuple(p) for p in r["utilisation"])})
+                      for r in data["ranks"])
+        return cls(microbatches=int(data["microbatches"]), pipelines=int(data["pipelines"]),
+                   iteration_s=float(data["iteration_s"]), ranks=ranks,
+                   advance=int(data.get("advance", 0)), source=str(data.get("source", "simulated")),
+                   batch_size=data.get("batch_size"), notes=dict(data.get("notes") or {}))
+
+
+def busy_segments(records: Iterable[Record], rank: int,
+                  window: tuple[float, float]) -> list[tuple[float, float]]:
+    """Merged ``(start, end)`` intervals where ``rank`` runs a compute action, clipped to ``window``."""
+    lo, hi = window
+    spans = sorted((max(s, lo), min(e, hi)) for r, text, s, e in records
+                   if r == rank and parse_action(text).op not in _COMM and e > lo and s < hi)
+    merged: list[tuple[float, float]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        elif end > start:
+            merged.append((start, end))
+    return merged
+
+
+def utilisation_histogram(segments: Sequence[tuple[float, float]], window: tuple[float, float], *,
+                          intensity: float = 1.0, bin_s: float | None = None
+                          ) -> list[tuple[float, float]]:
+    """``φ`` over ``window`` as ``(level, seconds)`` pairs, levels merged.
+
+    Exact (``bin_s=None``): ``intensity`` while busy, 0 while idle. Binned: the busy share of
+    each ``bin_s``-long bin times ``intensity`` (what a sampled counter would show).
+    """
+    lo, hi = window
+    busy = sum(e - s for s, e in segments)
+    if bin_s is None:
+        pairs = [(intensity, busy), (0.0, (hi - lo) - busy)]
+    else:
+        if not bin_s > 0:
+            raise ValueError(f"bin_s must be > 0 seconds (or None for exact), got {bin_s!r}")
+        pairs = []
+        start = lo
+        while start < hi:
+            end = min(start + bin_s, hi)
+            inside = sum(max(0.0, min(e, end) - max(s, start)) for s, e in segments)
+            pairs.append((intensity * inside / (end - start), end - start))
+            start = end
+    merged: dict[float, float] = {}
+    for level, seconds in pairs:
+        if seconds > 0:
+            merged[level] = merged.get(level, 0.0) + seconds
+    return sorted(merged.items(), reverse=True)
+
+
+def profile_from_timeline(
+    records: Iterable[Record],
+    *,
+    stages: int,
+    microbatches: int,
+    pipelines: int,
+    iterations: int,
+    transfer_s: Sequence[float],
+    model_bytes: Sequence[float],
+    data_bytes: Sequence[float],
+    fixed_bytes: Sequence[float] | None = None,
+    window: tuple[float, float] | None = None,
+    intensity: float | Sequence[float] = 1.0,
+    bin_s: float | None = None,
+    advance: int = 0,
+    source: str = "measured",
+    batch_size: int | None = None,
+    notes: Mapping[str, Any] | None = None,
+) -> TuningProfile:
+    """Profile ``iterations`` iterations of a straight ``stages``-rank pipeline from its records.
+
+    Args:
+        records: the timeline (rank ``k`` runs stage ``k``).
+        transfer_s: one message's time across each boundary (``stages - 1`` values).
+        model_bytes, data_bytes, fixed_bytes: per rank, see :class:`RankProfile`.
+        window: the interval the ``iterations`` cover (default: first start to last end).
+        intensity: the utilisation of a busy rank (one value, or one per rank); 1 = busy share.
+        bin_s: sample the busy share in bins of this length instead of exactly.
+    """
+    records = list(records)
+    if not records:
+        raise ValueError("the timeline has no records; profile a run with record_timeline=True")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    if len(transfer_s) != stages - 1:
+        raise ValueError(f"transfer_s has {len(transfer_s)} values; give one per boundary "
+                         f"({stages - 1} for {stages} stages)")
+    per_rank = {"model_bytes": model_bytes, "data_bytes": data_bytes,
+                "fixed_bytes": fixed_bytes if fixed_bytes is not None else [0.0] * stages}
+    for name, values in per_rank.items():
+        if len(values) != stages:
+            raise ValueError(f"{name} has {len(values)} values; give one per rank ({stages})")
+    levels = [float(intensity)] * stages if isinstance(intensity, (int, float)) else list(intensity)
+    if window is None:
+        window = (min(r[2] for r in records), max(r[3] for r in records))
+    lo, hi = window
+    iteration = (hi - lo) / iterations
+    messages = microbatches * pipelines  # each crossing of a boundary, per direction
+    ranks = []
+    for k in range(stages):
+        segments = busy_segments(records, k, window)
+        compute = sum(e - s for s, e in segments) / iterations
+        received = (transfer_s[k - 1] if k > 0 else 0.0) + (transfer_s[k] if k < stages - 1 else 0.0)
+        waits = [min(e, hi) - max(s, lo) for r, text, s, e in records
+                 if r == k and parse_action(text).op in _RECV and e > lo and s < hi]
+        histogram = utilisation_histogram(segments, window, intensity=levels[k], bin_s=bin_s)
+        ranks.append(RankProfile(
+            compute_s=compute, idle_s=max(iteration - compute, 0.0),
+            comm_total_s=messages * received,
+            utilisation=tuple((level, seconds / iterations) for level, seconds in histogram),
+            model_bytes=float(per_rank["model_bytes"][k]), data_bytes=float(per_rank["data_bytes"][k]),
+            fixed_bytes=float(per_rank["fixed_bytes"][k]),
+            receive_wait_s=sum(waits) / iterations if waits else None,
+        ))
+    return TuningProfile(microbatches=microbatches, pipelines=pipelines, iteration_s=iteration,
+                         ranks=tuple(ranks), advance=advance, source=source,
+                         batch_size=batch_size, notes=dict(notes or {}))
+
+
+def profile_from_simulation(result: Any, *, model_bytes: Sequence[float],
+                            fixed_bytes: Sequence[float] | None = None,
+                            intensity: float | Sequence[float] = 1.0, bin_s: float | None = None,
+                            batch_size: int | None = None,
+                            notes: Mapping[str, Any] | None = None) -> TuningProfile:
+    """Profile from a :class:`pipeweave.sim.SimulationResult` of an ``avgpipe`` (or other
+    straight, one-chunk) schedule: its timeline, message times and peak activation bytes."""
+    schedule = result.schedule
+    if schedule.num_stages != schedule.num_ranks:
+        raise ValueError(f"the tuner models a straight pipeline (one stage per rank); "
+                         f"{schedule.name!r} has {schedule.num_stages} stages on "
+                         f"{schedule.num_ranks} ranks")
+    lo, hi = result.window
+    iterations = max(1, round((hi - lo) / result.iteration_time))
+    costs = result.costs
+    advance = parse_advance(schedule.options.get("advance"), schedule.microbatches)
+    return profile_from_timeline(
+        result.timeline, stages=schedule.num_stages, microbatches=schedule.microbatches,
+        pipelines=schedule.pipelines, iterations=iterations,
+        transfer_s=[costs.comm(b) for b in range(schedule.num_stages - 1)],
+        model_bytes=model_bytes, data_bytes=result.peak_activation_bytes, fixed_bytes=fixed_bytes,
+        window=result.window, intensity=intensity, bin_s=bin_s,
+        advance=advance, source="simulated",
+        batch_size=batch_size, notes=notes,
+    )

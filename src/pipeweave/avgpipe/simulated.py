@@ -1,0 +1,160 @@
+"""The simulator as AvgPipe's measuring instrument: time and memory of one (M, N, advance).
+
+A setting of a model is simulated from a per-block profile *measured at that setting's
+micro-batch size* (``batch_size / M`` samples; the profile gives the compute times, the bytes
+crossing each boundary and the activation bytes), a fixed split of the blocks into stages and
+a link. Memory per rank is counted as AvgPipe holds it::
+
+    fixed   = the reference model's weights (one copy, §3.2)
+    F_mod   = N x (weights + gradients + optimizer state)     (the parallel models)
+    F_dat   = the most activation bytes held at once          (simulator, all N pipelines)
+
+This is what the tuner's simulated profile, the traversal's "measurement" and the advance
+controller's tests all use. Pure Python (no torch) once the profiles exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..planner.evaluate import Network, plan_costs
+from ..planner.partition import Bounds
+from ..profiler.profile import Profile
+from ..schedules import build_schedule
+from ..sim import Costs, SimulationResult, simulate
+from .profile import TuningProfile, profile_from_simulation
+from .tuner import Measurement
+
+__all__ = ["simulate_setting", "SimulatedModel", "advance_probe", "calibrated_intensity"]
+
+
+def simulate_setting(stages: int, microbatches: int, costs: Costs, *, pipelines: int = 1,
+                     advance: int | str = 0, iterations: int = 2) -> SimulationResult:
+    """Simulate ``iterations`` iterations of ``avgpipe`` at ``(M, N, advance)`` with ``costs``."""
+    schedule = build_schedule("avgpipe", stages=stages, microbatches=microbatches,
+                              iterations=iterations, pipelines=pipelines, advance=advance)
+    return simulate(schedule, costs)
+
+
+def advance_probe(stages: int, microbatches: int, costs: Costs, *, pipelines: int = 1,
+                  iterations: int = 2) -> Callable[[int], tuple[float, list[float]]]:
+    """``advance -> (iteration time, peak activation bytes per rank)``, for driving an
+    :class:`~pipeweave.avgpipe.controller.AdvanceController` with the simulator."""
+    cache: dict[int, tuple[float, list[float]]] = {}
+
+    def probe(advance: int) -> tuple[float, list[float]]:
+        if advance not in cache:
+            result = simulate_setting(stages, microbatches, costs, pipelines=pipelines,
+                                      advance=advance, iterations=iterations)
+            cache[advance] = (result.iteration_time, list(result.peak_activation_bytes))
+        return cache[advance]
+
+    return probe
+
+
+@dataclass
+class SimulatedModel:
+    """A model split into stages, simulated at any (M, N) from per-micro-batch-size profiles.
+
+    Attributes:
+        profile_at: micro-batch size -> the model's profile at that size (e.g. a call to
+            :func:`pipeweave.profiler.profile_builtin`, cached or not).
+        bounds: ``[start, end)`` blocks of every stage.
+        batch_size: samples per batch (per pipeline); ``M`` must divide it.
+        network: the link between consecutive ranks.
+        iterations: iterations simulated per setting.
+    """
+
+    profile_at: Callable[[int], Profile]
+    bounds: Bounds
+    batch_size: int
+    network: Network = field(default_factory=Network)
+    iterations: int = 2
+
+    @property
+    def stages(self) -> int:
+        return len(self.bounds)
+
+    def microbatch_size(self, microbatches: int) -> int:
+        if self.batch_size % microbatches:
+            raise ValueError(f"M={microbatches} does not divide the batch size {self.batch_size}; "
+                             f"use a divisor of {self.batch_size}")
+        return self.batch_size // microbatches
+
+    def costs(self, profile: Profile) -> Costs:
+        """The simulator's costs at ``profile``'s micro-batch size; a stage's activation is
+        :meth:`stash_bytes` (the parameters are in ``F_mod``)."""
+        return replace(plan_costs(profile, self.bounds, self.network),
+                       activation_bytes=self.stash_bytes(profile))
+
+    def stash_bytes(self, profile: Profile) -> list[float]:
+        """What a stage keeps per micro-batch: the profile's ``activation_bytes`` less the
+        block's parameters. The profiler counts every storage autograd saves, and a Linear or
+        convolution saves its own weight for the backward; that storage *is* the parameter
+        (counted in ``F_mod``), so counting it per held micro-batch would inflate ``F_dat``
+        by ``held x weights`` (and make it affine, not linear, in the micro-batch size)."""
+        return [sum(max(b.activation_bytes - b.parameter_bytes, 0.0) for b in profile.blocks[a:e])
+                for a, e in self.bounds]
+
+    def model_bytes(self, profile: Profile, pipelines: int) -> list[float]:
+        """``F_mod`` per rank: ``N`` x (weights + gradients + optimizer state)."""
+        return [pipelines * sum(2 * b.parameter_bytes + b.optimizer_bytes for b in profile.blocks[a:e])
+                for a, e in self.bounds]
+
+    def reference_bytes(self, profile: Profile) -> list[float]:
+        """The reference model's weights per rank (one copy, whatever ``N``)."""
+        return [sum(b.parameter_bytes for b in profile.blocks[a:e]) for a, e in self.bounds]
+
+    def run(self, microbatches: int, pipelines: int, advance: int | str = 0
+            ) -> tuple[Profile, SimulationResult]:
+        profile = self.profile_at(self.microbatch_size(microbatches))
+        result = simulate_setting(self.stages, microbatches, self.costs(profile),
+                                  pipelines=pipelines, advance=advance, iterations=self.iterations)
+        return profile, result
+
+    def memory(self, profile: Profile, result: SimulationResult, pipelines: int) -> list[float]:
+        """Per rank: reference + parallel models + peak activations."""
+        return [r + m + d for r, m, d in zip(self.reference_bytes(profile),
+                                             self.model_bytes(profile, pipelines),
+                                             result.peak_activation_bytes)]
+
+    def measure(self, microbatches: int, pipelines: int, advance: int | str = 0) -> Measurement:
+        """One setting "measured" by simulation (a traversal's ``measure``)."""
+        profile, result = self.run(microbatches, pipelines, advance)
+        memory = self.memory(profile, result, pipelines)
+        afab = simulate_setting(self.stages, microbatches, self.costs(profile),
+                                pipelines=pipelines, advance="all", iterations=self.iterations)
+        return Measurement(microbatches, pipelines, result.iteration_time, max(memory),
+                           extra={"memory_per_rank": memory,
+                                  "afab_iteration_s": afab.iteration_time,
+                                  "bubble_fraction": result.bubble_fraction})
+
+    def tuning_profile(self, microbatches: int, pipelines: int, *, advance: int | str = 0,
+                       intensity: float | Sequence[float] = 1.0, bin_s: float | None = None,
+                       notes: dict[str, Any] | None = None) -> TuningProfile:
+        """The tuner's profile of one setting, from its simulated timeline (§5.2.1)."""
+        profile, result = self.run(microbatches, pipelines, advance)
+        return profile_from_simulation(
+            result, model_bytes=self.model_bytes(profile, pipelines),
+            fixed_bytes=self.reference_bytes(profile), intensity=intensity, bin_s=bin_s,
+            batch_size=self.batch_size,
+            notes={"model": profile.model, "microbatch_size": self.microbatch_size(microbatches),
+                   **(notes or {})},
+        )
+
+
+def calibrated_intensity(profile: Profile, reference: Profile, bounds: Bounds) -> list[float]:
+    """Per stage, how much of the compute resource a micro-batch of ``profile``'s size uses,
+    taking ``reference`` (a larger micro-batch) as 100 %: the ratio of per-sample compute
+    times, reference over profiled, capped at 1. The CPU's stand-in for a GPU utilisation
+    counter (see :mod:`pipeweave.avgpipe.profile`)."""
+    if profile.batch_size is None or reference.batch_size is None:
+        raise ValueError("calibrating the intensity needs both profiles' batch_size")
+    out = []
+    for a, e in bounds:
+        mine = sum(b.compute for b in profile.blocks[a:e]) / profile.batch_size
+        peak = sum(b.compute for b in reference.blocks[a:e]) / reference.batch_size
+        out.append(min(1.0, peak / mine) if mine > 0 else 1.0)
+    return out

@@ -1,0 +1,87 @@
+"""Elastic averaging over N parallel pipelines (AvgPipe §3.2), one stage on one rank.
+
+Each of the N parallel models of a stage takes its own optimizer step (local update
+``δ = w_after - w_before``) and is then pulled towards the reference model of the previous
+iteration by ``α`` (default ``1/N``), in the elastic-averaging form::
+
+    w  <-  w + δ - α (w - w_ref)          (order "simultaneous", the default)
+
+i.e. the dilution uses the weights *before* the local update. The paper leaves the order open;
+``order="update-then-dilute"`` applies the update first and dilutes the updated weights,
+``w <- (w + δ) - α ((w + δ) - w_ref)``.
+
+The reference accumulates the iteration's N contributions and normalises them: once all N
+parallel models of the stage have averaged for iteration k, ``w_ref <- (1/N) Σ_p w_p``. With
+the default order this equals ``w_ref + (1/N) Σ_p δ_p`` (the paper's "accumulate the N updates
+and apply them") whenever the reference was the mean before — which holds from the start,
+since every parallel model begins as a copy of the same initial model — so the reference *is*
+the mean of the parallel models. We keep it as the mean of the models rather than adding the
+mean update so that floating-point rounding cannot make the two drift apart, and so that N = 1
+reduces exactly (bit for bit) to the plain pipeline: ``w - w_ref`` is then exactly zero.
+
+All parallel models of a stage live on the same rank (AvgPipe co-partitions the pipelines),
+so the contributions never leave the rank and never block the pipeline. The reference model is
+what is evaluated and reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ElasticAverager", "ORDERS"]
+
+ORDERS = ("simultaneous", "update-then-dilute")
+
+
+class ElasticAverager:
+    """Reference model and averaging rule for one stage's N parallel models."""
+
+    def __init__(self, *, stage: int, pipelines: int, initial: nn.Module,
+                 alpha: float | None = None, order: str = "simultaneous") -> None:
+        if order not in ORDERS:
+            raise ValueError(f"averaging order {order!r} unknown; choose one of {ORDERS}")
+        alpha = 1.0 / pipelines if alpha is None else float(alpha)
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha={alpha} must lie in [0, 1]; the paper's default is 1/N")
+        self.stage = stage
+        self.pipelines = pipelines
+        self.alpha = alpha
+        self.order = order
+        self.reference = {n: p.detach().clone() for n, p in initial.named_parameters()}
+        self.iteration = 0  # iterations folded into the reference
+        self._before: dict[int, dict[str, Tensor]] = {}
+        self._sum: dict[str, Tensor] = {}
+        self._count = 0
+
+    def before_step(self, pipeline: int, module: nn.Module) -> None:
+        """Remember the pipeline's weights before its local update."""
+        self._before[pipeline] = {n: p.detach().clone() for n, p in module.named_parameters()}
+
+    def average(self, pipeline: int, module: nn.Module, version: int) -> None:
+        """Pull ``module`` (just updated) towards the reference; fold it into the next reference."""
+        if version - 1 != self.iteration:
+            raise RuntimeError(
+                f"stage {self.stage}: averaging for iteration {version - 1} of pipeline "
+                f"{pipeline} while the reference has folded {self.iteration} iterations; the "
+                f"schedule must average every pipeline of an iteration before the next one"
+            )
+        before = self._before.pop(pipeline)
+        with torch.no_grad():
+            for name, param in module.named_parameters():
+                anchor = before[name] if self.order == "simultaneous" else param.detach()
+                param.sub_(self.alpha * (anchor - self.reference[name]))
+                if name in self._sum:
+                    self._sum[name] += param.detach()
+                else:
+                    self._sum[name] = param.detach().clone()
+        self._count += 1
+        if self._count == self.pipelines:
+            self.reference = {n: s / self.pipelines for n, s in self._sum.items()}
+            self._sum, self._count = {}, 0
+            self.iteration += 1
+
+    def reference_parameters(self) -> Mapping[str, Tensor]:
+        return self.reference

@@ -13,13 +13,15 @@ Ethernet like the paper's cluster) and three memory limits (none, and two that b
   pipelines for real per setting (and the runtime does not run ``avgpipe`` with N > 1 yet),
   so a setting is "measured" by simulating ``avgpipe`` (1F1B, ``advance=0``) with per-block
   costs *measured by the profiler at that setting's micro-batch size* (one thread per rank;
-  each size profiled in three rounds, fastest kept, to filter out other processes on the
-  machine). Memory per rank = reference model + N x (weights, gradients, Adam state) +
+  every block's fastest of 7 single runs, which filters out the other processes sharing the
+  machine: with medians the cost curve changed shape between runs). Memory per rank = reference model + N x (weights, gradients, Adam state) +
   the simulator's peak activation bytes.
 * **tuner**: profiles ONE setting (the profiled run is simulated from the profile at its
   micro-batch size) and predicts the grid with Equations 1-8 (``mode="interleaved"``,
-  ``memory="held"``); the utilisation is the busy share of the timeline times a calibrated
-  intensity (per-sample time at the largest micro-batch / at the profiled one).
+  ``memory="held"``), profiled where the paper says (the largest M, the smallest N); the
+  utilisation is the busy share of the timeline, a rank's compute time split into per-sample
+  work (level 1) and fixed per-call overhead (level 0) by the profiler's times at the profiled
+  and at the largest micro-batch size (``calibrate_levels``).
 * **traversal**: evaluates every setting the same way and takes the best.
 
 Accuracy (is the pick within 10 % of the traversal's best time per batch, and does it fit?)
@@ -29,9 +31,9 @@ predicts; the traversal profiles and simulates every setting. Also reported: the
 accounting, where each setting costs a short real run (10 iterations per traversal setting,
 20 for the tuner's profile, §5.2.1 and §5.1), from the simulated iteration times.
 
-Ablations (same measurements): the paper's profiling point (largest M), plain busy share
-(intensity 1), the paper's concurrent-process reading of N, and Equation 8 without the
-held-micro-batch correction.
+Ablations (same measurements): other profiling points, one calibrated level instead of the
+work split, plain busy share (level 1), the paper's concurrent-process reading of N, and
+Equation 8 without the held-micro-batch correction.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeweave.avgpipe import TraversalResult, predict, traverse, tune
-from pipeweave.avgpipe.simulated import SimulatedModel, calibrated_intensity
+from pipeweave.avgpipe.simulated import SimulatedModel, calibrate_levels
 from pipeweave.avgpipe.sources import builtin_model, profile_cache
 from pipeweave.planner.evaluate import Network
 
@@ -57,47 +59,50 @@ M_GRID = (1, 2, 4, 8, 16)
 N_GRID = (1, 2, 3, 4, 5, 6)
 NETWORKS = {"loopback": Network(bandwidth=1.83e9),            # measure_link() on this machine
             "1GbE": Network(bandwidth=1.25e8, latency=5e-5)}  # the paper's cluster (§7)
-PROFILE_AT = (2, 1)          # the tuner's profiled setting (M, N); see docs/avgpipe.md
+PROFILE_AT = (max(M_GRID), min(N_GRID))   # the paper's profiling point: large M, small N
 RUN_ITERATIONS = {"traversal": 10, "profile": 20}   # §5.1 "ten batches", §5.2.1 "twenty"
+PROFILING = {"repeats": 1, "warmup": 1, "rounds": 7}   # fastest of 7 single runs per block
 OUT = Path("benchmarks/results/avgpipe_tuner.json")
 
 
 def variants() -> dict[str, dict[str, Any]]:
     """The tuner as configured by default, and the ablations."""
-    largest = max(M_GRID)
+    largest, second = max(M_GRID), sorted(M_GRID)[1]
+    base = {"profile_at": PROFILE_AT, "calibrate": "work", "mode": "interleaved", "memory": "held"}
     return {
-        "default": {"profile_at": PROFILE_AT, "calibrate": True, "mode": "interleaved", "memory": "held"},
-        "paper profiling point (largest M)": {"profile_at": (largest, 1), "calibrate": True,
-                                              "mode": "interleaved", "memory": "held"},
-        "busy share only (intensity 1)": {"profile_at": PROFILE_AT, "calibrate": False,
-                                          "mode": "interleaved", "memory": "held"},
-        "busy share only, smallest M": {"profile_at": (min(M_GRID), 1), "calibrate": False,
-                                        "mode": "interleaved", "memory": "held"},
-        "concurrent pipelines (paper's N)": {"profile_at": PROFILE_AT, "calibrate": True,
-                                             "mode": "concurrent", "memory": "held"},
-        "Equation 8 literal": {"profile_at": PROFILE_AT, "calibrate": True, "mode": "interleaved",
-                               "memory": "paper"},
+        "default": base,
+        "work split, 2nd-smallest M": {**base, "profile_at": (second, 1)},
+        "one calibrated level, 2nd-smallest M": {**base, "profile_at": (second, 1),
+                                                 "calibrate": "intensity"},
+        "busy share only (levels 1)": {**base, "calibrate": None},
+        "busy share only, smallest M": {**base, "profile_at": (min(M_GRID), 1), "calibrate": None},
+        "concurrent pipelines (paper's N)": {**base, "mode": "concurrent"},
+        "Equation 8 literal": {**base, "memory": "paper"},
     }
 
 
-def binding_limits(memories: Sequence[float]) -> list[float]:
+def binding_limits(memories: Sequence[float], gap: float = 0.05) -> list[float]:
     """Two memory limits that exclude part of the grid, each halfway between two measured
-    peaks (never on one, so a 0.1 % prediction error cannot flip a setting)."""
-    distinct = sorted(set(memories))
+    peaks at least ``gap`` apart (never at one, so a small prediction error in memory cannot
+    flip a setting's feasibility: that would test the limit, not the tuner)."""
+    levels: list[float] = []
+    for value in sorted(memories):
+        if not levels or value > levels[-1] * (1 + gap):
+            levels.append(value)
     limits = []
     for q in (3, 6):
-        i = max(1, len(distinct) // q)
-        limits.append((distinct[i - 1] + distinct[i]) / 2)
+        i = max(1, len(levels) // q)
+        limits.append((levels[i - 1] * (1 + gap) + levels[i]) / 2)
     return limits
 
 
-def tuner_profile(sm: SimulatedModel, profile_at: tuple[int, int], calibrate: bool) -> Any:
+def tuner_profile(sm: SimulatedModel, profile_at: tuple[int, int], calibrate: str | None) -> Any:
     m, n = profile_at
-    intensity: float | list[float] = 1.0
-    if calibrate:
-        intensity = calibrated_intensity(sm.profile_at(BATCH // m), sm.profile_at(BATCH // min(M_GRID)),
-                                         sm.bounds)
-    return sm.tuning_profile(m, n, intensity=intensity)
+    levels = None
+    if calibrate is not None:
+        levels = calibrate_levels(sm.profile_at(BATCH // m), sm.profile_at(BATCH // min(M_GRID)),
+                                  sm.bounds, how=calibrate)
+    return sm.tuning_profile(m, n, levels=levels)
 
 
 def evaluate(sm: SimulatedModel, truth: TraversalResult, limit: float | None,
@@ -137,16 +142,16 @@ def timed_costs(model: str, stages: int, network: Network, truth: TraversalResul
     in the paper's accounting, where a setting costs a short real run: ``startup_s`` (one
     launch of local processes, measured) plus 10 iterations per traversal setting, and 20
     plus the calibration for the tuner."""
-    fresh = profile_cache(model, cache=False)
+    fresh = profile_cache(model, cache=False, **PROFILING)
     sm = builtin_model(model, stages=stages, batch_size=BATCH, network=network, profile_at=fresh)
     m, n = PROFILE_AT
     started = time.perf_counter()
     reference = fresh(BATCH // min(M_GRID))
     calibration_s = time.perf_counter() - started
     profiled = fresh(BATCH // m)
-    intensity = calibrated_intensity(profiled, reference, sm.bounds)
+    levels = calibrate_levels(profiled, reference, sm.bounds)
     sm.profile_at = lambda size: profiled  # the profiled size, measured just above
-    tune(sm.tuning_profile(m, n, intensity=intensity), M_GRID, N_GRID)
+    tune(sm.tuning_profile(m, n, levels=levels), M_GRID, N_GRID)
     tuner_s = time.perf_counter() - started
     sm.profile_at = fresh
     started = time.perf_counter()
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     cases, summary = [], {name: [] for name in variants()}
     real: dict[tuple[str, int], dict[str, float]] = {}
     for model in models:
-        shared = profile_cache(model, repeats=5, warmup=2, rounds=3)
+        shared = profile_cache(model, **PROFILING)
         for stages in ranks:
             for net_name, network in networks.items():
                 sm = builtin_model(model, stages=stages, batch_size=BATCH, network=network,

@@ -97,3 +97,10 @@ def test_resume_past_the_end_is_rejected(tmp_path) -> None:
     again = dataclasses.replace(job, checkpoint=CheckpointOptions(resume=str(tmp_path)))
     with pytest.raises(ValueError, match="is at step 2 and the run has 2 steps: nothing is left"):
         run_local(again)
+
+
+def test_avgpipe_is_rejected_until_its_reference_models_are_saved(tmp_path) -> None:
+    job = with_checkpoints(mlp_job(depth=2, schedule="avgpipe", plan_fields={"pipelines": 2}),
+                           directory=str(tmp_path))
+    with pytest.raises(ValueError, match="checkpoint/resume of 'avgpipe' .* not supported yet"):
+        run_local(job)

@@ -25,6 +25,8 @@ def test_processes_resume_exactly_with_dropout(tmp_path: Path) -> None:
     job = dropout_gpt_job(depth=2, steps=5)
     straight = launch_local(with_checkpoints(job, directory=str(tmp_path), every=2),
                             deadline_s=200)
+    # Each rank of the single-process executor has its own random stream, as in processes.
+    assert_same_run(run_local(job), straight, microbatches=4, steps=[1, 2, 3, 4, 5])
     after2, after4, after5 = complete_checkpoints(tmp_path)
     assert [int(p.name.split("-")[1]) for p in (after2, after4, after5)] == [2, 4, 5]
     resumed = launch_local(_resume(job, after2), deadline_s=200)

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -113,7 +114,10 @@ def test_torchrun_restart_resumes_from_the_last_complete_checkpoint(tmp_path: Pa
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert marker.exists()  # rank 1 did die once, during step 6
-    assert "resuming from" in done.stdout and "after step 4 of 8" in done.stdout
+    # The newest *complete* checkpoint then: after step 4, or after step 2 if rank 1's writer
+    # had not finished step 4's shard (written in the background) when it was killed.
+    resumed = re.search(r"resuming from \S+ after step (\d) of 8", done.stdout)
+    assert resumed is not None and int(resumed.group(1)) in (2, 4), done.stdout
     # The uninterrupted reference: the same command line, one process.
     import argparse
 
@@ -123,7 +127,7 @@ def test_torchrun_restart_resumes_from_the_last_complete_checkpoint(tmp_path: Pa
     reference = run_local(dataclasses.replace(build_job(args), return_parameters=True))
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     want = iteration_losses(reference, 4)
-    # Steps 1-4 come from the checkpoint's loss history; 5-8 were recomputed after the restart.
+    # Steps up to the checkpoint come from its loss history, the rest were recomputed.
     assert [step for step in range(1, 9) if summary["losses"][step - 1] == want[step - 1]] == \
         [1, 2, 3, 4, 5, 6, 7, 8]
     final = StoredCheckpoint(complete_checkpoints(checkpoints)[-1])

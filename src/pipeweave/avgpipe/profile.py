@@ -6,20 +6,24 @@ exactly that, per iteration (all ``N`` pipelines' batches), as plain numbers; it
 ``(rank, action_text, start_s, end_s)`` records, which both the simulator
 (``SimulationResult.timeline``) and the runtime (``RankResult.records``) produce.
 
-**Utilisation** ``φ^k(t)`` (what Equation 2 scales) is measured as the *busy share* of rank
-``k``'s wall time: the fraction of each instant (or of each ``bin_s`` bin, like a sampled
-counter) that the rank spends in a compute action (``F``, ``B``, ``U``, ``AR``, ``AV``: anything
-but a send or receive), times ``intensity``::
+**Utilisation** ``φ^k(t)`` (what Equation 2 scales) is measured from the timeline as the *busy
+share* of rank ``k``'s wall time: 0 while it waits, and while it runs a compute action (``F``,
+``B``, ``U``, ``AR``, ``AV``: anything but a send or receive) the ``levels`` of the compute
+resource, ``(level, fraction of the compute time)`` pairs, by default ``((1.0, 1.0),)``::
 
     rank0  |F F F F . . . . B B B B|   busy share   1 1 1 1 0 0 0 0 1 1 1 1
-    φ histogram: (intensity, 8 slots of compute), (0, 4 slots of bubble)
+    φ histogram: (1, 8 slots of compute), (0, 4 slots of bubble)
+    with levels ((1, 0.75), (0, 0.25)): (1, 6 slots), (0, 2 + 4 slots)
 
-* CPU: there is no portable hardware counter, so the busy share comes from the timeline and
-  ``intensity`` is 1 unless the caller calibrates it (a rank runs one action at a time, so
-  "busy" is the best a timeline can say).
-* GPU: the same, from timings bracketed by ``torch.cuda.synchronize()`` (the runtime's
-  records); ``intensity`` can be set from a kernel-occupancy measure: ``torch.cuda.utilization()``
-  reports NVML's utilisation but needs the ``pynvml`` package, so pipeweave does not call it.
+* CPU: there is no portable hardware counter, so the timeline's busy share is the base. A
+  timeline cannot see inside an action; :func:`pipeweave.avgpipe.simulated.calibrate_levels`
+  splits its time into per-sample work (level 1) and per-call overhead that leaves the
+  resource idle (level 0: Python, dispatch, small-kernel latency) from the profiler's times
+  at two micro-batch sizes.
+* GPU: the same busy share from timings bracketed by ``torch.cuda.synchronize()`` (the
+  runtime's records); the levels would come from a utilisation counter while the rank
+  computes: ``torch.cuda.utilization()`` reports NVML's, but needs the ``pynvml`` package,
+  so pipeweave does not call it.
 
 **Communication** ``𝕋^k``: the transfer time of every message rank ``k`` receives (activations
 from ``k-1``, gradients from ``k+1``), each counted once at its receiver, from the per-boundary
@@ -41,11 +45,17 @@ from typing import Any
 from ..ir import Op, parse_action
 from ..schedules.avgpipe import parse_advance
 
-__all__ = ["RankProfile", "TuningProfile", "Record", "profile_from_timeline",
+__all__ = ["RankProfile", "TuningProfile", "Record", "Levels", "BUSY", "profile_from_timeline",
            "profile_from_simulation", "busy_segments", "utilisation_histogram"]
 
 Record = tuple[int, str, float, float]
 """``(rank, action text, start, end)``: a timeline record (simulated or measured)."""
+
+Levels = tuple[tuple[float, float], ...]
+"""The utilisation while a rank computes: ``(level, fraction of the compute time)`` pairs."""
+
+BUSY: Levels = ((1.0, 1.0),)
+"""Fully used whenever busy: the plain busy share."""
 
 _COMM = frozenset({Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD})
 _RECV = frozenset({Op.RECV_ACT, Op.RECV_GRAD})
@@ -155,17 +165,17 @@ def busy_segments(records: Iterable[Record], rank: int,
 
 
 def utilisation_histogram(segments: Sequence[tuple[float, float]], window: tuple[float, float], *,
-                          intensity: float = 1.0, bin_s: float | None = None
+                          levels: Levels = BUSY, bin_s: float | None = None
                           ) -> list[tuple[float, float]]:
     """``φ`` over ``window`` as ``(level, seconds)`` pairs, levels merged.
 
-    Exact (``bin_s=None``): ``intensity`` while busy, 0 while idle. Binned: the busy share of
-    each ``bin_s``-long bin times ``intensity`` (what a sampled counter would show).
+    Exact (``bin_s=None``): ``levels`` while busy, 0 while idle. Binned: each ``bin_s``-long
+    bin's busy share times each level (what a sampled counter would show).
     """
     lo, hi = window
-    busy = sum(e - s for s, e in segments)
     if bin_s is None:
-        pairs = [(intensity, busy), (0.0, (hi - lo) - busy)]
+        busy = sum(e - s for s, e in segments)
+        pairs = [(level, share * busy) for level, share in levels] + [(0.0, (hi - lo) - busy)]
     else:
         if not bin_s > 0:
             raise ValueError(f"bin_s must be > 0 seconds (or None for exact), got {bin_s!r}")
@@ -174,7 +184,7 @@ def utilisation_histogram(segments: Sequence[tuple[float, float]], window: tuple
         while start < hi:
             end = min(start + bin_s, hi)
             inside = sum(max(0.0, min(e, end) - max(s, start)) for s, e in segments)
-            pairs.append((intensity * inside / (end - start), end - start))
+            pairs += [(level * inside / (end - start), share * (end - start)) for level, share in levels]
             start = end
     merged: dict[float, float] = {}
     for level, seconds in pairs:
@@ -195,7 +205,7 @@ def profile_from_timeline(
     data_bytes: Sequence[float],
     fixed_bytes: Sequence[float] | None = None,
     window: tuple[float, float] | None = None,
-    intensity: float | Sequence[float] = 1.0,
+    levels: Sequence[Levels] | None = None,
     bin_s: float | None = None,
     advance: int = 0,
     source: str = "measured",
@@ -209,7 +219,7 @@ def profile_from_timeline(
         transfer_s: one message's time across each boundary (``stages - 1`` values).
         model_bytes, data_bytes, fixed_bytes: per rank, see :class:`RankProfile`.
         window: the interval the ``iterations`` cover (default: first start to last end).
-        intensity: the utilisation of a busy rank (one value, or one per rank); 1 = busy share.
+        levels: per rank, the utilisation while it computes (default :data:`BUSY`).
         bin_s: sample the busy share in bins of this length instead of exactly.
     """
     records = list(records)
@@ -225,7 +235,9 @@ def profile_from_timeline(
     for name, values in per_rank.items():
         if len(values) != stages:
             raise ValueError(f"{name} has {len(values)} values; give one per rank ({stages})")
-    levels = [float(intensity)] * stages if isinstance(intensity, (int, float)) else list(intensity)
+    levels = list(levels) if levels is not None else [BUSY] * stages
+    if len(levels) != stages:
+        raise ValueError(f"levels has {len(levels)} entries; give one per rank ({stages})")
     if window is None:
         window = (min(r[2] for r in records), max(r[3] for r in records))
     lo, hi = window
@@ -238,7 +250,7 @@ def profile_from_timeline(
         received = (transfer_s[k - 1] if k > 0 else 0.0) + (transfer_s[k] if k < stages - 1 else 0.0)
         waits = [min(e, hi) - max(s, lo) for r, text, s, e in records
                  if r == k and parse_action(text).op in _RECV and e > lo and s < hi]
-        histogram = utilisation_histogram(segments, window, intensity=levels[k], bin_s=bin_s)
+        histogram = utilisation_histogram(segments, window, levels=levels[k], bin_s=bin_s)
         ranks.append(RankProfile(
             compute_s=compute, idle_s=max(iteration - compute, 0.0),
             comm_total_s=messages * received,
@@ -254,7 +266,7 @@ def profile_from_timeline(
 
 def profile_from_simulation(result: Any, *, model_bytes: Sequence[float],
                             fixed_bytes: Sequence[float] | None = None,
-                            intensity: float | Sequence[float] = 1.0, bin_s: float | None = None,
+                            levels: Sequence[Levels] | None = None, bin_s: float | None = None,
                             batch_size: int | None = None,
                             notes: Mapping[str, Any] | None = None) -> TuningProfile:
     """Profile from a :class:`pipeweave.sim.SimulationResult` of an ``avgpipe`` (or other
@@ -273,7 +285,7 @@ def profile_from_simulation(result: Any, *, model_bytes: Sequence[float],
         pipelines=schedule.pipelines, iterations=iterations,
         transfer_s=[costs.comm(b) for b in range(schedule.num_stages - 1)],
         model_bytes=model_bytes, data_bytes=result.peak_activation_bytes, fixed_bytes=fixed_bytes,
-        window=result.window, intensity=intensity, bin_s=bin_s,
+        window=result.window, levels=levels, bin_s=bin_s,
         advance=advance, source="simulated",
         batch_size=batch_size, notes=notes,
     )

@@ -24,10 +24,10 @@ from ..planner.partition import Bounds
 from ..profiler.profile import Profile
 from ..schedules import build_schedule
 from ..sim import Costs, SimulationResult, simulate
-from .profile import TuningProfile, profile_from_simulation
+from .profile import BUSY, Levels, TuningProfile, profile_from_simulation
 from .tuner import Measurement
 
-__all__ = ["simulate_setting", "SimulatedModel", "advance_probe", "calibrated_intensity"]
+__all__ = ["simulate_setting", "SimulatedModel", "advance_probe", "calibrate_levels"]
 
 
 def simulate_setting(stages: int, microbatches: int, costs: Costs, *, pipelines: int = 1,
@@ -132,29 +132,45 @@ class SimulatedModel:
                                   "bubble_fraction": result.bubble_fraction})
 
     def tuning_profile(self, microbatches: int, pipelines: int, *, advance: int | str = 0,
-                       intensity: float | Sequence[float] = 1.0, bin_s: float | None = None,
+                       levels: Sequence[Levels] | None = None, bin_s: float | None = None,
                        notes: dict[str, Any] | None = None) -> TuningProfile:
         """The tuner's profile of one setting, from its simulated timeline (§5.2.1)."""
         profile, result = self.run(microbatches, pipelines, advance)
         return profile_from_simulation(
             result, model_bytes=self.model_bytes(profile, pipelines),
-            fixed_bytes=self.reference_bytes(profile), intensity=intensity, bin_s=bin_s,
+            fixed_bytes=self.reference_bytes(profile), levels=levels, bin_s=bin_s,
             batch_size=self.batch_size,
             notes={"model": profile.model, "microbatch_size": self.microbatch_size(microbatches),
                    **(notes or {})},
         )
 
 
-def calibrated_intensity(profile: Profile, reference: Profile, bounds: Bounds) -> list[float]:
-    """Per stage, how much of the compute resource a micro-batch of ``profile``'s size uses,
-    taking ``reference`` (a larger micro-batch) as 100 %: the ratio of per-sample compute
-    times, reference over profiled, capped at 1. The CPU's stand-in for a GPU utilisation
-    counter (see :mod:`pipeweave.avgpipe.profile`)."""
+def calibrate_levels(profile: Profile, reference: Profile, bounds: Bounds, *,
+                     how: str = "work") -> list[Levels]:
+    """Per stage, the utilisation while it computes a micro-batch of ``profile``'s size,
+    calibrated against ``reference`` (another size) — the CPU's stand-in for a utilisation
+    counter (see :mod:`pipeweave.avgpipe.profile`).
+
+    ``how="work"``: a stage's time at ``b`` samples is ``α + β b`` through the two sizes; the
+    per-sample part ``β b`` keeps the core busy (level 1), the fixed part ``α`` (Python,
+    dispatch, latency of small kernels) does not (level 0). ``how="intensity"``: one level, the
+    per-sample time at ``reference`` over that at ``profile`` (capped at 1).
+    """
     if profile.batch_size is None or reference.batch_size is None:
-        raise ValueError("calibrating the intensity needs both profiles' batch_size")
-    out = []
+        raise ValueError("calibrating the utilisation needs both profiles' batch_size")
+    if how not in ("work", "intensity"):
+        raise ValueError(f"how must be 'work' or 'intensity', got {how!r}")
+    b, r = profile.batch_size, reference.batch_size
+    out: list[Levels] = []
     for a, e in bounds:
-        mine = sum(b.compute for b in profile.blocks[a:e]) / profile.batch_size
-        peak = sum(b.compute for b in reference.blocks[a:e]) / reference.batch_size
-        out.append(min(1.0, peak / mine) if mine > 0 else 1.0)
+        mine = sum(x.compute for x in profile.blocks[a:e])
+        theirs = sum(x.compute for x in reference.blocks[a:e])
+        if mine <= 0 or b == r:
+            out.append(BUSY)
+        elif how == "intensity":
+            out.append(((min(1.0, (theirs / r) / (mine / b)), 1.0),))
+        else:
+            per_sample = max((theirs - mine) / (r - b), 0.0)
+            work = min(1.0, per_sample * b / mine)
+            out.append(((1.0, work), (0.0, 1.0 - work)))
     return out

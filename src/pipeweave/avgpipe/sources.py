@@ -15,27 +15,28 @@ torch is imported inside the functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..planner.evaluate import Network
 from ..planner.partition import uniform_partition
 from ..profiler.profile import Profile
-from .profile import TuningProfile, profile_from_timeline
+from .profile import Levels, TuningProfile, profile_from_timeline
 from .simulated import SimulatedModel
 from .tuner import Measurement, held_microbatches
 
 __all__ = ["builtin_model", "profile_cache", "measure_run", "RunProfile"]
 
 
-def profile_cache(model: str, *, repeats: int = 3, warmup: int = 1, rounds: int = 1,
+def profile_cache(model: str, *, repeats: int = 1, warmup: int = 1, rounds: int = 5,
                   threads: int = 1, seed: int = 0, cache: bool = True) -> Callable[[int], Profile]:
     """``micro-batch size -> profile_builtin(model)`` at that size; remembered when ``cache``.
 
-    With ``rounds > 1`` the model is profiled that many times and every block keeps its
-    fastest forward and backward: on a shared machine the minimum filters out the time other
-    processes took (as latency benchmarks do).
+    The model is profiled ``rounds`` times and every block keeps its fastest forward and
+    backward: on a shared machine the minimum filters out the time other processes took (as
+    latency benchmarks do; medians of a loaded two-core machine changed the shape of the cost
+    curve from one run to the next).
     """
     from ..profiler import profile_builtin
 
@@ -84,7 +85,8 @@ class RunProfile:
 
 def measure_run(model: str, *, stages: int, microbatches: int, pipelines: int = 1,
                 batch_size: int, steps: int = 6, network: Network | None = None,
-                timeout_s: float = 120.0, seed: int = 0) -> RunProfile:
+                levels: Sequence[Levels] | None = None, timeout_s: float = 120.0,
+                seed: int = 0) -> RunProfile:
     """Run one setting on ``stages`` local processes and profile it (§5.2.1 on real ranks).
 
     Iteration 0 (start-up) is left out of the window. Memory per rank is the peak resident
@@ -126,7 +128,7 @@ def measure_run(model: str, *, stages: int, microbatches: int, pipelines: int = 
         records, stages=stages, microbatches=microbatches, pipelines=pipelines,
         iterations=steps - 1, transfer_s=[costs.comm(b) for b in range(stages - 1)],
         model_bytes=models, data_bytes=data, fixed_bytes=fixed,
-        window=window, source="measured", batch_size=batch_size,
+        window=window, levels=levels, source="measured", batch_size=batch_size,
         notes={"model": model, "steps": steps, "schedule": plan.schedule,
                "memory": "peak RSS (CPU) / max_memory_allocated (GPU); F_dat from the schedule"},
     )

@@ -132,7 +132,9 @@ def checkpoint_options(args: argparse.Namespace) -> CheckpointOptions | None:
 
 def run(args: argparse.Namespace) -> int:
     job = build_job(args)
-    stored = check_resume(job, job.model())  # a bad checkpoint stops us here, before any rank
+    # A checkpoint that does not fit stops us here; the executors (or, under torchrun, each
+    # rank) verify the shards' checksums before training.
+    stored = check_resume(job, job.model(), verify=False)
     first_step = stored.step if stored is not None else 0
     if stored is not None and not (under_torchrun() and int(os.environ["RANK"]) != 0):
         print(f"resuming from {stored.folder} after step {first_step} of {job.steps}")

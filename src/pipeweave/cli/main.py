@@ -16,7 +16,7 @@ from types import ModuleType
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan"]
+COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan", "tune"]
 """Sub-commands, in help order; ``pipeweave.cli.cmd_<name>`` modules not written yet are skipped."""
 
 

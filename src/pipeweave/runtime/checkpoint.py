@@ -128,8 +128,12 @@ def iteration_boundaries(schedule: Schedule, rank: int) -> list[int]:
     return cuts
 
 
-def check_checkpointable(job: Job, schedule: Schedule) -> None:
-    """Reject checkpoint/resume settings the schedule cannot honour, naming the fix."""
+def check_checkpointable(job: Job, schedule: Schedule,
+                         ranks: Iterable[int] | None = None) -> None:
+    """Reject checkpoint/resume settings the schedule cannot honour, naming the fix.
+
+    ``ranks``: whose programs to check for boundaries (default: all).
+    """
     options = job.checkpoint
     if options is None or (options.directory is None and options.resume is None):
         return
@@ -140,10 +144,11 @@ def check_checkpointable(job: Job, schedule: Schedule) -> None:
             f"flight with stashed activations and weight versions, so no rank ever reaches a "
             f"point where it can stop and resume exactly. Use gpipe, 1f1b, interleaved-1f1b or "
             f"sliced-1f1b, or run without --checkpoint-dir/--checkpoint-every/--resume")
-    if any(a.op is Op.AVERAGE for program in schedule.programs for a in program):
-        raise ValueError(f"checkpoint/resume of {schedule.name!r} (elastic averaging and its "
-                         f"reference model) is not supported yet; run without checkpoints")
-    for rank in range(schedule.num_ranks):
+    ranks = range(schedule.num_ranks) if ranks is None else ranks
+    for rank in ranks:
+        if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
+            raise ValueError(f"checkpoint/resume of {schedule.name!r} (elastic averaging and its "
+                             f"reference models) is not supported yet; run without checkpoints")
         iteration_boundaries(schedule, rank)
 
 
@@ -167,8 +172,12 @@ def _resume_folder(options: CheckpointOptions | None) -> str | None:
     return str(resolve(options.resume))
 
 
-def new_session(options: CheckpointOptions | None) -> Session:
-    return Session(uuid.uuid4().hex[:8], _resume_folder(options))
+def new_session(options: CheckpointOptions | None,
+                resume: StoredCheckpoint | None | str = "resolve") -> Session:
+    """A fresh run id; the checkpoint to resume (``"resolve"``: look it up from ``options``)."""
+    if isinstance(resume, str):
+        return Session(uuid.uuid4().hex[:8], _resume_folder(options))
+    return Session(uuid.uuid4().hex[:8], None if resume is None else str(resume.folder))
 
 
 def agreed_session(options: CheckpointOptions | None) -> Session:
@@ -195,13 +204,13 @@ def model_parameters(spec: ModelSpec) -> dict[str, tuple[list[int], str]]:
             for index, block in enumerate(spec.blocks) for name, p in block.named_parameters()}
 
 
-def check_resume(job: Job, spec: ModelSpec) -> StoredCheckpoint | None:
-    """Before any rank starts: resolve what ``job`` resumes from, verify every shard's checksum
-    and that the checkpoint fits this model and run; None when not resuming."""
+def check_resume(job: Job, spec: ModelSpec, *, verify: bool = True) -> StoredCheckpoint | None:
+    """Before any rank starts: resolve what ``job`` resumes from, check that it fits this model
+    and run, and (``verify``) every shard's sha256; None when not resuming."""
     folder = _resume_folder(job.checkpoint)
     if folder is None:
         return None
-    stored = StoredCheckpoint(folder, verify=True)
+    stored = StoredCheckpoint(folder, verify=verify)
     _check_fits(stored, model_parameters(spec), job)
     return stored
 
@@ -243,7 +252,9 @@ class RankRecovery:
     """
 
     def __init__(self, *, job: Job, schedule: Schedule, rank: int, parts: RankParts,
-                 device: torch.device, session: Session | None, apply_rng: bool = True) -> None:
+                 device: torch.device, session: Session | None, apply_rng: bool = True,
+                 stored: StoredCheckpoint | None = None) -> None:
+        """``stored``: the (verified) checkpoint ``session`` resumes, if already open."""
         self.job = job
         self.options = job.checkpoint
         self.schedule = schedule
@@ -269,10 +280,12 @@ class RankRecovery:
         self._serialized: threading.Event | None = None
         if self.options is None:
             return
-        check_checkpointable(job, schedule)
+        check_checkpointable(job, schedule, ranks=(rank,))
         self._cuts = iteration_boundaries(schedule, rank)
         if session is not None and session.resume_from is not None:
-            self._restore(StoredCheckpoint(session.resume_from, verify=False), apply_rng)
+            if stored is None or str(stored.folder) != session.resume_from:
+                stored = StoredCheckpoint(session.resume_from, verify=False)
+            self._restore(stored, apply_rng)
         if self.options.directory is not None:
             self.hooks = self._writing_hooks()
 

@@ -36,8 +36,9 @@ def threads_per_rank(local_world_size: int) -> int:
 
 
 def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_world_size: int,
-             init_method: str = "env://", gather: bool = False) -> list[RankResult]:
-    """Run ``job`` as ``rank`` of ``world_size``.
+             init_method: str = "env://", gather: bool = False,
+             store: dist.Store | None = None) -> list[RankResult]:
+    """Run ``job`` as ``rank`` of ``world_size`` (rendezvous through ``store`` if given).
 
     Returns ``[this rank's result]``, or with ``gather`` every rank's results on rank 0 (and
     an empty list elsewhere).
@@ -58,7 +59,8 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
         device = torch.device("cpu")
         backend = "gloo"
     timeout = datetime.timedelta(seconds=job.timeout_s)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+    rendezvous = {"store": store} if store is not None else {"init_method": init_method}
+    dist.init_process_group(backend, **rendezvous, rank=rank, world_size=world_size,
                             timeout=timeout)
     try:
         transport = DistTransport(rank, device, timeout)

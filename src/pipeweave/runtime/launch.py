@@ -9,6 +9,7 @@ atomically by the rank and read once by the launcher that created the folder).
 
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 import socket
@@ -16,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .checkpoint import check_checkpointable, check_resume
@@ -115,5 +117,22 @@ def run_under_torchrun(job: Job) -> list[RankResult]:
         job, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])),
-        gather=True,
+        gather=True, store=restart_safe_store(job.timeout_s),
     )
+
+
+def restart_safe_store(timeout_s: float) -> dist.Store | None:
+    """Under torchrun, the agent's store with a key prefix per restart attempt (or None).
+
+    torchrun lets workers share its own TCPStore (``TORCHELASTIC_USE_AGENT_STORE``). After a
+    ``--max-restarts`` restart the previous attempt's keys are still there, and a new worker
+    can read a dead peer's gloo address and fail with "connection refused" (pytorch/pytorch
+    issue 135712); a prefix per attempt (``TORCHELASTIC_RESTART_COUNT``) keeps them apart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None  # rank 0 hosts a fresh store for every attempt
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                           int(os.environ["WORLD_SIZE"]), False,
+                           timeout=datetime.timedelta(seconds=timeout_s))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"pipeweave/attempt-{attempt}/", client)

@@ -5,6 +5,8 @@ messages go through in-memory mailboxes. The executor resumes rank generators ro
 a rank that waits for a message yields. Because every rank computes the same operations in
 the same order on the same data as in the distributed run (all-reduces sum in replica order
 in both), the numbers are identical — which makes semantics testable without processes.
+Each rank also draws from its own random generator (swapped in whenever its program runs), as
+it would in its own process, so dropout agrees too and a checkpoint can restore it per rank.
 """
 
 from __future__ import annotations
@@ -47,15 +49,16 @@ def _run(job: Job) -> list[RankResult]:
     spec = job.model()
     preflight(spec, job.plan, next(iter(job.data()))[0])
     check_checkpointable(job, schedule)
-    check_resume(job, spec)  # a bad checkpoint is reported before anything runs
-    session = new_session(job.checkpoint) if job.checkpoint is not None else None
+    stored = check_resume(job, spec)  # a bad checkpoint is reported before anything runs
+    session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
     hub = LocalTransport()
     origin = time.time()
     interpreters, parts, recoveries = [], [], []
     for rank in range(schedule.num_ranks):
         rank_parts = build_rank(job, rank, schedule, device, spec=spec)
         recovery = RankRecovery(job=job, schedule=schedule, rank=rank, parts=rank_parts,
-                                device=device, session=session, apply_rng=False)
+                                device=device, session=session, apply_rng=False,
+                                stored=stored)
         recoveries.append(recovery)
         data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,
                                 pipelines=job.plan.pipelines, first_batch=recovery.first_batch)

@@ -13,8 +13,10 @@ Ethernet like the paper's cluster) and three memory limits (none, and two that b
   pipelines for real per setting (and the runtime does not run ``avgpipe`` with N > 1 yet),
   so a setting is "measured" by simulating ``avgpipe`` (1F1B, ``advance=0``) with per-block
   costs *measured by the profiler at that setting's micro-batch size* (one thread per rank;
-  every block's fastest of 7 single runs, which filters out the other processes sharing the
-  machine: with medians the cost curve changed shape between runs). Memory per rank = reference model + N x (weights, gradients, Adam state) +
+  every block's fastest of 15 single runs, which filters out the other processes sharing the
+  machine: with medians the cost curve changed shape from run to run). The measurements are
+  kept in ``benchmarks/results/avgpipe_tuner_profiles.json`` and reused (``--remeasure``
+  takes them again), so the accuracy numbers do not depend on the machine's load today. Memory per rank = reference model + N x (weights, gradients, Adam state) +
   the simulator's peak activation bytes.
 * **tuner**: profiles ONE setting (the profiled run is simulated from the profile at its
   micro-batch size) and predicts the grid with Equations 1-8 (``mode="interleaved"``,
@@ -50,6 +52,7 @@ from pipeweave.avgpipe import TraversalResult, predict, traverse, tune
 from pipeweave.avgpipe.simulated import SimulatedModel, calibrate_levels
 from pipeweave.avgpipe.sources import builtin_model, profile_cache
 from pipeweave.planner.evaluate import Network
+from pipeweave.profiler import Profile
 
 # -- settings ----------------------------------------------------------------------------------
 MODELS = ("gpt-tiny", "cnn")
@@ -61,8 +64,10 @@ NETWORKS = {"loopback": Network(bandwidth=1.83e9),            # measure_link() o
             "1GbE": Network(bandwidth=1.25e8, latency=5e-5)}  # the paper's cluster (§7)
 PROFILE_AT = (max(M_GRID), min(N_GRID))   # the paper's profiling point: large M, small N
 RUN_ITERATIONS = {"traversal": 10, "profile": 20}   # §5.1 "ten batches", §5.2.1 "twenty"
-PROFILING = {"repeats": 1, "warmup": 1, "rounds": 7}   # fastest of 7 single runs per block
+PROFILING = {"repeats": 1, "warmup": 1, "rounds": 15}  # the shared measurements
+TIMED_PROFILING = {"repeats": 1, "warmup": 1, "rounds": 5}   # what `pipeweave tune` does
 OUT = Path("benchmarks/results/avgpipe_tuner.json")
+PROFILES = Path("benchmarks/results/avgpipe_tuner_profiles.json")
 
 
 def variants() -> dict[str, dict[str, Any]]:
@@ -142,7 +147,7 @@ def timed_costs(model: str, stages: int, network: Network, truth: TraversalResul
     in the paper's accounting, where a setting costs a short real run: ``startup_s`` (one
     launch of local processes, measured) plus 10 iterations per traversal setting, and 20
     plus the calibration for the tuner."""
-    fresh = profile_cache(model, cache=False, **PROFILING)
+    fresh = profile_cache(model, cache=False, **TIMED_PROFILING)
     sm = builtin_model(model, stages=stages, batch_size=BATCH, network=network, profile_at=fresh)
     m, n = PROFILE_AT
     started = time.perf_counter()
@@ -200,15 +205,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one model, 2 ranks, loopback only")
     parser.add_argument("--no-real-run", action="store_true",
                         help="skip the one real launch per model and rank count (start-up cost)")
+    parser.add_argument("--remeasure", action="store_true",
+                        help=f"profile every micro-batch size again instead of reading {PROFILES}")
     parser.add_argument("--json-out", type=Path, default=OUT)
     args = parser.parse_args(argv)
+    stored = load_profiles(args.remeasure)
     models = MODELS[:1] if args.quick else MODELS
     ranks = RANKS[:1] if args.quick else RANKS
     networks = dict(list(NETWORKS.items())[:1]) if args.quick else NETWORKS
     cases, summary = [], {name: [] for name in variants()}
     real: dict[tuple[str, int], dict[str, float]] = {}
     for model in models:
-        shared = profile_cache(model, **PROFILING)
+        shared = stored_profiles(stored, model)
         for stages in ranks:
             for net_name, network in networks.items():
                 sm = builtin_model(model, stages=stages, batch_size=BATCH, network=network,
@@ -251,8 +259,31 @@ def main(argv: list[str] | None = None) -> int:
               f"calibration): median {statistics.median(runs):.1f}x (min {min(runs):.1f}x)")
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(report, indent=2, default=_jsonable) + "\n")
+    if args.remeasure or not PROFILES.exists():
+        PROFILES.write_text(json.dumps({f"{m}/{b}": p.to_json() for (m, b), p in stored.items()},
+                                       indent=1) + "\n")
     print(f"wrote {args.json_out}")
     return 0
+
+
+def load_profiles(remeasure: bool) -> dict[tuple[str, int], Profile]:
+    if remeasure or not PROFILES.exists():
+        return {}
+    data = json.loads(PROFILES.read_text())
+    return {(key.split("/")[0], int(key.split("/")[1])): Profile.from_json(value)
+            for key, value in data.items()}
+
+
+def stored_profiles(stored: dict[tuple[str, int], Profile], model: str) -> Any:
+    """``size -> profile`` from ``stored``, measuring (and storing) what is missing."""
+    measure = profile_cache(model, **PROFILING)
+
+    def profile_at(size: int) -> Profile:
+        if (model, size) not in stored:
+            stored[(model, size)] = measure(size)
+        return stored[(model, size)]
+
+    return profile_at
 
 
 def _case_line(case: dict[str, Any]) -> str:

@@ -191,6 +191,7 @@ METHODS: tuple[Method, ...] = (
     Method("pipeoptim-sgdm", "PipeOptim (SGDM)", "pipeoptim", "sgdm", True, "1f1b"),
     Method("spectrain", "SpecTrain (SGDM)", "spectrain", "sgdm", True, "1f1b"),
     Method("1f1b-adam", "1F1B (Adam)", "1f1b", "adam", False, "1f1b-adam"),
+    Method("pipedream-adam", "PipeDream (Adam)", "pipedream", "adam", True, "1f1b-adam"),
     Method("pipeoptim-adam", "PipeOptim (Adam)", "pipeoptim", "adam", True, "1f1b-adam"),
     Method("1f1b-adamw", "1F1B (AdamW)", "1f1b", "adamw", False, "1f1b-adamw"),
     Method("pipeoptim-adamw", "PipeOptim (AdamW)", "pipeoptim", "adamw", True, "1f1b-adamw"),
@@ -510,6 +511,7 @@ STYLE = {  # colour per method (the 3x-lr runs share their base's); synchronous 
     "pipedream-vs": ("#17becf", "-"), "2bw": ("#ff7f0e", "-"), "wpipe": ("#2ca02c", "-"),
     "pipeoptim-sgdm": ("#d62728", "-"), "spectrain": ("#9467bd", "-"),
     "1f1b-adam": ("#000000", "-"), "pipeoptim-adam": ("#d62728", "-"),
+    "pipedream-adam": ("#1f77b4", "-"),
     "1f1b-adamw": ("#777777", "-"), "pipeoptim-adamw": ("#e377c2", "-"),
 }
 

@@ -16,6 +16,8 @@ size and count M, plain SGD and one process per rank (gloo, one intra-op thread)
   ``pipeoptim`` once per micro-batch. The asynchronous ones never flush, so after the warm-up
   every rank alternates forward and backward without idling (the simulator's steady-state
   bubble is zero); ``1f1b`` and torch's flush every batch.
+* ``pipeoptim`` recomputes each stage's forward at backward time (the paper's backward at
+  the current weights), ``pipeoptim-graph`` differentiates the predicted-weights graph.
 * ``wpipe`` runs two chunks per rank (its 2GW groups), so its stages are half as deep;
   every other method uses ``depth`` stages of equal block counts.
 
@@ -53,7 +55,11 @@ from pipeweave.runtime.summary import summarize  # noqa: E402
 STEPS = 12
 REPEATS = 3
 RANKS = (2, 4)
-METHODS = ("1f1b", "pipedream", "pipeoptim", "2bw", "wpipe")
+METHODS = ("1f1b", "pipedream", "pipeoptim", "pipeoptim-graph", "2bw", "wpipe")
+SEMANTICS = {"pipeoptim-graph": ("pipeoptim", {"backward": "graph"})}
+"""Variants: PipeOptim's backward by default recomputes the stage's forward at the current
+weights (the paper's rule); ``backward="graph"`` differentiates the forward's own graph
+(built at the predicted weights), saving that recomputation (docs/semantics.md)."""
 DEFAULT_CASES = ("gpt",)
 TORCH = "torch-1f1b"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "async_throughput.json"
@@ -62,8 +68,9 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "async_throughput.js
 def run_method(case: Case, method: str, ranks: int, steps: int) -> dict[str, float]:
     """One pipeweave run: steady samples/s, measured efficiency, max peak memory."""
     chunks = 2 if method == "wpipe" else 1
-    plan = Plan.uniform(num_blocks(case), ranks, chunks=chunks, schedule=method,
-                        microbatches=case.microbatches)
+    schedule, semantics = SEMANTICS.get(method, (method, {}))
+    plan = Plan.uniform(num_blocks(case), ranks, chunks=chunks, schedule=schedule,
+                        microbatches=case.microbatches, semantics=semantics)
     job = Job(plan=plan, steps=steps, model=BuiltinModel(case.model, overrides=case.overrides),
               data=BuiltinData(case.dataset, batch_size=case.batch_size, seq_len=case.seq_len),
               optimizer=OptimizerFactory("sgd", {"lr": case.lr}), timeout_s=120.0)
@@ -114,13 +121,13 @@ def compare(case: Case, methods: list[str], ranks: int, steps: int, repeats: int
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'case':<16} {'ranks':>5} {'method':<11} | {'samples/s':>9} {'vs torch':>8} "
+    head = (f"{'case':<16} {'ranks':>5} {'method':<15} | {'samples/s':>9} {'vs torch':>8} "
             f"{'efficiency':>10} | {'loss 1':>7} {'loss K':>7}")
     lines = [head, "-" * len(head)]
     for row in rows:
         for method, m in row["methods"].items():
             eff = "—" if m["efficiency"] != m["efficiency"] else f"{m['efficiency']:.2f}"
-            lines.append(f"{row['case']:<16} {row['ranks']:>5} {method:<11} | "
+            lines.append(f"{row['case']:<16} {row['ranks']:>5} {method:<15} | "
                          f"{m['samples_per_second']:>9.1f} {m['vs_torch_1f1b']:>7.2f}x "
                          f"{eff:>10} | {m['first_loss']:>7.3f} {m['final_loss']:>7.3f}")
     return "\n".join(lines)

@@ -41,7 +41,7 @@ def runs_of(study: dict, case: str) -> dict[tuple[str, str], dict]:
 def test_every_method_and_geometry_ran(study: dict) -> None:
     expected = {(m.key, "equal-update") for m in BASE} | {
         (m.key, "equal-microbatch") for m in BASE if m.per_microbatch}
-    assert len(expected) == 12 + 6
+    assert len(expected) == 13 + 7
     for case in ("gpt", "cnn"):
         assert set(runs_of(study, case)) == expected
 
@@ -76,7 +76,7 @@ def test_same_initial_weights_and_samples_for_every_method(study: dict) -> None:
     for case in ("gpt", "cnn"):
         firsts = [r["loss_per_group"][0] for (_, geometry), r in runs_of(study, case).items()
                   if geometry == "equal-update"]
-        assert len(firsts) == 12
+        assert len(firsts) == 13
         assert max(firsts) == pytest.approx(min(firsts), rel=1e-5)
 
 
@@ -91,7 +91,7 @@ def test_synchronous_schedules_agree_and_cnn_is_evaluated(study: dict) -> None:
 
 def test_summary_table_has_a_row_per_method_with_paired_deltas(study: dict) -> None:
     rows = cv.summary_rows(study)
-    assert len(rows) == 2 * 18
+    assert len(rows) == 2 * 20
     for row in rows:
         if row["method"] in ("1f1b", "1f1b-adam", "1f1b-adamw"):
             assert row["delta_vs_sync"] == (0.0, 0.0)

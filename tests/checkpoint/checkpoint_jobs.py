@@ -18,11 +18,12 @@ from runtime_jobs import GPT, gpt_job, mlp_job  # noqa: E402
 
 from pipeweave.runtime import BuiltinModel, Job, RankResult  # noqa: E402
 from pipeweave.runtime.checkpoint_options import CheckpointOptions  # noqa: E402
+from pipeweave.runtime.checkpoint_store import StoredCheckpoint  # noqa: E402
 from pipeweave.runtime.summary import iteration_losses  # noqa: E402
 from pipeweave.testing import merged_parameters  # noqa: E402
 
 __all__ = ["gpt_job", "mlp_job", "dropout_gpt_job", "with_checkpoints", "assert_same_run",
-           "KillingData", "alive", "wait_dead", "iteration_losses"]
+           "assert_same_checkpoint", "KillingData", "alive", "wait_dead", "iteration_losses"]
 
 
 def dropout_gpt_job(**fields: Any) -> Job:
@@ -47,6 +48,25 @@ def assert_same_run(got: Sequence[RankResult], want: Sequence[RankResult], *, mi
     assert len(losses_got) == len(losses_want)
     for step in steps:
         assert losses_got[step - 1] == losses_want[step - 1], f"loss at step {step} differs"
+
+
+def assert_same_checkpoint(got: Path, want: Path) -> None:
+    """Every shard of two checkpoints holds the same tensors and values (bit for bit)."""
+    shards = sorted(p.name for p in want.glob("rank*.pt"))
+    assert shards and sorted(p.name for p in got.glob("rank*.pt")) == shards
+    for name in shards:
+        _assert_equal(StoredCheckpoint(got).load(name), StoredCheckpoint(want).load(name), name)
+
+
+def _assert_equal(got: Any, want: Any, where: str) -> None:
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and torch.equal(got, want), f"{where} differs"
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), f"{where}: other keys"
+        for key in want:
+            _assert_equal(got[key], want[key], f"{where}[{key!r}]")
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
 
 
 class KillingData:

@@ -99,8 +99,16 @@ def test_resume_past_the_end_is_rejected(tmp_path) -> None:
         run_local(again)
 
 
-def test_avgpipe_is_rejected_until_its_reference_models_are_saved(tmp_path) -> None:
-    job = with_checkpoints(mlp_job(depth=2, schedule="avgpipe", plan_fields={"pipelines": 2}),
-                           directory=str(tmp_path))
-    with pytest.raises(ValueError, match="checkpoint/resume of 'avgpipe' .* not supported yet"):
-        run_local(job)
+@pytest.mark.parametrize("advance", [0, 1, "all"])
+def test_avgpipe_boundaries_fall_after_every_pipelines_averaging(advance: object) -> None:
+    # N=3: all pipelines update and average before any forward of the next iteration
+    #   rank 0:  ... 0B3#2 0U@1 0AV@1 0U@1#1 0AV@1#1 0U@1#2 0AV@1#2 | 0F4@1 ...
+    schedule = lower(build_schedule("avgpipe", stages=2, microbatches=4, iterations=3,
+                                    pipelines=3, options={"advance": advance}))
+    for rank in (0, 1):
+        program = schedule.programs[rank]
+        cuts = iteration_boundaries(schedule, rank)
+        assert cuts[-1] == len(program)
+        for k, cut in enumerate(cuts):
+            assert [str(a) for a in program[cut - 6:cut]] == [
+                f"{rank}{op}@{k + 1}{tag}" for tag in ("", "#1", "#2") for op in ("U", "AV")]

@@ -132,3 +132,35 @@ def test_rejects_bad_shapes() -> None:
         avgpipe(Shape(stages=2, microbatches=2, chunks=2))
     with pytest.raises(ValueError, match=r"replicas"):
         avgpipe(Shape(stages=2, microbatches=2, replicas=(1, 2)))
+
+
+@pytest.mark.parametrize("advance", [0, 1, "all"])
+@pytest.mark.parametrize("pipelines,width", [(1, 1), (2, 1), (3, 1), (2, 2)])
+def test_one_iteration_is_that_iteration_of_the_whole_run(advance: object, pipelines: int,
+                                                          width: int) -> None:
+    # The online advance controller (runtime/online_advance.py) runs iteration k alone, laid
+    # out with first_iteration=k: it must be exactly iteration k of the run, in run order.
+    # M=3 with width=2: micro-batch numbers decide the replica, so numbering must be global.
+    shape = dict(stages=3, microbatches=3, pipelines=pipelines, width=width)
+    whole = lower(build_schedule("avgpipe", iterations=4, advance=advance, **shape))
+
+    def iteration(action: Action) -> int:
+        if action.microbatch is not None:
+            return action.microbatch // 3
+        assert action.version is not None
+        return action.version - 1
+
+    for k in range(4):
+        # (no validate(): it counts micro-batches from 0; iteration k is proven by equality)
+        alone = lower(build_schedule("avgpipe", iterations=1, advance=advance,
+                                     first_iteration=k, **shape))
+        for rank, program in enumerate(whole.programs):
+            assert list(alone.programs[rank]) == [a for a in program if iteration(a) == k]
+    two = build_schedule("avgpipe", iterations=2, advance=advance, first_iteration=2, **shape)
+    assert [a for p in two.programs for a in p] == [
+        a for p in whole.compute_only().programs for a in p if iteration(a) >= 2]
+
+
+def test_first_iteration_must_be_a_count() -> None:
+    with pytest.raises(ValueError, match="first_iteration must be an integer >= 0"):
+        build_schedule("avgpipe", stages=2, microbatches=2, first_iteration=-1)

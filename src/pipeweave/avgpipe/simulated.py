@@ -27,7 +27,8 @@ from ..sim import Costs, SimulationResult, simulate
 from .profile import BUSY, Levels, TuningProfile, profile_from_simulation
 from .tuner import Measurement
 
-__all__ = ["simulate_setting", "SimulatedModel", "advance_probe", "calibrate_levels"]
+__all__ = ["simulate_setting", "SimulatedModel", "advance_probe", "SimulatedTime",
+           "calibrate_levels"]
 
 
 def simulate_setting(stages: int, microbatches: int, costs: Costs, *, pipelines: int = 1,
@@ -52,6 +53,33 @@ def advance_probe(stages: int, microbatches: int, costs: Costs, *, pipelines: in
         return cache[advance]
 
     return probe
+
+
+@dataclass(frozen=True)
+class SimulatedTime:
+    """The runtime's online advance controller told the *simulated* iteration time.
+
+    A ``time_source`` for :class:`pipeweave.runtime.advance_options.AdvanceOptions`: returns
+    the simulated time of ``avgpipe`` at the advance a real iteration ran with, whatever that
+    iteration measured. Real runs then make deterministic decisions (tests), e.g. with ``comm``
+    standing for a slow link. ``scale`` converts the simulator's units to seconds.
+    """
+
+    stages: int
+    microbatches: int
+    costs: Costs
+    pipelines: int = 1
+    iterations: int = 2
+    scale: float = 1.0
+    _cache: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+
+    def __call__(self, advance: int, measured_s: float) -> float:
+        if advance not in self._cache:
+            result = simulate_setting(self.stages, self.microbatches, self.costs,
+                                      pipelines=self.pipelines, advance=advance,
+                                      iterations=self.iterations)
+            self._cache[advance] = result.iteration_time * self.scale
+        return self._cache[advance]
 
 
 @dataclass

@@ -9,6 +9,10 @@ Checkpoints (synchronous schedules): ``--checkpoint-every N`` writes one every N
 the end into ``--checkpoint-dir`` (default ``<output-dir>/checkpoints``); ``--resume DIR``
 continues from one (any plan), ``--resume auto`` from the newest in ``--checkpoint-dir`` if
 there is one (for ``torchrun --max-restarts``). See docs/checkpoints.md.
+
+AvgPipe (``--schedule avgpipe``): ``--pipelines N``, ``--alpha A``, ``--advance auto|K|all``
+and ``--memory-limit BYTES``; ``--advance auto`` chooses the advance at run time (Algorithm 1).
+See docs/avgpipe.md and :mod:`pipeweave.cli.train_avgpipe`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.local_executor import run_local
 from ..runtime.summary import TrainSummary, summarize
 from ..runtime.worker import RankResult
+from . import train_avgpipe
+from .cmd_plan import parse_bytes
 
 __all__ = ["add_parser", "run"]
 
@@ -55,6 +61,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     parser.add_argument("--momentum", type=float, default=None, help="SGD momentum")
     parser.add_argument("--recompute", action="store_true", help="recompute activations on every stage")
+    parser.add_argument("--apc", action="store_true",
+                        help="automatic precision compression: send float activations/gradients "
+                             "between ranks as fp16 with a power-of-two scaler (WPipe; about half "
+                             "the bytes, relative error <= 2**-11)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -72,6 +82,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--resume", default=None, metavar="DIR|auto",
                         help="continue from a checkpoint directory (or one step-* folder in it); "
                              "'auto': from --checkpoint-dir's newest checkpoint if any")
+    train_avgpipe.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -111,12 +122,14 @@ def build_job(args: argparse.Namespace) -> Job:
         if args.optimizer != "sgd":
             raise ValueError("--momentum applies to --optimizer sgd only")
         kwargs["momentum"] = args.momentum
+    optimizer = OptimizerFactory(args.optimizer, kwargs)
+    plan, advance = train_avgpipe.apply(args, plan, spec, optimizer)
     return Job(
         plan=plan, steps=args.steps, model=model, checkpoint=checkpoint_options(args),
         data=BuiltinData(dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
                          dtype=args.dtype),
-        optimizer=OptimizerFactory(args.optimizer, kwargs), seed=args.seed, device=args.device,
-        timeout_s=args.timeout, progress=not args.no_progress,
+        optimizer=optimizer, seed=args.seed, device=args.device, advance=advance,
+        timeout_s=args.timeout, progress=not args.no_progress, apc=args.apc,
     )
 
 
@@ -132,6 +145,7 @@ def checkpoint_options(args: argparse.Namespace) -> CheckpointOptions | None:
 
 def run(args: argparse.Namespace) -> int:
     job = build_job(args)
+    train_avgpipe.check_ranks(args, job.plan, under_torchrun=under_torchrun())
     # A checkpoint that does not fit stops us here; the executors (or, under torchrun, each
     # rank) verify the shards' checksums before training.
     stored = check_resume(job, job.model(), verify=False)
@@ -148,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
         results = launch_local(job)
     summary = summarize(results, schedule=job.plan.schedule, steps=job.steps,
                         batch_size=args.batch_size, microbatches=job.plan.microbatches,
-                        pipelines=job.plan.pipelines, first_step=first_step)
+                        pipelines=job.plan.pipelines, first_step=first_step,
+                        advance=train_avgpipe.fixed_advance(job),
+                        memory_limit=None if args.memory_limit is None else parse_bytes(args.memory_limit))
     write_outputs(args.output_dir, job, summary, results)
     print(format_summary(summary, args.output_dir))
     if job.checkpoint is not None and job.checkpoint.directory is not None:
@@ -174,6 +190,7 @@ def write_outputs(directory: Path, job: Job, summary: TrainSummary,
     ]
     for row in rows[:summary.first_step]:  # restored from a checkpoint: not timed by this run
         del row["time_s"]
+    train_avgpipe.add_metrics(rows, summary)
     write_metrics(rows, directory)
     (directory / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     job.plan.save(directory / "plan.json")
@@ -195,5 +212,6 @@ def format_summary(summary: TrainSummary, directory: Path) -> str:
     for rank, (memory, stashed) in enumerate(zip(summary.peak_memory_bytes,
                                                  summary.peak_stashed_microbatches)):
         lines.append(f"{rank:>6} {memory / 2**20:>18.1f} {stashed:>27}")
+    lines.extend(train_avgpipe.summary_lines(summary))
     lines.append(f"outputs in {directory}/ (metrics.jsonl, metrics.csv, summary.json, trace.json, loss.png)")
     return "\n".join(lines)

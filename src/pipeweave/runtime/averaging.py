@@ -85,3 +85,24 @@ class ElasticAverager:
 
     def reference_parameters(self) -> Mapping[str, Tensor]:
         return self.reference
+
+    # -- checkpoints (runtime/checkpoint.py) ----------------------------------------------------
+    @property
+    def between_iterations(self) -> bool:
+        """Whether every pipeline has averaged for the iterations folded so far: then the
+        reference and :attr:`iteration` are the whole state (no weights remembered by
+        :meth:`before_step`, no partial sum), which is what a checkpoint saves."""
+        return not self._before and not self._sum and self._count == 0
+
+    def load_reference(self, reference: Mapping[str, Tensor], iteration: int) -> None:
+        """Continue from a checkpoint: the reference after ``iteration`` folded iterations."""
+        if not self.between_iterations:
+            raise RuntimeError(f"stage {self.stage}: cannot load a reference model in the middle "
+                               f"of iteration {self.iteration}")
+        if set(reference) != set(self.reference):
+            raise ValueError(f"stage {self.stage}: the reference model to load has parameters "
+                             f"{sorted(reference)}, this stage has {sorted(self.reference)}")
+        with torch.no_grad():
+            for name, tensor in reference.items():
+                self.reference[name].copy_(tensor)
+        self.iteration = iteration

@@ -16,10 +16,20 @@ is the step count (batch ``k`` of a resumable stream depends only on ``k``). Pip
 coordination; each rank here also writes on its own (:mod:`.checkpoint_store` proves
 completeness with a manifest written last).
 
+**AvgPipe** (``avgpipe``, N parallel pipelines) flushes every iteration too, and each rank
+runs all N pipelines' updates and averaging steps (``U@k AV@k U@k#1 AV@k#1 ...``) before the
+next iteration's first forward. There every stage's
+:class:`~pipeweave.runtime.averaging.ElasticAverager` is between iterations (nothing held but
+the reference model), so a shard adds, per block: pipelines 1..N-1's parameters, optimizer
+state and losses (``pipelines["<p>"]``; pipeline 0's stay at the top level as for every
+schedule) and the ``reference`` model. The data position is ``N`` batches per step. N must
+match on resume (:func:`_check_pipelines`).
+
 Asynchronous schedules (PipeDream, 2BW, PipeOptim, SpecTrain, WPipe) have no such point:
 micro-batches of iteration ``k`` are still in flight, with stashed activations and weight
 versions, when iteration ``k + 1`` starts. Saving that would mean serialising autograd
-graphs, so they are rejected with a clear error (see docs/checkpoints.md).
+graphs (or in-flight inputs, stashed versions and messages in transit), so they are
+rejected with a clear error (see docs/checkpoints.md).
 
 **Keyed by block.** Parameters and optimizer state are stored under ``"<block>.<name>"``
 (the names :class:`~pipeweave.runtime.worker.RankResult` uses), written by the first replica
@@ -90,8 +100,8 @@ def _chain(hooks: list[Callable[[], None]]) -> Callable[[], None]:
 def _iteration_of(action: Action, microbatches: int) -> int:
     if action.microbatch is not None:
         return action.microbatch // microbatches
-    if action.op in (Op.STEP, Op.ALL_REDUCE) and action.version is not None:
-        return action.version - 1  # a flush schedule's update k+1 ends iteration k
+    if action.op in (Op.STEP, Op.ALL_REDUCE, Op.AVERAGE) and action.version is not None:
+        return action.version - 1  # a flush schedule's update (and AV) k+1 ends iteration k
     raise ValueError(f"{action}: cannot tell which iteration it belongs to")
 
 
@@ -142,13 +152,17 @@ def check_checkpointable(job: Job, schedule: Schedule,
             f"checkpoint/resume needs a synchronous schedule, and {schedule.name!r} is "
             f"asynchronous: when iteration k+1 starts, micro-batches of iteration k are still in "
             f"flight with stashed activations and weight versions, so no rank ever reaches a "
-            f"point where it can stop and resume exactly. Use gpipe, 1f1b, interleaved-1f1b or "
-            f"sliced-1f1b, or run without --checkpoint-dir/--checkpoint-every/--resume")
+            f"point where it can stop and resume exactly. Use gpipe, 1f1b, interleaved-1f1b, "
+            f"sliced-1f1b or avgpipe, or run without --checkpoint-dir/--checkpoint-every/--resume")
+    if job.advance is not None:
+        raise ValueError(
+            f"checkpoint/resume with the online advance controller (--advance auto, Job.advance) "
+            f"is not supported yet: it runs {schedule.name!r} one iteration at a time, as "
+            f"schedules of their own, and checkpoints are positions in the whole run's "
+            f"schedule. Fix the advance (--advance K, or --option advance=K), or run without "
+            f"--checkpoint-dir/--checkpoint-every/--resume")
     ranks = range(schedule.num_ranks) if ranks is None else ranks
     for rank in ranks:
-        if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
-            raise ValueError(f"checkpoint/resume of {schedule.name!r} (elastic averaging and its "
-                             f"reference models) is not supported yet; run without checkpoints")
         iteration_boundaries(schedule, rank)
 
 
@@ -217,6 +231,7 @@ def check_resume(job: Job, spec: ModelSpec, *, verify: bool = True) -> StoredChe
 
 def _check_fits(stored: StoredCheckpoint, expected: Mapping[str, tuple[list[int], str]],
                 job: Job) -> None:
+    _check_pipelines(stored, job.plan.pipelines)
     saved = stored.manifest["parameters"]
     missing = sorted(set(expected) - set(saved), key=_block_order)
     extra = sorted(set(saved) - set(expected), key=_block_order)
@@ -235,6 +250,19 @@ def _check_fits(stored: StoredCheckpoint, expected: Mapping[str, tuple[list[int]
     if stored.step >= job.steps:
         raise CheckpointError(f"checkpoint {stored.folder} is at step {stored.step} and the run "
                               f"has {job.steps} steps: nothing is left to run; raise --steps")
+
+
+def _check_pipelines(stored: StoredCheckpoint, pipelines: int) -> None:
+    """AvgPipe: the checkpoint holds one model and optimizer state per parallel pipeline, so
+    their number N must match (no exact way to make N' models out of N)."""
+    saved = int(stored.manifest["plan"].get("pipelines", 1))
+    if saved != pipelines:
+        raise CheckpointError(
+            f"checkpoint {stored.folder} was written with {saved} parallel pipeline"
+            f"{'s' if saved != 1 else ''} (AvgPipe's N={saved}: a model and optimizer state per "
+            f"pipeline, and their reference model) but this run has N={pipelines}; there is no "
+            f"exact way to continue N={saved} pipelines as N={pipelines}. Resume with "
+            f"--pipelines {saved} (Plan.pipelines={saved}), or start a new run without --resume")
 
 
 def _block_order(name: str) -> tuple[int, str]:
@@ -314,6 +342,7 @@ class RankRecovery:
     # -- resume --------------------------------------------------------------------------
     def _restore(self, stored: StoredCheckpoint, apply_rng: bool) -> None:
         self._stored = stored
+        _check_pipelines(stored, self.job.plan.pipelines)
         expected = self._own_parameters()
         _check_fits_own(stored, expected)
         if stored.step >= self.job.steps:
@@ -328,6 +357,7 @@ class RankRecovery:
         if stored.manifest["optimizer"]["hyper"] != _hyper(here) and self.rank == 0:
             warnings.warn(f"resuming with optimizer settings {_hyper(here)}; the checkpoint was "
                           f"written with {stored.manifest['optimizer']['hyper']}", stacklevel=2)
+        self._warn_averaging_settings(stored)
         self.steps_done = stored.step
         self.start = self._cuts[stored.step - 1]
         shards: dict[str, dict[str, Any]] = {}
@@ -337,29 +367,59 @@ class RankRecovery:
                 shards[name] = stored.load(name)
             return shards[name]
 
+        def part(name: str, pipeline: int) -> Mapping[str, Any]:
+            """What the shard holding parameter ``name`` saved for ``pipeline``."""
+            file = stored.file_of(name)
+            return _pipeline_part(shard(file), pipeline, f"checkpoint {stored.folder}, {file}")
+
         program = self.schedule.programs[self.rank]
-        for stage_id, stage in self.parts.stages.items():
-            names = _global_names(stage.module.named_parameters(), stage.block_range[0])
-            with torch.no_grad():
-                for param, name in names.items():
-                    param.copy_(shard(stored.file_of(name))["parameters"][name])
-            optimizer = self.parts.optimizers[stage_id]
-            state = optimizer.state_dict()
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            for index, param in enumerate(params):
-                saved = shard(stored.file_of(names[param]))["optimizer"].get(names[param])
-                if saved:
-                    state["state"][index] = {k: v.clone() if isinstance(v, Tensor) else v
-                                             for k, v in saved.items()}
-            optimizer.load_state_dict(state)
-            self.parts.weights[stage_id].live_version = sum(
-                1 for a in program[:self.start] if a.op is Op.STEP and a.stage == stage_id)
+        for index in range(self.schedule.pipelines):
+            pipeline = self.parts.pipeline(index)
+            for stage_id, stage in pipeline.stages.items():
+                names = _global_names(stage.module.named_parameters(), stage.block_range[0])
+                with torch.no_grad():
+                    for param, name in names.items():
+                        param.copy_(part(name, index)["parameters"][name])
+                optimizer = pipeline.optimizers[stage_id]
+                state = optimizer.state_dict()
+                params = [p for group in optimizer.param_groups for p in group["params"]]
+                for position, param in enumerate(params):
+                    saved = part(names[param], index)["optimizer"].get(names[param])
+                    if saved:
+                        state["state"][position] = {k: v.clone() if isinstance(v, Tensor) else v
+                                                    for k, v in saved.items()}
+                optimizer.load_state_dict(state)
+                pipeline.weights[stage_id].live_version = sum(
+                    1 for a in program[:self.start]
+                    if a.op is Op.STEP and a.stage == stage_id and a.pipeline == index)
+        for stage_id, averager in self.parts.averagers.items():
+            first = self.parts.stages[stage_id].block_range[0]
+            reference = {}
+            for local in averager.reference_parameters():
+                name = _global_name(local, first)
+                saved = shard(stored.file_of(name)).get("reference")
+                if saved is None and self.schedule.pipelines == 1:
+                    # Written without averaging (e.g. by 1f1b): with one pipeline the reference
+                    # *is* that pipeline's model at every iteration boundary (runtime/averaging.py).
+                    saved = shard(stored.file_of(name))["parameters"]
+                if saved is None or name not in saved:
+                    raise CheckpointError(
+                        f"checkpoint {stored.folder} holds no reference model for {name} "
+                        f"({stored.file_of(name)}), which {self.schedule.name!r} with "
+                        f"{self.schedule.pipelines} pipelines needs; it was not written by an "
+                        f"averaging run. Resume it with the schedule it was written with "
+                        f"({stored.manifest['schedule']!r})")
+                reference[local] = saved[name]
+            averager.load_reference(reference, stored.step)
         last = self.schedule.num_stages - 1
         if last in self.parts.stages and self.schedule.layout.stage_ranks[last][0] == self.rank:
-            history = self.parts.stages[last].losses
             for entry in stored.manifest["shards"]:
-                if entry["has_losses"]:
-                    losses = shard(entry["file"])["losses"]
+                if not entry["has_losses"]:
+                    continue
+                where = f"checkpoint {stored.folder}, {entry['file']}"
+                for index in range(self.schedule.pipelines):
+                    losses = _pipeline_part(shard(entry["file"]), index, where)["losses"]
+                    history = self.parts.pipeline(index).stages[last].losses
                     history.update(zip(losses["microbatch"].tolist(), losses["value"].tolist()))
         if self._same_layout(stored):
             rng = shard(f"rank{self.rank}.pt")["rng"]
@@ -372,6 +432,17 @@ class RankRecovery:
                 self.rng_state = torch.get_rng_state()
         if apply_rng:
             torch.set_rng_state(self.rng_state)
+
+    def _warn_averaging_settings(self, stored: StoredCheckpoint) -> None:
+        """Like the optimizer's hyper-parameters: the resumed run's alpha and order apply."""
+        if not self.parts.averagers or self.rank != 0:
+            return
+        keys = ("alpha", "average_order")
+        saved = {k: v for k, v in stored.manifest["plan"].get("semantics", {}).items() if k in keys}
+        here = {k: v for k, v in self.job.plan.semantics.items() if k in keys}
+        if saved != here:
+            warnings.warn(f"resuming with averaging settings {here or 'defaults'}; the checkpoint "
+                          f"was written with {saved or 'defaults'}", stacklevel=3)
 
     def _same_layout(self, stored: StoredCheckpoint) -> bool:
         saved, plan = stored.manifest["plan"], self.job.plan.to_json()
@@ -447,44 +518,55 @@ class RankRecovery:
     def _capture(self, steps_done: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """References to this rank's state (no copies; see the module docstring)."""
         layout = self.schedule.layout
-        parameters: dict[str, Tensor] = {}
-        optimizer_state: dict[str, dict[str, Any]] = {}
+        pipelines = [self.parts.pipeline(p) for p in range(self.schedule.pipelines)]
+        parameters: list[dict[str, Tensor]] = [{} for _ in pipelines]
+        optimizer_state: list[dict[str, dict[str, Any]]] = [{} for _ in pipelines]
+        reference: dict[str, Tensor] = {}
         blocks: set[int] = set()
         for stage_id, stage in self.parts.stages.items():
-            weights = self.parts.weights[stage_id]
-            assert not weights.snapshots and not weights.predicted, "no version at a boundary"
+            for pipeline in pipelines:
+                weights = pipeline.weights[stage_id]
+                assert not weights.snapshots and not weights.predicted, "no version at a boundary"
+            averager = self.parts.averagers.get(stage_id)
+            assert averager is None or averager.between_iterations, "averaging at a boundary"
             if layout.stage_ranks[stage_id][0] != self.rank:
                 continue  # another replica writes this stage
             blocks.update(range(*stage.block_range))
-            names = _global_names(stage.module.named_parameters(), stage.block_range[0])
-            optimizer = self.parts.optimizers[stage_id]
-            for param, name in names.items():
-                parameters[name] = param.detach()
-                state = optimizer.state.get(param)
-                if state:
-                    optimizer_state[name] = {k: v.detach() if isinstance(v, Tensor) else v
-                                             for k, v in state.items()}
-        losses: dict[int, float] = {}
-        for stage in self.parts.stages.values():
-            if stage.is_last:
-                losses.update(stage.losses)
-        order = sorted(losses)
+            for index, pipeline in enumerate(pipelines):
+                module = pipeline.stages[stage_id].module
+                optimizer = pipeline.optimizers[stage_id]
+                for param, name in _global_names(module.named_parameters(),
+                                                 stage.block_range[0]).items():
+                    parameters[index][name] = param.detach()
+                    state = optimizer.state.get(param)
+                    if state:
+                        optimizer_state[index][name] = {
+                            k: v.detach() if isinstance(v, Tensor) else v for k, v in state.items()}
+            if averager is not None:  # replaced, never changed in place: no copy needed either
+                for local, tensor in averager.reference_parameters().items():
+                    reference[_global_name(local, stage.block_range[0])] = tensor.detach()
+        losses = [_loss_table({j: v for stage in pipeline.stages.values() if stage.is_last
+                               for j, v in stage.losses.items()}) for pipeline in pipelines]
         rng: dict[str, Tensor | None] = {"cpu": torch.get_rng_state(), "cuda": None}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        payload = {
-            "format": FORMAT, "step": steps_done, "rank": self.rank, "parameters": parameters,
-            "optimizer": optimizer_state, "rng": rng,
-            "losses": {"microbatch": torch.tensor(order, dtype=torch.int64),
-                       "value": torch.tensor([losses[j] for j in order], dtype=torch.float64)},
+        payload: dict[str, Any] = {
+            "format": FORMAT, "step": steps_done, "rank": self.rank, "parameters": parameters[0],
+            "optimizer": optimizer_state[0], "rng": rng, "losses": losses[0],
         }
+        if self.parts.averagers:  # AvgPipe: pipelines 1..N-1 and the reference model
+            payload["pipelines"] = {
+                str(index): {"parameters": parameters[index], "optimizer": optimizer_state[index],
+                             "losses": losses[index]}
+                for index in range(1, len(pipelines))}
+            payload["reference"] = reference
         optimizer = next(iter(self.parts.optimizers.values()))
         assert self.session is not None
         record = {
             "run_id": self.session.run_id, "step": steps_done, "blocks": sorted(blocks),
-            "has_losses": bool(order),
+            "has_losses": bool(losses[0]["microbatch"].numel()),
             "parameters": {n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                           for n, t in parameters.items()},
+                           for n, t in parameters[0].items()},
             "common": {
                 "plan": self.job.plan.to_json(), "schedule": self.schedule.name,
                 "seed": self.job.seed, "steps_total": self.job.steps,
@@ -508,14 +590,35 @@ def _bind(function: Callable[[int], None], value: int) -> Callable[[], None]:
     return lambda: function(value)
 
 
+def _global_name(local: str, first_block: int) -> str:
+    """Stage-local name ``"<i>.<rest>"`` to global ``"<first_block + i>.<rest>"``."""
+    index, _, rest = local.partition(".")
+    return f"{first_block + int(index)}.{rest}"
+
+
 def _global_names(named: Iterable[tuple[str, torch.nn.Parameter]],
                   first_block: int) -> dict[torch.nn.Parameter, str]:
-    """Stage-local names ``"<i>.<rest>"`` to global ``"<first_block + i>.<rest>"``."""
-    out = {}
-    for name, param in named:
-        index, _, rest = name.partition(".")
-        out[param] = f"{first_block + int(index)}.{rest}"
-    return out
+    """Each parameter's global name (:func:`_global_name`)."""
+    return {param: _global_name(name, first_block) for name, param in named}
+
+
+def _loss_table(losses: Mapping[int, float]) -> dict[str, Tensor]:
+    """Micro-batch losses as two tensors (what ``weights_only`` loading accepts)."""
+    order = sorted(losses)
+    return {"microbatch": torch.tensor(order, dtype=torch.int64),
+            "value": torch.tensor([losses[j] for j in order], dtype=torch.float64)}
+
+
+def _pipeline_part(data: Mapping[str, Any], pipeline: int, where: str) -> Mapping[str, Any]:
+    """A shard's ``parameters``/``optimizer``/``losses`` of one AvgPipe pipeline: pipeline 0's
+    at the top level (as for every schedule), the others' under ``pipelines["<p>"]``."""
+    if pipeline == 0:
+        return data
+    try:
+        return data["pipelines"][str(pipeline)]
+    except KeyError:
+        raise CheckpointError(f"{where} holds no state for parallel pipeline {pipeline} "
+                              f"(damaged, or written by another version)") from None
 
 
 def _check_fits_own(stored: StoredCheckpoint, own: Mapping[str, tuple[list[int], str]]) -> None:

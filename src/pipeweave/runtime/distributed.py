@@ -17,8 +17,11 @@ import torch.distributed as dist
 
 from ..ir import Schedule
 from .checkpoint import combine_hooks, distributed_recovery
+from .delay import delayed_transport
 from .faults import injected_fault_hooks
 from .interpreter import RankInterpreter
+from .memory import ActivationMeter
+from .online_advance import OnlineAdvance, run_rank_windows
 from .progress import StepProgress
 from .job import Job
 from .microbatches import MicrobatchSource
@@ -63,7 +66,7 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
     dist.init_process_group(backend, **rendezvous, rank=rank, world_size=world_size,
                             timeout=timeout)
     try:
-        transport = DistTransport(rank, device, timeout)
+        transport = DistTransport(rank, device, timeout, apc=job.apc)
         transport.make_groups(schedule.layout.stage_ranks)
         transport.track_deliveries(schedule)
         parts = build_rank(job, rank, schedule, device)
@@ -74,15 +77,26 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
         origin = _common_origin(device)
         recorder = Recorder(rank, origin) if job.record_timeline else None
         progress = _progress_bar(job, schedule, rank)
-        interpreter = RankInterpreter(rank=rank, schedule=schedule, stages=parts.stages,
-                                      optimizers=parts.optimizers, weights=parts.weights,
-                                      others=parts.others, averagers=parts.averagers, transport=transport,
-                                      data=data, recorder=recorder, on_step=progress,
-                                      start=recovery.start,
-                                      after=combine_hooks(recovery.hooks,
-                                                          injected_fault_hooks(schedule, rank)))
-        for _ in interpreter.run():
-            raise AssertionError("the distributed transport never yields")
+        wire = delayed_transport(transport, rank)  # PIPEWEAVE_INJECT_DELAY (usually none)
+
+        def interpreter(program: Schedule, meter: ActivationMeter | None = None) -> RankInterpreter:
+            hooks = recovery.hooks if program is schedule else {}
+            return RankInterpreter(rank=rank, schedule=program, stages=parts.stages,
+                                   optimizers=parts.optimizers, weights=parts.weights,
+                                   others=parts.others, averagers=parts.averagers, transport=wire,
+                                   data=data, recorder=recorder, on_step=progress,
+                                   start=recovery.start if program is schedule else 0,
+                                   after=combine_hooks(hooks, injected_fault_hooks(program, rank)),
+                                   meter=meter)
+
+        online = (OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None
+                  else None)
+        if online is None:
+            for _ in interpreter(schedule).run():
+                raise AssertionError("the distributed transport never yields")
+        else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/online_advance.py)
+            run_rank_windows(online, parts, interpreter, device=device,
+                             before=transport.track_deliveries)
         recovery.close()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -91,6 +105,9 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
                                 records=recorder.records if recorder else [],
                                 want_parameters=job.return_parameters, wall=wall, device=device)
         result.checkpoint_stall_s = recovery.stall_s
+        if online is not None:
+            result.advance_per_step, result.advance_log = online.advance_per_step, online.log
+        result.bytes_sent = transport.bytes_sent
         if progress is not None:
             progress.close()
         if not gather:

@@ -28,6 +28,7 @@ from .weights import StageWeights
 
 if TYPE_CHECKING:
     from .averaging import ElasticAverager
+    from .memory import ActivationMeter
     from .worker import RankParts
 
 __all__ = ["RankInterpreter"]
@@ -54,10 +55,13 @@ class RankInterpreter:
         after: Mapping[int, Callable[[], None]] | None = None,
         others: Sequence[RankParts] = (),
         averagers: Mapping[int, ElasticAverager] | None = None,
+        meter: ActivationMeter | None = None,
     ) -> None:
         """``start``: position to begin at (a resumed run, :mod:`.checkpoint`); ``after``:
         ``position -> hook`` run right after that action (checkpoints, fault injection);
-        ``others``/``averagers``: AvgPipe's parallel pipelines 1..N-1 and reference models."""
+        ``others``/``averagers``: AvgPipe's parallel pipelines 1..N-1 and reference models;
+        ``meter``: counts the activation bytes kept between forwards and backwards
+        (:mod:`.memory`; the online advance controller's memory reading)."""
         if not schedule.lowered:
             raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
         self.rank = rank
@@ -69,6 +73,7 @@ class RankInterpreter:
         self.others = list(others)
         self.averagers = dict(averagers or {})
         self.transport = transport
+        self.meter = meter
         self.data = data
         self.recorder = recorder
         self.on_step = on_step
@@ -164,10 +169,19 @@ class RankInterpreter:
         target = self.data.targets(j, piece, pipeline) if stage.is_last else None
         weights = self._weights(action)[action.stage]
         plan = weights.forward_plan(action)
-        output = stage.forward((j, piece, pipeline), inputs, target=target,
-                               batch_rows=self._batch_rows(),
-                               params=weights.forward_params(action, plan),
-                               keep_graph=plan.keep_graph)
+        params = weights.forward_params(action, plan)
+        if self.meter is None:
+            output = stage.forward((j, piece, pipeline), inputs, target=target,
+                                   batch_rows=self._batch_rows(), params=params,
+                                   keep_graph=plan.keep_graph)
+        else:
+            with self.meter.forward((action.stage, j, piece, pipeline), stage.module,
+                                    inputs) as kept:
+                output = stage.forward((j, piece, pipeline), inputs, target=target,
+                                       batch_rows=self._batch_rows(), params=params,
+                                       keep_graph=plan.keep_graph)
+                if output is not None:
+                    kept.append(output)
         if output is not None:
             self._values[ref(action)] = output
 
@@ -180,6 +194,8 @@ class RankInterpreter:
             action.microbatch, action.pipeline, grad_output, batch_rows=self._batch_rows(),
             recompute_params=lambda piece: weights.recompute_params(action, piece))
         weights.after_backward(action, position)
+        if self.meter is not None:
+            self.meter.release(action.stage, action.microbatch, action.pipeline)
         if grad_input is not None and action.stage > 0:
             self._values[ref(action)] = grad_input
 

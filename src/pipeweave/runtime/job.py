@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec, build_model
+from .advance_options import AdvanceOptions
 from .checkpoint_options import CheckpointOptions
 from .plan import Plan
 
@@ -99,6 +100,12 @@ class Job:
         progress: show a progress bar (on the rank that holds the last stage).
         checkpoint: when to write checkpoints and what to resume from (None: neither); see
             :mod:`pipeweave.runtime.checkpoint`.
+        apc: automatic precision compression (WPipe §A.3) of the float32/float64 activations
+            and gradients sent between ranks: fp16 with a power-of-two scaler (relative error
+            at most 2**-11 per element), full precision when that would overflow or underflow;
+            see :mod:`pipeweave.runtime.apc`. Both executors apply it identically.
+        advance: AvgPipe's advance chosen at run time by Algorithm 1 (None: the plan's fixed
+            ``advance`` option); see :mod:`pipeweave.runtime.online_advance`.
     """
 
     plan: Plan
@@ -113,6 +120,8 @@ class Job:
     return_parameters: bool = False
     progress: bool = False
     checkpoint: CheckpointOptions | None = None
+    apc: bool = False
+    advance: AdvanceOptions | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -121,6 +130,8 @@ class Job:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not isinstance(self.apc, bool):
+            raise TypeError(f"apc must be True or False, got {self.apc!r}")
 
 
 def take(stream: Iterable[Batch], count: int) -> Iterator[Batch]:

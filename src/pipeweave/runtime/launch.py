@@ -24,6 +24,7 @@ from .checkpoint import check_checkpointable, check_resume
 from .distributed import run_rank
 from .faults import exit_with_launcher
 from .job import Job
+from .online_advance import check_advance
 from .worker import RankResult, make_schedule, preflight
 
 __all__ = ["launch_local", "run_under_torchrun", "RunFailed", "free_port", "under_torchrun"]
@@ -63,6 +64,7 @@ def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResul
     inputs, _ = next(iter(job.data()))
     spec = job.model()
     preflight(spec, job.plan, inputs)
+    check_advance(job, spec)
     check_checkpointable(job, schedule)
     check_resume(job, spec)  # a bad checkpoint is reported before any rank starts
     # forkserver: the server imports torch once (no kernels run there, so no thread pools

@@ -15,12 +15,14 @@ import time
 
 import torch
 
-from ..ir import ScheduleError, render_grid
+from ..ir import Schedule, ScheduleError, render_grid
 from .distributed import threads_per_rank
 from .checkpoint import RankRecovery, check_checkpointable, check_resume, new_session
 from .interpreter import RankInterpreter
 from .job import Job
+from .memory import ActivationMeter
 from .microbatches import MicrobatchSource
+from .online_advance import OnlineAdvance, check_advance, run_local_windows
 from .timeline import Recorder
 from .transport import LocalTransport
 from .worker import RankResult, build_rank, collect_result, make_schedule, preflight
@@ -48,31 +50,69 @@ def _run(job: Job) -> list[RankResult]:
     device = torch.device("cpu")
     spec = job.model()
     preflight(spec, job.plan, next(iter(job.data()))[0])
+    check_advance(job, spec)
     check_checkpointable(job, schedule)
     stored = check_resume(job, spec)  # a bad checkpoint is reported before anything runs
     session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
-    hub = LocalTransport()
+    hub = LocalTransport(apc=job.apc)
     origin = time.time()
-    interpreters, parts, recoveries = [], [], []
+    parts, recoveries, endpoints, sources, recorders = [], [], [], [], []
     for rank in range(schedule.num_ranks):
         rank_parts = build_rank(job, rank, schedule, device, spec=spec)
         recovery = RankRecovery(job=job, schedule=schedule, rank=rank, parts=rank_parts,
                                 device=device, session=session, apply_rng=False,
                                 stored=stored)
         recoveries.append(recovery)
-        data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,
-                                pipelines=job.plan.pipelines, first_batch=recovery.first_batch)
-        recorder = Recorder(rank, origin) if job.record_timeline else None
-        interpreters.append(RankInterpreter(
-            rank=rank, schedule=schedule, stages=rank_parts.stages,
-            optimizers=rank_parts.optimizers, weights=rank_parts.weights,
-            others=rank_parts.others, averagers=rank_parts.averagers, transport=hub.endpoint(rank), data=data,
-            recorder=recorder, start=recovery.start, after=recovery.hooks,
-        ))
+        sources.append(MicrobatchSource(recovery.positioned(job.data()),
+                                        microbatches=job.plan.microbatches,
+                                        pipelines=job.plan.pipelines,
+                                        first_batch=recovery.first_batch))
+        recorders.append(Recorder(rank, origin) if job.record_timeline else None)
+        endpoints.append(hub.endpoint(rank))
         parts.append(rank_parts)
+
+    def interpreter(rank: int, program: Schedule,
+                    meter: ActivationMeter | None = None) -> RankInterpreter:
+        whole = program is schedule
+        return RankInterpreter(
+            rank=rank, schedule=program, stages=parts[rank].stages,
+            optimizers=parts[rank].optimizers, weights=parts[rank].weights,
+            others=parts[rank].others, averagers=parts[rank].averagers,
+            transport=endpoints[rank], data=sources[rank], recorder=recorders[rank],
+            start=recoveries[rank].start if whole else 0,
+            after=recoveries[rank].hooks if whole else {}, meter=meter,
+        )
+
     # Every rank draws from its own random generator, as it would in its own process.
     initial = torch.get_rng_state()
     rng = [r.rng_state if r.rng_state is not None else initial for r in recoveries]
+    ranks = range(schedule.num_ranks)
+    online = OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None else None
+    if online is None:
+        _drive([interpreter(rank, schedule) for rank in ranks], rng, schedule)
+    else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/online_advance.py)
+        run_local_windows(online, parts, lambda program, meters: _drive(
+            [interpreter(rank, program, meters[rank]) for rank in ranks], rng, program))
+    for recovery in recoveries:
+        recovery.close()
+    wall = time.time() - origin
+    results = [
+        collect_result(rank, parts[rank], schedule,
+                       records=recorder.records if recorder is not None else [],
+                       want_parameters=job.return_parameters, wall=wall, device=device)
+        for rank, recorder in enumerate(recorders)
+    ]
+    if online is not None:
+        for result in results:
+            result.advance_per_step, result.advance_log = online.advance_per_step, online.log
+    for result, recovery, endpoint in zip(results, recoveries, endpoints):
+        result.checkpoint_stall_s = recovery.stall_s
+        result.bytes_sent = endpoint.bytes_sent
+    return results
+
+
+def _drive(interpreters: list[RankInterpreter], rng: list[torch.Tensor], schedule: Schedule) -> None:
+    """Resume the ranks' programs round-robin until all end; ``rng`` (per rank) is updated."""
     running = {rank: interp.run() for rank, interp in enumerate(interpreters)}
     while running:
         progressed = False
@@ -91,15 +131,3 @@ def _run(job: Job) -> list[RankResult]:
             stuck = [(r, interpreters[r].executed) for r in sorted(running)]
             raise ScheduleError("single-process executor deadlocked:\n"
                                 + render_grid(schedule, marked=stuck, max_columns=64))
-    for recovery in recoveries:
-        recovery.close()
-    wall = time.time() - origin
-    results = [
-        collect_result(rank, parts[rank], schedule,
-                       records=interp.recorder.records if interp.recorder else [],
-                       want_parameters=job.return_parameters, wall=wall, device=device)
-        for rank, interp in enumerate(interpreters)
-    ]
-    for result, recovery in zip(results, recoveries):
-        result.checkpoint_stall_s = recovery.stall_s
-    return results

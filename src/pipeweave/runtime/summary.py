@@ -4,7 +4,10 @@
   allocator and thread-pool start-up) is excluded when there are at least three;
 * pipeline efficiency — busy F/B time over all ranks / (ranks x wall time of the same window);
 * bubble fraction — 1 - efficiency;
-* peak memory — per rank: CUDA ``max_memory_allocated`` on GPU, peak RSS on CPU.
+* peak memory — per rank: CUDA ``max_memory_allocated`` on GPU, peak RSS on CPU;
+* bytes sent — per rank: activations and gradients sent point-to-point (``RankResult.bytes_sent``);
+* AvgPipe — the advance per step, the online controller's log (time and counted memory per
+  measured step, its decisions) and the memory limit (runtime/online_advance.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ class TrainSummary:
     iteration_end_s: list[float] = field(default_factory=list)
     first_step: int = 0
     """Steps restored from a checkpoint (resumed run): they have losses but no timings."""
+    bytes_sent: list[int] = field(default_factory=list)
+    """Per rank: bytes of activations and gradients sent to other ranks (with ``--apc``, about
+    half for float32)."""
+
+    advance_per_step: list[int] = field(default_factory=list)
+    """AvgPipe: the advance each step ran with (fixed, or chosen by the online controller)."""
+    advance_log: list[dict[str, Any]] = field(default_factory=list)
+    """AvgPipe's online controller, per measured step: time, memory, decision."""
+    memory_limit: float | None = None
+    """The memory limit per device the run was given (``--memory-limit``), if any."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,8 +87,11 @@ def iteration_end_times(records: Sequence[Record], microbatches: int, steps: int
 
 
 def summarize(results: Sequence[RankResult], *, schedule: str, steps: int, batch_size: int,
-              microbatches: int, pipelines: int = 1, first_step: int = 0) -> TrainSummary:
-    """``first_step``: steps a resumed run restored from its checkpoint (not timed here)."""
+              microbatches: int, pipelines: int = 1, first_step: int = 0,
+              advance: int | None = None, memory_limit: float | None = None) -> TrainSummary:
+    """``first_step``: steps a resumed run restored from its checkpoint (not timed here);
+    ``advance``: AvgPipe's fixed advance (the online controller's choices come with the
+    results); ``memory_limit``: recorded as given."""
     records = [r for result in results for r in result.records]
     ends = iteration_end_times(records, microbatches, steps)
     first_start = min((s for _, _, s, _ in records), default=0.0)
@@ -100,4 +116,16 @@ def summarize(results: Sequence[RankResult], *, schedule: str, steps: int, batch
         peak_stashed_microbatches=[r.peak_stashed_microbatches for r in results],
         wall_seconds=max((r.wall_seconds for r in results), default=0.0),
         iteration_end_s=ends, first_step=first_step,
+        bytes_sent=[r.bytes_sent for r in results],
+        advance_per_step=_advance_per_step(results, advance, steps),
+        advance_log=next((r.advance_log for r in results if r.advance_log), []),
+        memory_limit=memory_limit,
     )
+
+
+def _advance_per_step(results: Sequence[RankResult], advance: int | None,
+                      steps: int) -> list[int]:
+    chosen = next((r.advance_per_step for r in results if r.advance_per_step), None)
+    if chosen is not None:
+        return list(chosen)
+    return [advance] * steps if advance is not None else []

@@ -16,6 +16,11 @@ distributed one never yields (it blocks in torch.distributed with a timeout).
 
 All-reduce sums contributions in replica order on every rank (all-gather, then an ordered
 sum), so results are bit-identical between the executors and across runs.
+
+With ``apc`` on, float32/float64 activations and gradients travel compressed (WPipe's
+automatic precision compression, :mod:`.apc`) in one wire format both transports share
+(:func:`_pack`, :func:`_unpack`), so the two executors round identically. Both count the bytes
+they send point-to-point (``bytes_sent``: headers, APC metadata and payloads; all-reduces not).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,6 +38,7 @@ from torch import Tensor
 
 from ..ir import Action, Op, Schedule, dependencies, ref
 from ..ir.deps import producer_rank, receiver
+from .apc import MODE_FULL, MODE_HALF, Encoded, decode, encode
 
 __all__ = ["Transport", "DistTransport", "LocalTransport", "message_tag", "PeerTimeout",
            "delivery_proofs"]
@@ -123,9 +129,82 @@ def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action,
 
 
 _HEADER_BIT = 1 << 30
+_REST_BIT = 1 << 29  # message_tag() stays below 2**29 (at most 402,653,183): both bits are free
 _HEADER_LEN = 10  # dtype code, ndim, up to 8 dims
+_HEADER_BYTES = _HEADER_LEN * 8
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
            torch.bool, torch.uint8, torch.int8]
+
+_Kind = tuple[Op, int, int, int]
+
+
+def _kind(message: Action, src: int, dst: int) -> _Kind:
+    """The channel a message travels on; its shape and dtype are sent once per channel."""
+    return (message.op, message.stage, message.piece, src * 65536 + dst)
+
+
+# -- APC wire format (WPipe §A.3, Fig. 12; the codec is .apc) ----------------------------
+#
+# A compressed message of a float32/float64 tensor of n elements, s bytes each, is the bytes
+#
+#     [ mode, exponent: 2 x int64 ][ payload: 2n bytes ][ payload, continued: (s-2)n bytes ]
+#     └────────── first part: always sent, tag ─────────┘└─ rest: fallback only, tag|_REST_BIT ┘
+#
+# When the codec succeeds the payload is the fp16 tensor and the first part is all there is
+# (about half the bytes for float32); when it falls back the payload is the tensor itself and
+# its remaining bytes follow as a second message. The metadata rides in front of the payload
+# rather than in a message of its own, so the receiver posts one buffer of a size it knows
+# from the channel's one-time header, early (prefetched) exactly like an uncompressed message;
+# a separate meta message would force posting the payload only after the meta arrived (no
+# overlap with compute) or posting both sizes (no saving). Only a fallback costs a second,
+# unprefetched receive.
+
+_META_BYTES = 16
+_COMPRESSIBLE = (torch.float32, torch.float64)
+
+
+def _compressed(dtype: torch.dtype, apc: bool) -> bool:
+    """Whether a channel of ``dtype`` uses the APC wire format (other dtypes go as they are)."""
+    return apc and dtype in _COMPRESSIBLE
+
+
+def _wire_sizes(shape: torch.Size, dtype: torch.dtype) -> tuple[int, int]:
+    """Bytes of the first part and of the rest of a compressed message."""
+    numel = shape.numel()
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return _META_BYTES + 2 * numel, (itemsize - 2) * numel
+
+
+def _pack(tensor: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``tensor`` encoded as the first part and, on fallback, the rest (uint8, same device)."""
+    encoded = encode(tensor)
+    payload = encoded.payload.detach().contiguous().reshape(-1).view(torch.uint8)
+    split = 2 * tensor.numel()
+    first = torch.empty(_META_BYTES + split, dtype=torch.uint8, device=tensor.device)
+    first[:_META_BYTES].view(torch.int64).copy_(torch.tensor([encoded.mode, encoded.exponent]))
+    first[_META_BYTES:].copy_(payload[:split])
+    rest = payload[split:]
+    return first, rest if encoded.mode == MODE_FULL and rest.numel() else None
+
+
+def _unpack(wire: Tensor, shape: torch.Size, dtype: torch.dtype,
+            receive_rest: Callable[[Tensor], None]) -> Tensor:
+    """The tensor from a wire buffer (both parts' bytes) whose first part has arrived;
+    ``receive_rest(view)`` fills the rest of the buffer when the message fell back."""
+    mode, exponent = wire[:_META_BYTES].view(torch.int64).tolist()
+    split = _META_BYTES + 2 * shape.numel()
+    if mode == MODE_HALF:
+        payload = wire[_META_BYTES:split].view(torch.float16).view(shape)
+    else:
+        assert mode == MODE_FULL, f"corrupt APC metadata: mode {mode}"
+        if wire.numel() > split:
+            receive_rest(wire[split:])
+        payload = wire[_META_BYTES:].view(dtype).view(shape)
+    return decode(Encoded(payload, mode, exponent), dtype)
+
+
+def _nbytes(tensors: Sequence[Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @dataclass
@@ -181,15 +260,19 @@ class DistTransport:
     """Point-to-point over an initialised default process group."""
 
     def __init__(self, rank: int, device: torch.device, timeout: datetime.timedelta, *,
-                 send_thread: bool | None = None) -> None:
+                 send_thread: bool | None = None, apc: bool = False) -> None:
         """``send_thread``: issue sends from a helper thread (:class:`_Sender`); default on
         CPU (gloo), where ``isend`` can stall the calling thread; off for CUDA, whose NCCL
-        sends return at once and are ordered on the caller's stream."""
+        sends return at once and are ordered on the caller's stream. ``apc``: compress
+        float activations and gradients (see the wire format above); every rank must agree."""
         self.rank = rank
         self.device = device
         self.timeout = timeout
-        self._sent_header: set[tuple[Op, int, int, int]] = set()
-        self._shapes: dict[tuple[Op, int, int, int], tuple[torch.Size, torch.dtype]] = {}
+        self.apc = apc
+        self.bytes_sent = 0
+        """Bytes sent point-to-point so far: headers, APC metadata and payloads."""
+        self._sent_header: set[_Kind] = set()
+        self._shapes: dict[_Kind, tuple[torch.Size, torch.dtype]] = {}
         self._in_flight: dict[Action, _Send] = {}
         """Sends (with their header) not yet known to be delivered; they keep their tensors."""
         self._sender: _Sender | None = None
@@ -213,12 +296,8 @@ class DistTransport:
         """
         self._proofs = delivery_proofs(schedule, self.rank)
 
-    @staticmethod
-    def _kind(message: Action, src: int, dst: int) -> tuple[Op, int, int, int]:
-        return (message.op, message.stage, message.piece, src * 65536 + dst)
-
     def send(self, message: Action, tensor: Tensor, dst: int) -> None:
-        kind = self._kind(message, self.rank, dst)
+        kind = _kind(message, self.rank, dst)
         tag = message_tag(message)
         if kind not in self._sent_header:
             if tensor.dim() > _HEADER_LEN - 2:
@@ -231,7 +310,14 @@ class DistTransport:
             self._sent_header.add(kind)
         else:
             parts = []
-        parts.append((tensor.contiguous(), tag))
+        if _compressed(tensor.dtype, self.apc):
+            first, rest = _pack(tensor)
+            parts.append((first, tag))
+            if rest is not None:
+                parts.append((rest, tag | _REST_BIT))
+        else:
+            parts.append((tensor.contiguous(), tag))
+        self.bytes_sent += _nbytes([t for t, _ in parts])
         send = _Send(parts, dst)
         if self.send_thread:
             if self._sender is None:
@@ -263,7 +349,7 @@ class DistTransport:
                 self._settle(sent, send)
 
     def _shape(self, message: Action, src: int) -> tuple[torch.Size, torch.dtype]:
-        kind = self._kind(message, src, self.rank)
+        kind = _kind(message, src, self.rank)
         if kind not in self._shapes:
             header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.device)
             self._wait(_posted(dist.irecv(header, src, tag=message_tag(message) | _HEADER_BIT)),
@@ -283,28 +369,52 @@ class DistTransport:
                 f"({error})"
             ) from error
 
+    def _post(self, message: Action, src: int) -> tuple[dist.Work, Tensor]:
+        """Post the receive of ``message`` (its first part, if compressed): work and buffer."""
+        shape, dtype = self._shape(message, src)
+        if _compressed(dtype, self.apc):
+            first, rest = _wire_sizes(shape, dtype)
+            buffer = torch.empty(first + rest, dtype=torch.uint8, device=self.device)
+            target = buffer[:first]
+        else:
+            buffer = target = torch.empty(shape, dtype=dtype, device=self.device)
+        return _posted(dist.irecv(target, src, tag=message_tag(message))), buffer
+
     def prefetch(self, message: Action, src: int) -> None:
         if message in self._prefetched:
             return
-        kind = self._kind(message, src, self.rank)
-        if kind not in self._shapes:
+        if _kind(message, src, self.rank) not in self._shapes:
             return  # the first message of a kind carries its header; receive it in order
-        shape, dtype = self._shapes[kind]
-        buffer = torch.empty(shape, dtype=dtype, device=self.device)
-        self._prefetched[message] = (_posted(dist.irecv(buffer, src, tag=message_tag(message))),
-                                     buffer)
+        if self.apc and self.device.type == "cuda":
+            # NCCL runs a pair's point-to-point operations in order on one stream: a fallback's
+            # second part, posted once the first arrived, would queue behind a prefetched
+            # receive of the next message, which the sender only sends after that second part.
+            return
+        self._prefetched[message] = self._post(message, src)
 
     def recv(self, message: Action, src: int) -> Waiting:
         if message in self._prefetched:
             work, buffer = self._prefetched.pop(message)
         else:
-            shape, dtype = self._shape(message, src)
-            buffer = torch.empty(shape, dtype=dtype, device=self.device)
-            work = _posted(dist.irecv(buffer, src, tag=message_tag(message)))
+            work, buffer = self._post(message, src)
         self._wait(work, message, src)
+        if self.apc:
+            buffer = self._decompress(message, src, buffer)
         self._release(message)
         return buffer
         yield  # pragma: no cover  (makes this a generator; it never waits cooperatively)
+
+    def _decompress(self, message: Action, src: int, buffer: Tensor) -> Tensor:
+        """The received tensor, from the buffer of its first part (see :func:`_unpack`)."""
+        shape, dtype = self._shapes[_kind(message, src, self.rank)]
+        if not _compressed(dtype, self.apc):
+            return buffer
+
+        def receive_rest(rest: Tensor) -> None:
+            tag = message_tag(message) | _REST_BIT
+            self._wait(_posted(dist.irecv(rest, src, tag=tag)), message, src)
+
+        return _unpack(buffer, shape, dtype, receive_rest)
 
     def all_reduce(self, key: Action, flat: Tensor, ranks: Sequence[int]) -> Waiting:
         group = self._groups[tuple(ranks)]
@@ -337,9 +447,14 @@ def _posted(work: dist.Work | None) -> dist.Work:
 
 
 class LocalTransport:
-    """Mailboxes shared by all ranks of one process (the single-process executor)."""
+    """Mailboxes shared by all ranks of one process (the single-process executor).
 
-    def __init__(self) -> None:
+    ``apc``: deliver what the distributed transport would — each float message goes through
+    the same wire format (:func:`_pack`, :func:`_unpack`) — and count the same bytes.
+    """
+
+    def __init__(self, *, apc: bool = False) -> None:
+        self.apc = apc
         self._mail: dict[Action, Tensor] = {}
         self._contributions: dict[Action, dict[int, Tensor]] = {}
         self._results: dict[Action, Tensor] = {}
@@ -354,9 +469,30 @@ class LocalEndpoint:
     def __init__(self, hub: LocalTransport, rank: int) -> None:
         self.hub = hub
         self.rank = rank
+        self.bytes_sent = 0
+        """What :class:`DistTransport` would have sent by now (same accounting)."""
+        self._sent_header: set[_Kind] = set()
 
     def send(self, message: Action, tensor: Tensor, dst: int) -> None:
-        self.hub._mail[message] = tensor.clone()
+        kind = _kind(message, self.rank, dst)
+        if kind not in self._sent_header:
+            self._sent_header.add(kind)
+            self.bytes_sent += _HEADER_BYTES
+        if not _compressed(tensor.dtype, self.hub.apc):
+            self.bytes_sent += _nbytes([tensor])
+            self.hub._mail[message] = tensor.clone()
+            return
+        first, rest = _pack(tensor)
+        self.bytes_sent += _nbytes([first] if rest is None else [first, rest])
+        wire = torch.empty(sum(_wire_sizes(tensor.shape, tensor.dtype)), dtype=torch.uint8,
+                           device=tensor.device)
+        wire[:first.numel()].copy_(first)
+
+        def receive_rest(view: Tensor) -> None:
+            assert rest is not None
+            view.copy_(rest)
+
+        self.hub._mail[message] = _unpack(wire, tensor.shape, tensor.dtype, receive_rest)
 
     def recv(self, message: Action, src: int) -> Waiting:
         while message not in self.hub._mail:

@@ -12,6 +12,7 @@ import resource
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -177,6 +178,14 @@ class RankResult:
     wall_seconds: float = 0.0
     checkpoint_stall_s: float = 0.0
     """Seconds this rank's training thread spent on checkpoints (see runtime/checkpoint.py)."""
+    bytes_sent: int = 0
+    """Bytes of activations and gradients this rank sent to other ranks (one-time shape headers
+    and APC metadata included, all-reduces not); the same in both executors."""
+    advance_per_step: list[int] = field(default_factory=list)
+    """AvgPipe with the online advance controller: the advance each step ran with."""
+    advance_log: list[dict[str, Any]] = field(default_factory=list)
+    """AvgPipe's online controller, per measured step: the time and memory all ranks agreed on
+    and the decision (see runtime/online_advance.py); the same on every rank."""
 
 
 def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: list[tuple[int, str, float, float]],

@@ -15,8 +15,12 @@ leave the downstream stages in 1F1B order and could never become AFAB.) Stage ``
 most ``min(P - s + advance, M)`` activations: Fig. 7(c), two GPUs, ``advance = 1``, "the first
 GPU stashes the activation of three micro-batches, while there are two ... for 1F1B".
 Algorithm 1 also raises ``advance_num`` between iterations while training gets faster and
-memory allows (lines 9-10); a schedule is fixed data, so that loop belongs to a tuner that
-rebuilds the schedule with a larger ``advance``.
+memory allows (lines 9-10). A schedule is fixed data, so that loop lives in the runtime
+(:mod:`pipeweave.runtime.online_advance`): it runs one iteration at a time, each laid out here
+with option ``first_iteration = k`` (iterations ``k .. k+K-1`` of the run, with the run's
+micro-batch numbers and versions) at the advance the controller chose. Every iteration ends
+with a flush, so iteration ``k`` alone is exactly iteration ``k``'s actions of the whole
+run's schedule, in the same order (tests/schedules/test_avgpipe.py checks it).
 
 P=2, M=4, advance=1 (Fig. 7(c)), unit-cost timeline::
 
@@ -30,7 +34,12 @@ paper every pipeline is a separate process on each GPU and the GPU serves them c
 one program per rank has to serialise them, so we interleave them step by step: at every step
 of the single pipeline's unit-cost timeline a rank runs that step for pipeline 0, 1, ...,
 N-1. Each pipeline keeps its own order (and memory bound), none waits for another, and the
-result is deadlock-free because every dependency points to an earlier step.
+result is deadlock-free because every dependency points to an earlier step. Iterations never
+interleave on a rank: the updates are free in the unit-cost timeline, so pipeline 0's first
+forward of iteration ``k+1`` ties with pipeline 1's update ``U@k+1``; the iteration breaks
+the tie (``... 0U@1 0AV@1 0U@1#1 0AV@1#1 | 0F4 0F4#1 ...``), which gives every rank a clean
+point after each iteration where a checkpoint is exact (runtime/checkpoint.py) and makes the
+run's program the concatenation of its single iterations (runtime/online_advance.py).
 
 **Updates.** Each pipeline ends each iteration with its own optimizer step ``U@k+1`` (step 1 in
 §3.2, after an all-reduce when a stage is replicated), followed by ``AV@k+1``: send the local
@@ -84,7 +93,7 @@ def advance_order(advance: int) -> Order:
 @register("avgpipe", description="AvgPipe: N parallel 1F1B pipelines with advance forward "
                                  "propagation; per-pipeline update then elastic averaging (AV)",
           paper="AvgPipe (avgpipe.txt §3.2, §4.2, Algorithm 1, Fig. 7)", synchronous=True,
-          options=("advance",))
+          options=("advance", "first_iteration"))
 def avgpipe(shape: Shape) -> Schedule:
     if shape.chunks != 1:
         raise ValueError(f"avgpipe runs one chunk per rank, got chunks={shape.chunks}; set chunks=1")
@@ -94,16 +103,30 @@ def avgpipe(shape: Shape) -> Schedule:
         raise ValueError(f"avgpipe does not support per-stage replicas ({list(shape.replicas)}); "
                          "replicate whole pipelines with width, or add parallel pipelines")
     advance = parse_advance(shape.option("advance", 0), shape.microbatches)
-    single = flush_schedule("avgpipe", shape, advance_order(advance), advance=advance)
+    first = shape.option("first_iteration", 0)
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise ValueError(f"first_iteration must be an integer >= 0 (the run's iteration the "
+                         f"schedule starts at), got {first!r}")
+    single = flush_schedule("avgpipe", shape, advance_order(advance), first_iteration=first,
+                            advance=advance)
     with_averaging = [_add_averaging(program) for program in single.programs]
     base = single.with_programs(with_averaging)
     times = walk(base, lambda _rank, action: 1.0 if action.is_compute else 0.0).start
     programs = []
     for rank, program in enumerate(with_averaging):
-        keyed = [((times[rank][i], p, i), action.with_(pipeline=p) if p else action)
+        keyed = [((_iteration(action, shape.microbatches), times[rank][i], p, i),
+                  action.with_(pipeline=p) if p else action)
                  for p in range(shape.pipelines) for i, action in enumerate(program)]
         programs.append([action for _, action in sorted(keyed, key=lambda e: e[0])])
     return base.with_programs(programs, pipelines=shape.pipelines)
+
+
+def _iteration(action: Action, microbatches: int) -> int:
+    """The iteration an action belongs to (an update ``U@k+1``/``AV@k+1`` ends iteration k)."""
+    if action.microbatch is not None:
+        return action.microbatch // microbatches
+    assert action.version is not None, action
+    return action.version - 1
 
 
 def _add_averaging(program: Sequence[Action]) -> list[Action]:

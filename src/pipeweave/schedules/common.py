@@ -28,17 +28,21 @@ def update_actions(layout: Layout, stage: int, version: int, pipeline: int = 0) 
     return actions
 
 
-def flush_schedule(name: str, shape: Shape, order: Order, **options: object) -> Schedule:
+def flush_schedule(name: str, shape: Shape, order: Order, *, first_iteration: int = 0,
+                   **options: object) -> Schedule:
     """A synchronous schedule: each iteration runs ``order`` per stage, then updates every stage.
 
     Iteration ``k`` uses weight version ``k`` for every forward and backward, and ends with
-    update ``k+1`` (after the all-reduce when a stage is replicated).
+    update ``k+1`` (after the all-reduce when a stage is replicated). ``first_iteration``
+    lays out iterations ``first_iteration .. first_iteration + K - 1`` of a longer run, with
+    that run's micro-batch numbers and versions (no iteration depends on an earlier one's
+    actions, only on its updates).
     """
     layout = shape.layout()
     depth = layout.num_stages
     programs: list[list[Action]] = [[] for _ in range(layout.num_ranks)]
     for rank, program in enumerate(programs):
-        for k in range(shape.iterations):
+        for k in range(first_iteration, first_iteration + shape.iterations):
             batch = range(k * shape.microbatches, (k + 1) * shape.microbatches)
             for stage in layout.stages_of(rank):
                 mbs = routed(layout, stage, rank, batch)

@@ -78,3 +78,17 @@ def test_hung_peer_times_out_with_its_name() -> None:
         launch_local(job)
     assert time.monotonic() - started < 60
     assert not multiprocessing.active_children()
+
+
+def test_spectrain_with_adam_is_refused_naming_the_fix() -> None:
+    job = mlp_job(depth=2, schedule="spectrain")  # mlp_job trains with Adam
+    with pytest.raises(ValueError, match=r"SpecTrain predicts with the SGD momentum buffer.*got "
+                                         r"Adam\. Use --optimizer sgd --momentum 0\.9, or the "
+                                         r"pipeoptim schedule"):
+        run_local(job)
+
+
+def test_vertical_sync_on_a_schedule_without_weight_versions() -> None:
+    job = mlp_job(depth=2, schedule="1f1b", plan_fields={"schedule_options": {"vertical_sync": True}})
+    with pytest.raises(ValueError, match=r"schedule '1f1b' got unknown option\(s\) \['vertical_sync'\]"):
+        run_local(job)

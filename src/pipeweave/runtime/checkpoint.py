@@ -37,9 +37,12 @@ of each stage. A resumed run finds each of its blocks wherever it was, so the st
 split, chunks and replicas may all change between checkpoint and resume.
 
 **No copy on the critical path.** At the checkpoint the rank only records references to its
-tensors and hands them to a writer thread; the tensors change next at the rank's next
-optimizer step, so a fence right before that step waits until the writer has serialised them
-(normally long done: it had a whole iteration). The ``fsync`` and manifest come after.
+tensors and hands them to a writer thread. The writer first copies them (a staging copy in
+memory: parameters, optimizer state, reference models, on a thread of its own so it never
+queues behind the disk) and then serialises, hashes and ``fsync``s the copy. The live tensors change next at the rank's next optimizer step, so a
+fence right before that step waits until the staging copy is done — normally long done, as
+the writer had a whole iteration of compute; at worst the training thread waits for one copy
+of the checkpointed state, never for serialisation or the disk.
 
 **Resume.** A resumed rank starts its program at the checkpoint's position, with the same
 global micro-batch numbers and version counters as the uninterrupted run, so it does exactly
@@ -97,6 +100,23 @@ def _chain(hooks: list[Callable[[], None]]) -> Callable[[], None]:
 
 
 # -- where checkpoints can be taken ------------------------------------------------------------
+MAX_PENDING_WRITES = 2
+"""Checkpoints written or waiting to be written per rank (each holds a staging copy); a
+checkpoint requested while this many are pending waits for the oldest (the disk is slower
+than the checkpoint rate: memory, not time, would otherwise grow)."""
+
+
+def _staged(value: Any) -> Any:
+    """A copy of ``value`` with every tensor cloned (dicts, lists and tuples walked)."""
+    if isinstance(value, Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {key: _staged(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_staged(item) for item in value)
+    return value
+
+
 def _iteration_of(action: Action, microbatches: int) -> int:
     if action.microbatch is not None:
         return action.microbatch // microbatches
@@ -304,6 +324,10 @@ class RankRecovery:
         self._stored: StoredCheckpoint | None = None
         self._stream: dict[str, Any] | None = None
         self._pool: ThreadPoolExecutor | None = None
+        """Writes (serialise, hash, fsync, manifest), one at a time, in checkpoint order."""
+        self._stager: ThreadPoolExecutor | None = None
+        """Staging copies, never queued behind the disk."""
+        self._write_failed = False
         self._futures: list[Future[None]] = []
         self._serialized: threading.Event | None = None
         if self.options is None:
@@ -481,27 +505,43 @@ class RankRecovery:
         self._fence()
         assert self.options is not None and self.options.directory is not None
         assert self.session is not None
+        while len(self._futures) >= MAX_PENDING_WRITES:  # the disk is behind: back-pressure
+            self._futures[0].result()
+            self._raise_failed()
         payload, record = self._capture(steps_done)
         folder = step_folder(self.options.directory, steps_done, self.session.run_id)
-        serialized = threading.Event()
-        if self._pool is None:
+        if self._pool is None or self._stager is None:
+            self._stager = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-stage{self.rank}")
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-rank{self.rank}")
-        self._futures.append(self._pool.submit(self._write, folder, payload, record, serialized))
+        serialized = threading.Event()
+        staged = self._stager.submit(self._stage, payload, serialized)
+        self._futures.append(self._pool.submit(self._write, folder, staged, record))
         self._serialized = serialized
         self.stall_s += time.perf_counter() - began
 
-    def _write(self, folder: Path, payload: dict[str, Any], record: dict[str, Any],
-               serialized: threading.Event) -> None:
-        began = time.perf_counter()
+    @staticmethod
+    def _stage(payload: dict[str, Any], serialized: threading.Event) -> dict[str, Any]:
+        """The staging copy; from ``serialized`` on the live tensors are free to change."""
         try:
-            write_shard(folder, self.rank, payload, record, serialized=serialized.set)
+            return _staged(payload)
         finally:
             serialized.set()
-        finalize(folder, self.schedule.num_ranks)
+
+    def _write(self, folder: Path, staged: Future[dict[str, Any]], record: dict[str, Any]) -> None:
+        if self._write_failed:  # the run is failing: write nothing after a failed checkpoint
+            return
+        began = time.perf_counter()
+        try:
+            write_shard(folder, self.rank, staged.result(), record)
+            finalize(folder, self.schedule.num_ranks)
+        except BaseException:
+            self._write_failed = True
+            raise
         self.write_s.append(time.perf_counter() - began)
 
     def _fence(self) -> None:
-        """Wait until the last write no longer needs the live tensors; raise writers' errors."""
+        """Wait until the last write has staged its copy of the live tensors; raise writers'
+        errors."""
         began = time.perf_counter()
         if self._serialized is not None:
             self._serialized.wait()
@@ -577,13 +617,19 @@ class RankRecovery:
         }
         return payload, record
 
-    def close(self) -> None:
-        """Wait for the pending checkpoints to be on disk (and complete); raise a writer's error."""
+    def close(self, *, raise_errors: bool = True) -> None:
+        """Wait for the pending checkpoints to be on disk (and complete); raise a writer's
+        error (unless ``raise_errors`` is False: the run is failing already)."""
         if self._pool is None:
             return
-        self._pool.shutdown(wait=True)
-        self._pool = None
-        self._raise_failed()
+        assert self._stager is not None
+        self._stager.shutdown(wait=True, cancel_futures=not raise_errors)
+        self._pool.shutdown(wait=True, cancel_futures=not raise_errors)
+        self._pool = self._stager = None
+        if raise_errors:
+            self._raise_failed()
+        else:
+            self._futures = []
 
 
 def _bind(function: Callable[[int], None], value: int) -> Callable[[], None]:

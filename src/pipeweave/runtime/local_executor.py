@@ -88,11 +88,16 @@ def _run(job: Job) -> list[RankResult]:
     rng = [r.rng_state if r.rng_state is not None else initial for r in recoveries]
     ranks = range(schedule.num_ranks)
     online = OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None else None
-    if online is None:
-        _drive([interpreter(rank, schedule) for rank in ranks], rng, schedule)
-    else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/online_advance.py)
-        run_local_windows(online, parts, lambda program, meters: _drive(
-            [interpreter(rank, program, meters[rank]) for rank in ranks], rng, program))
+    try:
+        if online is None:
+            _drive([interpreter(rank, schedule) for rank in ranks], rng, schedule)
+        else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/online_advance.py)
+            run_local_windows(online, parts, lambda program, meters: _drive(
+                [interpreter(rank, program, meters[rank]) for rank in ranks], rng, program))
+    except BaseException:
+        for recovery in recoveries:  # let pending writes finish; the first error is the one
+            recovery.close(raise_errors=False)
+        raise
     for recovery in recoveries:
         recovery.close()
     wall = time.time() - origin

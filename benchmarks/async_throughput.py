@@ -31,21 +31,16 @@ repeat; each number is the median over ``--repeats``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_torch_pipelining import (  # noqa: E402
     CASES, QUIET_WAIT_S, Case, ForeignLoad, num_blocks, run_torch, steady_throughput,
-    wait_for_quiet,
+    wait_for_quiet, write_results,
 )
 
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local  # noqa: E402
@@ -153,15 +148,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                 args.quiet_wait))
             print(f"  {name} {ranks} ranks done ({time.perf_counter() - started:.0f} s)", flush=True)
     print(table(rows))
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps({
-        "settings": {"steps": args.steps, "repeats": args.repeats, "threads_per_rank": 1,
-                     "backend": "gloo", "cases": {n: vars(CASES[n]) for n in args.cases}},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "torch": torch.__version__},
-        "rows": rows,
-    }, indent=2) + "\n")
-    print(f"wrote {args.json_out}")
+    write_results(args.json_out, args, rows)
     return rows
 
 

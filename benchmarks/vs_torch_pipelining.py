@@ -364,17 +364,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 print(f"  {name} {schedule} {ranks} ranks: {rows[-1]['throughput_ratio']:.2f}x "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)
     print(table(rows))
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps({
+    write_results(args.json_out, args, rows)
+    return rows
+
+
+def write_results(path: Path, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """``rows`` with the run's settings (``args.steps/repeats/cases``) and the machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
         "settings": {"steps": args.steps, "repeats": args.repeats,
                      "threads_per_rank": 1, "backend": "gloo",
-                     "cases": {n: vars(cases[n]) for n in args.cases}},
+                     "cases": {n: vars(CASES[n]) for n in args.cases}},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "torch": torch.__version__},
         "rows": rows,
     }, indent=2) + "\n")
-    print(f"wrote {args.json_out}")
-    return rows
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,41 +1,36 @@
-"""Benchmark: AvgPipe's profiling-based tuner against traversal (avgpipe.txt §5.2, §7.3).
+"""Benchmark: AvgPipe's profiling-based tuner against traversal, on real runs (avgpipe.txt §5.2, §7.3).
 
 Run::
 
     cd /work/main && PYTHONPATH=src .venv/bin/python benchmarks/avgpipe_tuner.py
-        [--quick] [--json-out benchmarks/results/avgpipe_tuner.json]
+        [--models gpt-tiny cnn] [--ranks 2 4] [--json-out benchmarks/results/avgpipe_tuner.json]
 
-For the built-in ``gpt-tiny`` and ``cnn`` on 2 and 4 ranks, a batch of 16 samples, the grid
-M in {1, 2, 4, 8, 16} x N in {1, ..., 6}, two links (this machine's loopback and a 1 Gbit/s
-Ethernet like the paper's cluster) and three memory limits (none, and two that bind):
+For the built-in ``gpt-tiny`` and ``cnn``, a batch of 16 samples per pipeline and the grid
+M x N below, on ``--ranks`` local processes (gloo over loopback, one intra-op thread each):
 
-* **measured side = the simulator.** This two-core machine cannot run 4 ranks x N parallel
-  pipelines for real per setting (and the runtime does not run ``avgpipe`` with N > 1 yet),
-  so a setting is "measured" by simulating ``avgpipe`` (1F1B, ``advance=0``) with per-block
-  costs *measured by the profiler at that setting's micro-batch size* (one thread per rank;
-  every block's fastest of 15 single runs, which filters out the other processes sharing the
-  machine: with medians the cost curve changed shape from run to run). The measurements are
-  kept in ``benchmarks/results/avgpipe_tuner_profiles.json`` and reused (``--remeasure``
-  takes them again), so the accuracy numbers do not depend on the machine's load today. Memory per rank = reference model + N x (weights, gradients, Adam state) +
-  the simulator's peak activation bytes.
-* **tuner**: profiles ONE setting (the profiled run is simulated from the profile at its
-  micro-batch size) and predicts the grid with Equations 1-8 (``mode="interleaved"``,
-  ``memory="held"``), profiled where the paper says (the largest M, the smallest N); the
-  utilisation is the busy share of the timeline, a rank's compute time split into per-sample
-  work (level 1) and fixed per-call overhead (level 0) by the profiler's times at the profiled
-  and at the largest micro-batch size (``calibrate_levels``).
-* **traversal**: evaluates every setting the same way and takes the best.
+* **traversal** (§5.1): every setting is a short real run of ``avgpipe`` (advance 0, i.e.
+  1F1B; N co-partitioned parallel pipelines) with :func:`pipeweave.avgpipe.sources.run_setting`:
+  one warm-up iteration and ten timed ones; its time is the median iteration (the slowest
+  rank's, as the runtime measures it), its memory the runtime's counted peak per rank (model
+  state + activations, ``runtime/memory.py``), the largest rank's. Cost: the sum of the runs'
+  wall times, launch included.
+* **tuner** (§5.2), from scratch: the profiler times the model at the profiled and at the
+  smallest M's micro-batch size (what ``calibrate_levels`` needs to split a rank's compute
+  into per-sample work and per-call overhead, the CPU's utilisation levels), ONE real run of
+  the profiled setting (the paper's choice: the largest M, the smallest N; the same run
+  length as a traversal's), its profile (``profile_real_run``), and Equations 1-8 over the
+  grid (``mode="interleaved"``, ``memory="held"``). Cost: all of that, in wall time.
+* **accuracy**: for each memory limit (none, and two that bind, set between measured peaks),
+  the tuner's pick against the traversal's best, both read from the traversal's measurements
+  (so the pick is judged by what it really does): ratio of measured time per batch, and
+  whether the pick really fits.
+* **ablations**, on the same runs: the utilisation as one calibrated level or as the plain
+  busy share, the paper's concurrent reading of N, Equation 8 without the held-micro-batch
+  correction, other profiled settings (the traversal's run of that setting as the profile).
 
-Accuracy (is the pick within 10 % of the traversal's best time per batch, and does it fit?)
-uses one shared set of measurements, so measurement noise cannot decide it. Cost is timed
-separately, from scratch: the tuner profiles its setting (and the calibration size) and
-predicts; the traversal profiles and simulates every setting. Also reported: the paper's
-accounting, where each setting costs a short real run (10 iterations per traversal setting,
-20 for the tuner's profile, §5.2.1 and §5.1), from the simulated iteration times.
-
-Ablations (same measurements): other profiling points, one calibrated level instead of the
-work split, plain busy share (level 1), the paper's concurrent-process reading of N, and
-Equation 8 without the held-micro-batch correction.
+With 4 ranks the 4 processes share this machine's 2 cores (oversubscribed: a rank's bubble
+is another rank's compute time), which Equations 1-8 do not model; such results are labelled.
+A throw-away launch first starts the process server, so neither side pays for it.
 """
 
 from __future__ import annotations
@@ -48,9 +43,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeweave.avgpipe import TraversalResult, predict, traverse, tune
-from pipeweave.avgpipe.simulated import SimulatedModel, calibrate_levels
-from pipeweave.avgpipe.sources import builtin_model, profile_cache
+from pipeweave.avgpipe import TraversalResult, TuningProfile, predict, traverse, tune
+from pipeweave.avgpipe.simulated import calibrate_levels, per_sample_seconds
+from pipeweave.avgpipe.sources import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
+                                       profile_real_run, run_setting)
 from pipeweave.planner.evaluate import Network
 from pipeweave.profiler import Profile
 
@@ -60,59 +56,139 @@ RANKS = (2, 4)
 BATCH = 16
 M_GRID = (1, 2, 4, 8, 16)
 N_GRID = (1, 2, 3, 4, 5, 6)
-NETWORKS = {"loopback": Network(bandwidth=1.83e9),            # measure_link() on this machine
-            "1GbE": Network(bandwidth=1.25e8, latency=5e-5)}  # the paper's cluster (§7)
-PROFILE_AT = (max(M_GRID), min(N_GRID))   # the paper's profiling point: large M, small N
-RUN_ITERATIONS = {"traversal": 10, "profile": 20}   # §5.1 "ten batches", §5.2.1 "twenty"
-PROFILING = {"repeats": 1, "warmup": 1, "rounds": 15}  # the shared measurements
-TIMED_PROFILING = {"repeats": 1, "warmup": 1, "rounds": 5}   # what `pipeweave tune` does
+WARMUP, ITERATIONS = 1, 10                 # §5.1: "a small number of batches (e.g., ten)"
+PROFILE_AT = (max(M_GRID), min(N_GRID))    # §5.2.1: "a rather large M and a small N"
+PROFILER = {"repeats": 1, "warmup": 1, "rounds": 5}   # what `pipeweave tune` does
+NETWORK = Network(bandwidth=LOOPBACK_BANDWIDTH)
 OUT = Path("benchmarks/results/avgpipe_tuner.json")
-PROFILES = Path("benchmarks/results/avgpipe_tuner_profiles.json")
 
 
 def variants() -> dict[str, dict[str, Any]]:
-    """The tuner as configured by default, and the ablations."""
-    largest, second = max(M_GRID), sorted(M_GRID)[1]
+    """The tuner as configured by default, and the ablations (same runs, other readings)."""
     base = {"profile_at": PROFILE_AT, "calibrate": "work", "mode": "interleaved", "memory": "held"}
+    second = sorted(M_GRID)[-2]
     return {
         "default": base,
-        "work split, 2nd-smallest M": {**base, "profile_at": (second, 1)},
-        "one calibrated level, 2nd-smallest M": {**base, "profile_at": (second, 1),
-                                                 "calibrate": "intensity"},
-        "busy share only (levels 1)": {**base, "calibrate": None},
-        "busy share only, smallest M": {**base, "profile_at": (min(M_GRID), 1), "calibrate": None},
+        "one calibrated level": {**base, "calibrate": "intensity"},
+        "busy share only (level 1)": {**base, "calibrate": None},
         "concurrent pipelines (paper's N)": {**base, "mode": "concurrent"},
         "Equation 8 literal": {**base, "memory": "paper"},
+        f"profiled at M={second}, N={min(N_GRID)}": {**base, "profile_at": (second, min(N_GRID))},
+        f"profiled at M={second}, N={max(N_GRID)}": {**base, "profile_at": (second, max(N_GRID))},
     }
 
 
 def binding_limits(memories: Sequence[float], gap: float = 0.05) -> list[float]:
     """Two memory limits that exclude part of the grid, each halfway between two measured
-    peaks at least ``gap`` apart (never at one, so a small prediction error in memory cannot
-    flip a setting's feasibility: that would test the limit, not the tuner)."""
+    peaks at least ``gap`` apart (never at one, so a small error in the predicted memory
+    cannot flip a setting's feasibility: that would test the limit, not the tuner)."""
     levels: list[float] = []
     for value in sorted(memories):
         if not levels or value > levels[-1] * (1 + gap):
             levels.append(value)
-    limits = []
+    limits: list[float] = []
     for q in (3, 6):
         i = max(1, len(levels) // q)
-        limits.append((levels[i - 1] * (1 + gap) + levels[i]) / 2)
+        if i < len(levels):
+            limit = (levels[i - 1] * (1 + gap) + levels[i]) / 2
+            limits += [] if limit in limits else [limit]
     return limits
 
 
-def tuner_profile(sm: SimulatedModel, profile_at: tuple[int, int], calibrate: str | None) -> Any:
-    m, n = profile_at
-    levels = None
-    if calibrate is not None:
-        levels = calibrate_levels(sm.profile_at(BATCH // m), sm.profile_at(BATCH // min(M_GRID)),
-                                  sm.bounds, how=calibrate)
-    return sm.tuning_profile(m, n, levels=levels)
+class Calibration:
+    """Profiler times per micro-batch size (``calibrate_levels``' input), remembered."""
+
+    def __init__(self, model: str, stages: int) -> None:
+        self.measure = profile_cache(model, cache=False, **PROFILER)
+        self.bounds = builtin_model(model, stages=stages, batch_size=BATCH,
+                                    profile_at=self.measure).bounds
+        self.profiles: dict[int, Profile] = {}
+
+    def at(self, size: int) -> Profile:
+        if size not in self.profiles:
+            self.profiles[size] = self.measure(size)
+        return self.profiles[size]
+
+    def utilisation(self, microbatches: int, how: str | None) -> dict[str, Any]:
+        """``profile_real_run``'s utilisation arguments, as ``pipeweave tune`` passes them."""
+        if how is None or microbatches == min(M_GRID):
+            return {}
+        mine, reference = self.at(BATCH // microbatches), self.at(BATCH // min(M_GRID))
+        if how == "work":
+            return {"per_sample_s": per_sample_seconds(mine, reference, self.bounds)}
+        return {"levels": calibrate_levels(mine, reference, self.bounds, how=how)}
 
 
-def evaluate(sm: SimulatedModel, truth: TraversalResult, limit: float | None,
+def busy_share(seconds: float = 0.5) -> float:
+    """Share of all CPUs busy over ``seconds`` (Linux /proc/stat; 0.0 elsewhere), sampled
+    while no rank of ours runs: what everyone else puts on the machine."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except OSError:
+        return 0.0
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+QUIET = {"busy": 0.25, "wait_s": 10.0}   # start a run once others use < 25 % of the CPUs
+BUSY_BEFORE: list[dict[str, Any]] = []   # per run: the setting and the others' CPU share
+
+
+def run(model: str, stages: int, m: int, n: int) -> RealRun:
+    """One setting, started when the machine is quiet (waiting is not charged to anyone:
+    costs are the runs' own wall times)."""
+    deadline = time.monotonic() + QUIET["wait_s"]
+    busy = busy_share()
+    while busy > QUIET["busy"] and time.monotonic() < deadline:
+        busy = busy_share()
+    BUSY_BEFORE.append({"model": model, "ranks": stages, "M": m, "N": n, "busy_before": busy})
+    return run_setting(model, stages=stages, microbatches=m, pipelines=n, batch_size=BATCH,
+                       warmup=WARMUP, iterations=ITERATIONS, timeout_s=300.0)
+
+
+def tuner_from_scratch(model: str, stages: int) -> dict[str, Any]:
+    """The tuner as a user runs it, timed: calibration, one real run, profile, predictions."""
+    started = time.perf_counter()
+    calibration = Calibration(model, stages)
+    utilisation = calibration.utilisation(PROFILE_AT[0], "work")
+    calibration_s = time.perf_counter() - started
+    profiled = run(model, stages, *PROFILE_AT)
+    started = time.perf_counter()
+    profile = profile_real_run(profiled, network=NETWORK, **utilisation)
+    tune(profile, M_GRID, N_GRID)
+    predict_s = time.perf_counter() - started
+    return {"seconds": calibration_s + profiled.wall_s + predict_s, "calibration_s": calibration_s,
+            "run_wall_s": profiled.wall_s, "predict_s": predict_s, "run": profiled,
+            "profile": profile, "calibration": calibration}
+
+
+def traversal_runs(model: str, stages: int) -> tuple[dict[tuple[int, int], RealRun], float]:
+    """Every setting run for real; the cost is the sum of the runs' wall times."""
+    runs = {}
+    for m in M_GRID:
+        for n in N_GRID:
+            runs[(m, n)] = run(model, stages, m, n)
+            print(f"  measured {model} P={stages} M={m} N={n}: "
+                  f"{1e3 * runs[(m, n)].median_s / n:.2f} ms/batch, "
+                  f"{max(runs[(m, n)].peak_bytes) / 1e6:.3f} MB", flush=True)
+    return runs, sum(r.wall_s for r in runs.values())
+
+
+def variant_profile(config: dict[str, Any], tuner: dict[str, Any],
+                    runs: dict[tuple[int, int], RealRun]) -> TuningProfile:
+    at = tuple(config["profile_at"])
+    source = tuner["run"] if at == PROFILE_AT else runs[at]
+    utilisation = tuner["calibration"].utilisation(at[0], config["calibrate"])
+    return profile_real_run(source, network=NETWORK, **utilisation)
+
+
+def evaluate(profile: TuningProfile, truth: TraversalResult, limit: float | None,
              config: dict[str, Any]) -> dict[str, Any]:
-    profile = tuner_profile(sm, config["profile_at"], config["calibrate"])
     result = tune(profile, M_GRID, N_GRID, memory_limit=limit, mode=config["mode"],
                   memory=config["memory"])
     best = traverse(truth.find, M_GRID, N_GRID, memory_limit=limit).best
@@ -121,13 +197,13 @@ def evaluate(sm: SimulatedModel, truth: TraversalResult, limit: float | None,
     measured = truth.find(pick.microbatches, pick.pipelines)
     fits = limit is None or measured.memory_bytes <= limit
     return {"pick": [pick.microbatches, pick.pipelines], "best": [best.microbatches, best.pipelines],
-            "pick_batch_s": measured.batch_s, "best_batch_s": best.batch_s,
+            "pick_batch_ms": 1e3 * measured.batch_s, "best_batch_ms": 1e3 * best.batch_s,
             "ratio": measured.batch_s / best.batch_s, "pick_fits": fits,
-            "within_10pct": fits and measured.batch_s <= 1.10 * best.batch_s,
-            "profile": profile, "tune": result}
+            "within_10pct": fits and measured.batch_s <= 1.10 * best.batch_s}
 
 
-def table(sm: SimulatedModel, truth: TraversalResult, profile: Any) -> list[dict[str, Any]]:
+def table(profile: TuningProfile, truth: TraversalResult,
+          limits: Sequence[float]) -> list[dict[str, Any]]:
     rows = []
     for x in truth.measurements:
         p = predict(profile, x.microbatches, x.pipelines)
@@ -137,164 +213,114 @@ def table(sm: SimulatedModel, truth: TraversalResult, profile: Any) -> list[dict
                      "predicted_memory_mb": p.memory_bytes / 1e6,
                      "measured_memory_mb": x.memory_bytes / 1e6,
                      "memory_error": p.memory_bytes / x.memory_bytes - 1,
-                     "afab_batch_ms": 1e3 * x.extra["afab_iteration_s"] / x.pipelines})
+                     "measured_memory_per_rank_mb": [b / 1e6 for b in x.extra["memory_per_rank"]],
+                     "peak_rss_mb": max(x.extra["rss_per_rank"]) / 1e6,
+                     "iterations_ms": [1e3 * s for s in x.extra["iterations_s"]],
+                     "run_wall_s": x.extra["wall_s"],
+                     "fits": [x.memory_bytes <= limit for limit in limits],
+                     "predicted_fits": [p.memory_bytes <= limit for limit in limits]})
     return rows
 
 
-def timed_costs(model: str, stages: int, network: Network, truth: TraversalResult,
-                startup_s: float | None) -> dict[str, float | None]:
-    """Tuner and traversal from scratch (fresh profiles, nothing cached), in wall time; and
-    in the paper's accounting, where a setting costs a short real run: ``startup_s`` (one
-    launch of local processes, measured) plus 10 iterations per traversal setting, and 20
-    plus the calibration for the tuner."""
-    fresh = profile_cache(model, cache=False, **TIMED_PROFILING)
-    sm = builtin_model(model, stages=stages, batch_size=BATCH, network=network, profile_at=fresh)
-    m, n = PROFILE_AT
-    started = time.perf_counter()
-    reference = fresh(BATCH // min(M_GRID))
-    calibration_s = time.perf_counter() - started
-    profiled = fresh(BATCH // m)
-    levels = calibrate_levels(profiled, reference, sm.bounds)
-    sm.profile_at = lambda size: profiled  # the profiled size, measured just above
-    tune(sm.tuning_profile(m, n, levels=levels), M_GRID, N_GRID)
-    tuner_s = time.perf_counter() - started
-    sm.profile_at = fresh
-    started = time.perf_counter()
-    traverse(lambda mm, nn: _simulated(sm, mm, nn), M_GRID, N_GRID)
-    traversal_s = time.perf_counter() - started
-    out: dict[str, float | None] = {
-        "tuner_s": tuner_s, "calibration_s": calibration_s, "traversal_s": traversal_s,
-        "speedup": traversal_s / tuner_s, "settings": len(truth.measurements),
-        "startup_s": startup_s, "run_equivalent_tuner_s": None,
-        "run_equivalent_traversal_s": None, "run_equivalent_speedup": None}
-    if startup_s is not None:
-        runs = sum(startup_s + RUN_ITERATIONS["traversal"] * x.iteration_s for x in truth.measurements)
-        profile_run = (startup_s + RUN_ITERATIONS["profile"] * truth.find(m, n).iteration_s
-                       + calibration_s)
-        out.update(run_equivalent_tuner_s=profile_run, run_equivalent_traversal_s=runs,
-                   run_equivalent_speedup=runs / profile_run)
-    return out
+def run_case(model: str, stages: int) -> dict[str, Any]:
+    runs, traversal_s = traversal_runs(model, stages)
+    tuner = tuner_from_scratch(model, stages)
+    truth = TraversalResult(tuple(r.measurement() for r in runs.values()), None, None, traversal_s)
+    limits = binding_limits([x.memory_bytes for x in truth.measurements])
+    entries = []
+    for limit in [None, *limits]:
+        entry: dict[str, Any] = {"memory_limit_mb": None if limit is None else limit / 1e6}
+        for name, config in variants().items():
+            entry[name] = evaluate(variant_profile(config, tuner, runs), truth, limit, config)
+        entries.append(entry)
+    again = tuner["run"].median_s / runs[PROFILE_AT].median_s - 1
+    # what the traversal would have cost on smaller grids (N up to n_max), same tuner cost
+    by_grid = [{"N_max": n_max, "settings": sum(1 for (_, n) in runs if n <= n_max),
+                "traversal_s": sum(r.wall_s for (_, n), r in runs.items() if n <= n_max)}
+               for n_max in N_GRID]
+    for row in by_grid:
+        row["speedup"] = row["traversal_s"] / tuner["seconds"]
+    return {
+        "model": model, "ranks": stages, "oversubscribed": stages > 2,
+        "cost": {"tuner_s": tuner["seconds"], "calibration_s": tuner["calibration_s"],
+                 "tuner_run_wall_s": tuner["run_wall_s"], "predict_s": tuner["predict_s"],
+                 "traversal_s": traversal_s,
+                 "speedup": traversal_s / tuner["seconds"], "settings": len(runs),
+                 "by_grid": by_grid},
+        "profile_repeat_error": again, "limits": entries,
+        "settings": table(tuner["profile"], truth, limits),
+        "profile": tuner["profile"].to_json(),
+    }
 
 
-def real_run(model: str, stages: int, truth: TraversalResult) -> dict[str, float]:
-    """One real launch of the profiled setting (N = 1, ``1f1b``): its start-up cost, and the
-    measured against the simulated iteration time."""
-    from pipeweave.avgpipe.sources import measure_run
-
-    m, _ = PROFILE_AT
-    steps = 4
-    started = time.perf_counter()
-    run = measure_run(model, stages=stages, microbatches=m, batch_size=BATCH, steps=steps)
-    wall = time.perf_counter() - started
-    measured = run.profile.iteration_s
-    return {"wall_s": wall, "steps": steps, "startup_s": max(wall - steps * measured, 0.0),
-            "measured_iteration_s": measured,
-            "simulated_iteration_s": truth.find(m, 1).iteration_s,
-            "peak_rss_mb": run.measurement.memory_bytes / 1e6}
-
-
-def _simulated(sm: SimulatedModel, m: int, n: int) -> Any:
-    from pipeweave.avgpipe import Measurement
-
-    profile, result = sm.run(m, n)
-    return Measurement(m, n, result.iteration_time, max(sm.memory(profile, result, n)))
+def print_case(case: dict[str, Any]) -> None:
+    cost = case["cost"]
+    label = " (4 processes on 2 cores: oversubscribed)" if case["oversubscribed"] else ""
+    limits = [e["memory_limit_mb"] for e in case["limits"][1:]]
+    print(f"\n{case['model']} on {case['ranks']} ranks{label}; batch {BATCH}, profiled "
+          f"M={PROFILE_AT[0]}, N={PROFILE_AT[1]}; limits {', '.join(f'{x:.3f}' for x in limits)} MB")
+    print(f"{'M':>3} {'N':>2} {'pred ms/b':>10} {'meas ms/b':>10} {'err':>6} "
+          f"{'pred MB':>8} {'meas MB':>8} {'err':>6}")
+    for r in case["settings"]:
+        print(f"{r['M']:>3} {r['N']:>2} {r['predicted_batch_ms']:>10.2f} {r['measured_batch_ms']:>10.2f} "
+              f"{100 * r['time_error']:>5.0f}% {r['predicted_memory_mb']:>8.3f} "
+              f"{r['measured_memory_mb']:>8.3f} {100 * r['memory_error']:>5.1f}%")
+    for e in case["limits"]:
+        d = e["default"]
+        limit = "none" if e["memory_limit_mb"] is None else f"{e['memory_limit_mb']:.3f} MB"
+        print(f"limit {limit:>9}: tuner picks {tuple(d['pick'])} ({d['pick_batch_ms']:.2f} ms/batch"
+              f"{'' if d['pick_fits'] else ', DOES NOT FIT'}), traversal's best {tuple(d['best'])} "
+              f"({d['best_batch_ms']:.2f}): x{d['ratio']:.3f}")
+    print(f"tuning {cost['tuner_s']:.1f} s (calibration {cost['calibration_s']:.1f} s, run "
+          f"{cost['tuner_run_wall_s']:.1f} s) vs traversal {cost['traversal_s']:.1f} s "
+          f"({cost['settings']} runs): {cost['speedup']:.1f}x less")
 
 
 def main(argv: list[str] | None = None) -> int:
+    global M_GRID, N_GRID, PROFILE_AT, ITERATIONS  # the settings above, for a smaller run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one model, 2 ranks, loopback only")
-    parser.add_argument("--no-real-run", action="store_true",
-                        help="skip the one real launch per model and rank count (start-up cost)")
-    parser.add_argument("--remeasure", action="store_true",
-                        help=f"profile every micro-batch size again instead of reading {PROFILES}")
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--ranks", nargs="+", type=int, default=list(RANKS))
+    parser.add_argument("--m-grid", type=int, nargs="+", default=list(M_GRID))
+    parser.add_argument("--n-grid", type=int, nargs="+", default=list(N_GRID))
+    parser.add_argument("--iterations", type=int, default=ITERATIONS, help="timed per run")
+    parser.add_argument("--quiet-wait", type=float, default=QUIET["wait_s"],
+                        help="seconds to wait, at most, for other processes to go quiet before a run")
     parser.add_argument("--json-out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    stored = load_profiles(args.remeasure)
-    models = MODELS[:1] if args.quick else MODELS
-    ranks = RANKS[:1] if args.quick else RANKS
-    networks = dict(list(NETWORKS.items())[:1]) if args.quick else NETWORKS
-    cases, summary = [], {name: [] for name in variants()}
-    real: dict[tuple[str, int], dict[str, float]] = {}
-    for model in models:
-        shared = stored_profiles(stored, model)
-        for stages in ranks:
-            for net_name, network in networks.items():
-                sm = builtin_model(model, stages=stages, batch_size=BATCH, network=network,
-                                   profile_at=shared)
-                truth = traverse(sm.measure, M_GRID, N_GRID)
-                if (model, stages) not in real and not (args.quick or args.no_real_run):
-                    real[(model, stages)] = real_run(model, stages, truth)
-                launch = real.get((model, stages))
-                limits: list[float | None] = [None, *binding_limits([x.memory_bytes for x in truth.measurements])]
-                case: dict[str, Any] = {"model": model, "ranks": stages, "network": net_name,
-                                        "real_run": launch,
-                                        "cost": timed_costs(model, stages, network, truth,
-                                                            launch and launch["startup_s"]),
-                                        "limits": []}
-                for limit in limits:
-                    entry: dict[str, Any] = {"memory_limit_mb": None if limit is None else limit / 1e6}
-                    for name, config in variants().items():
-                        outcome = evaluate(sm, truth, limit, config)
-                        summary[name].append(outcome)
-                        entry[name] = {k: outcome[k] for k in ("pick", "best", "ratio", "pick_fits",
-                                                                "within_10pct")}
-                        if name == "default":
-                            profile = outcome["profile"]
-                    case["limits"].append(entry)
-                case["settings"] = table(sm, truth, profile)
-                cases.append(case)
-                print(_case_line(case))
-    report = {"grid": {"M": list(M_GRID), "N": list(N_GRID), "batch": BATCH},
-              "profile_at": list(PROFILE_AT), "measured_side": "simulator with profiled costs",
-              "cases": cases, "variants": {name: _aggregate(outcomes) for name, outcomes in summary.items()}}
+    M_GRID, N_GRID = tuple(sorted(args.m_grid)), tuple(sorted(args.n_grid))
+    PROFILE_AT, ITERATIONS = (max(M_GRID), min(N_GRID)), args.iterations
+    QUIET["wait_s"] = args.quiet_wait
+    started = time.perf_counter()
+    run_setting("mlp", stages=2, microbatches=1, batch_size=4, iterations=1)  # start the server
+    cases: list[dict[str, Any]] = []
+    for model in args.models:
+        for stages in args.ranks:
+            cases.append(run_case(model, stages))
+            print_case(cases[-1])
+            report = write_report(args.json_out, cases, time.perf_counter() - started)
+    print()
     for name, agg in report["variants"].items():
-        print(f"{name:<36} within 10 %: {agg['within_10pct']}/{agg['cases']}  worst "
-              f"{agg['worst_ratio']:.3f}  mean {agg['mean_ratio']:.3f}  infeasible picks {agg['infeasible']}")
-    costs = [c["cost"] for c in cases]
-    print(f"tuning vs traversal wall time (simulator as measurement): median speedup "
-          f"{statistics.median(c['speedup'] for c in costs):.1f}x (min {min(c['speedup'] for c in costs):.1f}x)")
-    runs = [c["run_equivalent_speedup"] for c in costs if c["run_equivalent_speedup"] is not None]
-    if runs:
-        print(f"in short real runs (measured start-up + 10 iterations per setting vs 20 + "
-              f"calibration): median {statistics.median(runs):.1f}x (min {min(runs):.1f}x)")
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(report, indent=2, default=_jsonable) + "\n")
-    if args.remeasure or not PROFILES.exists():
-        PROFILES.write_text(json.dumps({f"{m}/{b}": p.to_json() for (m, b), p in stored.items()},
-                                       indent=1) + "\n")
-    print(f"wrote {args.json_out}")
+        print(f"{name:<34} within 10 %: {agg['within_10pct']}/{agg['cases']}  worst "
+              f"x{agg['worst_ratio']:.3f}  mean x{agg['mean_ratio']:.3f}  infeasible picks "
+              f"{agg['infeasible']}")
+    speedups = [c["cost"]["speedup"] for c in cases]
+    print(f"tuning vs traversal: min {min(speedups):.1f}x, median {statistics.median(speedups):.1f}x")
+    print(f"wrote {args.json_out} ({report['elapsed_s']:.0f} s)")
     return 0
 
 
-def load_profiles(remeasure: bool) -> dict[tuple[str, int], Profile]:
-    if remeasure or not PROFILES.exists():
-        return {}
-    data = json.loads(PROFILES.read_text())
-    return {(key.split("/")[0], int(key.split("/")[1])): Profile.from_json(value)
-            for key, value in data.items()}
-
-
-def stored_profiles(stored: dict[tuple[str, int], Profile], model: str) -> Any:
-    """``size -> profile`` from ``stored``, measuring (and storing) what is missing."""
-    measure = profile_cache(model, **PROFILING)
-
-    def profile_at(size: int) -> Profile:
-        if (model, size) not in stored:
-            stored[(model, size)] = measure(size)
-        return stored[(model, size)]
-
-    return profile_at
-
-
-def _case_line(case: dict[str, Any]) -> str:
-    picks = " | ".join(
-        f"limit {e['memory_limit_mb'] and round(e['memory_limit_mb'], 2)} MB: pick {tuple(e['default']['pick'])} "
-        f"best {tuple(e['default']['best'])} x{e['default']['ratio']:.3f}" for e in case["limits"])
-    cost = case["cost"]
-    runs = cost["run_equivalent_speedup"]
-    return (f"{case['model']:<9} P={case['ranks']} {case['network']:<8} {picks} | tuner "
-            f"{cost['tuner_s']:.2f}s traversal {cost['traversal_s']:.2f}s ({cost['speedup']:.1f}x"
-            + (f"; real runs {runs:.1f}x)" if runs is not None else ")"))
+def write_report(path: Path, cases: list[dict[str, Any]], elapsed_s: float) -> dict[str, Any]:
+    """The results so far (written after every case, so a long run keeps what it measured)."""
+    summary = {name: _aggregate([e[name] for c in cases for e in c["limits"]]) for name in variants()}
+    report = {"grid": {"M": list(M_GRID), "N": list(N_GRID), "batch": BATCH},
+              "profile_at": list(PROFILE_AT), "warmup": WARMUP, "iterations": ITERATIONS,
+              "measured_side": "real runs (launch_local, gloo), counted memory",
+              "elapsed_s": elapsed_s, "runs_busy_before": BUSY_BEFORE, "cases": cases,
+              "variants": summary}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return report
 
 
 def _aggregate(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -302,12 +328,6 @@ def _aggregate(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     return {"cases": len(outcomes), "within_10pct": sum(o["within_10pct"] for o in outcomes),
             "infeasible": sum(not o["pick_fits"] for o in outcomes),
             "worst_ratio": max(ratios), "mean_ratio": statistics.mean(ratios)}
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "to_json"):
-        return value.to_json()
-    return str(value)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from pipeweave.avgpipe.profile import (TuningProfile, busy_segments, profile_from_simulation,
-                                       profile_from_timeline, utilisation_histogram)
+from pipeweave.avgpipe.profile import (TuningProfile, busy_segments, host_segments,
+                                       profile_from_simulation, profile_from_timeline,
+                                       utilisation_histogram)
 from pipeweave.avgpipe.simulated import simulate_setting
 from pipeweave.sim import Costs
 
@@ -73,3 +76,22 @@ def test_profile_validation_names_the_problem() -> None:
                               transfer_s=[0.5], model_bytes=[1, 1], data_bytes=[1, 1])
     with pytest.raises(ValueError, match="pipelines must be an integer >= 1"):
         TuningProfile(microbatches=2, pipelines=0, iteration_s=1.0, ranks=())
+
+
+# one iteration of rank 0, M = 1: forward, send, glue, wait for the gradient, backward, step
+HOST = [(0, "0F0", 0.0, 1.0), (0, "0SF0", 1.0, 1.25), (0, "0RB0", 1.5, 3.0), (0, "0B0", 3.0, 5.0),
+        (0, "0U@1", 5.0, 5.5), (0, "0AV@1", 5.5, 6.0)]
+
+
+def test_host_busy_counts_all_but_waiting_and_steps_apart() -> None:
+    # compute only: F and B; host: also the send and the glue before the receive
+    assert busy_segments(HOST, 0, (0.0, 6.0), per_iteration=False) == [(0.0, 1.0), (3.0, 5.0)]
+    assert host_segments(HOST, 0, (0.0, 6.0), 1) == [(0.0, 1.5), (3.0, 5.0)]
+    kwargs: dict[str, Any] = dict(stages=1, microbatches=1, pipelines=1, iterations=1, transfer_s=[],
+                  model_bytes=[1.0], data_bytes=[1.0])
+    compute = profile_from_timeline(HOST, **kwargs).ranks[0]
+    host = profile_from_timeline(HOST, busy="host", **kwargs).ranks[0]
+    assert (compute.compute_s, compute.update_s, compute.idle_s) == (3.0, 1.0, 2.0)
+    assert (host.compute_s, host.update_s, host.idle_s) == (3.5, 1.0, 1.5)
+    with pytest.raises(ValueError, match="busy must be 'compute' or 'host'"):
+        profile_from_timeline(HOST, busy="all", **kwargs)

@@ -49,3 +49,20 @@ def test_grid_parsing_and_default_profiling_point() -> None:
         parse_grid("--x", "2,a")
     assert default_profile_at([1, 2, 4, 8], [1, 2]) == (8, 1)
     assert default_profile_at([4], [2, 3]) == (4, 2)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_measure_profiles_one_real_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--model", "gpt-tiny", "--stages", "2", "--batch-size", "4",
+                 "--microbatches-grid", "1,2", "--pipelines-grid", "1,2", "--source", "measure",
+                 "--utilisation", "busy", "--iterations", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["source"] == "measure" and report["profile"]["source"] == "measured"
+    assert report["profile"]["microbatches"] == 2 and len(report["predictions"]) == 4
+    assert report["tuning_s"] > 0 and report["chosen"] is not None
+
+
+def test_real_run_iterations_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(BASE + ["--source", "measure", "--iterations", "0"]) == 2
+    assert "--iterations 0 must be >= 1" in capsys.readouterr().err

@@ -123,3 +123,17 @@ def test_misuse_fails_with_clear_messages() -> None:
         predict(profile, 4, 0)
     with pytest.raises(ValueError, match="mode must be one of"):
         predict(profile, 4, 1, mode="bogus")  # type: ignore[arg-type]
+
+
+def test_per_iteration_work_scales_with_n_not_m() -> None:
+    # optimizer steps and averaging: once per pipeline per iteration, whatever M
+    import dataclasses
+
+    base = afab_profile(2, 8)
+    stepped = dataclasses.replace(base, ranks=tuple(dataclasses.replace(r, update_s=1.0)
+                                                    for r in base.ranks))
+    for m_star, n_star in [(8, 1), (2, 1), (4, 3)]:
+        plain, more = predict(base, m_star, n_star), predict(stepped, m_star, n_star)
+        assert [b.compute_s - a.compute_s for a, b in zip(plain.ranks, more.ranks)] == \
+            pytest.approx([n_star * 1.0] * 2)
+        assert [b.bubble_s for b in more.ranks] == pytest.approx([a.bubble_s for a in plain.ranks])

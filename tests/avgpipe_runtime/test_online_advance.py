@@ -92,6 +92,9 @@ def test_fixed_advances_are_measured_the_same_way() -> None:
         assert result.advance_per_step == [advance] * 3
         assert [e["decision"] for e in result.advance_log] == ["fixed"] * 3
         assert result.advance_log[-1]["peak_bytes"] == auto[advance]
+        last = result.advance_log[-1]
+        assert max(last["peak_bytes_per_rank"]) == last["peak_bytes"]
+        assert max(last["activation_bytes_per_rank"]) == last["activation_bytes"]
 
 
 def test_numbers_match_the_elastic_oracle() -> None:
@@ -129,5 +132,10 @@ def test_distributed_ranks_choose_the_same_advances_as_the_local_run() -> None:
     # the same memory is counted on both executors (it is counted, not sampled)
     assert [e["peak_bytes"] for e in distributed[0].advance_log] == [
         e["peak_bytes"] for e in local[0].advance_log]
+    # and every rank's own numbers travel in the same collective (the tuner reads them)
+    for d, l in zip(distributed[0].advance_log, local[0].advance_log):
+        assert d["peak_bytes_per_rank"] == l["peak_bytes_per_rank"]
+        assert d["activation_bytes_per_rank"] == l["activation_bytes_per_rank"]
+        assert max(d["peak_bytes_per_rank"]) == d["peak_bytes"] and len(d["peak_bytes_per_rank"]) == P
     params = merged_parameters(local)
     assert all(torch.equal(params[n], v) for n, v in merged_parameters(distributed).items())

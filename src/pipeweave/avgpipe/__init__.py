@@ -5,7 +5,9 @@
   timeline;
 * :mod:`.tuner` — :func:`predict` / :func:`tune` (profiling-based) and :func:`traverse`;
 * :mod:`.controller` — :class:`AdvanceController`, Algorithm 1's advance forward propagation;
-* :mod:`.simulated` — the simulator as measuring instrument for a model's settings.
+* :mod:`.simulated` — the simulator as measuring instrument for a model's settings;
+* :mod:`.sources` — a setting run for real on local processes (the tuner's profile and the
+  traversal's measurement), and the built-in models' simulated source (imports torch).
 
 The elastic-averaging runtime (the ``AV`` action) lives in :mod:`pipeweave.runtime`.
 """

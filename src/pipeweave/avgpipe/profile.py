@@ -20,10 +20,21 @@ resource, ``(level, fraction of the compute time)`` pairs, by default ``((1.0, 1
   splits its time into per-sample work (level 1) and per-call overhead that leaves the
   resource idle (level 0: Python, dispatch, small-kernel latency) from the profiler's times
   at two micro-batch sizes.
-* GPU: the same busy share from timings bracketed by ``torch.cuda.synchronize()`` (the
-  runtime's records); the levels would come from a utilisation counter while the rank
-  computes: ``torch.cuda.utilization()`` reports NVML's, but needs the ``pynvml`` package,
-  so pipeweave does not call it.
+* CPU, real runs (``busy="host"``): the compute resource is the core the rank's process
+  runs on, and it is busy whenever the rank is not waiting: between an iteration's first and
+  last action, everything but receives (compute, sends, which copy the message, and the
+  interpreter's glue between actions: data loading, dispatch). A simulated timeline has no
+  glue, and its waits are receives or gaps, so it keeps the default ``busy="compute"``.
+* GPU: the runtime's action records are host times, and kernels run asynchronously, so a
+  record shows when work was launched, not when the device ran it (only each iteration's
+  end is synchronised). A GPU profile needs the device's view: CUDA events around each
+  action for the busy share, and NVML's utilisation counter (``torch.cuda.utilization()``,
+  which needs the ``pynvml`` package) sampled during the run for the levels. pipeweave does
+  not collect either yet (no GPU to test on); on a GPU the profile below is the host's.
+
+**Per-iteration work** (``U``, ``AV``, ``AR``: each pipeline's optimizer step, the elastic
+averaging, a replica all-reduce) is kept apart as ``update_s``: it depends on N, not on the
+micro-batches, so Equation 2's ``m*/m`` must not scale it (the tuner adds ``n*/n`` of it).
 
 **Communication** ``𝕋^k``: the transfer time of every message rank ``k`` receives (activations
 from ``k-1``, gradients from ``k+1``), each counted once at its receiver, from the per-boundary
@@ -46,7 +57,7 @@ from ..ir import Op, parse_action
 from ..schedules.avgpipe import parse_advance
 
 __all__ = ["RankProfile", "TuningProfile", "Record", "Levels", "BUSY", "profile_from_timeline",
-           "profile_from_simulation", "busy_segments", "utilisation_histogram"]
+           "profile_from_simulation", "busy_segments", "host_segments", "utilisation_histogram"]
 
 Record = tuple[int, str, float, float]
 """``(rank, action text, start, end)``: a timeline record (simulated or measured)."""
@@ -59,6 +70,7 @@ BUSY: Levels = ((1.0, 1.0),)
 
 _COMM = frozenset({Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD})
 _RECV = frozenset({Op.RECV_ACT, Op.RECV_GRAD})
+_PER_ITERATION = frozenset({Op.STEP, Op.AVERAGE, Op.ALL_REDUCE})
 
 
 @dataclass(frozen=True)
@@ -66,14 +78,16 @@ class RankProfile:
     """One rank (GPU ``k``) over one iteration of the profiled setting.
 
     Attributes:
-        compute_s: ``T^k_gpu``, busy compute time.
-        idle_s: iteration time minus ``compute_s`` (blocking communication plus bubbles).
+        compute_s: ``T^k_gpu``, busy time on the micro-batches (Equation 2 scales it).
+        idle_s: iteration time minus ``compute_s`` and ``update_s`` (blocking
+            communication plus bubbles).
         comm_total_s: ``𝕋^k``, transfer time of the messages the rank receives.
         utilisation: ``φ^k`` as ``(level, seconds)`` pairs summing to the iteration time.
         model_bytes: ``F^k_mod``, the parallel models (weights, gradients, optimizer state).
         data_bytes: ``F^k_dat``, activations and inputs held at the peak.
         fixed_bytes: memory no setting changes (reference model, process baseline).
         receive_wait_s: time spent in receives (transfer and waiting), when recorded.
+        update_s: per-iteration work of the ``n`` pipelines (optimizer steps, averaging).
     """
 
     compute_s: float
@@ -84,6 +98,7 @@ class RankProfile:
     data_bytes: float
     fixed_bytes: float = 0.0
     receive_wait_s: float | None = None
+    update_s: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -149,14 +164,51 @@ class TuningProfile:
                    batch_size=data.get("batch_size"), notes=dict(data.get("notes") or {}))
 
 
-def busy_segments(records: Iterable[Record], rank: int,
-                  window: tuple[float, float]) -> list[tuple[float, float]]:
-    """Merged ``(start, end)`` intervals where ``rank`` runs a compute action, clipped to ``window``."""
+def busy_segments(records: Iterable[Record], rank: int, window: tuple[float, float], *,
+                  per_iteration: bool = True) -> list[tuple[float, float]]:
+    """Merged ``(start, end)`` intervals where ``rank`` runs a compute action, clipped to
+    ``window``; without the per-iteration actions (``U``, ``AV``, ``AR``) unless
+    ``per_iteration``."""
+    skip = _COMM if per_iteration else _COMM | _PER_ITERATION
     lo, hi = window
-    spans = sorted((max(s, lo), min(e, hi)) for r, text, s, e in records
-                   if r == rank and parse_action(text).op not in _COMM and e > lo and s < hi)
+    return _merge((max(s, lo), min(e, hi)) for r, text, s, e in records
+                  if r == rank and parse_action(text).op not in skip and e > lo and s < hi)
+
+
+def host_segments(records: Iterable[Record], rank: int, window: tuple[float, float],
+                  microbatches: int) -> list[tuple[float, float]]:
+    """Where ``rank``'s core is busy on the micro-batches (module doc, ``busy="host"``):
+    from each iteration's first to its last action, less receives and per-iteration actions.
+    """
+    lo, hi = window
+    spans: dict[int, tuple[float, float]] = {}
+    holes = []
+    for r, text, s, e in records:
+        if r != rank or e <= lo or s >= hi:
+            continue
+        action = parse_action(text)
+        k = (action.microbatch // microbatches if action.microbatch is not None
+             else (action.version or 0) - 1)
+        first, last = spans.get(k, (s, e))
+        spans[k] = (min(first, s), max(last, e))
+        if action.op in _RECV or action.op in _PER_ITERATION:
+            holes.append((s, e))
+    out = []
+    for start, end in _merge((max(a, lo), min(b, hi)) for a, b in spans.values()):
+        for a, b in _merge(holes):
+            if b <= start or a >= end:
+                continue
+            if a > start:
+                out.append((start, a))
+            start = max(start, b)
+        if end > start:
+            out.append((start, end))
+    return out
+
+
+def _merge(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[tuple[float, float]] = []
-    for start, end in spans:
+    for start, end in sorted(spans):
         if merged and start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
         elif end > start:
@@ -207,6 +259,7 @@ def profile_from_timeline(
     window: tuple[float, float] | None = None,
     levels: Sequence[Levels] | None = None,
     bin_s: float | None = None,
+    busy: str = "compute",
     advance: int = 0,
     source: str = "measured",
     batch_size: int | None = None,
@@ -221,6 +274,7 @@ def profile_from_timeline(
         window: the interval the ``iterations`` cover (default: first start to last end).
         levels: per rank, the utilisation while it computes (default :data:`BUSY`).
         bin_s: sample the busy share in bins of this length instead of exactly.
+        busy: ``"compute"`` (compute actions) or ``"host"`` (all but waiting, module doc).
     """
     records = list(records)
     if not records:
@@ -238,6 +292,8 @@ def profile_from_timeline(
     levels = list(levels) if levels is not None else [BUSY] * stages
     if len(levels) != stages:
         raise ValueError(f"levels has {len(levels)} entries; give one per rank ({stages})")
+    if busy not in ("compute", "host"):
+        raise ValueError(f"busy must be 'compute' or 'host', got {busy!r}")
     if window is None:
         window = (min(r[2] for r in records), max(r[3] for r in records))
     lo, hi = window
@@ -245,19 +301,23 @@ def profile_from_timeline(
     messages = microbatches * pipelines  # each crossing of a boundary, per direction
     ranks = []
     for k in range(stages):
-        segments = busy_segments(records, k, window)
+        segments = (busy_segments(records, k, window, per_iteration=False) if busy == "compute"
+                    else host_segments(records, k, window, microbatches))
         compute = sum(e - s for s, e in segments) / iterations
+        update = sum(min(e, hi) - max(s, lo) for r, text, s, e in records
+                     if r == k and parse_action(text).op in _PER_ITERATION and e > lo and s < hi)
         received = (transfer_s[k - 1] if k > 0 else 0.0) + (transfer_s[k] if k < stages - 1 else 0.0)
         waits = [min(e, hi) - max(s, lo) for r, text, s, e in records
                  if r == k and parse_action(text).op in _RECV and e > lo and s < hi]
         histogram = utilisation_histogram(segments, window, levels=levels[k], bin_s=bin_s)
         ranks.append(RankProfile(
-            compute_s=compute, idle_s=max(iteration - compute, 0.0),
+            compute_s=compute, idle_s=max(iteration - compute - update / iterations, 0.0),
             comm_total_s=messages * received,
             utilisation=tuple((level, seconds / iterations) for level, seconds in histogram),
             model_bytes=float(per_rank["model_bytes"][k]), data_bytes=float(per_rank["data_bytes"][k]),
             fixed_bytes=float(per_rank["fixed_bytes"][k]),
             receive_wait_s=sum(waits) / iterations if waits else None,
+            update_s=update / iterations,
         ))
     return TuningProfile(microbatches=microbatches, pipelines=pipelines, iteration_s=iteration,
                          ranks=tuple(ranks), advance=advance, source=source,

@@ -28,7 +28,7 @@ from .profile import BUSY, Levels, TuningProfile, profile_from_simulation
 from .tuner import Measurement
 
 __all__ = ["simulate_setting", "SimulatedModel", "advance_probe", "SimulatedTime",
-           "calibrate_levels"]
+           "calibrate_levels", "per_sample_seconds", "work_levels"]
 
 
 def simulate_setting(stages: int, microbatches: int, costs: Costs, *, pipelines: int = 1,
@@ -190,7 +190,7 @@ def calibrate_levels(profile: Profile, reference: Profile, bounds: Bounds, *,
         raise ValueError(f"how must be 'work' or 'intensity', got {how!r}")
     b, r = profile.batch_size, reference.batch_size
     out: list[Levels] = []
-    for a, e in bounds:
+    for (a, e), per_sample in zip(bounds, per_sample_seconds(profile, reference, bounds)):
         mine = sum(x.compute for x in profile.blocks[a:e])
         theirs = sum(x.compute for x in reference.blocks[a:e])
         if mine <= 0 or b == r:
@@ -198,7 +198,26 @@ def calibrate_levels(profile: Profile, reference: Profile, bounds: Bounds, *,
         elif how == "intensity":
             out.append(((min(1.0, (theirs / r) / (mine / b)), 1.0),))
         else:
-            per_sample = max((theirs - mine) / (r - b), 0.0)
-            work = min(1.0, per_sample * b / mine)
-            out.append(((1.0, work), (0.0, 1.0 - work)))
+            out.append(work_levels(per_sample * b / mine))
     return out
+
+
+def per_sample_seconds(profile: Profile, reference: Profile, bounds: Bounds) -> list[float]:
+    """Per stage, the forward + backward seconds each sample adds: the slope ``β`` of a
+    stage's time ``α + β b`` through the two profiles' micro-batch sizes (0 if they agree)."""
+    if profile.batch_size is None or reference.batch_size is None:
+        raise ValueError("calibrating the utilisation needs both profiles' batch_size")
+    b, r = profile.batch_size, reference.batch_size
+    out = []
+    for a, e in bounds:
+        mine = sum(x.compute for x in profile.blocks[a:e])
+        theirs = sum(x.compute for x in reference.blocks[a:e])
+        out.append(0.0 if b == r else max((theirs - mine) / (r - b), 0.0))
+    return out
+
+
+def work_levels(share: float) -> Levels:
+    """A core doing per-sample work ``share`` of its busy time (level 1), overhead the rest
+    (level 0: it would not grow with the micro-batch)."""
+    work = min(1.0, max(share, 0.0))
+    return ((1.0, work), (0.0, 1.0 - work))

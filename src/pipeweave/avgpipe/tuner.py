@@ -22,6 +22,12 @@ iteration time is the slowest rank's Equation 1. Two readings of "N pipelines sh
     the ``n*·m*`` micro-batches a rank runs per iteration; Equation 4's ``(𝕋)* = n*/n 𝕋`` is
     kept (``n*`` batches cross the links).
 
+The profile keeps the per-iteration work (each pipeline's optimizer step and elastic
+averaging, ``RankProfile.update_s``) out of ``T_gpu``: Equation 2 scales ``T_gpu`` with the
+number of micro-batches, which that work does not depend on; it is added, ``n*/n`` of it, to
+the computation of Equation 1 (and left out of the bubbles of Equations 6-7, which are about
+micro-batches).
+
 Memory (Equation 8) is per rank; ``memory="paper"`` applies it literally, ``memory="held"``
 (default) also corrects the data term for the number of micro-batches a rank holds: Equation
 8 assumes it does not change with ``M``, but 1F1B with ``a`` forwards in advance holds
@@ -174,7 +180,8 @@ def predict(profile: TuningProfile, microbatches: int, pipelines: int, *,
             data *= (held_microbatches(k, len(ranks), m_star, profile.advance)
                      / held_microbatches(k, len(ranks), m, profile.advance))
         out.append(RankPrediction(
-            compute_s=to_iteration * compute[k],
+            # + the per-iteration work (steps, averaging) of n* pipelines, which M leaves alone
+            compute_s=to_iteration * compute[k] + n_star / n * rank.update_s,
             comm_s=to_iteration * blocking[k],
             bubble_s=to_iteration * eq5_bubble(up[k], down[k]),                      # Eq. 5
             memory_bytes=rank.fixed_bytes + eq8_memory(rank.model_bytes, data, m, n,

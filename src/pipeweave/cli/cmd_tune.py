@@ -12,33 +12,32 @@ and prints the tuner's pick against the traversal's best and how long each took.
 ``--source simulate`` (default): a setting is simulated with per-block costs that the profiler
 measures on this machine at that setting's micro-batch size (``--batch-size / M`` samples).
 ``--source measure``: the profiled setting (and, in traverse mode, every setting) is a short
-real run on local processes; the runtime runs ``1f1b`` for N = 1 (N > 1 needs its ``avgpipe``
-support). The utilisation ``φ`` is the busy share of each rank's timeline; ``--utilisation
-work`` (default) splits a rank's compute time into per-sample work (level 1) and per-call
-overhead (level 0) from the profiler's times at the profiled and the largest micro-batch,
-``intensity`` uses one calibrated level, ``busy`` level 1; see docs/avgpipe.md.
+real run of ``avgpipe`` on ``--stages`` local processes: ``--warmup`` iterations, then
+``--iterations`` timed ones (avgpipe.txt §5.1: ten), the time the median iteration and the
+memory the runtime's counted peak per rank (model state + activations, runtime/memory.py).
+The utilisation ``φ`` is the busy share of each rank's timeline; ``--utilisation work``
+(default) splits a rank's compute time into per-sample work (level 1) and per-call overhead
+(level 0) from the profiler's times at the profiled and the largest micro-batch,
+``intensity`` uses one calibrated level, ``busy`` level 1 (no profiler); see docs/avgpipe.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from typing import Any
 
 from ..avgpipe import Measurement, Prediction, TuningProfile, traverse, tune
-from ..avgpipe.simulated import SimulatedModel, calibrate_levels
-from ..avgpipe.sources import builtin_model, measure_run, profile_cache
+from ..avgpipe.simulated import SimulatedModel, calibrate_levels, per_sample_seconds
+from ..avgpipe.sources import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
+                               profile_real_run, run_setting)
 from ..avgpipe.tuner import MEMORY_RULES, MODES, settings
 from ..models import available_models
 from ..planner.evaluate import Network
 from .cmd_plan import parse_bytes
 
 __all__ = ["add_parser", "run", "parse_grid", "default_profile_at"]
-
-LOOPBACK_BANDWIDTH = 1.83e9
-"""Bytes/s between two local ranks, from ``pipeweave profile``'s link measurement here."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -72,7 +71,12 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--bandwidth", type=float, default=LOOPBACK_BANDWIDTH,
                         help="bytes/s between consecutive ranks (default: this machine's loopback)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per message")
-    parser.add_argument("--steps", type=int, default=6, help="iterations per real run (--source measure)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="iterations run and left out per real run (--source measure)")
+    parser.add_argument("--iterations", type=int, default=10,
+                        help="timed iterations per real run (--source measure); the median counts")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where real runs train (--source measure); cuda: one GPU per rank")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
 
@@ -112,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--profile-at {args.profile_at!r} must be M,N (integers >= 1) with M "
                          f"dividing --batch-size {args.batch_size}, e.g. --profile-at 4,1")
     limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
+    if args.warmup < 1 or args.iterations < 1:
+        raise ValueError(f"--warmup {args.warmup} and --iterations {args.iterations} must be >= 1 "
+                         f"(a real run leaves its first iteration out), e.g. --warmup 1 "
+                         f"--iterations 10")
     network = Network(bandwidth=args.bandwidth, latency=args.latency)
     sm = builtin_model(args.model, stages=args.stages, batch_size=args.batch_size, network=network)
 
@@ -131,12 +139,14 @@ def run(args: argparse.Namespace) -> int:
         # every setting measured afresh, as a traversal of short runs would (no profile reuse)
         fresh = builtin_model(args.model, stages=args.stages, batch_size=args.batch_size,
                               network=network, profile_at=profile_cache(args.model, cache=False))
-        measure = fresh.measure if args.source == "simulate" else _real(args, network)
+        measure = fresh.measure if args.source == "simulate" else _real(args)
         traversal = traverse(measure, ms, ns, memory_limit=limit, batch_size=args.batch_size)
         report["traversal"] = {
             "traversal_s": traversal.elapsed_s, "best": _setting(traversal.best),
             "measurements": [{"M": x.microbatches, "N": x.pipelines, "batch_s": x.batch_s,
-                              "iteration_s": x.iteration_s, "memory_bytes": x.memory_bytes}
+                              "iteration_s": x.iteration_s, "memory_bytes": x.memory_bytes,
+                              **{k: x.extra[k] for k in ("memory_per_rank", "wall_s")
+                                 if k in x.extra}}
                              for x in traversal.measurements],
         }
         if result.best is not None and traversal.best is not None:
@@ -152,29 +162,29 @@ def run(args: argparse.Namespace) -> int:
 def _profile(args: argparse.Namespace, sm: SimulatedModel, at: tuple[int, int],
              smallest_m: int) -> TuningProfile:
     m, n = at
-    levels = None
-    if args.utilisation != "busy":
+    levels, per_sample = None, None
+    if args.utilisation != "busy" and m != smallest_m:
+        mine = sm.profile_at(args.batch_size // m)
         reference = sm.profile_at(args.batch_size // smallest_m)
-        levels = calibrate_levels(sm.profile_at(args.batch_size // m), reference, sm.bounds,
-                                  how=args.utilisation)
+        if args.source == "measure" and args.utilisation == "work":
+            per_sample = per_sample_seconds(mine, reference, sm.bounds)
+        else:
+            levels = calibrate_levels(mine, reference, sm.bounds, how=args.utilisation)
     if args.source == "simulate":
         return sm.tuning_profile(m, n, levels=levels)
-    return measure_run(args.model, stages=args.stages, microbatches=m, pipelines=n,
-                       batch_size=args.batch_size, steps=args.steps, network=sm.network,
-                       levels=levels).profile
+    return profile_real_run(_run(args, m, n), network=sm.network, levels=levels,
+                            per_sample_s=per_sample)
 
 
-def _real(args: argparse.Namespace, network: Network) -> Any:
+def _run(args: argparse.Namespace, m: int, n: int) -> RealRun:
+    return run_setting(args.model, stages=args.stages, microbatches=m, pipelines=n,
+                       batch_size=args.batch_size, warmup=args.warmup,
+                       iterations=args.iterations, device=args.device)
+
+
+def _real(args: argparse.Namespace) -> Any:
     def measure(m: int, n: int) -> Measurement:
-        try:
-            return measure_run(args.model, stages=args.stages, microbatches=m, pipelines=n,
-                               batch_size=args.batch_size, steps=args.steps,
-                               network=network).measurement
-        except ValueError as error:
-            if n == 1 or "not supported by the runtime" not in str(error):
-                raise
-            # N > 1 needs the runtime's avgpipe; leave the setting out of the comparison
-            return Measurement(m, n, math.inf, math.inf, extra={"unavailable": str(error)})
+        return _run(args, m, n).measurement()
     return measure
 
 

@@ -23,6 +23,9 @@ is decided at run time::
   enters ``all_reduce(MAX)`` of ``[seconds, state + activations, activations]``; the first
   stage's rank starts first and ends last in a flushed iteration, so the maximum time is its
   iteration time, and the maximum memory is the fullest device's (the limit is per device).
+  The same vector carries one slot per rank for each rank's own memory (zero elsewhere, so
+  the maximum is the value): the log keeps every rank's numbers, which the tuner's real runs
+  read (``pipeweave tune --source measure``), at no extra collective.
 * **Decide.** Every rank feeds the same numbers to its own
   :class:`~pipeweave.avgpipe.controller.AdvanceController`, a deterministic state machine, so
   all ranks choose the same advance: the same outcome as the first stage's rank deciding and
@@ -131,13 +134,21 @@ class OnlineAdvance:
         return make_schedule(replace(self.plan, schedule_options=options), count)
 
     def observe(self, window: Window, seconds: float, peak_bytes: float,
-                activation_bytes: float) -> None:
-        """Record a measured window; feed it to the controller unless it is a warm-up."""
+                activation_bytes: float, *, peak_per_rank: Sequence[float] | None = None,
+                activation_per_rank: Sequence[float] | None = None) -> None:
+        """Record a measured window; feed it to the controller unless it is a warm-up.
+
+        ``peak_per_rank`` / ``activation_per_rank``: every rank's own numbers (the fullest
+        device's are ``peak_bytes`` / ``activation_bytes``), logged for the tuner.
+        """
         fed = (self.options.time_source(window.advance, seconds)
                if self.options.time_source is not None else seconds)
         entry: dict[str, Any] = {"step": window.first + 1, "advance": window.advance,
                                  "measured_s": seconds, "iteration_s": fed,
                                  "peak_bytes": peak_bytes, "activation_bytes": activation_bytes}
+        if peak_per_rank is not None and activation_per_rank is not None:
+            entry.update(peak_bytes_per_rank=[float(v) for v in peak_per_rank],
+                         activation_bytes_per_rank=[float(v) for v in activation_per_rank])
         if self.fixed is not None:
             entry.update(decision="fixed", next_advance=self.fixed, reason="")
         elif window.first < self.options.warmup:
@@ -198,10 +209,17 @@ def run_rank_windows(online: OnlineAdvance, parts: RankParts,
             torch.cuda.synchronize(device)
         if window.measured:
             seconds = time.perf_counter() - began
-            own = [seconds, float(state_bytes(parts) + meter.window_peak), float(meter.window_peak)]
+            peak, held = float(state_bytes(parts) + meter.window_peak), float(meter.window_peak)
+            # [time, peak, activations | peak of rank 0..R-1 | activations of rank 0..R-1]:
+            # each rank fills its own slots, so one MAX gives everyone every rank's numbers
+            rank, ranks = dist.get_rank(), dist.get_world_size()
+            own = [seconds, peak, held] + [0.0] * (2 * ranks)
+            own[3 + rank], own[3 + ranks + rank] = peak, held
             shared = torch.tensor(own, dtype=torch.float64, device=device)
             dist.all_reduce(shared, op=dist.ReduceOp.MAX)
-            online.observe(window, *(float(v) for v in shared.tolist()))
+            values = [float(v) for v in shared.tolist()]
+            online.observe(window, *values[:3], peak_per_rank=values[3:3 + ranks],
+                           activation_per_rank=values[3 + ranks:])
 
 
 def run_local_windows(online: OnlineAdvance, parts: Sequence[RankParts],
@@ -216,5 +234,7 @@ def run_local_windows(online: OnlineAdvance, parts: Sequence[RankParts],
         run(window.schedule, meters)
         if window.measured:
             seconds = time.perf_counter() - began
-            peak = max(state_bytes(p) + m.window_peak for p, m in zip(parts, meters))
-            online.observe(window, seconds, float(peak), float(max(m.window_peak for m in meters)))
+            peaks = [float(state_bytes(p) + m.window_peak) for p, m in zip(parts, meters)]
+            held = [float(m.window_peak) for m in meters]
+            online.observe(window, seconds, max(peaks), max(held), peak_per_rank=peaks,
+                           activation_per_rank=held)

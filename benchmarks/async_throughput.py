@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_load import ForeignLoad, wait_for_quiet  # noqa: E402
 from vs_torch_pipelining import (  # noqa: E402
-    CASES, QUIET_WAIT_S, Case, ForeignLoad, num_blocks, run_torch, steady_throughput,
-    wait_for_quiet, write_results,
+    CASES, QUIET_WAIT_S, Case, num_blocks, run_torch, steady_throughput, write_results,
 )
 
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local  # noqa: E402

@@ -86,7 +86,8 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import convergence as cv  # noqa: E402
-from vs_torch_pipelining import MAX_FOREIGN, ForeignLoad, wait_for_quiet  # noqa: E402
+from machine_load import ForeignLoad, wait_for_quiet  # noqa: E402
+from vs_torch_pipelining import MAX_FOREIGN  # noqa: E402
 
 from pipeweave.models import build_model  # noqa: E402
 from pipeweave.runtime import (  # noqa: E402

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from machine_load import wait_for_quiet
 from pipeweave.avgpipe import TraversalResult, TuningProfile, predict, traverse, tune
 from pipeweave.avgpipe.simulated import calibrate_levels, per_sample_seconds
 from pipeweave.avgpipe.sources import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
@@ -119,22 +120,6 @@ class Calibration:
         return {"levels": calibrate_levels(mine, reference, self.bounds, how=how)}
 
 
-def busy_share(seconds: float = 0.5) -> float:
-    """Share of all CPUs busy over ``seconds`` (Linux /proc/stat; 0.0 elsewhere), sampled
-    while no rank of ours runs: what everyone else puts on the machine."""
-    def sample() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except OSError:
-        return 0.0
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
-
-
 QUIET = {"busy": 0.25, "wait_s": 10.0}   # start a run once others use < 25 % of the CPUs
 BUSY_BEFORE: list[dict[str, Any]] = []   # per run: the setting and the others' CPU share
 
@@ -142,10 +127,7 @@ BUSY_BEFORE: list[dict[str, Any]] = []   # per run: the setting and the others' 
 def run(model: str, stages: int, m: int, n: int) -> RealRun:
     """One setting, started when the machine is quiet (waiting is not charged to anyone:
     costs are the runs' own wall times)."""
-    deadline = time.monotonic() + QUIET["wait_s"]
-    busy = busy_share()
-    while busy > QUIET["busy"] and time.monotonic() < deadline:
-        busy = busy_share()
+    busy = wait_for_quiet(QUIET["wait_s"], QUIET["busy"], sample_s=0.5)
     BUSY_BEFORE.append({"model": model, "ranks": stages, "M": m, "N": n, "busy_before": busy})
     return run_setting(model, stages=stages, microbatches=m, pipelines=n, batch_size=BATCH,
                        warmup=WARMUP, iterations=ITERATIONS, timeout_s=300.0)

@@ -87,6 +87,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from machine_load import wait_for_quiet
 from pipeweave.data import build_dataset
 from pipeweave.models import build_model
 from pipeweave.runtime import (
@@ -308,21 +309,6 @@ def train_one(case: Case, method: Method, geometry: str, seed: int, updates: int
 
 
 # -- wall time: one multi-process run per method ----------------------------------------------
-def busy_share(seconds: float = 0.5) -> float:
-    """Share of all CPUs busy over ``seconds`` (Linux /proc/stat; 0.0 elsewhere)."""
-    def sample() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except OSError:
-        return 0.0
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
-
-
 def time_one(case: Case, method: Method, geometry: str, updates: int) -> dict[str, Any]:
     """Steady-state samples/s of one multi-process run (seed 0), plus its first losses."""
     num_blocks = len(build_model(case.model, **case.overrides).blocks)
@@ -332,10 +318,7 @@ def time_one(case: Case, method: Method, geometry: str, updates: int) -> dict[st
     batches = tuple(islice(iter(job.data()), steps))
     job = replace(job, steps=steps, data=functools.partial(iter, batches), record_timeline=True,
                   return_parameters=False)
-    deadline = time.monotonic() + QUIET_WAIT_S
-    busy = busy_share()
-    while busy > QUIET_BUSY and time.monotonic() < deadline:
-        busy = busy_share()
+    wait_for_quiet(QUIET_WAIT_S, QUIET_BUSY, sample_s=0.5)
     results = launch_local(job, deadline_s=300)
     summary = summarize(results, schedule=method.schedule, steps=steps,
                         batch_size=int(batches[0][0].shape[0]), microbatches=MICROBATCHES)

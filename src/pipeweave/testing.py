@@ -19,7 +19,7 @@ from .runtime.summary import iteration_losses
 from .runtime.worker import RankResult
 
 __all__ = ["Reference", "reference_run", "iteration_losses", "merged_parameters",
-           "assert_matches_reference", "relative_error"]
+           "assert_matches_reference", "assert_identical_runs", "relative_error"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,16 @@ def merged_parameters(results: Sequence[RankResult]) -> dict[str, Tensor]:
     for result in results:
         merged.update(result.parameters)
     return merged
+
+
+def assert_identical_runs(got: Sequence[RankResult], want: Sequence[RankResult]) -> None:
+    """Two runs of one job agree exactly: every parameter bit for bit, every rank's losses
+    (e.g. the distributed run against the single-process executor)."""
+    got_params, want_params = merged_parameters(got), merged_parameters(want)
+    assert got_params.keys() == want_params.keys()
+    for name in want_params:
+        assert torch.equal(got_params[name], want_params[name]), name
+    assert [r.losses for r in got] == [r.losses for r in want]
 
 
 def relative_error(actual: Tensor, expected: Tensor) -> float:

@@ -23,7 +23,7 @@ from pipeweave.runtime import launch_local, run_local
 from pipeweave.runtime.apc import decode, encode
 from pipeweave.runtime.launch import free_port
 from pipeweave.runtime.transport import DistTransport, LocalTransport, Waiting, message_tag
-from pipeweave.testing import iteration_losses, merged_parameters
+from pipeweave.testing import assert_identical_runs, iteration_losses
 
 from runtime_jobs import GPT, gpt_job, mlp_job
 
@@ -147,11 +147,7 @@ def test_cli_apc_flag_reports_bytes(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_distributed_apc_equals_single_process(job) -> None:
     distributed = launch_local(job, deadline_s=200)
     local = run_local(job)
-    got, want = merged_parameters(distributed), merged_parameters(local)
-    assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
-    assert [r.losses for r in distributed] == [r.losses for r in local]
+    assert_identical_runs(distributed, local)
     assert [r.bytes_sent for r in distributed] == [r.bytes_sent for r in local]
     plain = run_local(dataclasses.replace(job, apc=False))
     assert sum(r.bytes_sent for r in distributed) <= 0.55 * sum(r.bytes_sent for r in plain)

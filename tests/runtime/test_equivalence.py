@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from pipeweave.runtime import launch_local, run_local
 from pipeweave.schedules import available_schedules
-from pipeweave.testing import assert_matches_reference, merged_parameters, reference_run
+from pipeweave.testing import assert_identical_runs, assert_matches_reference, reference_run
 
 from runtime_jobs import gpt_job, mlp_job
 
@@ -67,12 +66,7 @@ def test_float32_within_1e5() -> None:
 )
 def test_distributed_equals_local_and_reference(job) -> None:
     distributed = launch_local(job, deadline_s=200)
-    local = run_local(job)
-    got, want = merged_parameters(distributed), merged_parameters(local)
-    assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
-    assert [r.losses for r in distributed] == [r.losses for r in local]
+    assert_identical_runs(distributed, run_local(job))
     assert_matches_reference(distributed, reference_run(job), microbatches=job.plan.microbatches,
                              tolerance=1e-10)
 
@@ -85,7 +79,4 @@ def test_distributed_chunked_and_sliced(schedule: str) -> None:
     job = gpt_job(depth=2, schedule=schedule, chunks=chunks, plan_fields=_plan_fields(schedule))
     distributed = launch_local(job, deadline_s=200)
     assert_matches_reference(distributed, reference_run(job), microbatches=4, tolerance=1e-10)
-    local = run_local(dataclasses.replace(job))
-    assert merged_parameters(local).keys() == merged_parameters(distributed).keys()
-    for name, value in merged_parameters(local).items():
-        assert torch.equal(merged_parameters(distributed)[name], value), name
+    assert_identical_runs(distributed, run_local(dataclasses.replace(job)))

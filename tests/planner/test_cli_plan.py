@@ -110,3 +110,31 @@ def test_parse_bytes() -> None:
     assert parse_bytes("512 MB") == 512e6
     with pytest.raises(ValueError, match="is not a size"):
         parse_bytes("lots")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_replicated_pipedream_plan_runs_with_train(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    """A PipeDream plan with unequal replica counts (a heavy, replicated first stage) goes from
+    ``pipeweave plan`` to ``pipeweave train --plan`` on real processes (1F1B-RR)."""
+    from pipeweave.profiler import BlockProfile, LinkProfile, Profile
+
+    names = [f"b{i}" for i in range(10)]  # gpt-tiny has 10 blocks
+    costs = [8.0] * 3 + [1.0] * 7  # ms of forward; backward twice that
+    weights = [1e3] * 3 + [5e7] * 7  # bytes: replicating the tail would all-reduce 350 MB
+    profile = Profile(tuple(BlockProfile(n, c * 1e-3, 2 * c * 1e-3, 1e3, 4e3, w)
+                            for n, c, w in zip(names, costs, weights)),
+                      model="gpt-tiny", batch_size=2, device="cpu", link=LinkProfile(1e9, 1e-5))
+    profile_file, plan_file = tmp_path / "profile.json", tmp_path / "plan.json"
+    profile.save(profile_file)
+    code, out, err = run(capsys, "plan", "--profile", str(profile_file), "--model", "gpt-tiny",
+                         "--ranks", "3", "--method", "pipedream", "--out", str(plan_file), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["replicas"] == [2, 1] and report["stages"] == [[0, 3], [3, 10]]
+    code, out, err = run(capsys, "train", "--model", "gpt-tiny", "--plan", str(plan_file),
+                         "--steps", "2", "--batch-size", "12", "--output-dir", str(tmp_path / "run"),
+                         "--no-progress", "--timeout", "200")
+    assert code == 0, err
+    assert "schedule pipedream  ranks 3" in out

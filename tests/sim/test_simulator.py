@@ -247,16 +247,11 @@ def test_garbage_collector_state_is_restored() -> None:
 
 
 # -- scale --------------------------------------------------------------------------------------
-def test_large_schedule_is_fast_enough() -> None:
-    """16 stages x 128 micro-batches (4k actions) in well under a second on a slow machine."""
-    import time
-
-    schedule = build("1f1b", 16, 128)
-    t0 = time.perf_counter()
-    result = simulate(schedule)
-    elapsed = time.perf_counter() - t0
+def test_large_schedule_keeps_the_closed_form() -> None:
+    """16 stages x 128 micro-batches (4k actions); speed is benchmarks/simulate_scale.py's job."""
+    result = simulate(build("1f1b", 16, 128))
     assert result.iteration_time == (128 + 15) * 3.0
-    assert elapsed < 2.0
+    assert result.bubble_fraction == pytest.approx(15 / 143)
 
 
 def test_combinations_of_small_shapes_agree_with_closed_form() -> None:

@@ -5,7 +5,8 @@
     pipeweave plan --profile vgg16.json --ranks 16 --method pipedream --topology 16x1e9 --json
 
 With ``--model`` the model is profiled first (on this machine, ``--batch-size`` samples per
-micro-batch, no link measurement); with ``--profile`` the JSON profile (or PipeDream's
+micro-batch, no link measurement; on CPU, when the ranks outnumber the cores, under the
+load of that many co-located ranks, see ``profiler.colocated``); with ``--profile`` the JSON profile (or PipeDream's
 ``graph.txt``) is read. ``--json`` prints the report: ``stages`` (block ranges), ``replicas``,
 ``balance`` (max/mean stage time), ``predicted_iteration_time`` (simulated seconds per
 iteration), ``planning_seconds`` and the method's own numbers, with the plan under ``plan``.
@@ -86,10 +87,12 @@ def load_profile(args: argparse.Namespace) -> Profile:
     if args.profile is None and args.model is None:
         raise ValueError("give --model NAME (profiled now) or --profile FILE")
     if args.profile is None:
+        from ..profiler.colocated import needed_colocation
         from ..runtime.distributed import threads_per_rank
 
         return profile_builtin(args.model, batch_size=args.batch_size, device=args.device,
-                               threads=threads_per_rank(args.ranks) if args.device == "cpu" else None)
+                               threads=threads_per_rank(args.ranks) if args.device == "cpu" else None,
+                               colocated_ranks=needed_colocation(args.ranks, args.device))
     profile = Profile.load(args.profile)
     if args.model is not None:
         from ..models import build_model

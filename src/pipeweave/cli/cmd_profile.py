@@ -38,6 +38,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="intra-op threads while measuring (default: torch's; on CPU use "
                              "what one rank gets, cores / local ranks)")
+    parser.add_argument("--colocated-ranks", type=int, default=1, metavar="R",
+                        help="measure while R-1 other processes train the same model on this "
+                             "machine (CPU): give the local rank count when the ranks will "
+                             "share fewer cores than there are ranks")
     parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
                         help="optimizer whose state size is measured")
     parser.add_argument("--no-link", action="store_true",
@@ -58,10 +62,13 @@ def run(args: argparse.Namespace) -> int:
             overrides["seq_len"] = args.seq_len
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        if args.colocated_ranks < 1:
+            raise ValueError(f"--colocated-ranks must be >= 1 (the profiled rank included), got "
+                             f"{args.colocated_ranks}")
         profile = profile_builtin(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                                   device=args.device, warmup=args.warmup, repeats=args.repeats,
                                   optimizer=args.optimizer, overrides=overrides,
-                                  threads=args.threads)
+                                  threads=args.threads, colocated_ranks=args.colocated_ranks)
         if not args.no_link:
             profile = profile.with_link(measure_link(device=args.device))
     if args.json_out is not None:

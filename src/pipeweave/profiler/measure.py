@@ -26,6 +26,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -253,18 +254,33 @@ def profile_builtin(
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
     threads: int | None = None,
+    colocated_ranks: int = 1,
 ) -> Profile:
     """Profile a registered model (``pipeweave.models.build_model``) on one batch of its
-    default dataset; ``batch_size`` should be the micro-batch size you will train with."""
+    default dataset; ``batch_size`` should be the micro-batch size you will train with.
+
+    ``colocated_ranks`` > 1 measures while that many ranks minus one train the same model on
+    this machine's other cores (``profiler.colocated``): use the local rank count when the
+    ranks will share fewer cores than there are ranks.
+    """
     from ..data import build_dataset
     from ..models import build_model
     from ..models.gpt import GPT_PRESETS
+    from .colocated import colocated_load
 
+    if colocated_ranks > 1 and device != "cpu":
+        raise ValueError(f"colocated_ranks={colocated_ranks} models ranks sharing CPU cores; on "
+                         f"{device} every rank has its own device: leave it at 1")
     spec = build_model(name, seed=seed, **(overrides or {}))
     dataset = spec.dataset or "digits"
     if dataset == "stdlib-bytes" and seq_len is None:
         seq_len = (overrides or {}).get("seq_len", GPT_PRESETS[name].seq_len if name in GPT_PRESETS else None)
     inputs, targets = next(iter(build_dataset(dataset, batch_size=batch_size, seq_len=seq_len,
                                               seed=seed)))
-    return profile_model(spec, inputs, targets, device=device, warmup=warmup, repeats=repeats,
-                         optimizer=optimizer, threads=threads)
+    with colocated_load(name, ranks=colocated_ranks, batch_size=batch_size, seq_len=seq_len,
+                        overrides=overrides, threads=threads or torch.get_num_threads(), seed=seed):
+        profile = profile_model(spec, inputs, targets, device=device, warmup=warmup,
+                                repeats=repeats, optimizer=optimizer, threads=threads)
+    if colocated_ranks > 1:
+        profile = replace(profile, metadata={**profile.metadata, "colocated_ranks": colocated_ranks})
+    return profile

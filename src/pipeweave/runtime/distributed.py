@@ -32,10 +32,16 @@ from .worker import RankResult, build_rank, collect_result, make_schedule
 __all__ = ["run_rank", "threads_per_rank"]
 
 
+def machine_cores() -> int:
+    """Cores this process may run on (its affinity mask, else the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def threads_per_rank(local_world_size: int) -> int:
     """Intra-op threads so that the ranks on one machine don't oversubscribe its cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // max(1, local_world_size))
+    return max(1, machine_cores() // max(1, local_world_size))
 
 
 def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_world_size: int,

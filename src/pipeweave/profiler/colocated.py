@@ -1,0 +1,129 @@
+"""Profile under the load of the ranks that will share this machine's cores.
+
+The simulator gives every rank its own device. On a CPU machine with fewer cores than local
+ranks that is false: in the steady state every rank computes at once and they share the
+cores, so a block measured on an otherwise idle machine runs about ``ranks / cores`` times
+faster than it will in training. ``colocated_load`` starts ``ranks - 1`` neighbour processes
+that train the same model on the same micro-batch size with the same intra-op threads (one
+forward and backward after another, as a pipeline rank in its steady state) while the
+profiler measures, so the profile carries the slowdown the real run will have. When the
+machine has a core per rank this changes little (the ranks then only share memory bandwidth
+and caches); ``needed_colocation`` says when it matters.
+
+The neighbours are plain subprocesses (``python -m pipeweave.profiler.colocated``, so any
+caller works, with or without a ``__main__`` guard); they are stopped when the ``with`` block
+ends, killed if they do not stop, and each one exits on its own when its parent is gone, so a
+failed or killed profile never leaves them running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..runtime.distributed import machine_cores
+
+__all__ = ["colocated_load", "needed_colocation"]
+
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 10.0
+READY = "ready"
+
+
+def needed_colocation(ranks: int, device: str = "cpu") -> int:
+    """Ranks to profile under: ``ranks`` when they oversubscribe this machine's cores on CPU,
+    else 1 (each rank has a core or a GPU of its own)."""
+    if device != "cpu" or ranks <= machine_cores():
+        return 1
+    return ranks
+
+
+@contextmanager
+def colocated_load(model: str, *, ranks: int, batch_size: int, seq_len: int | None = None,
+                   overrides: dict[str, Any] | None = None, threads: int = 1,
+                   seed: int = 0) -> Iterator[int]:
+    """Run ``ranks - 1`` neighbours training ``model`` while the body runs; yields their count.
+
+    Each neighbour has done one whole forward and backward before the body starts, so the
+    body never measures their start-up.
+    """
+    if ranks < 1:
+        raise ValueError(f"colocated ranks must be >= 1 (the profiled rank included), got {ranks}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    count = ranks - 1
+    if count == 0:
+        yield 0
+        return
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        for i in range(count):
+            settings = {"model": model, "batch_size": batch_size, "seq_len": seq_len,
+                        "overrides": dict(overrides or {}), "threads": threads,
+                        "seed": seed + 1 + i, "parent": os.getpid()}
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", __name__, json.dumps(settings)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for index, worker in enumerate(workers):
+            _wait_ready(worker, index, deadline)
+        yield count
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            try:
+                worker.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait(STOP_TIMEOUT_S)
+            if worker.stdout is not None:
+                worker.stdout.close()
+
+
+def _wait_ready(worker: subprocess.Popen[str], index: int, deadline: float) -> None:
+    assert worker.stdout is not None
+    while True:
+        readable, _, _ = select.select([worker.stdout], [], [], 0.05)
+        if readable and worker.stdout.readline().strip() == READY:
+            return
+        if worker.poll() is not None:
+            raise RuntimeError(f"co-located neighbour {index} exited with code {worker.returncode} "
+                               f"before the profile ran (its error is printed above)")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"co-located neighbour {index} did not start training within "
+                               f"{READY_TIMEOUT_S:.0f} s; profile with fewer --colocated-ranks")
+
+
+def _neighbour(settings: dict[str, Any]) -> None:
+    """Train forever (a pipeline rank's steady state); say READY after the first step; exit
+    when the parent is gone."""
+    import torch
+
+    from ..data import build_dataset
+    from ..models import build_model
+
+    torch.set_num_threads(int(settings["threads"]))
+    spec = build_model(settings["model"], seed=settings["seed"], **settings["overrides"])
+    inputs, targets = next(iter(build_dataset(spec.dataset or "digits",
+                                              batch_size=settings["batch_size"],
+                                              seq_len=settings["seq_len"], seed=settings["seed"])))
+    network = spec.sequential()
+    announced = False
+    while os.getppid() == settings["parent"]:
+        spec.loss_fn(network(inputs), targets).backward()
+        network.zero_grad(set_to_none=True)
+        if not announced:
+            print(READY, flush=True)
+            announced = True
+
+
+if __name__ == "__main__":
+    _neighbour(json.loads(sys.argv[1]))

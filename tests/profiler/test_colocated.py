@@ -1,0 +1,78 @@
+"""Profiling under the load of co-located ranks (``pipeweave.profiler.colocated``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeweave.cli.main import main
+from pipeweave.profiler import profile_builtin
+from pipeweave.profiler import colocated
+from pipeweave.profiler.colocated import colocated_load, needed_colocation
+
+
+def neighbours_alive() -> list[int]:
+    """Live processes running a neighbour for this test process."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if "pipeweave.profiler.colocated" in command and parent == os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+def test_neighbours_train_during_the_block_and_are_gone_after() -> None:
+    with colocated_load("gpt-tiny", ranks=3, batch_size=2, seq_len=16, threads=1) as count:
+        assert count == 2
+        assert len(neighbours_alive()) == 2
+    assert neighbours_alive() == []
+    with colocated_load("gpt-tiny", ranks=1, batch_size=2, seq_len=16) as count:
+        assert count == 0 and neighbours_alive() == []
+
+
+def test_an_error_in_the_body_still_stops_them() -> None:
+    with pytest.raises(KeyError):
+        with colocated_load("mlp", ranks=2, batch_size=4, threads=1):
+            raise KeyError("boom")
+    assert neighbours_alive() == []
+
+
+def test_a_neighbour_that_cannot_start_is_reported_at_once() -> None:
+    # 0 tokens per sample: the neighbour's dataset refuses it and the process exits
+    with pytest.raises(RuntimeError, match="exited with code"):
+        with colocated_load("gpt-tiny", ranks=2, batch_size=2, seq_len=0, threads=1):
+            pass
+    assert neighbours_alive() == []
+
+
+def test_when_colocation_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(colocated, "machine_cores", lambda: 2)
+    assert needed_colocation(2) == 1
+    assert needed_colocation(4) == 4
+    assert needed_colocation(4, "cuda") == 1
+
+
+def test_oversubscribed_profile_is_slower_and_says_so() -> None:
+    """4 ranks on this machine's cores: the loaded profile carries the slowdown (about
+    ranks / cores when the ranks outnumber the cores)."""
+    ranks = 2 * colocated.machine_cores()
+    alone = profile_builtin("gpt-tiny", batch_size=4, threads=1, repeats=5)
+    shared = profile_builtin("gpt-tiny", batch_size=4, threads=1, repeats=5, colocated_ranks=ranks)
+    assert shared.metadata["colocated_ranks"] == ranks and "colocated_ranks" not in alone.metadata
+    assert sum(shared.compute) > 1.25 * sum(alone.compute)
+
+
+def test_bad_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="colocated_ranks=2 models ranks sharing CPU cores"):
+        profile_builtin("mlp", colocated_ranks=2, device="cuda")
+    with pytest.raises(ValueError, match="colocated ranks must be >= 1"):
+        with colocated_load("mlp", ranks=0, batch_size=4):
+            pass
+    assert main(["profile", "--model", "mlp", "--colocated-ranks", "0", "--no-link"]) == 2
+    assert "--colocated-ranks must be >= 1" in capsys.readouterr().err

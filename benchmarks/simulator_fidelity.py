@@ -168,6 +168,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="profile + run every plan, N times")
     parser.add_argument("--tie", type=float, default=0.03,
                         help="predictions closer than this (relative) are not ranked")
+    parser.add_argument("--colocated", default="auto",
+                        help="profile under this many co-located ranks; 'auto': the rank count "
+                             "when the ranks outnumber the cores, else 1; 'all': the rank count")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -175,10 +178,11 @@ def main() -> None:
     print(f"link: {link.bandwidth / 1e9:.2f} GB/s, latency {1e6 * link.latency:.0f} us; "
           f"{machine_cores()} cores", flush=True)
     report: dict[str, Any] = {"model": args.model, "cores": machine_cores(), "rounds": args.rounds,
-                              "steps": args.steps, "tie": args.tie, "ranks": {}}
+                              "steps": args.steps, "tie": args.tie, "colocated": args.colocated,
+                              "ranks": {}}
     for ranks in args.ranks:
         microbatches = args.microbatches or 2 * ranks
-        colocated = needed_colocation(ranks)
+        colocated = {"auto": needed_colocation(ranks), "all": ranks}.get(args.colocated) or int(args.colocated)
         samples: dict[str, list[tuple[float, float, float]]] = {}
         plans: list[Candidate] = []
         for round_index in range(args.rounds):

@@ -61,6 +61,8 @@ def test_when_colocation_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_oversubscribed_profile_is_slower_and_says_so() -> None:
     """4 ranks on this machine's cores: the loaded profile carries the slowdown (about
     ranks / cores when the ranks outnumber the cores)."""
+    if colocated.machine_cores() > 4:
+        pytest.skip("needs a machine with at most 4 cores (2 x cores neighbours are started)")
     ranks = 2 * colocated.machine_cores()
     alone = profile_builtin("gpt-tiny", batch_size=4, threads=1, repeats=5)
     shared = profile_builtin("gpt-tiny", batch_size=4, threads=1, repeats=5, colocated_ranks=ranks)

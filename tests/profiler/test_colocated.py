@@ -67,6 +67,8 @@ def test_oversubscribed_profile_is_slower_and_says_so() -> None:
     alone = profile_builtin("gpt-tiny", batch_size=4, threads=1, repeats=5)
     shared = profile_builtin("gpt-tiny", batch_size=4, threads=1, repeats=5, colocated_ranks=ranks)
     assert shared.metadata["colocated_ranks"] == ranks and "colocated_ranks" not in alone.metadata
+    slowdown = shared.metadata["colocated_slowdown"]
+    assert slowdown > 1.5  # about ranks / cores = 2 when the ranks share the cores
     assert sum(shared.compute) > 1.25 * sum(alone.compute)
 
 

@@ -5,10 +5,12 @@ ranks that is false: in the steady state every rank computes at once and they sh
 cores, so a block measured on an otherwise idle machine runs about ``ranks / cores`` times
 faster than it will in training. ``colocated_load`` starts ``ranks - 1`` neighbour processes
 that train the same model on the same micro-batch size with the same intra-op threads (one
-forward and backward after another, as a pipeline rank in its steady state) while the
-profiler measures, so the profile carries the slowdown the real run will have. When the
-machine has a core per rank this changes little (the ranks then only share memory bandwidth
-and caches); ``needed_colocation`` says when it matters.
+forward and backward after another, as a pipeline rank in its steady state);
+``profile_builtin(colocated_ranks=R)`` times whole training steps alone and under that load
+and scales the profile by the ratio, so it carries the slowdown the real run will have (about
+2.2× for 4 ranks on 2 cores, 1.0× for 2). When the machine has a core per rank this changes
+little (the ranks then only share memory bandwidth and caches); ``needed_colocation`` says
+when it matters.
 
 The neighbours are plain subprocesses (``python -m pipeweave.profiler.colocated``, so any
 caller works, with or without a ``__main__`` guard); they are stopped when the ``with`` block

@@ -259,9 +259,13 @@ def profile_builtin(
     """Profile a registered model (``pipeweave.models.build_model``) on one batch of its
     default dataset; ``batch_size`` should be the micro-batch size you will train with.
 
-    ``colocated_ranks`` > 1 measures while that many ranks minus one train the same model on
-    this machine's other cores (``profiler.colocated``): use the local rank count when the
-    ranks will share fewer cores than there are ranks.
+    ``colocated_ranks`` > 1: use the local rank count when the ranks will share fewer cores
+    than there are ranks. The blocks are measured alone (their relative costs stay clean);
+    then whole training steps are timed alone and while ``colocated_ranks - 1`` neighbours
+    train the same model (``profiler.colocated``), and every time in the profile is scaled by
+    the ratio of the mean step times. Whole steps span many scheduler time slices, so the
+    ratio carries the time the profiled rank is descheduled, which the median of a single
+    block's short runs would filter out. ``metadata["colocated_slowdown"]`` keeps the ratio.
     """
     from ..data import build_dataset
     from ..models import build_model
@@ -277,10 +281,44 @@ def profile_builtin(
         seq_len = (overrides or {}).get("seq_len", GPT_PRESETS[name].seq_len if name in GPT_PRESETS else None)
     inputs, targets = next(iter(build_dataset(dataset, batch_size=batch_size, seq_len=seq_len,
                                               seed=seed)))
+    profile = profile_model(spec, inputs, targets, device=device, warmup=warmup,
+                            repeats=repeats, optimizer=optimizer, threads=threads)
+    if colocated_ranks == 1:
+        return profile
+    step_threads = threads or torch.get_num_threads()
+    alone = _mean_step_time(spec, inputs, targets, step_threads)
     with colocated_load(name, ranks=colocated_ranks, batch_size=batch_size, seq_len=seq_len,
-                        overrides=overrides, threads=threads or torch.get_num_threads(), seed=seed):
-        profile = profile_model(spec, inputs, targets, device=device, warmup=warmup,
-                                repeats=repeats, optimizer=optimizer, threads=threads)
-    if colocated_ranks > 1:
-        profile = replace(profile, metadata={**profile.metadata, "colocated_ranks": colocated_ranks})
-    return profile
+                        overrides=overrides, threads=step_threads, seed=seed):
+        shared = _mean_step_time(spec, inputs, targets, step_threads)
+    slowdown = shared / alone
+    blocks = tuple(replace(b, forward=b.forward * slowdown, backward=b.backward * slowdown,
+                           update=b.update * slowdown) for b in profile.blocks)
+    return replace(profile, blocks=blocks, metadata={
+        **profile.metadata, "colocated_ranks": colocated_ranks, "colocated_slowdown": slowdown})
+
+
+COLOCATED_STEP_SECONDS = 1.5
+"""How long whole training steps are timed, alone and under co-located load."""
+
+
+def _mean_step_time(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, threads: int) -> float:
+    """Mean wall time of forward + backward of the whole model over ~COLOCATED_STEP_SECONDS."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        network = copy.deepcopy(spec.sequential()).train()
+
+        def step() -> None:
+            output = network(inputs)
+            loss = spec.loss_fn(output, targets) if targets is not None else output.sum()
+            loss.backward()
+            network.zero_grad(set_to_none=True)
+
+        step()  # warm-up
+        steps, started = 0, time.perf_counter()
+        while steps < 3 or time.perf_counter() - started < COLOCATED_STEP_SECONDS:
+            step()
+            steps += 1
+        return (time.perf_counter() - started) / steps
+    finally:
+        torch.set_num_threads(previous)

@@ -30,13 +30,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+from torch import Tensor, nn
+
+from ..models import ModelSpec
 from ..runtime.distributed import machine_cores
 
-__all__ = ["colocated_load", "needed_colocation"]
+__all__ = ["colocated_load", "colocated_slowdown", "needed_colocation"]
 
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 READY = "ready"
+STEP_SECONDS = 1.5
+"""How long whole training steps are timed, alone and under the co-located load."""
 
 
 def needed_colocation(ranks: int, device: str = "cpu") -> int:
@@ -90,6 +96,46 @@ def colocated_load(model: str, *, ranks: int, batch_size: int, seq_len: int | No
                 worker.stdout.close()
 
 
+def colocated_slowdown(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, *, ranks: int,
+                       batch_size: int, seq_len: int | None = None,
+                       overrides: dict[str, Any] | None = None, threads: int = 1,
+                       seed: int = 0) -> float:
+    """Mean whole-step time of ``spec`` under ``ranks - 1`` neighbours over the time alone.
+
+    Whole steps span many scheduler time slices, so the ratio carries the time this rank is
+    descheduled, which the median of a single block's short runs would filter out.
+    """
+    alone = _mean_step_time(spec, inputs, targets, threads)
+    with colocated_load(spec.name, ranks=ranks, batch_size=batch_size, seq_len=seq_len,
+                        overrides=overrides, threads=threads, seed=seed):
+        shared = _mean_step_time(spec, inputs, targets, threads)
+    return shared / alone
+
+
+def _train_step(spec: ModelSpec, network: nn.Module, inputs: Tensor, targets: Tensor | None) -> None:
+    """Forward, loss (the output's sum without targets) and backward; gradients dropped."""
+    output = network(inputs)
+    loss = spec.loss_fn(output, targets) if targets is not None else output.sum()
+    loss.backward()
+    network.zero_grad(set_to_none=True)
+
+
+def _mean_step_time(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, threads: int) -> float:
+    """Mean wall time of one whole training step over about STEP_SECONDS (3 steps at least)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        network = spec.sequential().train()
+        _train_step(spec, network, inputs, targets)  # warm-up
+        steps, started = 0, time.perf_counter()
+        while steps < 3 or time.perf_counter() - started < STEP_SECONDS:
+            _train_step(spec, network, inputs, targets)
+            steps += 1
+        return (time.perf_counter() - started) / steps
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _wait_ready(worker: subprocess.Popen[str], index: int, deadline: float) -> None:
     assert worker.stdout is not None
     while True:
@@ -107,8 +153,6 @@ def _wait_ready(worker: subprocess.Popen[str], index: int, deadline: float) -> N
 def _neighbour(settings: dict[str, Any]) -> None:
     """Train forever (a pipeline rank's steady state); say READY after the first step; exit
     when the parent is gone."""
-    import torch
-
     from ..data import build_dataset
     from ..models import build_model
 
@@ -120,8 +164,7 @@ def _neighbour(settings: dict[str, Any]) -> None:
     network = spec.sequential()
     announced = False
     while os.getppid() == settings["parent"]:
-        spec.loss_fn(network(inputs), targets).backward()
-        network.zero_grad(set_to_none=True)
+        _train_step(spec, network, inputs, targets)
         if not announced:
             print(READY, flush=True)
             announced = True

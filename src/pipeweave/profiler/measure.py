@@ -270,7 +270,7 @@ def profile_builtin(
     from ..data import build_dataset
     from ..models import build_model
     from ..models.gpt import GPT_PRESETS
-    from .colocated import colocated_load
+    from .colocated import colocated_slowdown
 
     if colocated_ranks > 1 and device != "cpu":
         raise ValueError(f"colocated_ranks={colocated_ranks} models ranks sharing CPU cores; on "
@@ -285,40 +285,10 @@ def profile_builtin(
                             repeats=repeats, optimizer=optimizer, threads=threads)
     if colocated_ranks == 1:
         return profile
-    step_threads = threads or torch.get_num_threads()
-    alone = _mean_step_time(spec, inputs, targets, step_threads)
-    with colocated_load(name, ranks=colocated_ranks, batch_size=batch_size, seq_len=seq_len,
-                        overrides=overrides, threads=step_threads, seed=seed):
-        shared = _mean_step_time(spec, inputs, targets, step_threads)
-    slowdown = shared / alone
+    slowdown = colocated_slowdown(spec, inputs, targets, ranks=colocated_ranks,
+                                  batch_size=batch_size, seq_len=seq_len, overrides=overrides,
+                                  threads=threads or torch.get_num_threads(), seed=seed)
     blocks = tuple(replace(b, forward=b.forward * slowdown, backward=b.backward * slowdown,
                            update=b.update * slowdown) for b in profile.blocks)
     return replace(profile, blocks=blocks, metadata={
         **profile.metadata, "colocated_ranks": colocated_ranks, "colocated_slowdown": slowdown})
-
-
-COLOCATED_STEP_SECONDS = 1.5
-"""How long whole training steps are timed, alone and under co-located load."""
-
-
-def _mean_step_time(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, threads: int) -> float:
-    """Mean wall time of forward + backward of the whole model over ~COLOCATED_STEP_SECONDS."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        network = copy.deepcopy(spec.sequential()).train()
-
-        def step() -> None:
-            output = network(inputs)
-            loss = spec.loss_fn(output, targets) if targets is not None else output.sum()
-            loss.backward()
-            network.zero_grad(set_to_none=True)
-
-        step()  # warm-up
-        steps, started = 0, time.perf_counter()
-        while steps < 3 or time.perf_counter() - started < COLOCATED_STEP_SECONDS:
-            step()
-            steps += 1
-        return (time.perf_counter() - started) / steps
-    finally:
-        torch.set_num_threads(previous)

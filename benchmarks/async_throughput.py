@@ -40,10 +40,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_load import ForeignLoad, wait_for_quiet  # noqa: E402
 from vs_torch_pipelining import (  # noqa: E402
-    CASES, QUIET_WAIT_S, Case, num_blocks, run_torch, steady_throughput, write_results,
+    CASES, QUIET_WAIT_S, Case, case_job, num_blocks, run_torch, steady_throughput, write_results,
 )
 
-from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local  # noqa: E402
+from pipeweave.runtime import Plan, launch_local  # noqa: E402
 from pipeweave.runtime.summary import summarize  # noqa: E402
 
 # -- settings -------------------------------------------------------------------------------
@@ -66,10 +66,7 @@ def run_method(case: Case, method: str, ranks: int, steps: int) -> dict[str, flo
     schedule, semantics = SEMANTICS.get(method, (method, {}))
     plan = Plan.uniform(num_blocks(case), ranks, chunks=chunks, schedule=schedule,
                         microbatches=case.microbatches, semantics=semantics)
-    job = Job(plan=plan, steps=steps, model=BuiltinModel(case.model, overrides=case.overrides),
-              data=BuiltinData(case.dataset, batch_size=case.batch_size, seq_len=case.seq_len),
-              optimizer=OptimizerFactory("sgd", {"lr": case.lr}), timeout_s=120.0)
-    results = launch_local(job)
+    results = launch_local(case_job(case, plan, steps))
     summary = summarize(results, schedule=method, steps=steps, batch_size=case.batch_size,
                         microbatches=case.microbatches)
     return {"samples_per_second": steady_throughput(summary.iteration_end_s, case.batch_size),

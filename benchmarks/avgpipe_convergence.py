@@ -391,20 +391,14 @@ def mean_curve(runs: Sequence[dict[str, Any]]) -> tuple[list[float], list[float]
 
     The moving-average window is 1/12 of the run in iterations, i.e. the same number of samples
     for every method (they all see the same samples)."""
-    curves = [cv.smooth(r["loss_per_iteration"], max(1, len(r["loss_per_iteration"]) // 12)) for r in runs]
+    mean, spread = cv.smoothed_mean_spread([r["loss_per_iteration"] for r in runs])
     step = runs[0]["samples_per_iteration"]
-    xs = [float((k + 1) * step) for k in range(len(curves[0]))]
-    mean = [statistics.fmean(c) for c in zip(*curves)]
-    spread = [statistics.stdev(c) if len(c) > 1 else 0.0 for c in zip(*curves)]
+    xs = [float((k + 1) * step) for k in range(len(mean))]
     return xs, mean, spread
 
 
 def samples_to(target: float, xs: Sequence[float], curve: Sequence[float]) -> float | None:
     return next((x for x, y in zip(xs, curve) if y <= target), None)
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def summary_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
@@ -421,19 +415,19 @@ def summary_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
             "method": key, "seeds": len(runs), "batch_size": settings["update_size"],
             "iterations": runs[0]["iterations"],
             "samples_per_iteration": runs[0]["samples_per_iteration"], "samples": runs[0]["samples"],
-            "final_loss": mean_std([final_loss(r["loss_per_iteration"]) for r in runs]),
-            "heldout_loss": mean_std([r["heldout_loss"] for r in runs]),
+            "final_loss": cv.mean_std([final_loss(r["loss_per_iteration"]) for r in runs]),
+            "heldout_loss": cv.mean_std([r["heldout_loss"] for r in runs]),
         }
         if "test_accuracy" in runs[0]:
-            row["test_accuracy"] = mean_std([r["test_accuracy"] for r in runs])
+            row["test_accuracy"] = cv.mean_std([r["test_accuracy"] for r in runs])
         baseline = {r["seed"]: r for r in study["runs"]
                     if (r["case"], r["optimizer"], r["method"]) == (case, optimizer, "1f1b")}
         paired = [r for r in runs if r["seed"] in baseline]
         if paired:  # same seed: same initial weights and samples
-            row["delta_final"] = mean_std([final_loss(r["loss_per_iteration"])
+            row["delta_final"] = cv.mean_std([final_loss(r["loss_per_iteration"])
                                                - final_loss(baseline[r["seed"]]["loss_per_iteration"])
                                                for r in paired])
-            row["delta_heldout"] = mean_std([r["heldout_loss"] - baseline[r["seed"]]["heldout_loss"]
+            row["delta_heldout"] = cv.mean_std([r["heldout_loss"] - baseline[r["seed"]]["heldout_loss"]
                                                  for r in paired])
             base_xs, base_mean, _ = mean_curve([baseline[r["seed"]] for r in paired])
             target = base_mean[max(0, round(len(base_mean) * TARGET_FRACTION) - 1)]
@@ -569,10 +563,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="timing runs per method and case (the median is used)")
     parser.add_argument("--reuse-runs", type=Path, default=None,
                         help="take the training runs from this study JSON; only re-time")
-    parser.add_argument("--json-out", type=Path, default=None,
-                        help=f"default {DEFAULT_JSON.relative_to(ROOT)} (none with --quick)")
-    parser.add_argument("--plot-dir", type=Path, default=None,
-                        help=f"default {DEFAULT_PLOTS.relative_to(ROOT)} (none with --quick)")
+    cv.add_output_arguments(parser, DEFAULT_JSON, DEFAULT_PLOTS)
     args = parser.parse_args(argv)
     seeds = args.seeds or ([0] if args.quick else list(SEEDS))
     batches = args.batches or (QUICK_BATCHES if args.quick else None)
@@ -590,15 +581,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     study["summary"] = summary_rows(study)
     print(markdown(study["summary"]))
     print(f"\ntotal {study['settings']['total_seconds']:.0f} s")
-    json_out = args.json_out or (None if args.quick else DEFAULT_JSON)
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(study, indent=1) + "\n")
-        print(f"wrote {json_out}")
-    plot_dir = args.plot_dir or (None if args.quick else DEFAULT_PLOTS)
-    if plot_dir is not None:
-        for path in plot(study, plot_dir):
-            print(f"wrote {path}")
+    cv.write_study(study, args, DEFAULT_JSON, DEFAULT_PLOTS, plot)
     return study
 
 

@@ -36,14 +36,13 @@ import dataclasses
 import json
 import math
 import shutil
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from machine_load import timed
 from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult,
                                run_local)
 from pipeweave.runtime.checkpoint_options import CheckpointOptions
@@ -66,15 +65,6 @@ def make_job(hidden: int) -> Job:
                steps=STEPS, model=BuiltinModel("mlp", dtype="float32", overrides={"hidden": hidden}),
                data=BuiltinData("digits", batch_size=BATCH, dtype="float32"),
                optimizer=OptimizerFactory("adam", {"lr": 1e-3}))
-
-
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
 
 
 def training_seconds(results: list[RankResult]) -> float:

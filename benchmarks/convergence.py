@@ -78,7 +78,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import islice
 from pathlib import Path
@@ -418,8 +418,15 @@ def final_loss(groups: Sequence[float]) -> float:
 
 
 # -- tables and plots -------------------------------------------------------------------------
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def smoothed_mean_spread(series: Sequence[Sequence[float]]) -> tuple[list[float], list[float]]:
+    """Each loss series smoothed over 1/12 of its length, then the mean and std across them."""
+    curves = [smooth(s, max(1, len(s) // 12)) for s in series]
+    return ([statistics.fmean(c) for c in zip(*curves)],
+            [statistics.stdev(c) if len(c) > 1 else 0.0 for c in zip(*curves)])
 
 
 def summary_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
@@ -440,10 +447,10 @@ def summary_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
                                "seeds": len(every), "diverged": len(every) - len(runs)}
         if runs:
             row["updates"] = runs[0]["updates"]
-            row["final_loss"] = _mean_std([final_loss(r["loss_per_group"]) for r in runs])
-            row["heldout_loss"] = _mean_std([r["heldout_loss"] for r in runs])
+            row["final_loss"] = mean_std([final_loss(r["loss_per_group"]) for r in runs])
+            row["heldout_loss"] = mean_std([r["heldout_loss"] for r in runs])
             if "test_accuracy" in runs[0]:
-                row["test_accuracy"] = _mean_std([r["test_accuracy"] for r in runs])
+                row["test_accuracy"] = mean_std([r["test_accuracy"] for r in runs])
         if (case, timing_key(method), geometry) in timing:
             row["samples_per_second"] = timing[case, timing_key(method), geometry]["samples_per_second"]
         # Paired difference to the synchronous baseline with the same optimizer (same seed,
@@ -453,7 +460,7 @@ def summary_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
         deltas = [final_loss(r["loss_per_group"]) - final_loss(baseline[r["seed"]]["loss_per_group"])
                   for r in runs if r["seed"] in baseline]
         if deltas:
-            row["delta_vs_sync"] = _mean_std(deltas)
+            row["delta_vs_sync"] = mean_std(deltas)
         rows.append(row)
     return rows
 
@@ -539,10 +546,7 @@ def plot(study: dict[str, Any], plot_dir: Path) -> list[Path]:
                         continue  # M x more updates of M x fewer samples: see the samples plot
                     if axis == "time" and (case, timing_key(method.key), geometry) not in timing:
                         continue
-                    curves = [smooth(r["loss_per_group"], max(1, len(r["loss_per_group"]) // 12))
-                              for r in runs]
-                    mean = [statistics.fmean(c) for c in zip(*curves)]
-                    spread = [statistics.stdev(c) if len(c) > 1 else 0.0 for c in zip(*curves)]
+                    mean, spread = smoothed_mean_spread([r["loss_per_group"] for r in runs])
                     groups = range(1, len(mean) + 1)
                     xs: list[float] = [float(g) for g in groups]  # updates = U-sample groups
                     if axis in ("samples", "time"):
@@ -597,10 +601,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--updates", type=int, default=None, help="override every case's K")
     parser.add_argument("--workers", type=int, default=WORKERS)
     parser.add_argument("--no-timing", action="store_true", help="skip the multi-process runs")
-    parser.add_argument("--json-out", type=Path, default=None,
-                        help=f"default {DEFAULT_JSON.relative_to(ROOT)} (none with --quick)")
-    parser.add_argument("--plot-dir", type=Path, default=None,
-                        help=f"default {DEFAULT_PLOTS.relative_to(ROOT)} (none with --quick)")
+    add_output_arguments(parser, DEFAULT_JSON, DEFAULT_PLOTS)
     args = parser.parse_args(argv)
     seeds = args.seeds or ([0] if args.quick else list(SEEDS))
     updates = args.updates or (QUICK_UPDATES if args.quick else None)
@@ -614,16 +615,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     study["summary"] = rows
     print(markdown(rows))
     print(f"\ntotal {study['settings']['total_seconds']:.0f} s")
-    json_out = args.json_out or (None if args.quick else DEFAULT_JSON)
+    write_study(study, args, DEFAULT_JSON, DEFAULT_PLOTS, plot)
+    return study
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, default_json: Path,
+                         default_plots: Path) -> None:
+    """``--json-out`` and ``--plot-dir``: defaults under the repository, nothing with --quick."""
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help=f"default {default_json.relative_to(ROOT)} (none with --quick)")
+    parser.add_argument("--plot-dir", type=Path, default=None,
+                        help=f"default {default_plots.relative_to(ROOT)} (none with --quick)")
+
+
+def write_study(study: dict[str, Any], args: argparse.Namespace, default_json: Path,
+                default_plots: Path, plot: Callable[[dict[str, Any], Path], list[Path]]) -> None:
+    """Write the study JSON and its plots where ``add_output_arguments``' options say."""
+    json_out = args.json_out or (None if args.quick else default_json)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(study, indent=1) + "\n")
         print(f"wrote {json_out}")
-    plot_dir = args.plot_dir or (None if args.quick else DEFAULT_PLOTS)
+    plot_dir = args.plot_dir or (None if args.quick else default_plots)
     if plot_dir is not None:
         for path in plot(study, plot_dir):
             print(f"wrote {path}")
-    return study
 
 
 if __name__ == "__main__":

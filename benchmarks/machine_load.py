@@ -3,17 +3,30 @@
 ``busy_share`` samples /proc/stat, ``wait_for_quiet`` holds a run back until the CPUs are
 mostly idle, and ``ForeignLoad`` measures the CPU that processes outside the benchmark's own
 process tree used during a run (so a disturbed run can be redone or flagged). Linux only;
-elsewhere every measure reads 0.
+elsewhere every measure reads 0. ``timed`` is the median wall time of repeated calls (the
+median, so that a call another job interrupted does not count).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["busy_share", "wait_for_quiet", "ForeignLoad"]
+__all__ = ["busy_share", "wait_for_quiet", "ForeignLoad", "timed"]
+
+
+def timed(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall-clock seconds of ``repeats`` calls of ``fn``."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def busy_share(seconds: float = 1.0) -> float:

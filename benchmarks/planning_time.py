@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from machine_load import timed
 from pipeweave.planner import PlanRequest, Topology, make_plan, min_max_partition, pipedream_partition
 from pipeweave.profiler import BlockProfile, LinkProfile, Profile
 
@@ -55,15 +54,6 @@ def gpt_profile(layers: int) -> Profile:
                    block(f"layer{i}.ffn", 8 * d * d, 8 * d * d)]
     blocks.append(block("head", d * vocab, d * vocab, tokens * vocab * 2))
     return Profile(tuple(blocks), model=f"gpt-{layers}l", link=LinkProfile(1e10, 1e-5))
-
-
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> None:

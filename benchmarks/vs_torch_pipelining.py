@@ -136,12 +136,16 @@ def num_blocks(case: Case) -> int:
     return len(build_model(case.model, **case.overrides).blocks)
 
 
+def case_job(case: Case, plan: Plan, steps: int) -> Job:
+    """The pipeweave job of ``case`` under ``plan``: its model, data and plain SGD."""
+    return Job(plan=plan, steps=steps, model=BuiltinModel(case.model, overrides=case.overrides),
+               data=BuiltinData(case.dataset, batch_size=case.batch_size, seq_len=case.seq_len),
+               optimizer=OptimizerFactory("sgd", {"lr": case.lr}), timeout_s=120.0)
+
+
 def run_pipeweave(case: Case, schedule: str, ranks: int, steps: int) -> Run:
     plan = Plan.uniform(num_blocks(case), ranks, schedule=schedule, microbatches=case.microbatches)
-    job = Job(plan=plan, steps=steps, model=BuiltinModel(case.model, overrides=case.overrides),
-              data=BuiltinData(case.dataset, batch_size=case.batch_size, seq_len=case.seq_len),
-              optimizer=OptimizerFactory("sgd", {"lr": case.lr}), timeout_s=120.0)
-    results = launch_local(job)
+    results = launch_local(case_job(case, plan, steps))
     summary = summarize(results, schedule=schedule, steps=steps, batch_size=case.batch_size,
                         microbatches=case.microbatches)
     ends = summary.iteration_end_s

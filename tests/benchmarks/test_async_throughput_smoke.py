@@ -1,30 +1,20 @@
 """benchmarks/async_throughput.py runs end to end at a tiny size for an async method and torch."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "async_throughput.py"
+from script_runner import run_benchmark
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_async_benchmark_reports_every_method_against_torch(tmp_path: Path) -> None:
     out = tmp_path / "async.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--cases", "tiny", "--ranks", "2", "--methods", "1f1b",
-         "pipeoptim-graph", "--steps", "3", "--repeats", "1", "--quiet-wait", "0",
-         "--json-out", str(out)],
-        capture_output=True, text=True, timeout=280, env=env,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_benchmark(
+        "async_throughput.py", "--cases", "tiny", "--ranks", "2", "--methods", "1f1b",
+        "pipeoptim-graph", "--steps", "3", "--repeats", "1", "--quiet-wait", "0",
+        "--json-out", str(out))
     (row,) = json.loads(out.read_text())["rows"]
     methods = row["methods"]
     assert list(methods) == ["torch-1f1b", "1f1b", "pipeoptim-graph"]

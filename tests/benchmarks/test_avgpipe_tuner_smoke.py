@@ -1,29 +1,19 @@
 """benchmarks/avgpipe_tuner.py runs end to end on a tiny grid of real runs."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "avgpipe_tuner.py"
+from script_runner import run_benchmark
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_tuner_benchmark_compares_the_pick_with_real_runs(tmp_path: Path) -> None:
     out = tmp_path / "tuner.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--models", "cnn", "--ranks", "2", "--m-grid", "2", "4",
-         "--n-grid", "1", "2", "--iterations", "2", "--quiet-wait", "0", "--json-out", str(out)],
-        capture_output=True, text=True, timeout=280, env=env,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_benchmark(
+        "avgpipe_tuner.py", "--models", "cnn", "--ranks", "2", "--m-grid", "2", "4",
+        "--n-grid", "1", "2", "--iterations", "2", "--quiet-wait", "0", "--json-out", str(out))
     report = json.loads(out.read_text())
     (case,) = report["cases"]
     assert report["profile_at"] == [4, 1] and case["profile"]["source"] == "measured"

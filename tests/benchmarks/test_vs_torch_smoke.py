@@ -1,31 +1,19 @@
 """benchmarks/vs_torch_pipelining.py runs end to end at a tiny size, both sides training."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "vs_torch_pipelining.py"
+from script_runner import run_benchmark
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_benchmark_runs_both_sides_on_the_same_model_and_data(tmp_path: Path) -> None:
     out = tmp_path / "vs.json"
-    # A fresh interpreter, as documented: the benchmark's forkserver must see benchmarks/ on
-    # sys.path to import the torch-side worker.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--cases", "tiny", "--ranks", "2", "--schedules", "1f1b",
-         "--steps", "3", "--repeats", "1", "--quiet-wait", "0", "--json-out", str(out)],
-        capture_output=True, text=True, timeout=280, env=env,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    completed = run_benchmark(
+        "vs_torch_pipelining.py", "--cases", "tiny", "--ranks", "2", "--schedules", "1f1b",
+        "--steps", "3", "--repeats", "1", "--quiet-wait", "0", "--json-out", str(out))
     assert "samples/s" in completed.stdout
     (row,) = json.loads(out.read_text())["rows"]
     assert (row["schedule"], row["ranks"]) == ("1f1b", 2)

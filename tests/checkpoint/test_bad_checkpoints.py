@@ -148,7 +148,10 @@ def test_crash_between_shards_and_manifest_keeps_the_previous_checkpoint(tmp_pat
     real = checkpoint_module.finalize
 
     def crash_at_step_4(folder: Path, world_size: int) -> bool:
-        if folder.name.startswith("step-00000004-"):
+        # Crash where the manifest would be written: once every rank's shard is there (a rank
+        # that finishes first finds the other's record missing and writes no manifest).
+        every_shard = all((folder / f"rank{r}.json").exists() for r in range(world_size))
+        if folder.name.startswith("step-00000004-") and every_shard:
             raise OSError("disk full (simulated) while writing the manifest")
         return real(folder, world_size)
 

@@ -170,6 +170,17 @@ def test_crash_between_shards_and_manifest_keeps_the_previous_checkpoint(tmp_pat
     assert_same_run(resumed, run_local(job), microbatches=4, steps=[3, 4, 5, 6])
 
 
+def test_a_lagging_latest_pointer_resumes_from_the_newest_complete_checkpoint(written, tmp_path) -> None:
+    # A run killed after a manifest but before moving ``latest`` leaves the pointer behind.
+    root = _copy(written[0], tmp_path)
+    older, newest = complete_checkpoints(root)
+    (root / LATEST).write_text(older.name + "\n")
+    assert resolve(root) == newest
+    job = mlp_job(depth=2, steps=6)
+    resumed = run_local(dataclasses.replace(job, checkpoint=CheckpointOptions(resume=str(root))))
+    assert_same_run(resumed, written[1], microbatches=4, steps=[5, 6])
+
+
 @pytest.mark.timeout(120)
 def test_sigkill_while_writing_a_shard_leaves_the_last_complete_checkpoint(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE)])}

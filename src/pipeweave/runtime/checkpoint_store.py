@@ -19,7 +19,8 @@ of completeness the paper leaves implicit):
 * a rank writes its record only after its shard is in place; the manifest is written only
   when all ``world_size`` records are present, by the rank that finishes last (it checks
   after its own rename, so at least one rank sees every record);
-* ``latest`` moves only after the manifest exists, and only forward;
+* ``latest`` moves only after the manifest exists, and only forward (if a run dies between
+  the two, resuming the directory still takes the newest complete checkpoint);
 * every checkpoint gets a fresh folder (step and run id), so writing one never touches a
   complete one — a crash mid-write leaves the previous checkpoint as it was.
 
@@ -197,7 +198,11 @@ def _alternatives(root: Path, exclude: Path) -> str:
 
 
 def resolve(path: str | Path) -> Path:
-    """The checkpoint folder ``path`` names: itself, its ``latest``, or its newest complete."""
+    """The checkpoint folder ``path`` names: itself, or the newest complete one in it.
+
+    In a directory, ``latest`` names the checkpoint unless a complete checkpoint of a later
+    step exists (the pointer lags when a run dies between a manifest and the pointer's move).
+    """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist; pass a checkpoint directory "
@@ -214,6 +219,11 @@ def resolve(path: str | Path) -> Path:
         if not (target / MANIFEST).is_file():
             raise CheckpointError(f"{pointer} names {target.name}, which is not a complete "
                                   f"checkpoint; {_alternatives(path, target)}")
+        # A crash between writing a manifest and moving the pointer leaves the pointer one
+        # checkpoint behind; the newer complete checkpoint is the one to continue from.
+        newest = complete_checkpoints(path)[-1]
+        if (_step_of(newest.name) or 0) > (_step_of(target.name) or 0):
+            return newest
         return target
     complete = complete_checkpoints(path)
     if complete:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 
 import numpy as np
 import pytest
@@ -67,11 +66,13 @@ def test_more_stages_than_blocks(call: object) -> None:
         call()  # type: ignore[operator]
 
 
-def test_algorithm_1_is_fast_at_1000_blocks_on_64_stages() -> None:
+def test_algorithm_1_partitions_1000_blocks_on_64_stages() -> None:
+    # Its speed is the planning benchmark's job (benchmarks/planning_time.py); this checks the
+    # large case is whole and optimal by the lower bounds a min-max split has.
     rng = random.Random(1)
     weights = [rng.uniform(0.5, 2.0) for _ in range(1000)]
-    started = time.perf_counter()
     bounds, heaviest = min_max_partition(weights, 64)
-    seconds = time.perf_counter() - started
-    assert len(bounds) == 64 and heaviest >= sum(weights) / 64
-    assert seconds < 5.0  # about 0.3 s here; the benchmark script prints the exact figure
+    assert len(bounds) == 64 and bounds[0][0] == 0 and bounds[-1][1] == 1000
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert heaviest >= max(sum(weights) / 64, max(weights))
+    assert heaviest == pytest.approx(max(sum(weights[i:j]) for i, j in bounds))

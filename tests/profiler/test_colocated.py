@@ -68,8 +68,8 @@ def test_oversubscribed_profile_is_slower_and_says_so() -> None:
     shared = profile_builtin("gpt-tiny", batch_size=4, threads=1, repeats=5, colocated_ranks=ranks)
     assert shared.metadata["colocated_ranks"] == ranks and "colocated_ranks" not in alone.metadata
     slowdown = shared.metadata["colocated_slowdown"]
-    assert slowdown > 1.5  # about ranks / cores = 2 when the ranks share the cores
-    assert sum(shared.compute) > 1.25 * sum(alone.compute)
+    assert slowdown > 1.3  # about ranks / cores = 2 (2.19 measured); none seen would be 1.0
+    assert sum(shared.compute) > 1.15 * sum(alone.compute)
 
 
 def test_bad_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

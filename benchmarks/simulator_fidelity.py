@@ -15,13 +15,17 @@ timeline, the first iteration left out.
 
 This machine's speed drifts by ±10 % over minutes (a shared VM), so a profile taken once and
 runs spread over ten minutes would measure the drift, not the simulator. Each **round**
-therefore profiles again (the intra-op threads a rank gets; under the load of co-located ranks
-when they outnumber the cores, ``profiler.colocated``) and runs every plan straight after; the
+therefore profiles again (the intra-op threads a rank gets; when the ranks outnumber the cores
+also under the load of co-located ranks, ``profiler.colocated``, for the sharing overhead, and
+the plans are then simulated with the ranks sharing the cores, ``Costs.shared_cores``) and runs
+every plan straight after; the
 error of a plan is the median over rounds of |predicted - measured| / measured with both from
 the same round. Even so the speed moves within a round, so a second column separates the
 simulator from the profile: **replay** simulates the same schedule with the forward, backward
-and update times the run itself measured per stage (the link from the profile): its error is
-the simulator's own (dependencies, transfers, overlap); the planner's error adds the profile's.
+and update times the run itself measured per stage (the link from the profile; a device per
+rank, since measured times already carry the sharing): its error is the simulator's own
+(dependencies, transfers, overlap); the planner's error adds the profile's and, with shared
+cores, the sharing model's.
 Ranking: plans ordered by median prediction and by median measurement; a pair counts when the
 predictions differ by more than ``--tie`` (closer plans are a coin toss for the runs too) and
 is right when both orders agree.
@@ -88,8 +92,10 @@ def candidates(profile: Profile, ranks: int, microbatches: int) -> list[Candidat
     ]
 
 
-def predict(profile: Profile, ranks: int, microbatches: int, candidate: Candidate) -> float:
-    network = straight_network(PlanRequest(profile, ranks, microbatches=microbatches))
+def predict(profile: Profile, ranks: int, microbatches: int, candidate: Candidate,
+            shared_cores: int | None = None) -> float:
+    network = straight_network(PlanRequest(profile, ranks, microbatches=microbatches,
+                                           shared_cores=shared_cores))
     evaluator = Evaluator(profile, candidate.schedule, len(candidate.stages), microbatches,
                           network, None, candidate.options)
     return evaluator(candidate.stages).iteration_time
@@ -168,9 +174,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="profile + run every plan, N times")
     parser.add_argument("--tie", type=float, default=0.03,
                         help="predictions closer than this (relative) are not ranked")
-    parser.add_argument("--colocated", default="auto",
-                        help="profile under this many co-located ranks; 'auto': the rank count "
-                             "when the ranks outnumber the cores, else 1; 'all': the rank count")
+    parser.add_argument("--shared-cores", default="auto", metavar="N|auto|none",
+                        help="simulate the ranks sharing N cores (and profile the sharing "
+                             "overhead under co-located ranks); auto: this machine's cores when "
+                             "the ranks outnumber them")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -178,13 +185,18 @@ def main() -> None:
     print(f"link: {link.bandwidth / 1e9:.2f} GB/s, latency {1e6 * link.latency:.0f} us; "
           f"{machine_cores()} cores", flush=True)
     report: dict[str, Any] = {"model": args.model, "cores": machine_cores(), "rounds": args.rounds,
-                              "steps": args.steps, "tie": args.tie, "colocated": args.colocated,
+                              "steps": args.steps, "tie": args.tie,
                               "ranks": {}}
     for ranks in args.ranks:
         microbatches = args.microbatches or 2 * ranks
-        colocated = {"auto": needed_colocation(ranks), "all": ranks}.get(args.colocated) or int(args.colocated)
+        cores = {"auto": machine_cores() if needed_colocation(ranks) > 1 else None,
+                 "none": None}.get(args.shared_cores, None)
+        if args.shared_cores not in ("auto", "none"):
+            cores = int(args.shared_cores)
+        colocated = ranks if cores is not None else 1
         samples: dict[str, list[tuple[float, float, float]]] = {}
         plans: list[Candidate] = []
+        overheads: list[float | None] = []
         for round_index in range(args.rounds):
             started = time.perf_counter()
             profile = profile_builtin(args.model, batch_size=MICROBATCH, repeats=7,
@@ -193,7 +205,7 @@ def main() -> None:
             if not plans:
                 plans = candidates(profile, ranks, microbatches)
             for candidate in plans:
-                predicted = predict(profile, ranks, microbatches, candidate)
+                predicted = predict(profile, ranks, microbatches, candidate, cores)
                 measured, costs = measure(args.model, ranks, microbatches, candidate, args.steps,
                                           profile.num_blocks)
                 replayed = predict(with_stage_costs(profile, candidate.stages, costs), ranks,
@@ -203,7 +215,10 @@ def main() -> None:
                       f"{1e3 * predicted:8.1f} ms  measured {1e3 * measured:8.1f} ms  error "
                       f"{100 * (predicted - measured) / measured:+6.1f} %  replay "
                       f"{100 * (replayed - measured) / measured:+6.1f} %", flush=True)
-            print(f"  round {round_index}: {time.perf_counter() - started:.0f} s", flush=True)
+            overhead = profile.metadata.get("sharing_overhead")
+            overheads.append(overhead)
+            print(f"  round {round_index}: {time.perf_counter() - started:.0f} s"
+                  + (f", sharing overhead {overhead:.3f}" if overhead else ""), flush=True)
         rows = []
         for candidate in plans:
             pairs = samples[candidate.label]
@@ -218,8 +233,8 @@ def main() -> None:
                 "signed_errors": [(p - m) / m for p, m, _ in pairs],
                 "signed_replay_errors": [(r - m) / m for _, m, r in pairs],
             })
-        report["ranks"][str(ranks)] = {"colocated_ranks": colocated, "microbatches": microbatches,
-                                       "plans": rows, "ranking": ranking(rows, args.tie)}
+        report["ranks"][str(ranks)] = {"shared_cores": cores, "microbatches": microbatches,
+                                       "sharing_overheads": overheads, "plans": rows, "ranking": ranking(rows, args.tie)}
 
     print(f"\n{'ranks':>5} {'plan':<22} {'stages':<34} {'predicted ms':>12} {'measured ms':>12} "
           f"{'error %':>8} {'replay err %':>12}")
@@ -231,7 +246,9 @@ def main() -> None:
                   f"{100 * row['replay_error']:>12.1f}")
     for ranks, entry in report["ranks"].items():
         rank = entry["ranking"]
-        print(f"R={ranks} (profiled with {entry['colocated_ranks']} co-located rank(s)): "
+        sharing = (f"{entry['shared_cores']} shared cores" if entry["shared_cores"]
+                   else "a core per rank")
+        print(f"R={ranks} ({sharing}): "
               f"{rank['pairs_agreeing']}/{rank['pairs_counted']} pairs ranked as measured\n"
               f"   predicted {rank['predicted']}\n   measured  {rank['measured']}")
     if args.json_out is not None:

@@ -138,3 +138,29 @@ def test_replicated_pipedream_plan_runs_with_train(capsys: pytest.CaptureFixture
                          "--no-progress", "--timeout", "200")
     assert code == 0, err
     assert "schedule pipedream  ranks 3" in out
+
+
+def test_shared_cores_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import dataclasses
+
+    cpu = dataclasses.replace(gpt_profile(4), device="cpu", source="measured",
+                              metadata={"cores": 2, "sharing_overhead": 1.1})
+    path = tmp_path / "cpu.json"
+    cpu.save(path)
+
+    def report(*extra: str) -> dict:  # type: ignore[type-arg]
+        code, out, _ = run(capsys, "plan", "--profile", str(path), "--method", "time", "--json",
+                           *extra)
+        assert code == 0
+        return json.loads(out)
+
+    auto = report("--ranks", "4")  # a CPU profile of a 2-core machine, 4 ranks: they share
+    assert auto["shared_cores"] == 2 and auto["sharing_overhead"] == 1.1
+    assert "shared_cores" not in report("--ranks", "2")  # a core each
+    separate = report("--ranks", "4", "--shared-cores", "none")
+    assert "shared_cores" not in separate
+    assert auto["predicted_iteration_time"] > 1.1 * separate["predicted_iteration_time"]
+    assert report("--ranks", "4", "--shared-cores", "1")["shared_cores"] == 1
+    code, _, err = run(capsys, "plan", "--profile", str(path), "--method", "time", "--ranks", "4",
+                       "--shared-cores", "two")
+    assert code == 2 and "--shared-cores 'two' is not a core count; give a number >= 1" in err

@@ -108,3 +108,29 @@ def test_straight_network_levels() -> None:
     # 2 servers x 2 GPUs: boundaries after ranks 0 and 2 stay inside a server, after 1 crosses
     request = PlanRequest(gpt_profile(2), 4, topology=Topology.parse("2x1e10,2x1e9"))
     assert straight_network(request).bandwidth == [1e10, 1e9, 1e10]
+
+
+def test_shared_cores_simulate_the_ranks_splitting_the_cores() -> None:
+    """4 ranks on 2 cores: 1F1B's steady state keeps all 4 computing, so the prediction is
+    slower than with a device per rank (but not 2x: a rank alone in a bubble runs at full
+    speed), and a co-located profile's sharing overhead multiplies the compute."""
+    import dataclasses
+
+    profile = gpt_profile(6)
+    dedicated = make_plan(PlanRequest(profile, 4, microbatches=8), "time")
+    shared = make_plan(PlanRequest(profile, 4, microbatches=8, shared_cores=2), "time")
+    assert shared.plan == dedicated.plan
+    ratio = shared.predicted_iteration_time / dedicated.predicted_iteration_time
+    assert 1.1 < ratio < 2.0
+    assert shared.details["shared_cores"] == 2 and shared.details["sharing_overhead"] == 1.0
+    assert "shared_cores" not in dedicated.details
+    measured = dataclasses.replace(profile, metadata={**profile.metadata, "sharing_overhead": 1.25})
+    overhead = make_plan(PlanRequest(measured, 4, microbatches=8, shared_cores=2), "time")
+    # compute x 1.25, transfers as they were
+    assert 1.2 * shared.predicted_iteration_time < overhead.predicted_iteration_time \
+        <= 1.25 * shared.predicted_iteration_time + 1e-12
+    # without shared cores the overhead does not apply (a device per rank shares nothing)
+    assert make_plan(PlanRequest(measured, 4, microbatches=8), "time").predicted_iteration_time == \
+        pytest.approx(dedicated.predicted_iteration_time)
+    with pytest.raises(ValueError, match="shared_cores must be an integer >= 1 or None, got 0"):
+        PlanRequest(profile, 4, shared_cores=0)

@@ -5,9 +5,11 @@
     pipeweave plan --profile vgg16.json --ranks 16 --method pipedream --topology 16x1e9 --json
 
 With ``--model`` the model is profiled first (on this machine, ``--batch-size`` samples per
-micro-batch, no link measurement; on CPU, when the ranks outnumber the cores, under the
-load of that many co-located ranks, see ``profiler.colocated``); with ``--profile`` the JSON profile (or PipeDream's
-``graph.txt``) is read. ``--json`` prints the report: ``stages`` (block ranges), ``replicas``,
+micro-batch, no link measurement; on CPU, when the ranks outnumber the cores, also under the
+load of that many co-located ranks, see ``profiler.colocated``); with ``--profile`` the JSON
+profile (or PipeDream's ``graph.txt``) is read. ``--shared-cores`` (default ``auto``: the
+profiling machine's cores when a CPU profile's ranks outnumber them) simulates the ranks
+sharing that many cores, as local processes on a CPU machine do. ``--json`` prints the report: ``stages`` (block ranges), ``replicas``,
 ``balance`` (max/mean stage time), ``predicted_iteration_time`` (simulated seconds per
 iteration), ``planning_seconds`` and the method's own numbers, with the plan under ``plan``.
 ``--out`` writes only the plan, which ``Plan.load`` / ``pipeweave train --plan`` read.
@@ -62,6 +64,10 @@ def add_parser(subparsers: Any) -> None:
                         help="with --model and no --profile: samples per profiled micro-batch")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="with --model and no --profile: device to profile on")
+    parser.add_argument("--shared-cores", default="auto", metavar="N|auto|none",
+                        help="the ranks share N CPU cores (simulated with the cores split among "
+                             "the ranks computing at once); auto: a CPU profile's cores when the "
+                             "ranks outnumber them; none: a device per rank")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, default=None, help="write the plan JSON here")
     parser.set_defaults(func=run)
@@ -107,6 +113,28 @@ def load_profile(args: argparse.Namespace) -> Profile:
     return profile
 
 
+def shared_cores(option: str, profile: Profile, ranks: int) -> int | None:
+    """``--shared-cores``: a number, ``none``, or ``auto`` (the CPU profile's machine cores
+    when ``ranks`` outnumber them)."""
+    if option == "none":
+        return None
+    if option == "auto":
+        if profile.device != "cpu":
+            return None
+        from ..runtime.distributed import machine_cores
+
+        cores = profile.metadata.get("cores", machine_cores() if profile.source == "measured" else None)
+        return int(cores) if isinstance(cores, int) and ranks > cores else None
+    try:
+        cores = int(option)
+    except ValueError:
+        cores = 0
+    if cores < 1:
+        raise ValueError(f"--shared-cores {option!r} is not a core count; give a number >= 1, "
+                         f"'auto' or 'none'")
+    return cores
+
+
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args)
     if args.topology is not None and args.bandwidth is not None:
@@ -121,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         memory_limit=parse_bytes(args.memory_limit) if args.memory_limit is not None else None,
         topology=topology, straight=args.straight, slicer=args.slicer, schedule=args.schedule,
         allreduce_overlap=not args.sum_allreduce,
+        shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
     )
     result = make_plan(request, args.method)
     if args.out is not None:

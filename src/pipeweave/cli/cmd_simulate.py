@@ -5,6 +5,8 @@
 
 Costs default to F=1, B=2, C=0 (AutoPipe's idealised units); ``--forward``/``--backward``
 take one number or one per (virtual) stage, ``--comm`` one number or one per boundary.
+``--shared-cores N``: the ranks share N CPU cores (local processes on a CPU machine); the
+forwards, backwards and updates in progress at once split them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def add_parser(subparsers: Any) -> None:
                         help="transfer time: one number or one per stage boundary (default 0)")
     parser.add_argument("--update", default="0", metavar="U[,U1,...]",
                         help="optimizer-step time per stage (default 0)")
+    parser.add_argument("--shared-cores", type=int, default=None, metavar="N",
+                        help="the ranks share N CPU cores (default: a device per rank)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trace", metavar="FILE", default=None,
                         help="write a Chrome trace (open in Perfetto / chrome://tracing)")
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         backward=parse_numbers("--backward", args.backward),
         comm=parse_numbers("--comm", args.comm),
         update=parse_numbers("--update", args.update),
+        shared_cores=args.shared_cores,
     )
     result = simulate(schedule, costs)
     summary = result.summary()

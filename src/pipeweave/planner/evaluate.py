@@ -7,6 +7,8 @@ Every planner is judged the same way: the plan's schedule is simulated
     comm[s]     = output_bytes(last block of s) / bandwidth(boundary s)   (+ latency)
     all_reduce  = 4 (r-1) |w_s| / (r B)  for a stage with r replicas   (pipedream.txt §3.1)
     update[s]   = sum of the blocks' optimizer-step times
+    (forward, backward and update times x the profile's ``sharing_overhead`` when the ranks
+    share CPU cores, ``Network.shared_cores``)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
 
 :class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
@@ -27,7 +29,7 @@ from ..sim import Costs, SimulationResult, simulate
 from .partition import Bounds
 from .pipedream import allreduce_time
 
-__all__ = ["Network", "plan_costs", "Evaluator", "simulated_iterations"]
+__all__ = ["Network", "plan_costs", "Evaluator", "simulated_iterations", "sharing_overhead_of"]
 
 
 @dataclass(frozen=True)
@@ -40,11 +42,14 @@ class Network:
         latency: seconds added to every transfer.
         allreduce_bandwidth: bytes/s among a stage's replicas: one number or one per stage
             (default: ``bandwidth`` when it is one number, else free).
+        shared_cores: CPU cores all ranks share (processes on one CPU machine); ``None``:
+            every rank has its own device (see ``Costs.shared_cores``).
     """
 
     bandwidth: float | Sequence[float] = math.inf
     latency: float = 0.0
     allreduce_bandwidth: float | Sequence[float] | None = None
+    shared_cores: int | None = None
 
     def boundary(self, index: int) -> float:
         return float(self.bandwidth if isinstance(self.bandwidth, (int, float))
@@ -61,10 +66,11 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
                replicas: Sequence[int] | None = None) -> Costs:
     """Per-stage simulator costs of ``bounds`` (module docstring)."""
     blocks = profile.blocks
-    forward = [sum(b.forward for b in blocks[a:e]) for a, e in bounds]
-    backward = [sum(b.backward for b in blocks[a:e]) for a, e in bounds]
+    overhead = sharing_overhead_of(profile) if network.shared_cores is not None else 1.0
+    forward = [overhead * sum(b.forward for b in blocks[a:e]) for a, e in bounds]
+    backward = [overhead * sum(b.backward for b in blocks[a:e]) for a, e in bounds]
     activation = [sum(b.activation_bytes for b in blocks[a:e]) for a, e in bounds]
-    update = [sum(b.update for b in blocks[a:e]) for a, e in bounds]
+    update = [overhead * sum(b.update for b in blocks[a:e]) for a, e in bounds]
     comm = [blocks[e - 1].output_bytes / network.boundary(s) if not math.isinf(network.boundary(s))
             else 0.0 for s, (_, e) in enumerate(bounds[:-1])]
     reduce = [0.0] * len(bounds)
@@ -72,7 +78,18 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
         reduce = [allreduce_time(sum(b.parameter_bytes for b in blocks[a:e]), r, network.replicas(s))
                   for s, ((a, e), r) in enumerate(zip(bounds, replicas))]
     return Costs(forward=forward, backward=backward, comm=comm or 0.0, latency=network.latency,
-                 activation_bytes=activation, all_reduce=reduce, update=update)
+                 activation_bytes=activation, all_reduce=reduce, update=update,
+                 shared_cores=network.shared_cores)
+
+
+def sharing_overhead_of(profile: Profile) -> float:
+    """The compute-time factor a co-located profile measured for ranks sharing the cores
+    (``metadata["sharing_overhead"]``, see ``profiler.colocated``); 1 without one."""
+    value = profile.metadata.get("sharing_overhead", 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0:
+        raise ValueError(f"profile metadata sharing_overhead={value!r} is not a number >= 1; "
+                         f"profile again with `pipeweave profile --colocated-ranks R`")
+    return float(value)
 
 
 def simulated_iterations(schedule: str) -> int:

@@ -91,6 +91,7 @@ def pipedream(request: PlanRequest) -> Partition:
     network = Network(
         bandwidth=[bandwidths[level - 1] for level in solution.boundary_levels],
         latency=request.latency,
+        shared_cores=request.shared_cores,
         allreduce_bandwidth=[bandwidths[level - 1] if level else math.inf
                              for level in solution.replica_levels],
     )
@@ -157,4 +158,5 @@ def straight_network(request: PlanRequest) -> Network:
     for s in range(request.ranks - 1):
         crossed = max(k for k, component in enumerate(sizes) if (s + 1) % component == 0)
         bandwidths.append(topology.levels[crossed].bandwidth)
-    return Network(bandwidth=bandwidths if bandwidths else math.inf, latency=request.latency)
+    return Network(bandwidth=bandwidths if bandwidths else math.inf, latency=request.latency,
+                   shared_cores=request.shared_cores)

@@ -19,7 +19,7 @@ from ..schedules import get_info
 from ..schedules.sliced import slicer_count
 from ..sim import SimulationResult
 from . import methods
-from .evaluate import Evaluator, Network
+from .evaluate import Evaluator, Network, sharing_overhead_of
 from .result import Partition, PlanRequest, PlanResult
 
 __all__ = ["MethodInfo", "register_method", "available_methods", "get_method", "make_plan"]
@@ -84,6 +84,9 @@ def make_plan(request: PlanRequest, method: str) -> PlanResult:
         partition = replace(partition, schedule=request.schedule)
     network = partition.network or methods.straight_network(request)
     details: dict[str, Any] = dict(partition.details)
+    if request.shared_cores is not None:
+        details["shared_cores"] = request.shared_cores
+        details["sharing_overhead"] = sharing_overhead_of(request.profile)
     if request.slicer:
         partition = _apply_slicer(request, partition, network, details)
     seconds = time.perf_counter() - started

@@ -42,6 +42,9 @@ class PlanRequest:
         schedule: override the method's default schedule.
         allreduce_overlap: PipeDream's ``max(compute, all-reduce)`` (True, the paper) or their
             sum (False, PipeDream's released optimizer).
+        shared_cores: the ranks will share this many CPU cores (local processes on a CPU
+            machine with fewer cores than ranks): plans are simulated with the cores split
+            among the ranks computing at once. ``None``: every rank has its own device.
     """
 
     profile: Profile
@@ -53,8 +56,14 @@ class PlanRequest:
     slicer: bool = False
     schedule: str | None = None
     allreduce_overlap: bool = True
+    shared_cores: int | None = None
 
     def __post_init__(self) -> None:
+        if self.shared_cores is not None and (isinstance(self.shared_cores, bool)
+                                              or not isinstance(self.shared_cores, int)
+                                              or self.shared_cores < 1):
+            raise ValueError(f"shared_cores must be an integer >= 1 or None, got "
+                             f"{self.shared_cores!r}")
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
             raise ValueError(f"ranks must be an integer >= 1, got {self.ranks!r}")
         if self.microbatches is not None and (isinstance(self.microbatches, bool)

@@ -1,16 +1,18 @@
-"""Profile under the load of the ranks that will share this machine's cores.
+"""Measure what ranks sharing this machine's cores cost each other, beyond sharing them.
 
-The simulator gives every rank its own device. On a CPU machine with fewer cores than local
-ranks that is false: in the steady state every rank computes at once and they share the
-cores, so a block measured on an otherwise idle machine runs about ``ranks / cores`` times
-faster than it will in training. ``colocated_load`` starts ``ranks - 1`` neighbour processes
-that train the same model on the same micro-batch size with the same intra-op threads (one
-forward and backward after another, as a pipeline rank in its steady state);
-``profile_builtin(colocated_ranks=R)`` times whole training steps alone and under that load
-and scales the profile by the ratio, so it carries the slowdown the real run will have (about
-2.2× for 4 ranks on 2 cores, 1.0× for 2). When the machine has a core per rank this changes
-little (the ranks then only share memory bandwidth and caches); ``needed_colocation`` says
-when it matters.
+Ranks launched as processes on a CPU machine with fewer cores than ranks share the cores; the
+simulator models that sharing itself (``Costs(shared_cores=...)``,
+:mod:`pipeweave.sim.shared_cores`): while ``n`` ranks compute on ``c`` cores each runs at
+``c / n`` of its speed, and at full speed when it computes alone. What the model cannot know
+is what sharing costs on top of the ideal split: context switches, caches and memory bandwidth
+shared among more processes. ``colocated_load`` starts ``ranks - 1`` neighbour processes that
+train the same model on the same micro-batch size with the same intra-op threads (one forward
+and backward after another, as a pipeline rank in its steady state);
+``profile_builtin(colocated_ranks=R)`` times whole training steps alone and under that load:
+the ratio is ``colocated_slowdown`` (2.12 for 4 ranks of gpt-small on 2 cores, 0.98–1.0 for
+2), and ``sharing_overhead`` divides out the ideal split (``R / cores`` when the ranks
+outnumber the cores): 2.12 / 2 = 1.06. The planner multiplies the profiled compute times by
+that overhead when it simulates shared cores. ``needed_colocation`` says when it matters.
 
 The neighbours are plain subprocesses (``python -m pipeweave.profiler.colocated``, so any
 caller works, with or without a ``__main__`` guard); they are stopped when the ``with`` block
@@ -36,7 +38,7 @@ from torch import Tensor, nn
 from ..models import ModelSpec
 from ..runtime.distributed import machine_cores
 
-__all__ = ["colocated_load", "colocated_slowdown", "needed_colocation"]
+__all__ = ["colocated_load", "colocated_slowdown", "needed_colocation", "sharing_overhead"]
 
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
@@ -51,6 +53,15 @@ def needed_colocation(ranks: int, device: str = "cpu") -> int:
     if device != "cpu" or ranks <= machine_cores():
         return 1
     return ranks
+
+
+def sharing_overhead(slowdown: float, ranks: int, cores: int) -> float:
+    """What ``ranks`` processes sharing ``cores`` cores cost beyond the ideal split: the
+    measured whole-step ``slowdown`` over ``max(1, ranks / cores)``, at least 1 (sharing never
+    speeds a rank up; a ratio a little under 1 is timing noise)."""
+    if ranks < 1 or cores < 1:
+        raise ValueError(f"ranks and cores must be >= 1, got ranks={ranks}, cores={cores}")
+    return max(1.0, slowdown / max(1.0, ranks / cores))
 
 
 @contextmanager

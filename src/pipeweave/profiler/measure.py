@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec
+from ..runtime.distributed import machine_cores
 from .profile import BlockProfile, Profile
 
 __all__ = ["profile_model", "profile_block", "profile_builtin", "tensor_bytes", "OPTIMIZERS"]
@@ -106,7 +107,7 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
         device=_device_name(target), source="measured", input_bytes=float(tensor_bytes(inputs)),
         metadata={"warmup": warmup, "repeats": repeats, "statistic": "median",
                   "optimizer": optimizer, "torch": torch.__version__,
-                  "threads": torch.get_num_threads(),
+                  "threads": torch.get_num_threads(), "cores": machine_cores(),
                   "peak_memory": "measured" if device == "cuda" else "estimated"},
     )
 
@@ -260,17 +261,18 @@ def profile_builtin(
     default dataset; ``batch_size`` should be the micro-batch size you will train with.
 
     ``colocated_ranks`` > 1: use the local rank count when the ranks will share fewer cores
-    than there are ranks. The blocks are measured alone (their relative costs stay clean);
-    then whole training steps are timed alone and while ``colocated_ranks - 1`` neighbours
-    train the same model (``profiler.colocated``), and every time in the profile is scaled by
-    the ratio of the mean step times. Whole steps span many scheduler time slices, so the
-    ratio carries the time the profiled rank is descheduled, which the median of a single
-    block's short runs would filter out. ``metadata["colocated_slowdown"]`` keeps the ratio.
+    than there are ranks. The blocks are measured alone (the times a rank computing on a core
+    of its own takes); then whole training steps are timed alone and while
+    ``colocated_ranks - 1`` neighbours train the same model (``profiler.colocated``). The
+    times stay as measured; ``metadata`` records ``colocated_ranks``, ``cores``,
+    ``colocated_slowdown`` (the ratio of the step times) and ``sharing_overhead`` (that ratio
+    over the ideal split ``ranks / cores``), which the planner applies when it simulates the
+    ranks sharing the cores (``PlanRequest(shared_cores=...)``).
     """
     from ..data import build_dataset
     from ..models import build_model
     from ..models.gpt import GPT_PRESETS
-    from .colocated import colocated_slowdown
+    from .colocated import colocated_slowdown, sharing_overhead
 
     if colocated_ranks > 1 and device != "cpu":
         raise ValueError(f"colocated_ranks={colocated_ranks} models ranks sharing CPU cores; on "
@@ -288,7 +290,8 @@ def profile_builtin(
     slowdown = colocated_slowdown(spec, inputs, targets, ranks=colocated_ranks,
                                   batch_size=batch_size, seq_len=seq_len, overrides=overrides,
                                   threads=threads or torch.get_num_threads(), seed=seed)
-    blocks = tuple(replace(b, forward=b.forward * slowdown, backward=b.backward * slowdown,
-                           update=b.update * slowdown) for b in profile.blocks)
-    return replace(profile, blocks=blocks, metadata={
-        **profile.metadata, "colocated_ranks": colocated_ranks, "colocated_slowdown": slowdown})
+    cores = machine_cores()
+    return replace(profile, metadata={
+        **profile.metadata, "colocated_ranks": colocated_ranks, "cores": cores,
+        "colocated_slowdown": slowdown,
+        "sharing_overhead": sharing_overhead(slowdown, colocated_ranks, cores)})

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 __all__ = ["Costs", "StageCosts"]
 
@@ -52,6 +53,10 @@ class Costs:
         update: optimizer-step time per stage (default 0).
         all_reduce: gradient all-reduce time among a stage's replicas (default 0).
         average: elastic-averaging exchange time per stage (AvgPipe, default 0).
+        shared_cores: the ranks share this many CPU cores (ranks launched as processes on one
+            CPU machine); forwards, backwards and updates in progress at once then split the
+            cores (:mod:`pipeweave.sim.shared_cores`). ``None`` (default): every rank has its
+            own device.
     """
 
     forward: PerStage = 1.0
@@ -64,8 +69,14 @@ class Costs:
     update: PerStage = 0.0
     all_reduce: PerStage = 0.0
     average: PerStage = 0.0
+    shared_cores: int | None = None
 
     def __post_init__(self) -> None:
+        if self.shared_cores is not None and (isinstance(self.shared_cores, bool)
+                                              or not isinstance(self.shared_cores, int)
+                                              or self.shared_cores < 1):
+            raise ValueError(f"shared_cores must be an integer >= 1 (CPU cores the ranks share) "
+                             f"or None (a device per rank), got {self.shared_cores!r}")
         for name in _PER_STAGE + _PER_BOUNDARY:
             value = getattr(self, name)
             if value is not None:
@@ -89,7 +100,8 @@ class Costs:
 
     @classmethod
     def uniform(
-        cls, forward: float = 1.0, backward: float = 2.0, comm: float = 0.0, **others: float
+        cls, forward: float = 1.0, backward: float = 2.0, comm: float = 0.0,
+        **others: Any
     ) -> "Costs":
         """The same forward, backward and communication time on every stage and boundary.
 
@@ -110,7 +122,8 @@ class Costs:
             transfer = tuple(b / self.bandwidth for b in sizes)
         else:
             transfer = _expand("comm", self.comm, stages - 1, "boundary")
-        return StageCosts(transfer=transfer, latency=self.latency, **per_stage)
+        return StageCosts(transfer=transfer, latency=self.latency, shared_cores=self.shared_cores,
+                          **per_stage)
 
     def to_json(self) -> dict[str, object]:
         """Plain JSON-able form (sequences as lists)."""
@@ -133,6 +146,7 @@ class StageCosts:
     update: tuple[float, ...]
     all_reduce: tuple[float, ...]
     average: tuple[float, ...]
+    shared_cores: int | None = None
 
     def comm(self, boundary: int, half: bool = False) -> float:
         """Time of one transfer across ``boundary`` (between stages ``boundary`` and ``+1``)."""

@@ -16,7 +16,9 @@ data dependencies of :func:`pipeweave.ir.deps.dependencies`) with these rules:
 
   A lowered schedule (with sends/receives) is walked as it is, with zero-cost sends and
   receives and the transfer time on the send -> receive edge.
-* an all-reduce starts when every replica has reached it.
+* an all-reduce starts when every replica has reached it;
+* with ``Costs(shared_cores=c)`` and more ranks than ``c``, the ranks' compute shares the
+  cores (:mod:`pipeweave.sim.shared_cores`, an event-driven processor-sharing walk).
 
 :func:`simulate` returns a :class:`SimulationResult` with the timeline and the measures of
 :mod:`pipeweave.sim.metrics` and :mod:`pipeweave.sim.critical_path`.
@@ -36,6 +38,7 @@ from ..ir.walk import DelayFn, DurationFn, Location, index_actions
 from . import metrics
 from .costs import Costs, StageCosts
 from .critical_path import critical_path, master_stage
+from .shared_cores import walk_shared_cores
 
 __all__ = ["TimelineRecord", "SimulationResult", "simulate"]
 
@@ -144,7 +147,11 @@ def _simulate(schedule: Schedule, table: StageCosts) -> SimulationResult:
     duration = _duration_fn(table)
     delay = _delay_fn(table)
     index = index_actions(schedule)
-    timing = walk(schedule, duration, delay, index=index)
+    cores = table.shared_cores
+    if cores is not None and cores < schedule.num_ranks:
+        timing = walk_shared_cores(schedule, duration, delay, index, cores=cores)
+    else:
+        timing = walk(schedule, duration, delay, index=index)
     if timing.deadlocked:
         raise _deadlock_error(schedule, timing.stuck)
     start, end = timing.start, timing.end

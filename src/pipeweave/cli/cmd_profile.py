@@ -39,9 +39,10 @@ def add_parser(subparsers: Any) -> None:
                         help="intra-op threads while measuring (default: torch's; on CPU use "
                              "what one rank gets, cores / local ranks)")
     parser.add_argument("--colocated-ranks", type=int, default=1, metavar="R",
-                        help="measure while R-1 other processes train the same model on this "
-                             "machine (CPU): give the local rank count when the ranks will "
-                             "share fewer cores than there are ranks")
+                        help="also time whole steps while R-1 other processes train the same "
+                             "model on this machine (CPU) and record the sharing overhead the "
+                             "planner applies to ranks sharing the cores: give the local rank "
+                             "count when the ranks will outnumber the cores")
     parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
                         help="optimizer whose state size is measured")
     parser.add_argument("--no-link", action="store_true",

@@ -9,9 +9,11 @@ micro-batch, no link measurement; on CPU, when the ranks outnumber the cores, al
 load of that many co-located ranks, see ``profiler.colocated``); with ``--profile`` the JSON
 profile (or PipeDream's ``graph.txt``) is read. ``--shared-cores`` (default ``auto``: the
 profiling machine's cores when a CPU profile's ranks outnumber them) simulates the ranks
-sharing that many cores, as local processes on a CPU machine do. ``--json`` prints the report: ``stages`` (block ranges), ``replicas``,
-``balance`` (max/mean stage time), ``predicted_iteration_time`` (simulated seconds per
-iteration), ``planning_seconds`` and the method's own numbers, with the plan under ``plan``.
+sharing that many cores, as local processes on a CPU machine do. ``--json`` prints the
+report: ``stages`` (block ranges), ``replicas``, ``balance`` (max/mean stage time),
+``predicted_iteration_time`` (simulated seconds per iteration), ``planning_seconds`` and the
+method's own numbers (``shared_cores`` and ``sharing_overhead`` when the cores are shared),
+with the plan under ``plan``.
 ``--out`` writes only the plan, which ``Plan.load`` / ``pipeweave train --plan`` read.
 """
 

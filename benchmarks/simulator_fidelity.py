@@ -185,13 +185,14 @@ def main() -> None:
     print(f"link: {link.bandwidth / 1e9:.2f} GB/s, latency {1e6 * link.latency:.0f} us; "
           f"{machine_cores()} cores", flush=True)
     report: dict[str, Any] = {"model": args.model, "cores": machine_cores(), "rounds": args.rounds,
-                              "steps": args.steps, "tie": args.tie,
-                              "ranks": {}}
+                              "steps": args.steps, "tie": args.tie, "ranks": {}}
     for ranks in args.ranks:
         microbatches = args.microbatches or 2 * ranks
-        cores = {"auto": machine_cores() if needed_colocation(ranks) > 1 else None,
-                 "none": None}.get(args.shared_cores, None)
-        if args.shared_cores not in ("auto", "none"):
+        if args.shared_cores == "none":
+            cores = None
+        elif args.shared_cores == "auto":
+            cores = machine_cores() if needed_colocation(ranks) > 1 else None
+        else:
             cores = int(args.shared_cores)
         colocated = ranks if cores is not None else 1
         samples: dict[str, list[tuple[float, float, float]]] = {}

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..profiler import Profile
 from ..runtime.plan import Plan
+from ..sim.costs import check_shared_cores
 from .evaluate import Network
 from .partition import Bounds
 from .topology import Topology
@@ -59,11 +60,7 @@ class PlanRequest:
     shared_cores: int | None = None
 
     def __post_init__(self) -> None:
-        if self.shared_cores is not None and (isinstance(self.shared_cores, bool)
-                                              or not isinstance(self.shared_cores, int)
-                                              or self.shared_cores < 1):
-            raise ValueError(f"shared_cores must be an integer >= 1 or None, got "
-                             f"{self.shared_cores!r}")
+        check_shared_cores(self.shared_cores)
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
             raise ValueError(f"ranks must be an integer >= 1, got {self.ranks!r}")
         if self.microbatches is not None and (isinstance(self.microbatches, bool)

@@ -290,8 +290,7 @@ def profile_builtin(
     slowdown = colocated_slowdown(spec, inputs, targets, ranks=colocated_ranks,
                                   batch_size=batch_size, seq_len=seq_len, overrides=overrides,
                                   threads=threads or torch.get_num_threads(), seed=seed)
-    cores = machine_cores()
+    overhead = sharing_overhead(slowdown, colocated_ranks, profile.metadata["cores"])
     return replace(profile, metadata={
-        **profile.metadata, "colocated_ranks": colocated_ranks, "cores": cores,
-        "colocated_slowdown": slowdown,
-        "sharing_overhead": sharing_overhead(slowdown, colocated_ranks, cores)})
+        **profile.metadata, "colocated_ranks": colocated_ranks, "colocated_slowdown": slowdown,
+        "sharing_overhead": overhead})

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["Costs", "StageCosts"]
+__all__ = ["Costs", "StageCosts", "check_shared_cores"]
 
 PerStage = float | Sequence[float]
 """One number for every stage, or one number per stage."""
@@ -72,11 +72,7 @@ class Costs:
     shared_cores: int | None = None
 
     def __post_init__(self) -> None:
-        if self.shared_cores is not None and (isinstance(self.shared_cores, bool)
-                                              or not isinstance(self.shared_cores, int)
-                                              or self.shared_cores < 1):
-            raise ValueError(f"shared_cores must be an integer >= 1 (CPU cores the ranks share) "
-                             f"or None (a device per rank), got {self.shared_cores!r}")
+        check_shared_cores(self.shared_cores)
         for name in _PER_STAGE + _PER_BOUNDARY:
             value = getattr(self, name)
             if value is not None:
@@ -152,6 +148,13 @@ class StageCosts:
         """Time of one transfer across ``boundary`` (between stages ``boundary`` and ``+1``)."""
         transfer = self.transfer[boundary]
         return self.latency + (transfer / 2 if half else transfer)
+
+
+def check_shared_cores(value: object) -> None:
+    """Refuse a ``shared_cores`` that is neither ``None`` nor an integer >= 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"shared_cores must be an integer >= 1 or None, got {value!r}: the CPU "
+                         f"cores the ranks share, or None for a device per rank")
 
 
 def _as_tuple(value: PerStage) -> tuple[float, ...]:

@@ -138,8 +138,7 @@ def walk_shared_cores(
                 if action.op is Op.ALL_REDUCE:
                     key = collective_key(action)
                     group = arrived[key]
-                    if all(r != rank for r, _, _ in group):
-                        group.append((rank, t0, bind))
+                    group.append((rank, t0, bind))  # a parked rank is not scanned again
                     if len(group) < participants[key]:
                         ready[rank] = (float("inf"), bind)  # parked until the group is complete
                         continue

@@ -17,10 +17,12 @@ pipedream + vs      W_s(t0), t0 = stage 0's t for j            every micro-batch
 2bw                 W_s(max(0, b - 1)) (one delay term)        every batch:
                                                                W(b+1) = step(W(b), Σ_b g)
 pipeoptim           Ŵ = W_s(t) - lr·k·ΔW_t, k = j - t           every micro-batch; the
-                    (Eq. 5; ΔW from Table I); backward at      gradient is taken at W_s(j)
+                    (Eq. 5; ΔW_t = (W_s(t-1) - W_s(t)) / lr,    gradient is taken at W_s(j)
+                    the step torch really took); backward at
                     the current W_s(j) (Algorithm 1)
 spectrain           Ŵ = W_s(t) - lr·(k + ⌊s/2⌋)·v_t;            every micro-batch
                     backward at W_s(j) - lr·⌊s/2⌋·v_j
+                    (v_t: torch's momentum buffer after step t)
 wpipe (2P stages)   G1 (s ≥ P): W(b); G0 (s < P): W(max(0,b-1)) every period, each group:
                     — Eq. 1 lists each group's own weights;   W(b+1) = step(W(b), Σ_b g)
                     one micro-batch is evaluated at the mixed
@@ -31,6 +33,12 @@ Backwards are taken stage by stage: the stage's forward is recomputed from its s
 its backward weights and differentiated against the gradient coming from the next stage
 (for the stashing methods the backward weights are the forward weights, so this is the same
 computation as one graph).
+
+Samples per update: the per-micro-batch methods (pipedream, pipeoptim, spectrain) step on the
+gradient of the mean loss over one micro-batch; 2bw and wpipe on the mean over the batch.
+
+Nothing here uses the runtime: ΔW comes from two consecutive versions in the history, SpecTrain's
+``v_t`` from torch's own optimizer state, so a wrong rule in ``runtime/prediction.py`` shows.
 """
 
 from __future__ import annotations
@@ -44,7 +52,6 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from .models import ModelSpec
-from .runtime.prediction import constructor_options, predict
 
 __all__ = ["OracleResult", "run_oracle", "run_elastic_oracle", "METHODS"]
 
@@ -59,11 +66,17 @@ class OracleResult:
     """``"<block>.<name>"`` -> final value."""
 
 
+PER_MICROBATCH = ("pipedream", "pipedream-vs", "pipeoptim", "spectrain")
+"""Methods that update after every micro-batch (one micro-batch per update)."""
+
+
 @dataclass
 class _Version:
     params: dict[str, Tensor]
-    optimizer_state: dict
-    last_grads: dict[str, Tensor]
+    momentum: dict[str, Tensor]
+    """torch's SGD momentum buffer per parameter after the step that made this version."""
+    lr: float
+    """Learning rate of that step."""
 
 
 class _Stage:
@@ -75,28 +88,34 @@ class _Stage:
         self.names = [n for n, _ in module.named_parameters()]
         self.history: list[_Version] = []
         self.pending: dict[str, Tensor] = {}
-        self._record({})
+        self._record()
 
-    def _record(self, last_grads: dict[str, Tensor]) -> None:
-        self.history.append(_Version(
-            {n: p.detach().clone() for n, p in self.module.named_parameters()},
-            copy.deepcopy(self.optimizer.state_dict()), last_grads))
+    def _record(self) -> None:
+        named = dict(self.module.named_parameters())
+        momentum = {n: self.optimizer.state[p]["momentum_buffer"].clone()
+                    for n, p in named.items()
+                    if self.optimizer.state.get(p, {}).get("momentum_buffer") is not None}
+        self.history.append(_Version({n: p.detach().clone() for n, p in named.items()},
+                                     momentum, float(self.optimizer.param_groups[0]["lr"])))
 
     def weights(self, version: int) -> dict[str, Tensor]:
         return self.history[version].params
 
-    def predicted(self, version: int, steps: int) -> dict[str, Tensor]:
-        """PipeOptim's Eq. 5 evaluated with the optimizer state of ``version``."""
+    def predicted(self, version: int, steps: int, rule: str = "optimizer") -> dict[str, Tensor]:
+        """``W(version) - lr·steps·ΔW`` (Eq. 5). ``rule="optimizer"``: ΔW is the step that
+        made ``version``, read off two consecutive versions; ``"momentum"``: SpecTrain's
+        momentum buffer. Version 0 (no step yet) predicts itself."""
         record = self.history[version]
-        probe_module = copy.deepcopy(self.module)
-        with torch.no_grad():
-            for name, param in probe_module.named_parameters():
-                param.copy_(record.params[name])
-        probe = type(self.optimizer)(
-            probe_module.parameters(),
-            **constructor_options(self.optimizer, self.optimizer.param_groups[0]))
-        probe.load_state_dict(record.optimizer_state)
-        return predict(probe, probe_module.named_parameters(), steps, record.last_grads)
+        if version == 0 or steps == 0:
+            return record.params
+        if rule == "momentum":
+            directions = record.momentum
+        else:
+            before = self.history[version - 1].params
+            directions = {n: (before[n] - w) / record.lr for n, w in record.params.items()}
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        return {n: w - lr * steps * directions[n] if n in directions else w
+                for n, w in record.params.items()}
 
     def accumulate(self, grads: Mapping[str, Tensor]) -> None:
         for name, grad in grads.items():
@@ -105,11 +124,10 @@ class _Stage:
     def step(self) -> None:
         for name, param in self.module.named_parameters():
             param.grad = self.pending.get(name)
-        last = {n: g.clone() for n, g in self.pending.items()}
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.pending = {}
-        self._record(last)
+        self._record()
 
 
 def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], microbatches: int,
@@ -151,9 +169,10 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
                 x_in = saved[s].detach().requires_grad_(s > 0 and saved[s].is_floating_point())
                 out = functional_call(modules[s], leaves, (x_in,))
                 if s == total_stages - 1:
-                    loss = spec.loss_fn(out, y) * (rows / inputs.shape[0])
-                    loss_sum += float(loss.detach())
-                    loss.backward()
+                    mean = spec.loss_fn(out, y)
+                    loss_sum += float(mean.detach()) * rows / inputs.shape[0]
+                    # one update sees one micro-batch (per-micro-batch methods) or the batch
+                    (mean if method in PER_MICROBATCH else mean * (rows / inputs.shape[0])).backward()
                 else:
                     torch.autograd.backward(out, grad)
                 grad = x_in.grad
@@ -196,8 +215,8 @@ def _weights_for(method: str, state: list[_Stage], depth: int, total: int, j: in
             backward.append(state[s].weights(j))
         else:  # spectrain
             back = s // 2
-            forward.append(state[s].predicted(t, (j - t) + back))
-            backward.append(state[s].predicted(j, back) if back else state[s].weights(j))
+            forward.append(state[s].predicted(t, (j - t) + back, "momentum"))
+            backward.append(state[s].predicted(j, back, "momentum") if back else state[s].weights(j))
     return forward, backward
 
 
@@ -220,8 +239,9 @@ def run_elastic_oracle(*, spec: ModelSpec, pipelines: int, steps: int,
     Every iteration k, parallel model p trains on batch ``k*N + p`` (full batch, mean loss),
     takes its optimizer step ``δ``, and is pulled to the previous reference:
     ``w <- w + δ - α (w - w_ref)`` ("simultaneous") or ``w <- (w+δ) - α ((w+δ) - w_ref)``;
-    then ``w_ref <- mean_p w_p``. Returns the reference model and the mean loss over the
-    parallel models per iteration.
+    then the reference takes the normalised accumulated update, ``w_ref <- w_ref + mean_p δ_p``
+    (for "simultaneous" that is ``mean_p w_p``, computed that way). Returns the reference
+    model and the mean loss over the parallel models per iteration.
     """
     alpha = 1.0 / pipelines if alpha is None else alpha
     models = [copy.deepcopy(spec.sequential()) for _ in range(pipelines)]
@@ -231,6 +251,7 @@ def run_elastic_oracle(*, spec: ModelSpec, pipelines: int, steps: int,
     losses = []
     for _ in range(steps):
         total = {n: torch.zeros_like(t) for n, t in reference.items()}
+        updates = {n: torch.zeros_like(t) for n, t in reference.items()}
         loss_sum = 0.0
         for model, opt in zip(models, optimizers):
             inputs, targets = next(iterator)
@@ -242,9 +263,13 @@ def run_elastic_oracle(*, spec: ModelSpec, pipelines: int, steps: int,
             loss_sum += float(loss.detach())
             with torch.no_grad():
                 for name, param in model.named_parameters():
+                    updates[name] = updates[name] + (param.detach() - before[name])
                     anchor = before[name] if order == "simultaneous" else param.detach()
                     param.sub_(alpha * (anchor - reference[name]))
                     total[name] = total[name] + param.detach()
-        reference = {n: s / pipelines for n, s in total.items()}
+        if order == "simultaneous":
+            reference = {n: s / pipelines for n, s in total.items()}
+        else:
+            reference = {n: reference[n] + u / pipelines for n, u in updates.items()}
         losses.append(loss_sum / pipelines)
     return OracleResult(losses, dict(reference))

@@ -102,3 +102,27 @@ def test_distributed_matches_oracle_and_local(pipelines: int) -> None:
     assert_matches(distributed, oracle(j))
     local = merged_parameters(run_local(j))
     assert all(torch.equal(local[n], v) for n, v in merged_parameters(distributed).items())
+
+
+def test_update_then_dilute_reference_takes_the_accumulated_update() -> None:
+    """AvgPipe §3.2 Step 3 by hand: w_ref <- w_ref + (1/N) Σ δ_p; the reference is then not
+    the mean of the diluted models, which moved by only (1 - α) mean δ."""
+    models = [nn.Linear(2, 1, bias=False).double() for _ in range(2)]
+    with torch.no_grad():
+        for m in models:
+            m.weight.copy_(torch.tensor([[1.0, 2.0]], dtype=torch.float64))
+    averager = ElasticAverager(stage=0, pipelines=2, initial=models[0], alpha=0.5,
+                               order="update-then-dilute")
+    deltas = [torch.tensor([[0.4, -0.2]], dtype=torch.float64),
+              torch.tensor([[-0.1, 0.6]], dtype=torch.float64)]
+    for p, (m, delta) in enumerate(zip(models, deltas)):
+        averager.before_step(p, m)
+        with torch.no_grad():
+            m.weight.add_(delta)
+        averager.average(p, m, version=1)
+    reference = averager.reference_parameters()["weight"]
+    expected = torch.tensor([[1.0, 2.0]], dtype=torch.float64) + (deltas[0] + deltas[1]) / 2
+    torch.testing.assert_close(reference, expected, rtol=0, atol=1e-15)
+    mean = (models[0].weight + models[1].weight).detach() / 2
+    torch.testing.assert_close(mean, torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+                               + 0.5 * (deltas[0] + deltas[1]) / 2, rtol=0, atol=1e-15)

@@ -36,10 +36,11 @@ def make_job(method: str, depth: int, optimizer: str, *, steps: int = 4, microba
                         microbatches=microbatches, schedule_options=options,
                         semantics=semantics or {})
     kwargs = {"sgd": {"lr": 0.05, "momentum": 0.9}, "adam": {"lr": 3e-3},
+              "plain-sgd": {"lr": 0.05},
               "adamw": {"lr": 3e-3, "weight_decay": 0.1},
               "nesterov": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
               "rmsprop": {"lr": 1e-3}}[optimizer]
-    name = "sgd" if optimizer == "nesterov" else optimizer
+    name = "sgd" if optimizer in ("nesterov", "plain-sgd") else optimizer
     return Job(plan=plan, steps=steps, model=model,
                data=BuiltinData("stdlib-bytes", batch_size=2 * microbatches, seq_len=8, dtype="float64"),
                optimizer=OptimizerFactory(name, kwargs), return_parameters=True)
@@ -103,3 +104,31 @@ def test_distributed_runtime_matches_oracle(method: str, depth: int) -> None:
         assert job.steps * job.plan.microbatches >= 3 * depth
     results = launch_local(job, deadline_s=280)
     assert_equal_to_oracle(results, oracle_for(method, job), job.plan.microbatches)
+
+
+def test_pipeoptim_with_plain_sgd_predicts_with_the_last_gradient() -> None:
+    """Table I with u = 0: ΔW is the last gradient, so the look-ahead changes the run."""
+    job = make_job("pipeoptim", 3, "plain-sgd")
+    results = run_local(job)
+    assert_equal_to_oracle(results, oracle_for("pipeoptim", job), job.plan.microbatches)
+    no_lookahead = type(job)(**{**job.__dict__, "plan": Plan(**{
+        **job.plan.__dict__, "schedule_options": {"lookahead": 0}})})
+    other = merged_parameters(run_local(no_lookahead))
+    assert any(not torch.equal(other[n], v) for n, v in merged_parameters(results).items())
+
+
+def test_spectrain_with_nesterov_predicts_with_the_momentum_buffer() -> None:
+    job = make_job("spectrain", 3, "nesterov")
+    assert_equal_to_oracle(run_local(job), oracle_for("spectrain", job), job.plan.microbatches)
+
+
+def test_pipeoptim_graph_backward_with_recomputation_keeps_the_predicted_weights() -> None:
+    """backward="graph" + recompute: the backward recomputes on the forward's predicted
+    weights (the graph oracle), not on the current ones (the default's)."""
+    graph_job = make_job("pipeoptim", 3, "adam", semantics={"backward": "graph"})
+    recomputing = type(graph_job)(**{**graph_job.__dict__, "plan": Plan(**{
+        **graph_job.plan.__dict__, "recompute": (True,) * len(graph_job.plan.stages)})})
+    results = run_local(recomputing)
+    assert_equal_to_oracle(results, oracle_for("pipeoptim", graph_job), 4)
+    default = merged_parameters(run_local(make_job("pipeoptim", 3, "adam")))
+    assert any(not torch.equal(default[n], v) for n, v in merged_parameters(results).items())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     parser.add_argument("--momentum", type=float, default=None, help="SGD momentum")
     parser.add_argument("--recompute", action="store_true", help="recompute activations on every stage")
+    parser.add_argument("--prediction-backward", default=None, choices=["recompute", "graph"],
+                        help="pipeoptim: backward at the current weights by recomputing the "
+                             "stage (recompute, the paper's rule and the default) or through the "
+                             "graph built on the predicted weights (graph: no second forward)")
     parser.add_argument("--apc", action="store_true",
                         help="automatic precision compression: send float activations/gradients "
                              "between ranks as fp16 with a power-of-two scaler (WPipe; about half "
@@ -123,6 +128,8 @@ def build_job(args: argparse.Namespace) -> Job:
             raise ValueError("--momentum applies to --optimizer sgd only")
         kwargs["momentum"] = args.momentum
     optimizer = OptimizerFactory(args.optimizer, kwargs)
+    if args.prediction_backward is not None:
+        plan = replace(plan, semantics={**plan.semantics, "backward": args.prediction_backward})
     plan, advance = train_avgpipe.apply(args, plan, spec, optimizer)
     return Job(
         plan=plan, steps=args.steps, model=model, checkpoint=checkpoint_options(args),

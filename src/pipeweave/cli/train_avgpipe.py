@@ -10,6 +10,9 @@
   state every rank holds (which ``--memory-limit`` checks).
 * ``--alpha A``: how far each parallel model is pulled toward the reference model per
   iteration, in [0, 1] (default 1/N).
+* ``--average-order simultaneous|update-then-dilute``: whether a parallel model is diluted
+  with its weights before (default) or after its local update; the reference model always
+  takes the normalised accumulated update (runtime/averaging.py).
 * ``--advance``: forwards in advance beyond 1F1B's warm-up, fixed (``0`` = 1F1B, ``all`` =
   AFAB) or ``auto``: Algorithm 1 at run time, from 1F1B up while iterations get faster and
   the peak stays under ``--memory-limit`` (runtime/online_advance.py).
@@ -34,6 +37,7 @@ from ..runtime import Job, OptimizerFactory, Plan
 from ..runtime.advance_options import AdvanceOptions
 from ..runtime.memory import check_memory_limit, estimate_state_bytes
 from ..runtime.online_advance import OnlineAdvance
+from ..runtime.semantics_options import AVERAGE_ORDERS
 from ..runtime.summary import TrainSummary
 from ..schedules.avgpipe import parse_advance
 from .cmd_plan import parse_bytes
@@ -41,7 +45,7 @@ from .cmd_plan import parse_bytes
 __all__ = ["add_arguments", "apply", "check_ranks", "parse_advance_flag", "fixed_advance",
            "add_metrics", "summary_lines"]
 
-AVGPIPE_FLAGS = ("pipelines", "alpha", "advance", "memory_limit")
+AVGPIPE_FLAGS = ("pipelines", "alpha", "average_order", "advance", "memory_limit")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--alpha", type=float, default=None, metavar="A",
                        help="pull toward the reference model per iteration, in [0, 1] "
                             "(default 1/N)")
+    group.add_argument("--average-order", default=None, choices=list(AVERAGE_ORDERS),
+                       help="dilute each parallel model before its local update (simultaneous, "
+                            "the default) or after it (update-then-dilute)")
     group.add_argument("--advance", default=None, metavar="auto|K|all",
                        help="forwards in advance beyond 1F1B's warm-up: K (0 = 1F1B), all "
                             "(AFAB), or auto: chosen at run time (Algorithm 1), from 1F1B up")
@@ -112,6 +119,8 @@ def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec,
             print("pipeweave: warning: --alpha has no effect with one pipeline (the reference "
                   "model is that pipeline's model); add --pipelines N", file=sys.stderr)
         plan = replace(plan, semantics={**plan.semantics, "alpha": args.alpha})
+    if args.average_order is not None:
+        plan = replace(plan, semantics={**plan.semantics, "average_order": args.average_order})
     limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
     online = None
     if args.advance is not None:

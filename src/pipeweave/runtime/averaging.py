@@ -10,14 +10,21 @@ i.e. the dilution uses the weights *before* the local update. The paper leaves t
 ``order="update-then-dilute"`` applies the update first and dilutes the updated weights,
 ``w <- (w + δ) - α ((w + δ) - w_ref)``.
 
-The reference accumulates the iteration's N contributions and normalises them: once all N
-parallel models of the stage have averaged for iteration k, ``w_ref <- (1/N) Σ_p w_p``. With
-the default order this equals ``w_ref + (1/N) Σ_p δ_p`` (the paper's "accumulate the N updates
-and apply them") whenever the reference was the mean before — which holds from the start,
-since every parallel model begins as a copy of the same initial model — so the reference *is*
-the mean of the parallel models. We keep it as the mean of the models rather than adding the
-mean update so that floating-point rounding cannot make the two drift apart, and so that N = 1
-reduces exactly (bit for bit) to the plain pipeline: ``w - w_ref`` is then exactly zero.
+**The reference model.** AvgPipe §3.2 says two things of it: "each weight in the reference
+model stays the average of the corresponding weights in parallel models", and its process
+"normalizes and applies the accumulated update" once every pipeline has sent its local update
+(Step 3). We implement the second, the mechanism, in both orders::
+
+    w_ref  <-  w_ref + (1/N) Σ_p δ_p
+
+* With the default order the two statements agree: if ``w_ref`` is the mean of the models,
+  the mean of ``w + δ - α (w - w_ref)`` is ``w_ref + mean δ`` — and it is the mean from the
+  start, since every parallel model begins as a copy of one initial model. We compute it as
+  the mean of the models (the same number, exactly as the paper's first sentence says), so
+  that rounding cannot make the two drift and N = 1 reduces bit for bit to the plain pipeline.
+* With ``update-then-dilute`` they cannot both hold: the mean of the diluted models moves by
+  only ``(1 - α) mean δ``. The reference takes the accumulated update (Step 3) and is then
+  *not* the mean of the parallel models; the models are pulled toward it each iteration.
 
 All parallel models of a stage live on the same rank (AvgPipe co-partitions the pipelines),
 so the contributions never leave the rank and never block the pipeline. The reference model is
@@ -31,9 +38,9 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ElasticAverager", "ORDERS"]
+from .semantics_options import AVERAGE_ORDERS as ORDERS
 
-ORDERS = ("simultaneous", "update-then-dilute")
+__all__ = ["ElasticAverager", "ORDERS"]
 
 
 class ElasticAverager:
@@ -69,17 +76,26 @@ class ElasticAverager:
                 f"schedule must average every pipeline of an iteration before the next one"
             )
         before = self._before.pop(pipeline)
+        simultaneous = self.order == "simultaneous"
         with torch.no_grad():
             for name, param in module.named_parameters():
-                anchor = before[name] if self.order == "simultaneous" else param.detach()
+                # simultaneous: fold in the diluted model (the mean); else the local update δ
+                contribution = None if simultaneous else param.detach() - before[name]
+                anchor = before[name] if simultaneous else param.detach()
                 param.sub_(self.alpha * (anchor - self.reference[name]))
+                if contribution is None:
+                    contribution = param.detach()
                 if name in self._sum:
-                    self._sum[name] += param.detach()
+                    self._sum[name] += contribution
                 else:
-                    self._sum[name] = param.detach().clone()
+                    self._sum[name] = contribution.clone()
         self._count += 1
         if self._count == self.pipelines:
-            self.reference = {n: s / self.pipelines for n, s in self._sum.items()}
+            if simultaneous:
+                self.reference = {n: s / self.pipelines for n, s in self._sum.items()}
+            else:
+                self.reference = {n: self.reference[n] + s / self.pipelines
+                                  for n, s in self._sum.items()}
             self._sum, self._count = {}, 0
             self.iteration += 1
 

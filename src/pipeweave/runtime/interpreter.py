@@ -218,9 +218,13 @@ class RankInterpreter:
         optimizer = self._optimizers(action)[action.stage]
         weights = self._weights(action)[action.stage]
         weights.before_step(position)
+        stage = self._stages(action)[action.stage]
+        if stage.update_scale != 1.0:
+            grads = [p.grad for p in stage.module.parameters() if p.grad is not None]
+            torch._foreach_mul_(grads, stage.update_scale)
         averager = self.averagers.get(action.stage)
         if averager is not None:
-            averager.before_step(action.pipeline, self._stages(action)[action.stage].module)
+            averager.before_step(action.pipeline, stage.module)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         weights.after_step()

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..ir import Layout
 from ..schedules import Shape
+from .semantics_options import check_semantics
 
 __all__ = ["Plan"]
 
@@ -42,8 +43,8 @@ class Plan:
         recompute: per stage, whether to recompute activations in the backward instead of
             keeping them (empty = no recomputation anywhere).
         schedule_options: extra options for the schedule generator (e.g. ``{"advance": 2}``).
-        semantics: weight-semantics options (e.g. ``{"lookahead": 2}``); interpreted by the
-            runtime's semantics policy.
+        semantics: weight-semantics options (e.g. ``{"backward": "graph"}`` for PipeOptim);
+            each is checked against the schedule (:mod:`.semantics_options`).
     """
 
     num_blocks: int
@@ -64,6 +65,7 @@ class Plan:
             object.__setattr__(self, "replicas", tuple(int(r) for r in self.replicas))
         object.__setattr__(self, "recompute", tuple(bool(r) for r in self.recompute))
         self._check_cover()
+        check_semantics(self.schedule, self.semantics)
         for name in ("microbatches", "chunks", "width", "pipelines"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"plan {name} must be >= 1, got {getattr(self, name)}")

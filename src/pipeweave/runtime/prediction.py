@@ -1,114 +1,174 @@
 """Weight prediction: PipeOptim's optimizer-dependent update direction, and SpecTrain's.
 
-PipeOptim (pipeoptim.txt §III, Eq. 3/5) predicts the weights ``s`` updates ahead as
-``Ŵ = W - lr * s * ΔW`` where ``ΔW`` is the direction the optimizer's own rule would move the
-weights by (Table I), read from the optimizer's *real* state and hyper-parameters:
+PipeOptim (pipeoptim.txt §III, Eq. 5) predicts the weights ``s`` updates ahead as
+``Ŵ = W_t - lr * s * ΔW_t``. We define ``ΔW_t`` for every optimizer the same way: **the
+direction the optimizer's last real step took**, ``ΔW_t = (W_{t-1} - W_t) / lr_t`` (``lr_t``
+the learning rate of that step). That is Table I's rule wherever Table I has one, and it
+extends to every flag of torch's optimizers and to every other optimizer:
 
-* SGD with momentum ``u`` and dampening ``τ`` (weight decay is folded into the gradient and so
-  into the buffer, as torch does): ``ΔW = v_t`` (the momentum buffer); with Nesterov the last
-  step's direction ``g_t + u v_t``; without momentum the last gradient ``g_t``.
-* Adam: ``ΔW = m̂_t / (sqrt(v̂_t) + ε)`` with bias corrections at the optimizer's own step
-  count ``t`` (AMSGrad: the running max of ``v``); L2 weight decay is inside the moments.
-* AdamW (``decoupled_weight_decay``): the same plus the decoupled term ``λ W_t``.
-* anything else: a *trial step* — a deep copy of the optimizer state takes one step with the
-  last gradient on a copy of the weights, and ``ΔW = (W - W_trial) / lr``.
+=====================  ===================================================  =================
+optimizer               ΔW_t (torch's own update rule, ``g`` the gradient)    computed from
+=====================  ===================================================  =================
+SGD, momentum 0         ``g' = ±g + λ W_{t-1}`` (Table I with ``u = 0``)      ``g'`` kept at the
+                                                                              step
+SGD, momentum ``u``     ``v_t = u v_{t-1} + (1-τ) g'`` (Table I)              optimizer state
+SGD, Nesterov           ``g' + u v_t``                                        ``g'`` + state
+Adam (L2 decay)         ``m̂_t / (sqrt(v̂_t) + ε)`` (AMSGrad: max of ``v``)     optimizer state
+AdamW / decoupled       ``m̂_t / (sqrt(v̂_t) + ε) + λ W_{t-1}``                 state + ``W_t``
+anything else           ``(W_{t-1} - W_t) / lr_t``                            ``W_{t-1}`` kept
+=====================  ===================================================  =================
 
-``lr`` is read from the parameter's group at prediction time, so learning-rate schedulers
-apply. Before the first update there is no state: ``ΔW = 0`` and the prediction is the
-identity (the paper's Algorithm 1 starts from ``W_1`` the same way).
+``±g``: ``-g`` with ``maximize=True``; ``λ``: the group's ``weight_decay``; ``τ``: dampening.
+AdamW's ``W_{t-1}`` is recovered from ``W_t = (1 - lr λ) W_{t-1} - lr m̂/(sqrt(v̂)+ε)``
+without a copy. Every row is checked against the difference of two consecutive weight
+versions of torch's real step (tests/runtime/test_prediction.py).
 
-SpecTrain (the baseline in pipeoptim.txt §II-C) predicts with the SGD-momentum buffer only,
-``Ŵ = W - lr * s * v_t``, and refuses other optimizers.
+``lr`` in ``Ŵ`` is read from the parameter's group at prediction time, so learning-rate
+schedulers apply. Before the first update there is no step to follow: ``ΔW = 0`` and the
+prediction is the identity (the paper's Algorithm 1 starts from ``W_1`` the same way).
+
+**SpecTrain** (Chen et al. 2018; pipeoptim.txt §II-C) predicts with the smoothed gradient
+alone, ``Ŵ = W - lr * s * v_t`` (the SGD momentum buffer, also under Nesterov), and refuses
+other optimizers.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
 from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["update_direction", "predict", "check_spectrain_optimizer", "group_of",
-           "constructor_options"]
+__all__ = ["DirectionTracker", "check_spectrain_optimizer", "RULES"]
+
+RULES = ("optimizer", "momentum")
+"""``optimizer``: PipeOptim's ΔW (the last step's direction); ``momentum``: SpecTrain's ``v_t``."""
 
 
-def group_of(optimizer: torch.optim.Optimizer, param: Tensor) -> dict:
-    for group in optimizer.param_groups:
-        if any(p is param for p in group["params"]):
-            return group
-    raise ValueError("parameter is not managed by this optimizer")
+def _scalar(value: float | Tensor) -> float:
+    return float(value.item()) if isinstance(value, Tensor) else float(value)
 
 
-def update_direction(optimizer: torch.optim.Optimizer, param: nn.Parameter,
-                     last_grad: Tensor | None) -> Tensor | None:
-    """``ΔW`` for ``param`` (see module docstring); ``None`` before the first update."""
-    state = optimizer.state.get(param)
-    if not state:
-        return None
-    group = group_of(optimizer, param)
-    if isinstance(optimizer, torch.optim.Adam):  # Adam and AdamW (AdamW subclasses Adam)
-        return _adam_direction(group, state, param)
+class DirectionTracker:
+    """ΔW of every parameter of one stage (module docstring), kept up to date across steps.
+
+    The owner calls :meth:`before_step` right before ``optimizer.step()`` (gradients still
+    in ``.grad``) and :meth:`after_step` right after; :meth:`predict` then gives ``Ŵ``.
+    Only what the optimizer's rule needs is kept: nothing for SGD with plain momentum or for
+    Adam, the effective gradient for SGD without momentum or with Nesterov, the previous
+    weights for any other optimizer (one preallocated buffer per parameter).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 params: Iterable[tuple[str, nn.Parameter]], *, rule: str = "optimizer") -> None:
+        if rule not in RULES:
+            raise ValueError(f"prediction rule {rule!r}; choose one of {RULES}")
+        if rule == "momentum":
+            check_spectrain_optimizer(optimizer)
+        self.optimizer = optimizer
+        self.rule = rule
+        self.params = dict(params)
+        groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        missing = [n for n, p in self.params.items() if id(p) not in groups]
+        if missing:
+            raise ValueError(f"parameters {missing} are not managed by the stage's optimizer")
+        self._group = {n: groups[id(p)] for n, p in self.params.items()}
+        self._kind = _kind(optimizer)
+        self._kept: dict[str, Tensor] = {}  # g' (SGD) or W_{t-1} (generic), per parameter
+        self._step_lr: dict[str, float] = {}
+        self.steps = 0
+
+    # -- around the optimizer's step ---------------------------------------------------------
+    def before_step(self) -> None:
+        with torch.no_grad():
+            for name, param in self.params.items():
+                group = self._group[name]
+                self._step_lr[name] = _scalar(group["lr"])
+                if self.rule == "momentum":
+                    continue
+                if self._kind == "sgd" and (group["momentum"] == 0 or group["nesterov"]):
+                    if param.grad is None:
+                        self._kept.pop(name, None)
+                        continue
+                    grad = -param.grad if group["maximize"] else param.grad
+                    decay = group["weight_decay"]
+                    self._kept[name] = grad + decay * param if decay else grad.clone()
+                elif self._kind == "generic":
+                    buffer = self._kept.get(name)
+                    if buffer is None:
+                        self._kept[name] = param.detach().clone()
+                    else:
+                        buffer.copy_(param)
+
+    def after_step(self) -> None:
+        self.steps += 1
+
+    # -- the direction and the prediction ----------------------------------------------------
+    def direction(self, name: str) -> Tensor | None:
+        """``ΔW`` of parameter ``name`` (None before the first step, or without a gradient)."""
+        if self.steps == 0:
+            return None
+        param = self.params[name]
+        group = self._group[name]
+        state = self.optimizer.state.get(param) or {}
+        if self.rule == "momentum":
+            return state.get("momentum_buffer")
+        if self._kind == "sgd":
+            return _sgd(group, state, self._kept.get(name))
+        if self._kind == "adam":
+            return _adam(group, state, param.detach(), self._step_lr[name]) if state else None
+        previous = self._kept.get(name)
+        lr = self._step_lr.get(name, 0.0)
+        if previous is None or lr == 0.0:
+            return None
+        return (previous - param.detach()) / lr
+
+    def predict(self, steps: int) -> dict[str, Tensor]:
+        """``{name: W - lr * steps * ΔW}`` as new tensors (a copy of ``W`` where ΔW is unknown)."""
+        predicted: dict[str, Tensor] = {}
+        with torch.no_grad():
+            for name, param in self.params.items():
+                direction = self.direction(name) if steps else None
+                if direction is None:
+                    predicted[name] = param.detach().clone()
+                else:
+                    lr = _scalar(self._group[name]["lr"])
+                    predicted[name] = torch.add(param.detach(), direction, alpha=-lr * steps)
+        return predicted
+
+
+def _kind(optimizer: torch.optim.Optimizer) -> str:
     if type(optimizer) is torch.optim.SGD:
-        return _sgd_direction(group, state, last_grad)
-    return _trial_direction(optimizer, param, last_grad)
+        return "sgd"
+    if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
+        return "adam"
+    return "generic"
 
 
-def _sgd_direction(group: Mapping, state: Mapping, last_grad: Tensor | None) -> Tensor | None:
+def _sgd(group: Mapping, state: Mapping, effective_grad: Tensor | None) -> Tensor | None:
+    momentum = group["momentum"]
+    if momentum == 0:
+        return effective_grad
     buffer = state.get("momentum_buffer")
-    if group["momentum"] == 0 or buffer is None:
-        return last_grad
+    if buffer is None:
+        return None
     if group["nesterov"]:
-        assert last_grad is not None
-        return last_grad + group["momentum"] * buffer
+        return None if effective_grad is None else effective_grad + momentum * buffer
     return buffer
 
 
-def _adam_direction(group: Mapping, state: Mapping, param: Tensor) -> Tensor:
-    beta1, beta2 = group["betas"]
-    step = float(state["step"])
+def _adam(group: Mapping, state: Mapping, param: Tensor, step_lr: float) -> Tensor:
+    beta1, beta2 = (_scalar(b) for b in group["betas"])
+    step = _scalar(state["step"])
     second = state["max_exp_avg_sq"] if group["amsgrad"] else state["exp_avg_sq"]
-    m_hat = state["exp_avg"] / (1 - beta1**step)
-    v_hat = second / (1 - beta2**step)
-    direction = m_hat / (v_hat.sqrt() + group["eps"])
-    if group.get("decoupled_weight_decay", False) and group["weight_decay"]:
-        direction = direction + group["weight_decay"] * param.detach()
+    denominator = (second / (1 - beta2**step)).sqrt_().add_(group["eps"])
+    direction = (state["exp_avg"] / (1 - beta1**step)).div_(denominator)
+    decay = group["weight_decay"]
+    if decay and group.get("decoupled_weight_decay", False):
+        # W_t = (1 - lr λ) W_{t-1} - lr a  =>  W_{t-1} = (W_t + lr a) / (1 - lr λ)
+        previous = (param + step_lr * direction) / (1 - step_lr * decay)
+        direction = direction + decay * previous
     return direction
-
-
-def _trial_direction(optimizer: torch.optim.Optimizer, param: nn.Parameter,
-                     last_grad: Tensor | None) -> Tensor | None:
-    if last_grad is None:
-        return None
-    group = group_of(optimizer, param)
-    trial = nn.Parameter(param.detach().clone())
-    trial.grad = last_grad.clone()
-    probe = type(optimizer)([trial], **constructor_options(optimizer, group))
-    probe.state[trial] = copy.deepcopy(optimizer.state[param])
-    probe.step()
-    return (param.detach() - trial.detach()) / group["lr"]
-
-
-def constructor_options(optimizer: torch.optim.Optimizer, group: Mapping) -> dict:
-    """The hyper-parameters of ``group`` that ``type(optimizer)``'s constructor accepts."""
-    accepted = inspect.signature(type(optimizer).__init__).parameters
-    return {k: v for k, v in group.items() if k != "params" and k in accepted}
-
-
-def predict(optimizer: torch.optim.Optimizer, params: Iterable[tuple[str, nn.Parameter]],
-            steps: int, last_grads: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """``{name: W - lr * steps * ΔW}`` as new tensors (``W`` itself where there is no state)."""
-    predicted: dict[str, Tensor] = {}
-    with torch.no_grad():
-        for name, param in params:
-            direction = update_direction(optimizer, param, last_grads.get(name))
-            if direction is None or steps == 0:
-                predicted[name] = param.detach().clone()
-            else:
-                lr = group_of(optimizer, param)["lr"]
-                predicted[name] = param.detach() - (lr * steps) * direction
-    return predicted
 
 
 def check_spectrain_optimizer(optimizer: torch.optim.Optimizer) -> None:

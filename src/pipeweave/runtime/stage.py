@@ -6,8 +6,15 @@ input and the RNG state, re-running the forward at backward time. A backward of 
 micro-batch whose forward ran in two halves (the Slicer) back-propagates each half with its
 rows of the incoming gradient and concatenates the input gradients.
 
-The last stage turns its output into the loss, scaled by ``rows / batch_rows`` so that the
-micro-batch gradients sum to the gradient of the mean loss over the whole batch.
+The last stage turns its output into the loss. One optimizer step must apply the gradient of
+the mean loss over the samples that step sees (``ir/updates.py``: the whole batch for flushed
+schedules, one micro-batch for PipeDream's per-micro-batch updates), so the micro-batch's mean
+loss is scaled by ``rows / (K * microbatch_rows)`` for an update of ``K`` micro-batches: the
+micro-batch gradients then sum to the gradient of the mean over exactly those ``K``. A stage
+whose updates see ``K_s != K`` micro-batches (a replicated PipeDream stage) multiplies its
+summed gradients by ``K / K_s`` before the step (:attr:`StageRuntime.update_scale`). The
+loss *reported* per micro-batch is always weighted ``rows / batch_rows``, so the reported
+losses of an iteration sum to the batch's mean loss whatever the schedule.
 """
 
 from __future__ import annotations
@@ -51,7 +58,13 @@ class StageRuntime:
         is_last: bool,
         loss_fn: Callable[[Tensor, Tensor], Tensor],
         recompute: bool = False,
+        loss_scale: float = 1.0,
+        update_scale: float = 1.0,
     ) -> None:
+        """``loss_scale``: ``M / K`` (M micro-batches per batch, K per update of the last
+        stage), what the batch-weighted loss is multiplied by before its backward;
+        ``update_scale``: ``K / K_s``, what this stage's summed gradients are multiplied by
+        before its step (module docstring)."""
         self.stage = stage
         self.module = blocks
         self.block_range = block_range
@@ -59,6 +72,8 @@ class StageRuntime:
         self.is_last = is_last
         self.loss_fn = loss_fn
         self.recompute = recompute
+        self.loss_scale = loss_scale
+        self.update_scale = update_scale
         self._stash: dict[Key, _Stash] = {}
         self.losses: dict[int, float] = {}
         """Weighted loss contribution per micro-batch (last stage only)."""
@@ -110,6 +125,8 @@ class StageRuntime:
     def _loss(self, output: Tensor, target: Tensor, rows: int, batch_rows: int, key: Key) -> Tensor:
         loss = self.loss_fn(output, target) * (rows / batch_rows)
         value = float(loss.detach())
+        if self.loss_scale != 1.0:
+            loss = loss * self.loss_scale
         if value != value or value in (float("inf"), float("-inf")):
             raise FloatingPointError(
                 f"loss became {value} at micro-batch {key[0]} (stage {self.stage}); lower the "
@@ -169,7 +186,8 @@ class StageRuntime:
         if not self.is_last:
             return output
         assert stash.target is not None
-        return self.loss_fn(output, stash.target) * (stash.rows / batch_rows)
+        loss = self.loss_fn(output, stash.target) * (stash.rows / batch_rows)
+        return loss * self.loss_scale if self.loss_scale != 1.0 else loss
 
     @property
     def in_flight(self) -> int:

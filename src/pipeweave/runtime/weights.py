@@ -22,8 +22,10 @@ tensor sets that modern autograd accepts (no aliasing tricks):
   weights and back-propagates with them) and keeps at most two weight sets alive (live +
   one transient prediction). ``backward="graph"`` instead differentiates the graph built on
   the predicted weights (they approximate the current ones); it saves the second forward
-  but keeps one predicted copy per micro-batch in flight. SpecTrain's backward predicts
-  too (``B@v~s``): it recomputes at ``W - lr*s*ΔW`` from the current weights.
+  but keeps one predicted copy per micro-batch in flight. With activation recomputation on
+  the stage as well, ``graph`` keeps the predicted copy (not the graph) and the backward
+  recomputes on it, so the two options combine to what each says. SpecTrain's backward
+  predicts too (``B@v~s``): it recomputes at ``W - lr*s*v`` from the current weights.
 """
 
 from __future__ import annotations
@@ -35,11 +37,11 @@ import torch
 from torch import Tensor, nn
 
 from ..ir import Action, Op
-from .prediction import check_spectrain_optimizer, predict
+from .prediction import DirectionTracker
+from .semantics_options import BACKWARD_MODES
 
 __all__ = ["StageWeights", "ForwardPlan"]
 
-BACKWARD_MODES = ("recompute", "graph")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class ForwardPlan:
     version: int
     lookahead: int
     keep_graph: bool  # False: forward under no_grad, backward recomputes
+    keep_weights: bool = False  # predicted: keep the copy for the backward (graph mode)
 
 
 class StageWeights:
@@ -70,19 +73,17 @@ class StageWeights:
         self.live_version = 0
         self.snapshots: dict[int, dict[str, Tensor]] = {}
         self.predicted: dict[tuple[int, int], dict[str, Tensor]] = {}
-        self.last_grads: dict[str, Tensor] = {}
         self.peak_versions = 1
         self.peak_copies = 0
         self.plans: dict[tuple[int, int], ForwardPlan] = {}
         self._last_use: dict[int, int] = {}
         self._expiring: dict[int, list[int]] = {}
-        self._needs_last_grad = False
         self._distance = distance if distance is not None else (lambda action: action.lookahead)
         self._analyse(program, recompute, backward)
-        if spectrain:
-            check_spectrain_optimizer(optimizer)
-        if any(p.mode == "predicted" for p in self.plans.values()):
-            self._needs_last_grad = not isinstance(optimizer, torch.optim.Adam)
+        self.directions: DirectionTracker | None = None
+        if spectrain or any(p.mode == "predicted" for p in self.plans.values()):
+            self.directions = DirectionTracker(optimizer, self.live_params.items(),
+                                               rule="momentum" if spectrain else "optimizer")
 
     # -- analysis of the program (done once) ------------------------------------------------
     def _analyse(self, program: Sequence[Action], recompute: bool, backward: str) -> None:
@@ -108,7 +109,10 @@ class StageWeights:
                     lookahead = self._distance(forward)
                     if lookahead or action.lookahead:
                         mode = "predicted"
-                        keep = backward == "graph" and not action.lookahead and not recompute
+                        graph = backward == "graph" and not action.lookahead
+                        self.plans[(action.microbatch, piece)] = ForwardPlan(
+                            mode, version, lookahead, graph and not recompute, graph)
+                        continue
                     elif version == live_at_forward and updates_between == 0:
                         mode, keep = "live", not recompute
                     else:
@@ -130,8 +134,8 @@ class StageWeights:
             return None
         if plan.mode == "snapshot":
             return self._snapshot(plan.version)
-        params = predict(self.optimizer, self.live_params.items(), plan.lookahead, self.last_grads)
-        if plan.keep_graph:
+        params = self._predict(plan.lookahead)
+        if plan.keep_weights:
             for tensor in params.values():
                 tensor.requires_grad_(True)
             assert action.microbatch is not None
@@ -171,8 +175,7 @@ class StageWeights:
         if plan.mode == "snapshot":
             return self.snapshots[plan.version]
         if action.lookahead:  # SpecTrain: predict at backward time too
-            params = predict(self.optimizer, self.live_params.items(), action.lookahead,
-                             self.last_grads)
+            params = self._predict(action.lookahead)
             for tensor in params.values():
                 tensor.requires_grad_(True)
             self.predicted[(action.microbatch, piece)] = params
@@ -180,6 +183,10 @@ class StageWeights:
             return params
         stored = self.predicted.get((action.microbatch, piece))
         return stored  # graph mode with activation recomputation, else None = current weights
+
+    def _predict(self, steps: int) -> dict[str, Tensor]:
+        assert self.directions is not None, "a predicted forward on a stage without a tracker"
+        return self.directions.predict(steps)
 
     def after_backward(self, action: Action, position: int) -> None:
         """Move gradients from snapshot/predicted tensors into the live parameters."""
@@ -221,10 +228,11 @@ class StageWeights:
         version = self.live_version
         if self._last_use.get(version, -1) > position and version not in self.snapshots:
             self._snapshot(version)
-        if self._needs_last_grad:
-            self.last_grads = {name: p.grad.detach().clone() for name, p in self.live_params.items()
-                               if p.grad is not None}
+        if self.directions is not None:
+            self.directions.before_step()
 
     def after_step(self) -> None:
         self.live_version += 1
+        if self.directions is not None:
+            self.directions.after_step()
         self._count()

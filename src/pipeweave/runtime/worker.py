@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..ir import Op, Schedule, lower
+from ..ir.updates import update_sizes
 from ..models import ModelSpec
 from ..schedules import build_schedule
 from ..schedules.pipeoptim import prediction_distance
@@ -137,6 +138,8 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
 def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.device,
                     spec: ModelSpec, pipeline: int) -> RankParts:
     last = schedule.num_stages - 1
+    sizes = update_sizes(schedule)
+    last_size = sizes[(last, pipeline)]
     stages: dict[int, StageRuntime] = {}
     optimizers: dict[int, torch.optim.Optimizer] = {}
     weights: dict[int, StageWeights] = {}
@@ -147,6 +150,8 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         stages[stage] = StageRuntime(
             stage=stage, blocks=module, block_range=(start, end), is_first=stage == 0,
             is_last=stage == last, loss_fn=spec.loss_fn, recompute=job.plan.recompute_stage(stage),
+            loss_scale=schedule.microbatches / last_size,
+            update_scale=last_size / sizes[(stage, pipeline)],
         )
         optimizers[stage] = job.optimizer(module.parameters())
         weights[stage] = StageWeights(

@@ -32,6 +32,20 @@ def test_schedules_lists_names_descriptions_and_papers(capsys: pytest.CaptureFix
     assert "sync" in gpipe_line
 
 
+@pytest.mark.parametrize(("schedule", "sees"), [
+    ("gpipe", "one batch"), ("1f1b", "one batch"), ("2bw", "one batch"), ("wpipe", "one batch"),
+    ("avgpipe", "one batch (--batch-size samples) per parallel pipeline"),
+    ("pipedream", "one micro-batch"), ("pipeoptim", "one micro-batch"),
+    ("spectrain", "one micro-batch"),
+])
+def test_schedules_say_how_many_samples_one_update_sees(
+        capsys: pytest.CaptureFixture[str], schedule: str, sees: str) -> None:
+    _, out, _ = run(capsys, "schedules")
+    lines = out.splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith(f"{schedule} "))
+    assert f"one update sees: {sees}" in lines[index + 2]
+
+
 def test_show_prints_the_grid(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     csv = tmp_path / "gpipe.csv"
     code, out, _ = run(capsys, "show", "gpipe", "--stages", "2", "--microbatches", "2",

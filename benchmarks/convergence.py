@@ -31,9 +31,10 @@ micro-batch as the synchronous baseline):
 
 * per-batch methods: batch ``U`` split into M = 4 micro-batches of ``U/M``; K iterations;
 * per-micro-batch methods ("equal-update" geometry): micro-batches of ``U``, batches of
-  ``M*U``, ``K/M`` iterations; SGD's lr is multiplied by M because the runtime scales every
-  micro-batch loss by 1/M (see ``make_job``), so that each update is lr x the mean gradient of
-  U samples exactly as in the per-batch methods.
+  ``M*U``, ``K/M`` iterations; every update is the optimizer's step on the mean gradient of
+  its U samples with the same hyper-parameters, exactly as in the per-batch methods (the
+  learning rate means what it means to ``torch.optim`` for the samples one update sees,
+  docs/semantics.md).
 
 Every method thus takes K updates of U samples and sees the same ``K*U`` samples in the same
 order (per-micro-batch batch j is the concatenation of per-batch batches 4j..4j+3), so at a
@@ -42,8 +43,8 @@ weight semantics. Because the pipeline shape then differs (bigger micro-batches)
 also runs the per-micro-batch methods in the "equal-microbatch" geometry: the SAME micro-batch
 ``U/M`` and batch ``U`` as the per-batch methods with the same optimizer settings, i.e. what
 ``--schedule pipedream`` does to a synchronous configuration: M times as many updates over the
-same samples, each of lr/M x the mean gradient of U/M samples for SGD (the 1/M loss scale: the
-linear scaling rule), each a full Adam step for Adam. That geometry appears in the
+same samples, each the optimizer's full step (same lr) on the mean gradient of U/M samples.
+That geometry appears in the
 loss-vs-samples and loss-vs-wall-time plots (dashed), not in loss-vs-updates.
 
 Losses are the training loss of each U-sample group at the weights its forward used (what the
@@ -229,14 +230,6 @@ def make_job(case: Case, method: Method, geometry: str, seed: int, *, updates: i
                         schedule_options=method.options)
     base = BuiltinData(case.dataset, batch_size=case.update_size, seq_len=case.seq_len, seed=seed)
     name, kwargs = case.optimizers[method.optimizer]
-    if grouped and name == "sgd":
-        # The runtime scales every micro-batch's loss by rows/batch_rows = 1/M (runtime/stage.py),
-        # also for methods that step after each micro-batch, so their SGD step is lr/M times the
-        # micro-batch mean gradient. Multiplying lr by M makes each update exactly "lr times the
-        # mean gradient of U samples", like the per-batch methods' (momentum and PipeOptim's /
-        # SpecTrain's predictions are linear in lr x gradient, so they agree too). Adam(W) is
-        # invariant to the gradient's scale (up to eps) and keeps its lr.
-        kwargs = {**kwargs, "lr": kwargs["lr"] * MICROBATCHES}
     return Job(
         plan=plan, steps=updates // MICROBATCHES if grouped else updates,
         model=BuiltinModel(case.model, seed=seed, overrides=case.overrides),
@@ -253,7 +246,7 @@ def per_update_losses(results: Sequence[RankResult], job: Job, method: Method) -
     weighted: dict[int, float] = {}
     for result in results:
         weighted.update(result.losses)
-    # Each micro-batch's loss was scaled by rows/batch_rows = 1/M (runtime/stage.py).
+    # Each micro-batch's loss is *reported* weighted rows/batch_rows = 1/M (runtime/stage.py).
     return [weighted[j] * job.plan.microbatches for j in sorted(weighted)]
 
 

@@ -38,7 +38,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plan", help="partition a model over ranks (uniform, parameters, time, pipedream, autopipe)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__,
     )
     source = parser.add_argument_group("what to plan (give --model, --profile or both)")
     source.add_argument("--model", choices=available_models(), default=None,

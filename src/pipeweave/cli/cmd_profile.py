@@ -24,7 +24,7 @@ __all__ = ["add_parser", "run", "format_profile"]
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "profile", help="measure per-block times, activation and memory sizes, and the link",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__,
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", choices=available_models(), help="built-in model to measure")

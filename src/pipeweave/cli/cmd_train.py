@@ -22,6 +22,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from ..models import available_models
@@ -33,34 +34,52 @@ from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.local_executor import run_local
 from ..runtime.summary import TrainSummary, summarize
 from ..runtime.worker import RankResult
+from ..schedules import get_info
 from . import train_avgpipe
 from .cmd_plan import parse_bytes
 
 __all__ = ["add_parser", "run"]
 
 DEFAULT_OUTPUT = "runs/latest"
+DEFAULT_SCHEDULE = "1f1b"
+DEFAULT_STAGES = 2
+DEFAULT_MICROBATCHES = 4
+PLAN_FLAGS = ("schedule", "stages", "microbatches", "chunks", "width", "option", "recompute")
+"""What a plan file fixes; given beside ``--plan`` they are refused (the plan would win)."""
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "train", help="train a model with a pipeline schedule on local ranks",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__,
     )
     parser.add_argument("--model", default="gpt-tiny", choices=available_models())
-    parser.add_argument("--schedule", default="1f1b", help="schedule name (see `pipeweave schedules`)")
-    parser.add_argument("--stages", type=int, default=2, help="pipeline depth P (ranks per pipeline)")
-    parser.add_argument("--microbatches", type=int, default=4, help="M, micro-batches per step")
+    parser.add_argument("--schedule", default=None,
+                        help=f"schedule name (see `pipeweave schedules`; default {DEFAULT_SCHEDULE})")
+    parser.add_argument("--stages", type=int, default=None,
+                        help=f"pipeline depth P (ranks per pipeline; default {DEFAULT_STAGES})")
+    parser.add_argument("--microbatches", type=int, default=None,
+                        help=f"M, micro-batches per step (default {DEFAULT_MICROBATCHES})")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps (iterations)")
     parser.add_argument("--batch-size", type=int, default=16, help="samples per step")
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per sample (GPT models)")
-    parser.add_argument("--chunks", type=int, default=1, help="model chunks per rank (interleaved)")
-    parser.add_argument("--width", type=int, default=1, help="data-parallel copies of the pipeline")
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="model chunks per rank (default: the schedule's own, 2 for "
+                             "interleaved-1f1b and wpipe, else 1)")
+    parser.add_argument("--width", type=int, default=None,
+                        help="data-parallel copies of the pipeline (default 1)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="schedule option, e.g. sliced=2 (repeatable)")
-    parser.add_argument("--plan", type=Path, default=None, help="plan JSON (overrides the split options)")
-    parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"])
+    parser.add_argument("--plan", type=Path, default=None,
+                        help="plan JSON (pipeweave plan --json-out); it fixes the schedule, "
+                             "stages, micro-batches, chunks, width, options and recomputation, "
+                             "so those flags are refused beside it")
+    parser.add_argument("--optimizer", default=None, choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"],
+                        help="torch.optim optimizer (default: the schedule's own, SGD with "
+                             "momentum 0.9 for spectrain, else adam)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
-    parser.add_argument("--momentum", type=float, default=None, help="SGD momentum")
+    parser.add_argument("--momentum", type=float, default=None,
+                        help="SGD momentum (default 0, or the schedule's: 0.9 for spectrain)")
     parser.add_argument("--recompute", action="store_true", help="recompute activations on every stage")
     parser.add_argument("--prediction-backward", default=None, choices=["recompute", "graph"],
                         help="pipeoptim: backward at the current weights by recomputing the "
@@ -111,23 +130,32 @@ def build_job(args: argparse.Namespace) -> Job:
     model = BuiltinModel(args.model, seed=args.seed, dtype=args.dtype, overrides=overrides)
     spec = model()
     if args.plan is not None:
+        given = [f"--{name}" for name in PLAN_FLAGS if getattr(args, name) not in (None, [], False)]
+        if given:
+            raise ValueError(
+                f"--plan {args.plan} fixes the split and schedule, and {', '.join(given)} would "
+                f"be ignored; drop {'them' if len(given) > 1 else 'it'}, or edit the plan file "
+                f"(or make a new one with pipeweave plan)")
+        if not args.plan.is_file():
+            raise ValueError(f"--plan {args.plan}: no such file; make one with `pipeweave plan "
+                             f"--json-out {args.plan}` or give the path of an existing plan")
         plan = Plan.load(args.plan)
     else:
-        recompute = (True,) * (args.stages * args.chunks) if args.recompute else ()
-        plan = Plan.uniform(len(spec.blocks), args.stages, chunks=args.chunks,
-                            schedule=args.schedule, microbatches=args.microbatches,
-                            width=args.width, recompute=recompute,
+        schedule = args.schedule or DEFAULT_SCHEDULE
+        info = get_info(schedule)
+        stages = DEFAULT_STAGES if args.stages is None else args.stages
+        chunks = info.default_chunks if args.chunks is None else args.chunks
+        recompute = (True,) * (stages * chunks) if args.recompute else ()
+        plan = Plan.uniform(len(spec.blocks), stages, chunks=chunks, schedule=schedule,
+                            microbatches=(DEFAULT_MICROBATCHES if args.microbatches is None
+                                          else args.microbatches),
+                            width=1 if args.width is None else args.width, recompute=recompute,
                             schedule_options=parse_options(args.option))
     dataset = spec.dataset or "digits"
     seq_len = None
     if dataset == "stdlib-bytes":
         seq_len = args.seq_len if args.seq_len is not None else GPT_PRESETS[args.model].seq_len
-    kwargs: dict[str, Any] = {"lr": args.lr}
-    if args.momentum is not None:
-        if args.optimizer != "sgd":
-            raise ValueError("--momentum applies to --optimizer sgd only")
-        kwargs["momentum"] = args.momentum
-    optimizer = OptimizerFactory(args.optimizer, kwargs)
+    optimizer = optimizer_for(args, get_info(plan.schedule).default_optimizer)
     if args.prediction_backward is not None:
         plan = replace(plan, semantics={**plan.semantics, "backward": args.prediction_backward})
     plan, advance = train_avgpipe.apply(args, plan, spec, optimizer)
@@ -138,6 +166,24 @@ def build_job(args: argparse.Namespace) -> Job:
         optimizer=optimizer, seed=args.seed, device=args.device, advance=advance,
         timeout_s=args.timeout, progress=not args.no_progress, apc=args.apc,
     )
+
+
+def optimizer_for(args: argparse.Namespace,
+                  schedule_default: tuple[str, Mapping[str, Any]] | None) -> OptimizerFactory:
+    """``--optimizer``/``--lr``/``--momentum``, with the schedule's own optimizer where the
+    user named none (SpecTrain needs SGD with momentum)."""
+    kwargs: dict[str, Any] = {"lr": args.lr}
+    name = args.optimizer
+    if name is None:
+        name, defaults = schedule_default if schedule_default is not None else ("adam", {})
+        if name == "sgd" and args.momentum is None:
+            kwargs.update(defaults)
+    if args.momentum is not None:
+        if name != "sgd":
+            raise ValueError(f"--momentum applies to --optimizer sgd only, the optimizer is "
+                             f"{name}; add --optimizer sgd or drop --momentum")
+        kwargs["momentum"] = args.momentum
+    return OptimizerFactory(name, kwargs)
 
 
 def checkpoint_options(args: argparse.Namespace) -> CheckpointOptions | None:

@@ -43,7 +43,7 @@ __all__ = ["add_parser", "run", "parse_grid", "default_profile_at"]
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "tune", help="AvgPipe: choose micro-batches M and parallel pipelines N under a memory limit",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__,
     )
     parser.add_argument("--model", required=True, choices=available_models())
     parser.add_argument("--stages", type=int, required=True, help="pipeline depth P (ranks)")

@@ -14,7 +14,9 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+from .. import __version__
+
+__all__ = ["COMMANDS", "build_parser", "main", "HelpFormatter"]
 
 COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan", "tune"]
 """Sub-commands, in help order; ``pipeweave.cli.cmd_<name>`` modules not written yet are skipped."""
@@ -32,13 +34,36 @@ def _command_modules() -> list[ModuleType]:
     return modules
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written, and every option's default in its help line.
+
+    Options whose default is ``None``/``False`` (unset flags, or defaults that depend on other
+    options, which their help text states) get no ``(default: ...)`` suffix.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if ("%(default)" in text or action.default in (None, False, argparse.SUPPRESS)
+                or not action.option_strings or action.default == []):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class _SubcommandParser(argparse.ArgumentParser):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every available sub-command."""
     parser = argparse.ArgumentParser(
-        prog="pipeweave",
+        prog="pipeweave", formatter_class=HelpFormatter,
         description="Pipeline-parallel training: schedules as data, one simulator, one runtime.",
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"pipeweave {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                       parser_class=_SubcommandParser)
     for module in _command_modules():
         module.add_parser(subparsers)
     return parser

@@ -92,7 +92,7 @@ def advance_order(advance: int) -> Order:
 
 @register("avgpipe", description="AvgPipe: N parallel 1F1B pipelines with advance forward "
                                  "propagation; per-pipeline update then elastic averaging (AV)",
-          paper="AvgPipe (avgpipe.txt §3.2, §4.2, Algorithm 1, Fig. 7)", synchronous=True,
+          paper="Z. Chen, W. Qian, \"Elastic Averaging for Efficient Pipelined DNN Training\" (AvgPipe), §3.2, §4.2, Algorithm 1, Fig. 7", synchronous=True,
           options=("advance", "first_iteration"))
 def avgpipe(shape: Shape) -> Schedule:
     if shape.chunks != 1:

@@ -39,7 +39,7 @@ __all__ = ["pipedream"]
 
 @register("pipedream",
           description="asynchronous 1F1B(-RR) without flush, update after every backward, weight stashing",
-          paper="PipeDream (pipedream.txt §3.2-3.3)", synchronous=False,
+          paper="D. Narayanan et al., PipeDream: Generalized Pipeline Parallelism for DNN Training, SOSP 2019, §3.2-3.3", synchronous=False,
           options=("vertical_sync",))
 def pipedream(shape: Shape) -> Schedule:
     check_options("pipedream", shape, ["vertical_sync"])

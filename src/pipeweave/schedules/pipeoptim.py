@@ -52,7 +52,7 @@ __all__ = ["pipeoptim", "spectrain", "prediction_distance", "spectrain_backward_
 @register("pipeoptim",
           description="asynchronous 1F1B, update after every backward, forward on weights predicted "
                       "s = D-rank-1 updates ahead, no stashing",
-          paper="PipeOptim (pipeoptim.txt §III, Algorithm 1)", synchronous=False,
+          paper="L. Guan et al., PipeOptim: Ensuring Effective 1F1B Schedule with Optimizer-Dependent Weight Prediction, arXiv:2312.00839 (2023), §III, Algorithm 1", synchronous=False,
           options=("lookahead",))
 def pipeoptim(shape: Shape) -> Schedule:
     check_options("pipeoptim", shape, ["lookahead"])
@@ -80,8 +80,9 @@ def spectrain_backward_distance(stage: int) -> int:
 @register("spectrain",
           description="asynchronous 1F1B, update after every backward, forward and backward on "
                       "SGDM-predicted weights (SpecTrain)",
-          paper="SpecTrain (Chen et al. 2018), as compared in pipeoptim.txt §II-C2, §III-B2",
-          synchronous=False)
+          paper="C.-C. Chen et al., Efficient and Robust Parallel DNN Training through Model "
+                "Parallelism on Multi-GPU Platform (SpecTrain), arXiv:1809.02839 (2018)",
+          synchronous=False, default_optimizer=("sgd", {"momentum": 0.9}))
 def spectrain(shape: Shape) -> Schedule:
     check_options("spectrain", shape, [])
     if shape.replicas is not None or shape.width != 1:

@@ -77,6 +77,12 @@ class ScheduleInfo:
     """Smallest M the schedule accepts for a shape (e.g. P for 2BW)."""
     options: tuple[str, ...] = ()
     """Names of the options the generator understands; anything else is rejected."""
+    default_chunks: int = 1
+    """Model chunks per rank the schedule is meant for (WPipe's two groups, interleaving);
+    what ``pipeweave train`` uses when ``--chunks`` is not given."""
+    default_optimizer: tuple[str, Mapping[str, Any]] | None = None
+    """``(name, kwargs)`` when the schedule needs a particular optimizer (SpecTrain: SGD with
+    momentum); what ``pipeweave train`` uses when ``--optimizer`` is not given."""
 
 
 _REGISTRY: dict[str, ScheduleInfo] = {}
@@ -90,6 +96,8 @@ def register(
     synchronous: bool,
     min_microbatches: Callable[[Shape], int] | None = None,
     options: Sequence[str] = (),
+    default_chunks: int = 1,
+    default_optimizer: tuple[str, Mapping[str, Any]] | None = None,
 ) -> Callable[[Generator], Generator]:
     """Decorator registering a generator under ``name``."""
 
@@ -99,7 +107,7 @@ def register(
         _REGISTRY[name] = ScheduleInfo(
             name, description, paper, synchronous, fn,
             min_microbatches if min_microbatches is not None else (lambda shape: 1),
-            tuple(options),
+            tuple(options), default_chunks, default_optimizer,
         )
         return fn
 

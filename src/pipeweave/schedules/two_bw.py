@@ -43,7 +43,7 @@ def min_microbatches(shape: Shape) -> int:
 
 @register("2bw",
           description="PipeDream-2BW: 1F1B without flush, update every M backwards, <= 2 weight versions",
-          paper="PipeDream-2BW (wpipe.txt §2-3)", synchronous=False,
+          paper="D. Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training (PipeDream-2BW), ICML 2021", synchronous=False,
           min_microbatches=min_microbatches)
 def two_bw(shape: Shape) -> Schedule:
     check_options("2bw", shape, [])

@@ -5,8 +5,13 @@ timeline (:attr:`pipeweave.sim.SimulationResult.timeline`) and a timeline measur
 runtime go through the same function. Each record becomes one complete event (``"ph": "X"``)
 in the Trace Event Format::
 
-    {"name": "1F3@0", "cat": "forward", "ph": "X", "pid": 0, "tid": 1,
-     "ts": 4000000.0, "dur": 1000000.0, "args": {"stage": 1, "microbatch": 3, "version": 0}}
+    {"name": "forward mb 3 · stage 1", "cat": "forward", "ph": "X", "pid": 0, "tid": 1,
+     "ts": 4000000.0, "dur": 1000000.0,
+     "args": {"action": "1F3@0", "stage": 1, "microbatch": 3, "version": 0}}
+
+Event names are words a reader of the timeline understands (``forward mb 3 · stage 1``,
+``send activation mb 3 · stage 1``, ``update stage 0 → v2``); the compact action text, which
+parses back with :func:`pipeweave.ir.parse_action`, and its fields are in ``args``.
 
 One process (``pid`` 0, named after the schedule) with one thread per rank (``tid`` = rank,
 named ``rank r``); timestamps and durations are in microseconds. Simulated timelines in cost
@@ -23,7 +28,7 @@ from typing import Any
 
 from ..ir import Op, parse_action
 
-__all__ = ["Record", "chrome_trace", "write_chrome_trace"]
+__all__ = ["Record", "chrome_trace", "write_chrome_trace", "readable_name"]
 
 Record = tuple[int, str, float, float]
 """``(rank, action text, start, end)``; start/end in seconds (or simulated cost units)."""
@@ -57,9 +62,9 @@ def chrome_trace(
         if end < start:
             raise ValueError(f"record {tuple(record)!r} ends before it starts; give start <= end")
         ranks.add(rank)
-        category, args = _describe(text)
+        category, label, args = _describe(text)
         events.append({
-            "name": text, "cat": category, "ph": "X", "pid": 0, "tid": rank,
+            "name": label, "cat": category, "ph": "X", "pid": 0, "tid": rank,
             "ts": start * scale, "dur": (end - start) * scale, "args": args,
         })
     for rank in sorted(ranks):
@@ -81,13 +86,40 @@ def write_chrome_trace(
     return path
 
 
-def _describe(text: str) -> tuple[str, dict[str, Any]]:
-    """Category and args (stage, micro-batch, piece, version, ...) of an action's text."""
+_WORDS = {
+    Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.SEND_ACT: "send activation",
+    Op.RECV_ACT: "receive activation", Op.SEND_GRAD: "send gradient",
+    Op.RECV_GRAD: "receive gradient", Op.STEP: "update", Op.ALL_REDUCE: "all-reduce",
+    Op.AVERAGE: "average",
+}
+
+
+def readable_name(text: str) -> str:
+    """A reader's name for an action's compact text (the text itself if it is not one)."""
+    try:
+        action = parse_action(text)
+    except ValueError:
+        return text
+    words = _WORDS[action.op]
+    if action.microbatch is not None:
+        piece = "ab"[action.piece - 1] if action.piece else ""
+        words += f" mb {action.microbatch}{piece} · stage {action.stage}"
+    else:
+        words += f" stage {action.stage}"
+        if action.version is not None:
+            words += f" → v{action.version}"
+    if action.pipeline:
+        words += f" · pipeline {action.pipeline}"
+    return words
+
+
+def _describe(text: str) -> tuple[str, str, dict[str, Any]]:
+    """Category, readable name and args (the compact text, stage, micro-batch, ...)."""
     try:
         action = parse_action(text)
     except ValueError:  # a measured record with a free-form label
-        return "other", {}
-    args: dict[str, Any] = {"stage": action.stage}
+        return "other", text, {}
+    args: dict[str, Any] = {"action": text, "stage": action.stage}
     if action.microbatch is not None:
         args["microbatch"] = action.microbatch
     if action.piece:
@@ -98,4 +130,4 @@ def _describe(text: str) -> tuple[str, dict[str, Any]]:
         args["lookahead"] = action.lookahead
     if action.pipeline:
         args["pipeline"] = action.pipeline
-    return _CATEGORY[action.op], args
+    return _CATEGORY[action.op], readable_name(text), args

@@ -199,3 +199,14 @@ def test_sigkill_while_writing_a_shard_leaves_the_last_complete_checkpoint(tmp_p
     resumed = run_local(dataclasses.replace(job, checkpoint=CheckpointOptions(resume=str(tmp_path))))
     k = StoredCheckpoint(latest).step
     assert_same_run(resumed, run_local(job), microbatches=4, steps=list(range(k + 1, 7)))
+
+
+def test_resuming_an_output_folder_takes_its_checkpoints_subfolder(written, tmp_path) -> None:
+    # `pipeweave train --output-dir runs/w --checkpoint-every N` writes to runs/w/checkpoints;
+    # `--resume runs/w` must find them there.
+    import shutil
+
+    output = tmp_path / "w"
+    root = output / "checkpoints"
+    shutil.copytree(written[0], root)
+    assert resolve(output) == resolve(root) == complete_checkpoints(root)[-1]

@@ -30,6 +30,7 @@ from ..models.gpt import GPT_PRESETS
 from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
 from ..runtime.checkpoint import check_resume
 from ..runtime.checkpoint_options import CheckpointOptions
+from ..runtime.checkpoint_store import OUTPUT_SUBFOLDER
 from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.local_executor import run_local
 from ..runtime.summary import TrainSummary, summarize
@@ -189,7 +190,7 @@ def optimizer_for(args: argparse.Namespace,
 def checkpoint_options(args: argparse.Namespace) -> CheckpointOptions | None:
     directory = args.checkpoint_dir
     if directory is None and args.checkpoint_every:
-        directory = args.output_dir / "checkpoints"
+        directory = args.output_dir / OUTPUT_SUBFOLDER
     if directory is None and args.resume is None:
         return None
     return CheckpointOptions(directory=None if directory is None else str(directory),

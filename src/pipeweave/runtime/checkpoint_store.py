@@ -49,6 +49,9 @@ FORMAT = "pipeweave-checkpoint"
 VERSION = 1
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"
+OUTPUT_SUBFOLDER = "checkpoints"
+"""Where ``pipeweave train`` keeps checkpoints inside its output folder by default; resuming
+an output folder looks there."""
 _CHUNK = 1 << 22
 
 
@@ -228,6 +231,9 @@ def resolve(path: str | Path) -> Path:
     complete = complete_checkpoints(path)
     if complete:
         return complete[-1]
+    nested = path / OUTPUT_SUBFOLDER
+    if nested.is_dir() and (complete_checkpoints(nested) or (nested / LATEST).is_file()):
+        return resolve(nested)  # a run's output folder: its checkpoints live in there
     raise CheckpointError(f"{path} holds no complete checkpoint (no step-* folder with a "
                           f"{MANIFEST}); start without --resume")
 

@@ -77,3 +77,16 @@ def test_spectrain_defaults_to_sgd_with_momentum(tmp_path: Path) -> None:
     assert optimizer.name == "sgd" and optimizer.kwargs == {"lr": 1e-3, "momentum": 0.9}
     args = build_parser().parse_args(["train", "--schedule", "spectrain", "--momentum", "0.5"])
     assert optimizer_for(args, ("sgd", {"momentum": 0.9})).kwargs["momentum"] == 0.5
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--lr", "nan"], "lr=nan is not finite"),
+    (["--lr", "inf"], "lr=inf is not finite"),
+    (["--optimizer", "sgd", "--lr", "-1"], "Invalid learning rate: -1.0"),
+    (["--optimizer", "sgd", "--momentum", "-0.5"], "Invalid momentum value"),
+])
+def test_bad_optimizer_values_stop_before_launch(argv: list[str], match: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", *argv, "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err and len(err.splitlines()) == 1

@@ -7,6 +7,7 @@ picklable callable of the user's (a top-level function, a ``functools.partial``)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,19 @@ class OptimizerFactory:
     def __post_init__(self) -> None:
         if self.name not in _OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.name!r}; choose one of {sorted(_OPTIMIZERS)}")
+        lr = self.kwargs.get("lr")
+        if isinstance(lr, float) and not math.isfinite(lr):
+            raise ValueError(f"optimizer {self.name}: lr={lr} is not finite; give a finite "
+                             f"--lr > 0, e.g. 1e-3")
+        # torch checks its hyper-parameters when the optimizer is built, i.e. inside every rank;
+        # build one here on a stand-in parameter so a bad value stops the run before launch.
+        try:
+            _OPTIMIZERS[self.name]([torch.zeros(1, requires_grad=True)], **self.kwargs)
+        except (ValueError, TypeError) as error:
+            settings = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+            raise ValueError(f"optimizer {self.name} with {settings}: {error}; give values "
+                             f"torch.optim.{_OPTIMIZERS[self.name].__name__} accepts (e.g. a "
+                             f"finite --lr > 0)") from None
 
     def __call__(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         return _OPTIMIZERS[self.name](params, **self.kwargs)

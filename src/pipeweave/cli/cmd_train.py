@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 from ..models import available_models

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..ir import Op, parse_action
+from ..ir import Action, Op, parse_action
 
 __all__ = ["Record", "chrome_trace", "write_chrome_trace", "readable_name"]
 
@@ -94,12 +94,8 @@ _WORDS = {
 }
 
 
-def readable_name(text: str) -> str:
-    """A reader's name for an action's compact text (the text itself if it is not one)."""
-    try:
-        action = parse_action(text)
-    except ValueError:
-        return text
+def readable_name(action: Action) -> str:
+    """A reader's name for an action, e.g. ``forward mb 3 · stage 1``."""
     words = _WORDS[action.op]
     if action.microbatch is not None:
         piece = "ab"[action.piece - 1] if action.piece else ""
@@ -130,4 +126,4 @@ def _describe(text: str) -> tuple[str, str, dict[str, Any]]:
         args["lookahead"] = action.lookahead
     if action.pipeline:
         args["pipeline"] = action.pipeline
-    return _CATEGORY[action.op], readable_name(text), args
+    return _CATEGORY[action.op], readable_name(action), args

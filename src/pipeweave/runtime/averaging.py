@@ -79,12 +79,12 @@ class ElasticAverager:
         simultaneous = self.order == "simultaneous"
         with torch.no_grad():
             for name, param in module.named_parameters():
-                # simultaneous: fold in the diluted model (the mean); else the local update δ
-                contribution = None if simultaneous else param.detach() - before[name]
-                anchor = before[name] if simultaneous else param.detach()
-                param.sub_(self.alpha * (anchor - self.reference[name]))
-                if contribution is None:
+                if simultaneous:  # dilute from before the update; fold in the diluted model
+                    param.sub_(self.alpha * (before[name] - self.reference[name]))
                     contribution = param.detach()
+                else:  # dilute the updated weights; fold in the local update δ
+                    contribution = param.detach() - before[name]
+                    param.sub_(self.alpha * (param.detach() - self.reference[name]))
                 if name in self._sum:
                     self._sum[name] += contribution
                 else:

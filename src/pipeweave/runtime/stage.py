@@ -125,15 +125,13 @@ class StageRuntime:
     def _loss(self, output: Tensor, target: Tensor, rows: int, batch_rows: int, key: Key) -> Tensor:
         loss = self.loss_fn(output, target) * (rows / batch_rows)
         value = float(loss.detach())
-        if self.loss_scale != 1.0:
-            loss = loss * self.loss_scale
         if value != value or value in (float("inf"), float("-inf")):
             raise FloatingPointError(
                 f"loss became {value} at micro-batch {key[0]} (stage {self.stage}); lower the "
                 f"learning rate or check the data"
             )
         self.losses[key[0]] = self.losses.get(key[0], 0.0) + value
-        return loss
+        return self._for_backward(loss)
 
     def _keep(self, key: Key, stash: _Stash) -> None:
         self._stash[key] = stash
@@ -186,8 +184,11 @@ class StageRuntime:
         if not self.is_last:
             return output
         assert stash.target is not None
-        loss = self.loss_fn(output, stash.target) * (stash.rows / batch_rows)
-        return loss * self.loss_scale if self.loss_scale != 1.0 else loss
+        return self._for_backward(self.loss_fn(output, stash.target) * (stash.rows / batch_rows))
+
+    def _for_backward(self, weighted: Tensor) -> Tensor:
+        """The batch-weighted loss as one update must see it (``loss_scale``, module docstring)."""
+        return weighted * self.loss_scale if self.loss_scale != 1.0 else weighted
 
     @property
     def in_flight(self) -> int:

@@ -43,7 +43,6 @@ from .semantics_options import BACKWARD_MODES
 __all__ = ["StageWeights", "ForwardPlan"]
 
 
-
 @dataclass(frozen=True)
 class ForwardPlan:
     """How one forward (and its backward) treats the weights."""
@@ -107,18 +106,16 @@ class StageWeights:
                     version = forward.version if forward.version is not None else live_at_forward
                     updates_between = sum(1 for u in updates_at if u > f_position)
                     lookahead = self._distance(forward)
+                    key = (action.microbatch, piece)
                     if lookahead or action.lookahead:
-                        mode = "predicted"
                         graph = backward == "graph" and not action.lookahead
-                        self.plans[(action.microbatch, piece)] = ForwardPlan(
-                            mode, version, lookahead, graph and not recompute, graph)
-                        continue
+                        self.plans[key] = ForwardPlan("predicted", version, lookahead,
+                                                      graph and not recompute, graph)
                     elif version == live_at_forward and updates_between == 0:
-                        mode, keep = "live", not recompute
+                        self.plans[key] = ForwardPlan("live", version, lookahead, not recompute)
                     else:
-                        mode, keep = "snapshot", not recompute
+                        self.plans[key] = ForwardPlan("snapshot", version, lookahead, not recompute)
                         self._last_use[version] = max(self._last_use.get(version, -1), position)
-                    self.plans[(action.microbatch, piece)] = ForwardPlan(mode, version, lookahead, keep)
         for version, position in self._last_use.items():
             self._expiring.setdefault(position, []).append(version)
 

@@ -122,7 +122,9 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
     """
     spec = job.model() if spec is None else spec
     check_model_fits_plan(spec, job.plan)
-    parts = [_build_pipeline(job, rank, schedule, device, spec, p) for p in range(schedule.pipelines)]
+    sizes = update_sizes(schedule)
+    parts = [_build_pipeline(job, rank, schedule, device, spec, p, sizes)
+             for p in range(schedule.pipelines)]
     main = parts[0]
     main.others = parts[1:]
     if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
@@ -136,9 +138,10 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
 
 
 def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.device,
-                    spec: ModelSpec, pipeline: int) -> RankParts:
+                    spec: ModelSpec, pipeline: int,
+                    sizes: Mapping[tuple[int, int], int]) -> RankParts:
+    """``sizes``: micro-batches per update of every (stage, pipeline), ``update_sizes``."""
     last = schedule.num_stages - 1
-    sizes = update_sizes(schedule)
     last_size = sizes[(last, pipeline)]
     stages: dict[int, StageRuntime] = {}
     optimizers: dict[int, torch.optim.Optimizer] = {}

@@ -90,3 +90,10 @@ def test_bad_optimizer_values_stop_before_launch(argv: list[str], match: str,
     assert main(["train", *argv, "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_chunks_the_schedule_cannot_take_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--schedule", "wpipe", "--chunks", "1", "--steps", "1",
+                 "--executor", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "use --chunks 2" in err and "Traceback" not in err and len(err.splitlines()) == 1

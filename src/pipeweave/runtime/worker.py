@@ -43,6 +43,13 @@ def make_schedule(plan: Plan, steps: int) -> Schedule:
             f"schedule {plan.schedule!r} is not supported by the runtime yet; the runtime runs "
             f"{sorted(SUPPORTED)} (the simulator knows every schedule)"
         )
+    if schedule.num_stages != len(plan.stages):
+        per_rank = schedule.num_stages // plan.depth
+        raise ValueError(
+            f"schedule {plan.schedule!r} lays out {schedule.num_stages} stages ({per_rank} "
+            f"chunk(s) per rank on {plan.depth} ranks) but the plan has {len(plan.stages)} "
+            f"(chunks={plan.chunks}); use --chunks {per_rank} (Plan chunks={per_rank})"
+        )
     return lower(schedule)
 
 

@@ -175,9 +175,12 @@ def schedule_bound_s(results: list[Any], microbatches: int, ends: list[float]) -
     return sum(per_stage) + (microbatches - 1) * max(per_stage)
 
 
-def run_torch(case: Case, schedule: str, ranks: int, steps: int) -> Run:
-    plan = Plan.uniform(num_blocks(case), ranks)  # the same block ranges as pipeweave's
-    side = TorchSide(model=case.model, overrides=case.overrides, stages=plan.stages,
+def run_torch(case: Case, schedule: str, ranks: int, steps: int,
+              stages: tuple[tuple[int, int], ...] | None = None) -> Run:
+    """``stages``: block range per rank (default ``Plan.uniform``'s, as pipeweave's here)."""
+    if stages is None:
+        stages = Plan.uniform(num_blocks(case), ranks).stages
+    side = TorchSide(model=case.model, overrides=case.overrides, stages=stages,
                      schedule=schedule, microbatches=case.microbatches,
                      batch_size=case.batch_size, seq_len=case.seq_len, dataset=case.dataset,
                      steps=steps, lr=case.lr)
@@ -275,13 +278,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def write_results(path: Path, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+def write_results(path: Path, args: argparse.Namespace, rows: list[dict[str, Any]],
+                  cases: dict[str, Case] | None = None) -> None:
     """``rows`` with the run's settings (``args.steps/repeats/cases``) and the machine."""
+    known = CASES if cases is None else cases
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "settings": {"steps": args.steps, "repeats": args.repeats,
                      "threads_per_rank": 1, "backend": "gloo",
-                     "cases": {n: vars(CASES[n]) for n in args.cases}},
+                     "cases": {n: vars(known[n]) for n in args.cases}},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "torch": torch.__version__},
         "rows": rows,

@@ -29,3 +29,20 @@ def test_runtime_versions_equal_simulator(method: str, depth: int) -> None:
     assert [measured[s] for s in sorted(measured)] == simulated
     if method in EXPECTED:
         assert simulated == [EXPECTED[method](depth, s) for s in range(len(simulated))]
+
+
+@pytest.mark.parametrize("depth", [2, 3, 4])
+def test_graph_backward_keeps_one_prediction_per_microbatch_in_flight(depth: int) -> None:
+    """PipeOptim with ``backward="graph"`` keeps each predicted copy until its backward:
+    stage s holds the live set plus one per micro-batch in flight (P - s of them) on every
+    stage that predicts, and the simulator counts the same when told so."""
+    job = make_job("pipeoptim", depth, "sgd", steps=4, semantics={"backward": "graph"})
+    measured: dict[int, int] = {}
+    for result in run_local(job):
+        measured.update(result.peak_weight_versions)
+    schedule = make_schedule(job.plan, job.steps)
+    simulated = simulate(schedule, keep_predicted=True).weight_versions
+    assert [measured[s] for s in sorted(measured)] == simulated
+    assert simulated == [depth - s + 1 if s < depth - 1 else 1 for s in range(depth)]
+    assert simulate(schedule).weight_versions == [EXPECTED["pipeoptim"](depth, s)
+                                                  for s in range(depth)]

@@ -31,6 +31,7 @@ from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
 from ..runtime.checkpoint import check_resume
 from ..runtime.checkpoint_options import CheckpointOptions
 from ..runtime.checkpoint_store import OUTPUT_SUBFOLDER
+from ..runtime.job import IMPLEMENTATIONS
 from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.local_executor import run_local
 from ..runtime.summary import TrainSummary, summarize
@@ -78,6 +79,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--optimizer", default=None, choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"],
                         help="torch.optim optimizer (default: the schedule's own, SGD with "
                              "momentum 0.9 for spectrain, else adam)")
+    parser.add_argument("--optimizer-impl", default="auto", choices=list(IMPLEMENTATIONS),
+                        help="how torch runs the step: fused kernels where torch has them for "
+                             "the optimizer and device (auto), or forced fused / foreach / loop")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     parser.add_argument("--momentum", type=float, default=None,
                         help="SGD momentum (default 0, or the schedule's: 0.9 for spectrain)")
@@ -184,7 +188,7 @@ def optimizer_for(args: argparse.Namespace,
             raise ValueError(f"--momentum applies to --optimizer sgd only, the optimizer is "
                              f"{name}; add --optimizer sgd or drop --momentum")
         kwargs["momentum"] = args.momentum
-    return OptimizerFactory(name, kwargs)
+    return OptimizerFactory(name, kwargs, implementation=args.optimizer_impl)
 
 
 def checkpoint_options(args: argparse.Namespace) -> CheckpointOptions | None:

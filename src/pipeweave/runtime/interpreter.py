@@ -169,16 +169,17 @@ class RankInterpreter:
         target = self.data.targets(j, piece, pipeline) if stage.is_last else None
         weights = self._weights(action)[action.stage]
         plan = weights.forward_plan(action)
-        params = weights.forward_params(action, plan)
+        replica = weights.forward_module(action, plan)
         if self.meter is None:
             output = stage.forward((j, piece, pipeline), inputs, target=target,
-                                   batch_rows=self._batch_rows(), params=params,
+                                   batch_rows=self._batch_rows(), replica=replica,
                                    keep_graph=plan.keep_graph)
         else:
-            with self.meter.forward((action.stage, j, piece, pipeline), stage.module,
+            with self.meter.forward((action.stage, j, piece, pipeline),
+                                    stage.module if replica is None else replica,
                                     inputs) as kept:
                 output = stage.forward((j, piece, pipeline), inputs, target=target,
-                                       batch_rows=self._batch_rows(), params=params,
+                                       batch_rows=self._batch_rows(), replica=replica,
                                        keep_graph=plan.keep_graph)
                 if output is not None:
                     kept.append(output)
@@ -192,7 +193,7 @@ class RankInterpreter:
         grad_output = None if stage.is_last else self._input_of(action)
         grad_input = stage.backward(
             action.microbatch, action.pipeline, grad_output, batch_rows=self._batch_rows(),
-            recompute_params=lambda piece: weights.recompute_params(action, piece))
+            recompute_module=lambda piece: weights.recompute_module(action, piece))
         weights.after_backward(action, position)
         if self.meter is not None:
             self.meter.release(action.stage, action.microbatch, action.pipeline)

@@ -7,6 +7,7 @@ picklable callable of the user's (a top-level function, a ``functools.partial``)
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from .advance_options import AdvanceOptions
 from .checkpoint_options import CheckpointOptions
 from .plan import Plan
 
-__all__ = ["Job", "BuiltinModel", "BuiltinData", "OptimizerFactory", "DTYPES"]
+__all__ = ["Job", "BuiltinModel", "BuiltinData", "OptimizerFactory", "DTYPES", "IMPLEMENTATIONS"]
 
 Batch = tuple[Tensor, Tensor]
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -67,16 +68,39 @@ _OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 }
 
 
+IMPLEMENTATIONS = ("auto", "fused", "foreach", "loop")
+"""How torch runs an optimizer's step: ``fused`` (one kernel per step, SGD/Adam/AdamW/Adagrad
+on the devices torch has kernels for), ``foreach`` (one kernel per operation over all
+tensors), ``loop`` (one per tensor), ``auto`` (fused where torch offers it for this optimizer,
+device and dtype, else torch's own default). The update rule is the same in all four; the
+last bits of a result can differ between them (floating-point order)."""
+
+
 @dataclass(frozen=True)
 class OptimizerFactory:
-    """``torch.optim`` optimizer by name with keyword arguments, e.g. ``("adam", lr=1e-3)``."""
+    """``torch.optim`` optimizer by name with keyword arguments, e.g. ``("adam", lr=1e-3)``.
+
+    ``implementation`` picks how torch runs the step (:data:`IMPLEMENTATIONS`); ``foreach``
+    or ``fused`` given in ``kwargs`` are passed as they are and need ``"auto"``.
+    """
 
     name: str = "adam"
     kwargs: dict[str, Any] = field(default_factory=lambda: {"lr": 1e-3})
+    implementation: str = "auto"
 
     def __post_init__(self) -> None:
         if self.name not in _OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.name!r}; choose one of {sorted(_OPTIMIZERS)}")
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"optimizer implementation {self.implementation!r}; choose one of "
+                             f"{', '.join(IMPLEMENTATIONS)}")
+        chosen = sorted({"foreach", "fused"} & set(self.kwargs))
+        if chosen and self.implementation != "auto":
+            raise ValueError(f"optimizer {self.name}: {chosen[0]}= is given and implementation="
+                             f"{self.implementation!r} too; give one of them")
+        if self.implementation in ("fused", "foreach") and not self._accepts(self.implementation):
+            raise ValueError(f"torch.optim.{_OPTIMIZERS[self.name].__name__} has no "
+                             f"{self.implementation} implementation; use auto or loop")
         lr = self.kwargs.get("lr")
         if isinstance(lr, float) and not math.isfinite(lr):
             raise ValueError(f"optimizer {self.name}: lr={lr} is not finite; give a finite "
@@ -92,7 +116,22 @@ class OptimizerFactory:
                              f"finite --lr > 0)") from None
 
     def __call__(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        return _OPTIMIZERS[self.name](params, **self.kwargs)
+        params = list(params)
+        build = _OPTIMIZERS[self.name]
+        if self.implementation == "auto":
+            if ({"foreach", "fused", "differentiable"} & set(self.kwargs)
+                    or not self._accepts("fused")):
+                return build(params, **self.kwargs)
+            try:  # torch refuses fused when a parameter's device or dtype has no kernel
+                return build(params, **self.kwargs, fused=True)
+            except RuntimeError:
+                return build(params, **self.kwargs)
+        if self.implementation == "loop":
+            return build(params, **self.kwargs, foreach=False)
+        return build(params, **self.kwargs, **{self.implementation: True})
+
+    def _accepts(self, flag: str) -> bool:
+        return flag in inspect.signature(_OPTIMIZERS[self.name].__init__).parameters
 
 
 @dataclass(frozen=True)

@@ -90,15 +90,27 @@ class DirectionTracker:
                     if param.grad is None:
                         self._kept.pop(name, None)
                         continue
-                    grad = -param.grad if group["maximize"] else param.grad
-                    decay = group["weight_decay"]
-                    self._kept[name] = grad + decay * param if decay else grad.clone()
+                    self._keep_effective_gradient(name, param, group)
                 elif self._kind == "generic":
                     buffer = self._kept.get(name)
                     if buffer is None:
                         self._kept[name] = param.detach().clone()
                     else:
                         buffer.copy_(param)
+
+    def _keep_effective_gradient(self, name: str, param: nn.Parameter, group: Mapping) -> None:
+        """``g' = ±g + λW`` into this parameter's buffer (allocated at the first step only)."""
+        assert param.grad is not None
+        buffer = self._kept.get(name)
+        if buffer is None or buffer.shape != param.shape:
+            buffer = self._kept[name] = torch.empty_like(param)
+        decay = group["weight_decay"]
+        if group["maximize"]:
+            torch.neg(param.grad, out=buffer)
+        else:
+            buffer.copy_(param.grad)
+        if decay:
+            buffer.add_(param, alpha=decay)
 
     def after_step(self) -> None:
         self.steps += 1
@@ -125,16 +137,21 @@ class DirectionTracker:
 
     def predict(self, steps: int) -> dict[str, Tensor]:
         """``{name: W - lr * steps * ΔW}`` as new tensors (a copy of ``W`` where ΔW is unknown)."""
-        predicted: dict[str, Tensor] = {}
+        predicted = {name: torch.empty_like(param) for name, param in self.params.items()}
+        self.predict_into(steps, predicted)
+        return predicted
+
+    def predict_into(self, steps: int, out: Mapping[str, Tensor]) -> None:
+        """Write ``W - lr * steps * ΔW`` into ``out[name]`` in place, one pass per tensor."""
         with torch.no_grad():
             for name, param in self.params.items():
+                target = out[name]
                 direction = self.direction(name) if steps else None
                 if direction is None:
-                    predicted[name] = param.detach().clone()
+                    target.copy_(param)
                 else:
                     lr = _scalar(self._group[name]["lr"])
-                    predicted[name] = torch.add(param.detach(), direction, alpha=-lr * steps)
-        return predicted
+                    torch.add(param.detach(), direction, alpha=-lr * steps, out=target)
 
 
 def _kind(optimizer: torch.optim.Optimizer) -> str:

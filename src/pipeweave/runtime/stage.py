@@ -19,12 +19,11 @@ losses of an iteration sum to the batch's mean loss whatever the schedule.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 __all__ = ["StageRuntime", "StageError"]
 
@@ -82,17 +81,16 @@ class StageRuntime:
         self._stashed_bytes = 0
 
     # -- forward ----------------------------------------------------------------------
-    def _run(self, inputs: Tensor, params: Mapping[str, Tensor] | None) -> Tensor:
-        if params is None:
-            return self.module(inputs)
-        return functional_call(self.module, dict(params), (inputs,))
+    def _run(self, inputs: Tensor, replica: nn.Module | None) -> Tensor:
+        return (self.module if replica is None else replica)(inputs)
 
     def forward(self, key: Key, inputs: Tensor, *, target: Tensor | None = None,
-                batch_rows: int = 1, params: Mapping[str, Tensor] | None = None,
+                batch_rows: int = 1, replica: nn.Module | None = None,
                 keep_graph: bool | None = None) -> Tensor | None:
         """Run the stage on ``inputs``; return the activation to pass on (None on the last stage).
 
-        ``params`` replaces the module's parameters (a stashed or predicted weight version);
+        ``replica`` runs instead of the stage's module: a copy holding a stashed or predicted
+        weight version (:mod:`.weights`);
         ``keep_graph=False`` runs under ``no_grad`` and recomputes in the backward (default:
         the stage's recomputation setting).
         """
@@ -102,10 +100,10 @@ class StageRuntime:
         rng = None if keep else torch.get_rng_state()
         try:
             if keep:
-                output = self._run(inputs, params)
+                output = self._run(inputs, replica)
             else:
                 with torch.no_grad():
-                    output = self._run(inputs, params)
+                    output = self._run(inputs, replica)
         except Exception as error:  # name the stage, its blocks and the input it got
             raise StageError(
                 f"stage {self.stage} (blocks {self.block_range[0]}..{self.block_range[1] - 1}) "
@@ -142,12 +140,12 @@ class StageRuntime:
     # -- backward ---------------------------------------------------------------------
     def backward(self, microbatch: int, pipeline: int, grad_output: Tensor | None, *,
                  batch_rows: int = 1,
-                 recompute_params: Callable[[int], Mapping[str, Tensor] | None] | None = None,
+                 recompute_module: Callable[[int], nn.Module | None] | None = None,
                  ) -> Tensor | None:
         """Back-propagate micro-batch ``microbatch``; return the gradient of the stage input.
 
-        A forward that ran without a graph is recomputed first, on the weights
-        ``recompute_params(piece)`` gives (None: the module's live parameters).
+        A forward that ran without a graph is recomputed first, with the module
+        ``recompute_module(piece)`` gives (None: the stage's own, at the live weights).
         """
         pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._stash]
         if not pieces:
@@ -159,8 +157,8 @@ class StageRuntime:
             self._stashed_bytes -= _nbytes(stash)
             output = stash.output
             if output is None:
-                params = recompute_params(piece) if recompute_params is not None else None
-                output = self._recompute(stash, batch_rows, params)
+                replica = recompute_module(piece) if recompute_module is not None else None
+                output = self._recompute(stash, batch_rows, replica)
             if self.is_last:
                 output.backward()
             else:
@@ -175,12 +173,11 @@ class StageRuntime:
             return None
         return grads[0] if len(grads) == 1 else torch.cat(grads)
 
-    def _recompute(self, stash: _Stash, batch_rows: int,
-                   params: Mapping[str, Tensor] | None) -> Tensor:
+    def _recompute(self, stash: _Stash, batch_rows: int, replica: nn.Module | None) -> Tensor:
         assert stash.rng_state is not None
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(stash.rng_state)
-            output = self._run(stash.inputs, params)
+            output = self._run(stash.inputs, replica)
         if not self.is_last:
             return output
         assert stash.target is not None

@@ -2,25 +2,26 @@
 
 The schedule says which version every forward uses (``F@v``), which every backward must use
 (``B@v``) and where updates land (``U@v``); this component makes that true with explicit
-tensor sets that modern autograd accepts (no aliasing tricks):
+tensor sets that modern autograd accepts (no aliasing tricks), each version other than the
+live one held in a preallocated replica of the stage module (:mod:`.replicas`):
 
 * **live** — the module's own parameters. A forward uses them directly when it is at the
   current version and no update of this stage happens before its backward (every
   synchronous schedule, and PipeDream's last stage).
-* **snapshot v** — a detached copy of the weights as they were at version ``v``, leaf tensors
-  that require grad. Forwards whose backward comes after an update (weight stashing), and
-  forwards at an older version (vertical sync, 2BW, WPipe's G0) run through
-  ``torch.func.functional_call`` on the snapshot; their backward differentiates that same
-  graph, and the gradients are then added to the live parameters' ``.grad``, where the
-  optimizer applies them. A snapshot is taken when its version is still live (at the first
-  forward that needs it, or just before the update that replaces it) and dropped after the
-  last action that names its version — the program is data, so "last" is known in advance.
+* **snapshot v** — a replica whose parameters hold the weights as they were at version
+  ``v``. Forwards whose backward comes after an update (weight stashing), and forwards at an
+  older version (vertical sync, 2BW, WPipe's G0) call the replica; their backward
+  differentiates that same graph, and the gradients are then moved to the live parameters'
+  ``.grad``, where the optimizer applies them. A snapshot is taken (one foreach copy into a
+  free replica) when its version is still live (at the first forward that needs it, or just
+  before the update that replaces it) and its replica goes back to the pool after the last
+  action that names its version — the program is data, so "last" is known in advance.
 * **predicted** (``F@v~s``: PipeOptim, SpecTrain) — ``W - lr*s*ΔW`` from the optimizer's own
-  rule (:mod:`pipeweave.runtime.prediction`). By default the forward runs under ``no_grad``
+  rule (:mod:`pipeweave.runtime.prediction`), written in one pass into a replica. By default the forward runs under ``no_grad``
   on the predicted weights and the backward recomputes the stage at the *current* weights
   (``backward="recompute"``): that is the paper's semantics (Algorithm 1 restores the cached
   weights and back-propagates with them) and keeps at most two weight sets alive (live +
-  one transient prediction). ``backward="graph"`` instead differentiates the graph built on
+  one transient prediction, always the same replica). ``backward="graph"`` instead differentiates the graph built on
   the predicted weights (they approximate the current ones); it saves the second forward
   but keeps one predicted copy per micro-batch in flight. With activation recomputation on
   the stage as well, ``graph`` keeps the predicted copy (not the graph) and the backward
@@ -30,14 +31,15 @@ tensor sets that modern autograd accepts (no aliasing tricks):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..ir import Action, Op
 from .prediction import DirectionTracker
+from .replicas import Replica, ReplicaPool
 from .semantics_options import BACKWARD_MODES
 
 __all__ = ["StageWeights", "ForwardPlan"]
@@ -67,11 +69,11 @@ class StageWeights:
         self.pipeline = pipeline
         self.module = module
         self.optimizer = optimizer
-        self.names = [name for name, _ in module.named_parameters()]
-        self.live_params = dict(module.named_parameters())
+        self.replicas = ReplicaPool(module)
         self.live_version = 0
-        self.snapshots: dict[int, dict[str, Tensor]] = {}
-        self.predicted: dict[tuple[int, int], dict[str, Tensor]] = {}
+        self.snapshots: dict[int, Replica] = {}
+        self.predicted: dict[tuple[int, int], Replica] = {}
+        self._scratch: Replica | None = None  # the transient prediction's replica
         self.peak_versions = 1
         self.peak_copies = 0
         self.plans: dict[tuple[int, int], ForwardPlan] = {}
@@ -81,7 +83,7 @@ class StageWeights:
         self._analyse(program, recompute, backward)
         self.directions: DirectionTracker | None = None
         if spectrain or any(p.mode == "predicted" for p in self.plans.values()):
-            self.directions = DirectionTracker(optimizer, self.live_params.items(),
+            self.directions = DirectionTracker(optimizer, module.named_parameters(),
                                                rule="momentum" if spectrain else "optimizer")
 
     # -- analysis of the program (done once) ------------------------------------------------
@@ -125,24 +127,24 @@ class StageWeights:
         return self.plans.get((action.microbatch, action.piece),
                               ForwardPlan("live", self.live_version, 0, True))
 
-    def forward_params(self, action: Action, plan: ForwardPlan) -> Mapping[str, Tensor] | None:
-        """Tensors the forward runs on (None: the live module)."""
+    def forward_module(self, action: Action, plan: ForwardPlan) -> nn.Module | None:
+        """The replica the forward runs (None: the live module)."""
         if plan.mode == "live":
             return None
         if plan.mode == "snapshot":
-            return self._snapshot(plan.version)
-        params = self._predict(plan.lookahead)
+            return self._snapshot(plan.version).module
         if plan.keep_weights:
-            for tensor in params.values():
-                tensor.requires_grad_(True)
             assert action.microbatch is not None
-            self.predicted[(action.microbatch, action.piece)] = params
+            replica = self._predict(plan.lookahead, self.replicas.acquire())
+            self.predicted[(action.microbatch, action.piece)] = replica
             self._count()
-        else:
-            self._count(transient=1)
-        return params
+            return replica.module
+        if self._scratch is None:
+            self._scratch = self.replicas.acquire()
+        self._count(transient=1)
+        return self._predict(plan.lookahead, self._scratch).module
 
-    def _snapshot(self, version: int) -> dict[str, Tensor]:
+    def _snapshot(self, version: int) -> Replica:
         if version not in self.snapshots:
             if version != self.live_version:
                 raise RuntimeError(
@@ -150,9 +152,7 @@ class StageWeights:
                     f"(live version is {self.live_version}); the schedule's version tags are "
                     f"inconsistent with its updates"
                 )
-            self.snapshots[version] = {
-                name: p.detach().clone().requires_grad_(True) for name, p in self.live_params.items()
-            }
+            self.snapshots[version] = self.replicas.take_live()
             self._count()
         return self.snapshots[version]
 
@@ -163,61 +163,49 @@ class StageWeights:
         self.peak_copies = max(self.peak_copies, len(self.snapshots) + len(self.predicted) + transient)
 
     # -- backward ---------------------------------------------------------------------------
-    def recompute_params(self, action: Action, piece: int) -> Mapping[str, Tensor] | None:
-        """Weights a backward recomputes its forward with (None: the live module)."""
+    def recompute_module(self, action: Action, piece: int) -> nn.Module | None:
+        """The module a backward recomputes its forward with (None: the live module)."""
         assert action.microbatch is not None
         plan = self.plans.get((action.microbatch, piece))
         if plan is None or plan.mode == "live":
             return None
         if plan.mode == "snapshot":
-            return self.snapshots[plan.version]
+            return self.snapshots[plan.version].module
         if action.lookahead:  # SpecTrain: predict at backward time too
-            params = self._predict(action.lookahead)
-            for tensor in params.values():
-                tensor.requires_grad_(True)
-            self.predicted[(action.microbatch, piece)] = params
+            replica = self._predict(action.lookahead, self.replicas.acquire())
+            self.predicted[(action.microbatch, piece)] = replica
             self._count()
-            return params
+            return replica.module
         stored = self.predicted.get((action.microbatch, piece))
-        return stored  # graph mode with activation recomputation, else None = current weights
+        # graph mode with activation recomputation: the kept prediction; else the current weights
+        return None if stored is None else stored.module
 
-    def _predict(self, steps: int) -> dict[str, Tensor]:
+    def _predict(self, steps: int, replica: Replica) -> Replica:
         assert self.directions is not None, "a predicted forward on a stage without a tracker"
-        return self.directions.predict(steps)
+        self.directions.predict_into(steps, replica.named(self.replicas.names))
+        return replica
 
     def after_backward(self, action: Action, position: int) -> None:
-        """Move gradients from snapshot/predicted tensors into the live parameters."""
+        """Move gradients from snapshot/predicted replicas into the live parameters."""
         assert action.microbatch is not None
-        sources: list[Mapping[str, Tensor]] = []
+        moved: set[int] = set()
         for piece in (0, 1, 2):
             plan = self.plans.get((action.microbatch, piece))
             if plan is None:
                 continue
             if plan.mode == "snapshot":
-                sources.append(self.snapshots[plan.version])
+                replica = self.snapshots[plan.version]
+                if id(replica) not in moved:
+                    moved.add(id(replica))
+                    self.replicas.move_grads(replica)
             predicted = self.predicted.pop((action.microbatch, piece), None)
             if predicted is not None:
-                sources.append(predicted)
-        seen: set[int] = set()
-        for source in sources:
-            if id(source) in seen:
-                continue
-            seen.add(id(source))
-            self._transfer(source)
+                self.replicas.move_grads(predicted)
+                self.replicas.release(predicted)
         for version in self._expiring.pop(position, ()):
-            self.snapshots.pop(version, None)
-
-    def _transfer(self, source: Mapping[str, Tensor]) -> None:
-        with torch.no_grad():
-            for name, tensor in source.items():
-                if tensor.grad is None:
-                    continue
-                live = self.live_params[name]
-                if live.grad is None:
-                    live.grad = tensor.grad.clone()
-                else:
-                    live.grad += tensor.grad
-                tensor.grad = None
+            expired = self.snapshots.pop(version, None)
+            if expired is not None:
+                self.replicas.release(expired)
 
     # -- update -----------------------------------------------------------------------------
     def before_step(self, position: int) -> None:

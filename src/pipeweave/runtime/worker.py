@@ -190,6 +190,13 @@ class RankResult:
     """AvgPipe: losses of parallel pipelines 1..N-1 (``losses`` holds pipeline 0's)."""
     peak_weight_versions: dict[int, int] = field(default_factory=dict)
     """Per stage on this rank: most weight sets held at once (live, stashed, predicted)."""
+    weight_replicas: dict[int, int] = field(default_factory=dict)
+    """Per stage: module replicas built to hold stashed/predicted versions (runtime/replicas.py);
+    all of them are built during the first iteration and reused after it."""
+    weight_bytes_copied: dict[int, int] = field(default_factory=dict)
+    """Per stage: bytes copied from the live weights into replicas (stashing versions)."""
+    updates: dict[int, int] = field(default_factory=dict)
+    """Per stage: optimizer steps taken."""
     wall_seconds: float = 0.0
     checkpoint_stall_s: float = 0.0
     """Seconds this rank's training thread spent on checkpoints (see runtime/checkpoint.py)."""
@@ -209,7 +216,11 @@ def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: 
     for stage_id, stage in parts.stages.items():
         result.losses.update(stage.losses)
         result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.peak_stashed)
-        result.peak_weight_versions[stage_id] = parts.weights[stage_id].peak_versions
+        weights = parts.weights[stage_id]
+        result.peak_weight_versions[stage_id] = weights.peak_versions
+        result.weight_replicas[stage_id] = weights.replicas.allocations
+        result.weight_bytes_copied[stage_id] = weights.replicas.bytes_copied
+        result.updates[stage_id] = weights.live_version
         if want_parameters and schedule.layout.stage_ranks[stage_id][0] == rank:
             averager = parts.averagers.get(stage_id)
             result.parameters.update(_named_parameters(

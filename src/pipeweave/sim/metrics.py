@@ -125,7 +125,7 @@ def peak_activations(schedule: Schedule, costs: StageCosts) -> tuple[list[float]
     return counts, volumes
 
 
-def weight_versions(schedule: Schedule) -> list[int]:
+def weight_versions(schedule: Schedule, *, keep_predicted: bool = False) -> list[int]:
     """Per stage: the most weight sets one copy of the stage holds at once.
 
     Held at a point of a rank's program: the current version (the number of the stage's
@@ -134,8 +134,10 @@ def weight_versions(schedule: Schedule) -> list[int]:
     must be kept from the update that retires them until their last use, even before the
     micro-batch reaches the stage), and one transient set while a forward or backward runs
     on predicted weights (``lookahead`` > 0: PipeOptim, SpecTrain). This is what the
-    runtime's :class:`pipeweave.runtime.weights.StageWeights` keeps. The maximum is taken
-    over replicas and parallel pipelines (each pipeline keeps its own copy).
+    runtime's :class:`pipeweave.runtime.weights.StageWeights` keeps. With ``keep_predicted``
+    (PipeOptim's ``backward="graph"``) a predicted forward's set is kept until the backward of
+    its micro-batch instead. The maximum is taken over replicas and parallel pipelines (each
+    pipeline keeps its own copy).
     """
     peak = [0] * schedule.num_stages
     for program in schedule.programs:
@@ -146,22 +148,29 @@ def weight_versions(schedule: Schedule) -> list[int]:
                 last_use[(stage, pipeline, version)] = position
         current: dict[tuple[int, int], int] = {}
         old: dict[tuple[int, int], set[int]] = {}
+        predicted: dict[tuple[int, int], set[tuple[int | None, int]]] = {}
         for position, action in enumerate(program):
-            op, stage, _, _, version, lookahead, pipeline = action
+            op, stage, microbatch, piece, version, lookahead, pipeline = action
             if op is not _F and op is not _B and op is not _U:
                 continue
             key = (stage, pipeline)
             now = current.setdefault(key, 0)
             kept = old.setdefault(key, set())
             kept.difference_update([v for v in kept if last_use[(stage, pipeline, v)] < position])
+            in_flight = predicted.setdefault(key, set())
             if op is _U:
                 new = version if version is not None else now + 1
                 if last_use.get((stage, pipeline, now), -1) > position:
                     kept.add(now)
                 current[key] = new
-                held = 1 + len(kept)
+                held = 1 + len(kept) + len(in_flight)
+            elif op is _F and lookahead and keep_predicted:
+                in_flight.add((microbatch, piece))
+                held = 1 + len(kept) + len(in_flight)
             else:
-                held = 1 + len(kept) + (1 if lookahead else 0)
+                held = 1 + len(kept) + len(in_flight) + (1 if lookahead else 0)
+                if op is _B:
+                    in_flight.difference_update([k for k in in_flight if k[0] == microbatch])
             if held > peak[stage]:
                 peak[stage] = held
     return peak

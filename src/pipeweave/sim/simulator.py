@@ -129,8 +129,12 @@ class SimulationResult:
         }
 
 
-def simulate(schedule: Schedule, costs: Costs | None = None) -> SimulationResult:
+def simulate(schedule: Schedule, costs: Costs | None = None, *,
+             keep_predicted: bool = False) -> SimulationResult:
     """Time ``schedule`` with ``costs`` (default: F=1, B=2, no communication) and measure it.
+
+    ``keep_predicted``: predicted weights are kept from a forward to its backward
+    (PipeOptim's ``backward="graph"``), which changes the weight versions counted.
 
     Raises:
         ScheduleError: (a ``ValueError``) if the schedule deadlocks — the message holds the
@@ -140,10 +144,10 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> SimulationResult
     """
     table = (costs if costs is not None else Costs()).resolve(schedule.num_stages)
     with _cyclic_gc_paused():
-        return _simulate(schedule, table)
+        return _simulate(schedule, table, keep_predicted)
 
 
-def _simulate(schedule: Schedule, table: StageCosts) -> SimulationResult:
+def _simulate(schedule: Schedule, table: StageCosts, keep_predicted: bool) -> SimulationResult:
     duration = _duration_fn(table)
     delay = _delay_fn(table)
     index = index_actions(schedule)
@@ -172,7 +176,7 @@ def _simulate(schedule: Schedule, table: StageCosts) -> SimulationResult:
         bubble_fraction=metrics.bubble_fraction(busy, window),
         peak_activations=held,
         peak_activation_bytes=held_bytes,
-        weight_versions=metrics.weight_versions(schedule),
+        weight_versions=metrics.weight_versions(schedule, keep_predicted=keep_predicted),
         critical_path_locations=path,
         master_stage=master_stage(schedule, path, start, end),
     )

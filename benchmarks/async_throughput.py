@@ -29,7 +29,8 @@ helpers this script reuses). The reference is ``torch.distributed.pipelining``'s
 Per run: throughput (batch size over the median iteration time of iterations 2..K);
 pipeline efficiency (busy forward/backward time over ranks x wall time, iterations 2..K);
 forward, backward and update time per micro-batch, summed over the stages from the measured
-timeline of iterations 2..K (so WPipe's half-size stages compare with everyone else's);
+timeline of iterations 2..K (so WPipe's half-size stages compare with everyone else's), and
+the time PipeOptim spends writing predicted weights (inside its forwards; whole run);
 replicas built and bytes copied into them per update (stashed weight versions,
 ``runtime/replicas.py``); the weight versions each stage held against the simulator's count;
 peak RSS per rank. Runs alternate between methods within a repeat; each number is the median
@@ -134,7 +135,10 @@ def run_method(case: Case, method: str, ranks: int, steps: int) -> dict[str, Any
             "efficiency": summary.pipeline_efficiency,
             **per_microbatch_ms(results, ends[0], timed_microbatches),
             "updates": updates,
+            "predict_ms": 1000 * sum(t for r in results for t in r.prediction_seconds.values())
+            / (steps * case.microbatches),
             "replicas_built": sum(n for r in results for n in r.weight_replicas.values()),
+            "peak_weight_copies": sum(n for r in results for n in r.peak_weight_copies.values()),
             "bytes_copied_per_update": copied / updates if updates else 0.0,
             "weight_versions": [held[s] for s in sorted(held)],
             "simulated_weight_versions": simulate(
@@ -220,10 +224,11 @@ def compare(case: Case, methods: list[str], ranks: int, steps: int, repeats: int
             "first_loss": method_runs[0]["first_loss"],
             "final_loss": method_runs[0]["final_loss"],
         }
-        for key in ("efficiency", "F_ms", "B_ms", "U_ms", "bytes_copied_per_update"):
+        for key in ("efficiency", "F_ms", "B_ms", "U_ms", "predict_ms", "bytes_copied_per_update"):
             if key in method_runs[0]:
                 summary[key] = statistics.median(r[key] for r in method_runs)
-        for key in ("replicas_built", "weight_versions", "simulated_weight_versions"):
+        for key in ("replicas_built", "peak_weight_copies", "weight_versions",
+                    "simulated_weight_versions"):
             if key in method_runs[0]:
                 summary[key] = method_runs[0][key]
         summary["runs"] = method_runs
@@ -233,7 +238,7 @@ def compare(case: Case, methods: list[str], ranks: int, steps: int, repeats: int
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'case':<16} {'method':<15} | {'samples/s':>9} {'vs torch':>8} {'vs 1f1b':>7} "
-            f"{'eff':>5} | {'F ms':>6} {'B ms':>6} {'U ms':>5} {'MB/upd':>6} | "
+            f"{'eff':>5} | {'F ms':>6} {'B ms':>6} {'U ms':>5} {'pred':>5} {'MB/upd':>6} | "
             f"{'versions':>9} {'sim':>9} | {'RSS MiB':>7} | {'loss 1':>6} {'loss K':>6}")
     lines = [head, " " * 69 + "per micro-batch, all stages", "-" * len(head)]
     for row in rows:
@@ -248,6 +253,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"{row['case']:<16} {method:<15} | {m['samples_per_second']:>9.1f} "
                 f"{m['vs_torch_1f1b']:>7.2f}x {m['vs_1f1b']:>6.2f}x {num('efficiency', '.2f'):>5} | "
                 f"{num('F_ms', '.1f'):>6} {num('B_ms', '.1f'):>6} {num('U_ms', '.2f'):>5} "
+                f"{num('predict_ms', '.2f'):>5} "
                 f"{'—' if copied is None else format(copied / 2**20, '.1f'):>6} | "
                 f"{versions:>9} {simulated:>9} | {m['peak_memory_bytes'] / 2**20:>7.0f} | "
                 f"{m['first_loss']:>6.3f} {m['final_loss']:>6.3f}")

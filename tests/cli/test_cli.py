@@ -46,6 +46,17 @@ def test_schedules_say_how_many_samples_one_update_sees(
     assert f"one update sees: {sees}" in lines[index + 2]
 
 
+@pytest.mark.parametrize("schedule", ["pipeoptim", "spectrain"])
+def test_schedules_state_the_recomputed_forward(capsys: pytest.CaptureFixture[str],
+                                                schedule: str) -> None:
+    _, out, _ = run(capsys, "schedules")
+    lines = out.splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith(f"{schedule} "))
+    assert "cost: every stage but the last runs its forward twice" in lines[index + 3]
+    others = [line for line in lines if "cost:" in line]
+    assert len(others) == 2  # 1F1B, PipeDream, 2BW, WPipe...: one forward, one backward
+
+
 def test_show_prints_the_grid(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     csv = tmp_path / "gpipe.csv"
     code, out, _ = run(capsys, "show", "gpipe", "--stages", "2", "--microbatches", "2",

@@ -73,3 +73,33 @@ def test_grid_is_valid_complete_and_deadlock_free(name: str) -> None:
         assert simulate(lowered, costs).iteration_time == pytest.approx(
             simulate(schedule, costs).iteration_time)
     assert built >= 15, f"{name}: only {built} shapes built, {refused} refused"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_message_waits_behind_an_update_that_does_not_produce_it(name: str) -> None:
+    """Lowering puts every send right after the forward or backward that produces it, and
+    every receive before the compute that needs it, never behind an update: a rank's update
+    (per micro-batch under PipeDream/PipeOptim) cannot delay its neighbours' messages."""
+    checked = 0
+    for p, m, k in shapes(name):
+        if p < 2:
+            continue
+        try:
+            schedule = lower(build(name, p, m, k))
+        except ValueError:
+            continue
+        for program in schedule.programs:
+            for position, action in enumerate(program):
+                if action.op in (Op.SEND_ACT, Op.SEND_GRAD):
+                    producer = Op.FORWARD if action.op is Op.SEND_ACT else Op.BACKWARD
+                    between = program[:position][::-1]
+                    steps = []
+                    for earlier in between:
+                        if (earlier.op is producer and earlier.stage == action.stage
+                                and earlier.microbatch == action.microbatch
+                                and earlier.pipeline == action.pipeline):
+                            break
+                        steps.append(earlier)
+                    assert not [a for a in steps if a.op is Op.STEP], (name, p, m, k, action)
+                    checked += 1
+    assert checked > 0

@@ -52,4 +52,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{info.name:<{width}}  {kind}  {info.description}")
         print(f"{'':<{width}}         paper: {info.paper}")
         print(f"{'':<{width}}         one update sees: {samples_per_update(info)}")
+        if info.cost:
+            print(f"{'':<{width}}         cost: {info.cost}")
     return 0

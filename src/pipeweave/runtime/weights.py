@@ -31,6 +31,7 @@ live one held in a preallocated replica of the stage module (:mod:`.replicas`):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -76,6 +77,8 @@ class StageWeights:
         self._scratch: Replica | None = None  # the transient prediction's replica
         self.peak_versions = 1
         self.peak_copies = 0
+        self.prediction_seconds = 0.0
+        """Time spent writing predicted weights (inside the forwards and backwards)."""
         self.plans: dict[tuple[int, int], ForwardPlan] = {}
         self._last_use: dict[int, int] = {}
         self._expiring: dict[int, list[int]] = {}
@@ -182,7 +185,9 @@ class StageWeights:
 
     def _predict(self, steps: int, replica: Replica) -> Replica:
         assert self.directions is not None, "a predicted forward on a stage without a tracker"
+        began = time.perf_counter()
         self.directions.predict_into(steps, replica.named(self.replicas.names))
+        self.prediction_seconds += time.perf_counter() - began
         return replica
 
     def after_backward(self, action: Action, position: int) -> None:

@@ -190,6 +190,11 @@ class RankResult:
     """AvgPipe: losses of parallel pipelines 1..N-1 (``losses`` holds pipeline 0's)."""
     peak_weight_versions: dict[int, int] = field(default_factory=dict)
     """Per stage on this rank: most weight sets held at once (live, stashed, predicted)."""
+    peak_weight_copies: dict[int, int] = field(default_factory=dict)
+    """Per stage: most weight sets held at once besides the live parameters. One more than
+    the versions on a stage whose newest forward is followed by an update before its
+    backward (PipeDream's stages but the last): autograd keeps the tensors that forward ran
+    on, so it runs on a copy that the in-place update leaves alone (docs/semantics.md)."""
     weight_replicas: dict[int, int] = field(default_factory=dict)
     """Per stage: module replicas built to hold stashed/predicted versions (runtime/replicas.py);
     all of them are built during the first iteration and reused after it."""
@@ -197,6 +202,8 @@ class RankResult:
     """Per stage: bytes copied from the live weights into replicas (stashing versions)."""
     updates: dict[int, int] = field(default_factory=dict)
     """Per stage: optimizer steps taken."""
+    prediction_seconds: dict[int, float] = field(default_factory=dict)
+    """Per stage: time spent computing predicted weights (PipeOptim, SpecTrain)."""
     wall_seconds: float = 0.0
     checkpoint_stall_s: float = 0.0
     """Seconds this rank's training thread spent on checkpoints (see runtime/checkpoint.py)."""
@@ -218,9 +225,11 @@ def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: 
         result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.peak_stashed)
         weights = parts.weights[stage_id]
         result.peak_weight_versions[stage_id] = weights.peak_versions
+        result.peak_weight_copies[stage_id] = weights.peak_copies
         result.weight_replicas[stage_id] = weights.replicas.allocations
         result.weight_bytes_copied[stage_id] = weights.replicas.bytes_copied
         result.updates[stage_id] = weights.live_version
+        result.prediction_seconds[stage_id] = weights.prediction_seconds
         if want_parameters and schedule.layout.stage_ranks[stage_id][0] == rank:
             averager = parts.averagers.get(stage_id)
             result.parameters.update(_named_parameters(

@@ -53,7 +53,11 @@ __all__ = ["pipeoptim", "spectrain", "prediction_distance", "spectrain_backward_
           description="asynchronous 1F1B, update after every backward, forward on weights predicted "
                       "s = D-rank-1 updates ahead, no stashing",
           paper="L. Guan et al., PipeOptim: Ensuring Effective 1F1B Schedule with Optimizer-Dependent Weight Prediction, arXiv:2312.00839 (2023), §III, Algorithm 1", synchronous=False,
-          options=("lookahead",))
+          options=("lookahead",),
+          cost="every stage but the last runs its forward twice per micro-batch: the backward "
+               "recomputes it at the current weights (the paper's rule), about 1/3 more compute "
+               "at B = 2F; --prediction-backward graph skips that and keeps one predicted weight "
+               "copy per micro-batch in flight")
 def pipeoptim(shape: Shape) -> Schedule:
     check_options("pipeoptim", shape, ["lookahead"])
     override = shape.option("lookahead", None)
@@ -82,7 +86,9 @@ def spectrain_backward_distance(stage: int) -> int:
                       "SGDM-predicted weights (SpecTrain)",
           paper="C.-C. Chen et al., Efficient and Robust Parallel DNN Training through Model "
                 "Parallelism on Multi-GPU Platform (SpecTrain), arXiv:1809.02839 (2018)",
-          synchronous=False, default_optimizer=("sgd", {"momentum": 0.9}))
+          synchronous=False, default_optimizer=("sgd", {"momentum": 0.9}),
+          cost="every stage but the last runs its forward twice per micro-batch: the backward "
+               "recomputes it at the weights predicted for the backward")
 def spectrain(shape: Shape) -> Schedule:
     check_options("spectrain", shape, [])
     if shape.replicas is not None or shape.width != 1:

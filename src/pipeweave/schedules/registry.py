@@ -83,6 +83,9 @@ class ScheduleInfo:
     default_optimizer: tuple[str, Mapping[str, Any]] | None = None
     """``(name, kwargs)`` when the schedule needs a particular optimizer (SpecTrain: SGD with
     momentum); what ``pipeweave train`` uses when ``--optimizer`` is not given."""
+    cost: str = ""
+    """Work the schedule does beyond one forward and one backward per micro-batch and stage
+    (PipeOptim's recomputed forward), in words; ``pipeweave schedules`` prints it."""
 
 
 _REGISTRY: dict[str, ScheduleInfo] = {}
@@ -98,6 +101,7 @@ def register(
     options: Sequence[str] = (),
     default_chunks: int = 1,
     default_optimizer: tuple[str, Mapping[str, Any]] | None = None,
+    cost: str = "",
 ) -> Callable[[Generator], Generator]:
     """Decorator registering a generator under ``name``."""
 
@@ -107,7 +111,7 @@ def register(
         _REGISTRY[name] = ScheduleInfo(
             name, description, paper, synchronous, fn,
             min_microbatches if min_microbatches is not None else (lambda shape: 1),
-            tuple(options), default_chunks, default_optimizer,
+            tuple(options), default_chunks, default_optimizer, cost,
         )
         return fn
 

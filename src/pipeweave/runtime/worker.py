@@ -191,10 +191,11 @@ class RankResult:
     peak_weight_versions: dict[int, int] = field(default_factory=dict)
     """Per stage on this rank: most weight sets held at once (live, stashed, predicted)."""
     peak_weight_copies: dict[int, int] = field(default_factory=dict)
-    """Per stage: most weight sets held at once besides the live parameters. One more than
-    the versions on a stage whose newest forward is followed by an update before its
-    backward (PipeDream's stages but the last): autograd keeps the tensors that forward ran
-    on, so it runs on a copy that the in-place update leaves alone (docs/semantics.md)."""
+    """Per stage: most weight sets held at once besides the live parameters. The sets can
+    exceed the versions by one where a forward at the live version is followed by an update
+    before its backward (PipeDream's and 2BW's first stages): autograd keeps the tensors that
+    forward ran on, so it runs on a copy that the in-place update leaves alone
+    (docs/semantics.md)."""
     weight_replicas: dict[int, int] = field(default_factory=dict)
     """Per stage: module replicas built to hold stashed/predicted versions (runtime/replicas.py);
     all of them are built during the first iteration and reused after it."""

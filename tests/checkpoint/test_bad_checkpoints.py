@@ -140,8 +140,11 @@ def test_shards_are_loaded_weights_only(written, tmp_path) -> None:
     entry = next(s for s in manifest["shards"] if s["file"] == "rank0.pt")
     entry["sha256"], entry["bytes"] = sha256_of(shard), shard.stat().st_size
     (folder / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="shard rank0.pt cannot be read safely"):
+    with pytest.raises(CheckpointError, match="shard rank0.pt cannot be read safely") as caught:
         StoredCheckpoint(folder).load("rank0.pt")
+    message = str(caught.value)
+    assert "\n" not in message and "weights_only" not in message and "posix.system" in message
+    assert "must not be loaded with a full unpickler" in message
 
 
 def test_crash_between_shards_and_manifest_keeps_the_previous_checkpoint(tmp_path, monkeypatch) -> None:

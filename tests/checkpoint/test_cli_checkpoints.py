@@ -58,3 +58,25 @@ def test_train_checkpoint_errors_are_one_line(extra: list[str], message: str, tm
     assert main([*COMMON, "--steps", "2", "--output-dir", str(tmp_path), *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pipeweave: error: ") and message in err
+
+
+@pytest.mark.parametrize("microbatches", ["2", "8"])
+def test_resume_with_another_microbatch_count_records_the_right_losses(
+        microbatches: str, tmp_path: Path) -> None:
+    """The batch is the same whatever M, so the losses of a run resumed with another M equal
+    the uninterrupted run's (restored ones included) in metrics, summary and history."""
+    assert main([*COMMON, "--steps", "6", "--output-dir", str(tmp_path / "straight")]) == 0
+    assert main([*COMMON, "--steps", "3", "--checkpoint-every", "3",
+                 "--output-dir", str(tmp_path / "first")]) == 0
+    assert main([*COMMON, "--steps", "6", "--microbatches", microbatches, "--checkpoint-every",
+                 "2", "--resume", str(tmp_path / "first"),
+                 "--output-dir", str(tmp_path / "second")]) == 0
+    straight = _losses(tmp_path / "straight")
+    assert _losses(tmp_path / "second") == pytest.approx(straight, rel=1e-9)
+    summary = json.loads((tmp_path / "second" / "summary.json").read_text())
+    assert summary["losses"] == pytest.approx(straight, rel=1e-9)
+    assert summary["microbatches"] == int(microbatches)
+    # The resumed run's own checkpoint carries the history on under the new M.
+    assert main([*COMMON, "--steps", "8", "--resume", str(tmp_path / "second"),
+                 "--output-dir", str(tmp_path / "third")]) == 0
+    assert _losses(tmp_path / "third")[:6] == pytest.approx(straight, rel=1e-9)

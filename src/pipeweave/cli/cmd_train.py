@@ -18,8 +18,12 @@ See docs/avgpipe.md and :mod:`pipeweave.cli.train_avgpipe`.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import sys
+import tempfile
+import traceback
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +36,7 @@ from ..runtime.checkpoint import check_resume
 from ..runtime.checkpoint_options import CheckpointOptions
 from ..runtime.checkpoint_store import OUTPUT_SUBFOLDER
 from ..runtime.job import IMPLEMENTATIONS
-from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
+from ..runtime.launch import RunFailed, launch_local, run_under_torchrun, under_torchrun
 from ..runtime.local_executor import run_local
 from ..runtime.summary import TrainSummary, summarize
 from ..runtime.worker import RankResult
@@ -42,7 +46,10 @@ from .cmd_plan import parse_bytes
 
 __all__ = ["add_parser", "run"]
 
-DEFAULT_OUTPUT = "runs/latest"
+RUNS = Path("runs")
+LATEST = "latest"
+"""Without ``--output-dir`` a run writes to ``runs/<date>-<time>-<schedule>/`` and
+``runs/latest`` is a link to the newest run's folder."""
 DEFAULT_SCHEDULE = "1f1b"
 DEFAULT_STAGES = 2
 DEFAULT_MICROBATCHES = 4
@@ -100,9 +107,15 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--executor", default="processes", choices=["processes", "local"],
                         help="real processes (default) or the single-process executor")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a peer")
-    parser.add_argument("--output-dir", type=Path, default=Path(DEFAULT_OUTPUT))
+    parser.add_argument("--output-dir", type=Path, default=None,
+                        help="where metrics, summary, plan, trace and checkpoints go (default: "
+                             "a new runs/<date>-<time>-<schedule>/ per run, with runs/latest "
+                             "linking to it)")
     parser.add_argument("--json-out", type=Path, default=None, help="write the summary JSON here too")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--debug", action="store_true",
+                        help="when a rank fails, print its full traceback as well (it is always "
+                             "written to error.log in the output folder)")
     parser.add_argument("--checkpoint-dir", type=Path, default=None,
                         help="write checkpoints here (every --checkpoint-every steps and at the end)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
@@ -201,8 +214,68 @@ def checkpoint_options(args: argparse.Namespace) -> CheckpointOptions | None:
                              every=args.checkpoint_every, resume=args.resume)
 
 
+def check_writable(directory: Path, flag: str) -> None:
+    """Create ``directory`` and write a probe file there, so a folder that cannot hold the
+    outputs stops the run before training instead of losing its results after it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".pipeweave-probe-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{flag} {directory} cannot be written ({error.strerror or error}); "
+                         f"give a folder you can write to") from None
+
+
+def new_run_folder(args: argparse.Namespace) -> Path:
+    """``runs/<date>-<time>-<schedule>`` (a suffix if that exists). Under torchrun every rank
+    must agree and a restarted attempt must find its checkpoints: the folder is named after
+    torchrun's run id instead."""
+    schedule = args.schedule
+    if schedule is None and args.plan is not None:
+        try:
+            schedule = json.loads(Path(args.plan).read_text()).get("schedule")
+        except (OSError, ValueError, AttributeError):
+            schedule = None  # build_job reports a bad plan file
+    schedule = str(schedule or DEFAULT_SCHEDULE)
+    if under_torchrun():
+        return RUNS / f"{os.environ.get('TORCHELASTIC_RUN_ID', 'torchrun')}-{schedule}"
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder, attempt = RUNS / f"{stamp}-{schedule}", 1
+    while folder.exists():
+        attempt += 1
+        folder = RUNS / f"{stamp}-{schedule}-{attempt}"
+    return folder
+
+
+def point_latest_at(folder: Path) -> None:
+    """Make ``runs/latest`` a link to ``folder`` (replaced atomically); a real folder of that
+    name (written by an older pipeweave) is left alone."""
+    latest = folder.parent / LATEST
+    if latest.exists() and not latest.is_symlink():
+        print(f"note: {latest} is a folder, not a link; this run writes to {folder}")
+        return
+    temporary = folder.parent / f".{LATEST}-{os.getpid()}"
+    try:
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(folder.name, target_is_directory=True)
+        os.replace(temporary, latest)
+    except OSError:  # no symlinks on this filesystem: the folder's name is printed anyway
+        temporary.unlink(missing_ok=True)
+
+
 def run(args: argparse.Namespace) -> int:
+    fresh_folder = args.output_dir is None
+    if fresh_folder:
+        args.output_dir = new_run_folder(args)
     job = build_job(args)
+    if not (under_torchrun() and int(os.environ["RANK"]) != 0):
+        check_writable(args.output_dir, "--output-dir")
+        if args.json_out is not None:
+            check_writable(args.json_out.parent, "--json-out's folder")
+        if job.checkpoint is not None and job.checkpoint.directory is not None:
+            check_writable(Path(job.checkpoint.directory), "--checkpoint-dir")
+        if fresh_folder:
+            point_latest_at(args.output_dir)
     train_avgpipe.check_ranks(args, job.plan, under_torchrun=under_torchrun())
     # A checkpoint that does not fit stops us here; the executors (or, under torchrun, each
     # rank) verify the shards' checksums before training.
@@ -210,14 +283,19 @@ def run(args: argparse.Namespace) -> int:
     first_step = stored.step if stored is not None else 0
     if stored is not None and not (under_torchrun() and int(os.environ["RANK"]) != 0):
         print(f"resuming from {stored.folder} after step {first_step} of {job.steps}")
-    if under_torchrun():
-        results = run_under_torchrun(job)
-        if not results:
-            return 0  # not rank 0: rank 0 reports
-    elif args.executor == "local":
-        results = run_local(job)
-    else:
-        results = launch_local(job)
+    try:
+        if under_torchrun():
+            results = run_under_torchrun(job)
+            if not results:
+                return 0  # not rank 0: rank 0 reports
+        elif args.executor == "local":
+            results = run_local(job)
+        else:
+            results = launch_local(job)
+    except ValueError:
+        raise  # a bad input: one line from the command line's own handler
+    except Exception as error:  # a rank failed or the loss diverged: one line, trace in a log
+        return report_failure(args, error)
     summary = summarize(results, schedule=job.plan.schedule, steps=job.steps,
                         batch_size=args.batch_size, microbatches=job.plan.microbatches,
                         pipelines=job.plan.pipelines, first_step=first_step,
@@ -232,6 +310,38 @@ def run(args: argparse.Namespace) -> int:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     return 0
+
+
+def report_failure(args: argparse.Namespace, error: Exception) -> int:
+    """Print the failing rank's cause in one line and write its traceback to ``error.log``
+    in the output folder (the temporary folder if that cannot be written); exit status 1."""
+    if isinstance(error, RunFailed):
+        where, cause, trace = f"rank {error.rank}: ", error.cause, error.trace
+    else:
+        rank = os.environ.get("RANK") if under_torchrun() else None
+        where = f"rank {rank}: " if rank is not None else ""
+        cause, trace = " ".join(str(error).split()) or type(error).__name__, traceback.format_exc()
+    name = "error.log" if not under_torchrun() else f"error-rank{os.environ['RANK']}.log"
+    log = write_error_log(args.output_dir, name, trace)
+    if args.debug:
+        print(trace, file=sys.stderr)
+    print(f"pipeweave: error: {where}{cause} (traceback in {log}"
+          f"{'' if args.debug else '; --debug prints it'})", file=sys.stderr)
+    return 1
+
+
+def write_error_log(directory: Path, name: str, trace: str) -> Path:
+    """Write ``trace`` to ``directory/name``, or to the temporary folder if ``directory``
+    cannot be written; return where it went."""
+    for folder in (directory, Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            path.write_text(trace)
+            return path
+        except OSError:
+            continue
+    return Path(os.devnull)
 
 
 def write_outputs(directory: Path, job: Job, summary: TrainSummary,

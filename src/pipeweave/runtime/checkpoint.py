@@ -437,6 +437,7 @@ class RankRecovery:
             averager.load_reference(reference, stored.step)
         last = self.schedule.num_stages - 1
         if last in self.parts.stages and self.schedule.layout.stage_ranks[last][0] == self.rank:
+            saved_m = int(stored.manifest["plan"]["microbatches"])
             for entry in stored.manifest["shards"]:
                 if not entry["has_losses"]:
                     continue
@@ -444,7 +445,8 @@ class RankRecovery:
                 for index in range(self.schedule.pipelines):
                     losses = _pipeline_part(shard(entry["file"]), index, where)["losses"]
                     history = self.parts.pipeline(index).stages[last].losses
-                    history.update(zip(losses["microbatch"].tolist(), losses["value"].tolist()))
+                    saved = dict(zip(losses["microbatch"].tolist(), losses["value"].tolist()))
+                    history.update(rekey_losses(saved, saved_m, self.schedule.microbatches))
         if self._same_layout(stored):
             rng = shard(f"rank{self.rank}.pt")["rng"]
             self.rng_state = rng["cpu"].clone()
@@ -646,6 +648,21 @@ def _global_names(named: Iterable[tuple[str, torch.nn.Parameter]],
                   first_block: int) -> dict[torch.nn.Parameter, str]:
     """Each parameter's global name (:func:`_global_name`)."""
     return {param: _global_name(name, first_block) for name, param in named}
+
+
+def rekey_losses(losses: Mapping[int, float], saved_microbatches: int,
+                 microbatches: int) -> dict[int, float]:
+    """Micro-batch losses written under ``saved_microbatches`` per iteration, keyed for a run
+    with ``microbatches``: a run reads a micro-batch ``j``'s loss as part of iteration
+    ``j // M``, so after a change of M each restored iteration's total (the weighted losses of
+    an iteration sum to the batch's mean loss) sits at its first micro-batch."""
+    if saved_microbatches == microbatches:
+        return dict(losses)
+    totals: dict[int, float] = {}
+    for microbatch, value in losses.items():
+        iteration = microbatch // saved_microbatches
+        totals[iteration] = totals.get(iteration, 0.0) + value
+    return {iteration * microbatches: total for iteration, total in totals.items()}
 
 
 def _loss_table(losses: Mapping[int, float]) -> dict[str, Tensor]:

@@ -307,10 +307,25 @@ class StoredCheckpoint:
         try:
             data = torch.load(self.folder / name, map_location="cpu", weights_only=True, mmap=True)
         except Exception as error:  # weights_only refuses anything but tensors and plain data
-            raise self._damaged(f"shard {name} cannot be read safely ({error})") from None
+            raise self._damaged(f"shard {name} cannot be read safely ({_refusal(error)}); "
+                                f"pipeweave writes tensors and plain data only, so it was not "
+                                f"written by pipeweave or was altered, and must not be loaded "
+                                f"with a full unpickler") from None
         if not isinstance(data, dict):
             raise self._damaged(f"shard {name} does not hold a mapping")
         return data
 
     def file_of(self, parameter: str) -> str:
         return str(self.manifest["parameters"][parameter]["file"])
+
+
+def _refusal(error: Exception) -> str:
+    """What torch's loader refused, without its advice to retry with ``weights_only=False``
+    (which would run whatever the file's pickle says)."""
+    for line in str(error).splitlines():
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].strip().rstrip(".")
+    first = str(error).strip().splitlines()
+    headline = first[0] if first else type(error).__name__
+    return headline if "weights_only" not in headline else "it holds more than tensors and plain data"
+

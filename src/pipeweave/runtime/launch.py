@@ -10,11 +10,13 @@ atomically by the rank and read once by the launcher that created the folder).
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import pickle
 import socket
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch.distributed as dist
@@ -31,7 +33,25 @@ __all__ = ["launch_local", "run_under_torchrun", "RunFailed", "free_port", "unde
 
 
 class RunFailed(RuntimeError):
-    """A rank failed; the message names it and includes its error."""
+    """A rank failed; the message names it and includes its error.
+
+    ``rank``, ``cause`` (the error's one-line message, without its type) and ``trace`` (the
+    failing rank's traceback) are kept apart for front ends that show one line and log the
+    rest (``pipeweave train``).
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, cause: str | None = None,
+                 trace: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.cause = cause if cause is not None else message.splitlines()[0]
+        self.trace = trace
+
+
+_ERROR_FILE = "rank{}.error.json"
+_USER_ERRORS = (ValueError, ArithmeticError, LookupError, TypeError, OSError)
+"""Error types that report a bad input or a diverging run rather than a lost peer; when
+several ranks fail at once, one of these is the cause to show."""
 
 
 def free_port() -> int:
@@ -41,11 +61,57 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _spawned_rank(index: int, job: Job, world_size: int, init_method: str, out_dir: str,
-                  launcher_pid: int) -> None:
+LOOPBACK = "127.0.0.1"
+
+
+class _LauncherStore:
+    """The rendezvous store, hosted by the launcher on a socket it bound itself.
+
+    ``init_method="tcp://127.0.0.1:port"`` would have rank 0 start a store that listens on
+    every interface whatever host it is given; binding the listening socket here (to
+    ``bind``, loopback by default) and handing it to ``TCPStore`` keeps it where it was asked
+    to be, and holding it for the whole run leaves no window for another process to take the
+    port.
+    """
+
+    def __init__(self, bind: str, timeout_s: float) -> None:
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.bind((bind, 0))
+        self._socket.listen(128)
+        self.host, self.port = bind, int(self._socket.getsockname()[1])
+        self.store = dist.TCPStore(bind, self.port, None, True,
+                                   datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                                   master_listen_fd=self._socket.fileno())
+
+    def close(self) -> None:
+        del self.store
+        self._socket.close()
+
+
+def loopback_interface() -> str | None:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS), if there is one."""
+    names = [name for _, name in socket.if_nameindex()] if hasattr(socket, "if_nameindex") else []
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def _spawned_rank(index: int, job: Job, world_size: int, store_address: tuple[str, int],
+                  out_dir: str, launcher_pid: int) -> None:
     exit_with_launcher(launcher_pid)  # the launcher killed (even by SIGKILL): leave nothing behind
-    (result,) = run_rank(job, rank=index, world_size=world_size, local_rank=index,
-                         local_world_size=world_size, init_method=init_method)
+    host, port = store_address
+    if host == LOOPBACK and job.device == "cpu":  # gloo's own sockets on loopback too
+        interface = loopback_interface()
+        if interface is not None:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    try:
+        store = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=job.timeout_s))
+        (result,) = run_rank(job, rank=index, world_size=world_size, local_rank=index,
+                             local_world_size=world_size, store=store)
+    except Exception as error:  # the launcher shows the cause in one line and logs the trace
+        (Path(out_dir) / _ERROR_FILE.format(index)).write_text(json.dumps({
+            "type": type(error).__name__, "message": str(error).strip(),
+            "user_error": isinstance(error, _USER_ERRORS), "trace": traceback.format_exc()}))
+        raise
     path = Path(out_dir) / f"rank{index}.pkl"
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as handle:
@@ -53,8 +119,12 @@ def _spawned_rank(index: int, job: Job, world_size: int, init_method: str, out_d
     os.replace(tmp, path)
 
 
-def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResult]:
+def launch_local(job: Job, *, deadline_s: float | None = None,
+                 bind: str = LOOPBACK) -> list[RankResult]:
     """Run ``job`` on ``plan.world_size`` local processes; one result per rank.
+
+    The rendezvous store listens on ``bind`` only (loopback by default; another address of
+    this machine opens it to other hosts), and on loopback gloo's sockets stay there too.
 
     Raises :class:`RunFailed` if any rank fails (the others are terminated), or if the whole
     run exceeds ``deadline_s`` seconds.
@@ -71,10 +141,11 @@ def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResul
     # exist to break by forking); each launch then forks ranks in milliseconds instead of
     # re-importing torch in every fresh interpreter as ``spawn`` does.
     mp.set_forkserver_preload(["torch", "pipeweave.runtime.distributed"])
-    init_method = f"tcp://127.0.0.1:{free_port()}"
+    rendezvous = _LauncherStore(bind, job.timeout_s)
     with tempfile.TemporaryDirectory(prefix="pipeweave-") as out_dir:
         context = mp.start_processes(
-            _spawned_rank, args=(job, world_size, init_method, out_dir, os.getpid()),
+            _spawned_rank,
+            args=(job, world_size, (rendezvous.host, rendezvous.port), out_dir, os.getpid()),
             nprocs=world_size,
             join=False, start_method="forkserver",
         )
@@ -84,10 +155,10 @@ def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResul
                 if deadline_s is not None and time.monotonic() - started > deadline_s:
                     raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f} s; stopped all ranks")
         except mp.ProcessRaisedException as error:
-            trace = str(error).strip()
-            headline = trace.splitlines()[-1] if trace else "unknown error"
-            raise RunFailed(f"rank {error.error_index} failed: {headline}\n"
-                            f"all other ranks were stopped; the failing rank's traceback:\n{trace}") from None
+            rank, cause, trace = _root_cause(Path(out_dir), error.error_index, str(error).strip())
+            raise RunFailed(f"rank {rank} failed: {cause}\n"
+                            f"all other ranks were stopped; the failing rank's traceback:\n{trace}",
+                            rank=rank, cause=cause, trace=trace) from None
         except mp.ProcessExitedException as error:
             raise RunFailed(
                 f"rank {error.error_index} exited with code {error.exit_code} "
@@ -101,11 +172,36 @@ def launch_local(job: Job, *, deadline_s: float | None = None) -> list[RankResul
                 process.join(timeout=10)
                 if process.is_alive():
                     process.kill()
+            rendezvous.close()
         results = []
         for rank in range(world_size):
             with open(Path(out_dir) / f"rank{rank}.pkl", "rb") as handle:
                 results.append(pickle.load(handle))
         return results
+
+
+def _root_cause(out_dir: Path, first: int, first_trace: str) -> tuple[int, str, str]:
+    """``(rank, one-line cause, traceback)`` of a failed run.
+
+    The rank torch reports first may only have lost its peer (a closed connection) while
+    another rank holds the real cause; ranks fail within moments of each other, so wait a
+    little for their reports and prefer a bad input or a diverging loss over a lost peer.
+    """
+    time.sleep(0.3)
+    reports = {}
+    for path in out_dir.glob(_ERROR_FILE.format("*")):
+        try:
+            reports[int(path.name[4:].split(".")[0])] = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue
+    chosen = next((r for r in sorted(reports) if reports[r]["user_error"]),
+                  first if first in reports else None)
+    if chosen is None:
+        lines = first_trace.splitlines()
+        return first, lines[-1] if lines else "unknown error", first_trace
+    report = reports[chosen]
+    message = " ".join(report["message"].split()) if report["message"] else report["type"]
+    return chosen, message, report["trace"]
 
 
 def under_torchrun() -> bool:

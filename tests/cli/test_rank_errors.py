@@ -1,0 +1,56 @@
+"""Errors from inside a rank reach the user as one line with the fix; the traceback goes to
+error.log in the output folder (issue 13, items 9 and 10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeweave.cli.main import main
+
+TINY = ["train", "--model", "mlp", "--batch-size", "16", "--no-progress", "--steps", "3"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_diverging_loss_in_a_rank_is_one_line_and_a_log(debug: bool, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([*TINY, "--optimizer", "sgd", "--lr", "1e30", "--output-dir", str(tmp_path),
+                 *(["--debug"] if debug else [])])
+    err = capsys.readouterr().err
+    assert code == 1
+    headline = [line for line in err.splitlines() if line.startswith("pipeweave: error: ")]
+    assert len(headline) == 1
+    assert "rank 1: loss became" in headline[0] and "lower the learning rate" in headline[0]
+    assert f"traceback in {tmp_path / 'error.log'}" in headline[0]
+    log = (tmp_path / "error.log").read_text()
+    assert "Traceback (most recent call last)" in log and "FloatingPointError" in log
+    assert ("Traceback" in err) is debug
+
+
+def test_in_process_executor_reports_the_same_way(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([*TINY, "--executor", "local", "--optimizer", "sgd", "--lr", "1e30",
+                 "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith("pipeweave: error: loss became") and err.count("\n") == 1
+    assert "FloatingPointError" in (tmp_path / "error.log").read_text()
+
+
+@pytest.mark.parametrize("flag", ["--output-dir", "--checkpoint-dir", "--json-out"])
+def test_an_unwritable_output_is_refused_before_training(flag: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    target = blocker / ("out.json" if flag == "--json-out" else "sub")
+    args = [*TINY, "--executor", "local", flag, str(target)]
+    if flag != "--output-dir":
+        args += ["--output-dir", str(tmp_path / "out")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipeweave: error: ") and "cannot be written" in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "out" / "summary.json").exists()  # refused before training

@@ -323,9 +323,7 @@ def _refusal(error: Exception) -> str:
     """What torch's loader refused, without its advice to retry with ``weights_only=False``
     (which would run whatever the file's pickle says)."""
     for line in str(error).splitlines():
-        if "WeightsUnpickler error:" in line:
-            return line.split("WeightsUnpickler error:", 1)[1].strip().rstrip(".")
-    first = str(error).strip().splitlines()
-    headline = first[0] if first else type(error).__name__
-    return headline if "weights_only" not in headline else "it holds more than tensors and plain data"
-
+        line = line.split("WeightsUnpickler error:", 1)[-1].strip().rstrip(".")
+        if line and not any(word in line for word in ("weights_only", "torch.load", "PyTorch")):
+            return line
+    return "it holds more than tensors and plain data"

@@ -76,17 +76,21 @@ class _LauncherStore:
 
     def __init__(self, bind: str, timeout_s: float) -> None:
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.bind((bind, 0))
-        self._socket.listen(128)
-        self.host, self.port = bind, int(self._socket.getsockname()[1])
-        self.store = dist.TCPStore(bind, self.port, None, True,
-                                   datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-                                   master_listen_fd=self._socket.fileno())
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.bind((bind, 0))
+            listener.listen(128)
+            self.host, self.port = bind, int(listener.getsockname()[1])
+            self.store: dist.TCPStore | None = dist.TCPStore(
+                bind, self.port, None, True, datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False, master_listen_fd=listener.fileno())
+        except BaseException:
+            listener.close()
+            raise
+        listener.detach()  # the store's server owns the descriptor now and closes it
 
     def close(self) -> None:
-        del self.store
-        self._socket.close()
+        self.store = None
 
 
 def loopback_interface() -> str | None:

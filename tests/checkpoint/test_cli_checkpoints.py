@@ -36,6 +36,10 @@ def test_train_checkpoint_then_resume_under_another_plan(tmp_path: Path,
     assert ["time_s" in row for row in rows] == [False, False, False, True, True, True]
     summary = json.loads((tmp_path / "second" / "summary.json").read_text())
     assert summary["first_step"] == 3 and summary["steps"] == 6
+    # The CSV's columns are those of a fresh run, in the same order, restored steps or not.
+    header = (tmp_path / "second" / "metrics.csv").read_text().splitlines()[0]
+    assert header == (tmp_path / "straight" / "metrics.csv").read_text().splitlines()[0]
+    assert header.startswith("step,loss,time_s,samples")
 
 
 def test_train_resume_auto_starts_fresh_then_continues(tmp_path: Path) -> None:

@@ -3,11 +3,14 @@ error.log in the output folder (issue 13, items 9 and 10)."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
 
 from pipeweave.cli.main import main
+from pipeweave.runtime.interpreter import RankInterpreter
 
 TINY = ["train", "--model", "mlp", "--batch-size", "16", "--no-progress", "--steps", "3"]
 
@@ -54,3 +57,41 @@ def test_an_unwritable_output_is_refused_before_training(flag: str, tmp_path: Pa
     assert err.startswith("pipeweave: error: ") and "cannot be written" in err
     assert err.count("\n") == 1
     assert not (tmp_path / "out" / "summary.json").exists()  # refused before training
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_a_failed_run_keeps_the_steps_it_completed(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Iteration 1 completes at finite loss; the loss of iteration 2 diverges in rank 1."""
+    code = main([*TINY, "--optimizer", "sgd", "--lr", "1e30", "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1 and "kept the 1 completed step in" in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "loss became" in summary["error"]
+    assert summary["steps"] == 1 and len(summary["losses"]) == 1
+    assert math.isfinite(summary["losses"][0])
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
+    assert (tmp_path / "trace.json").exists() and (tmp_path / "loss.png").exists()
+
+
+def test_ctrl_c_keeps_the_completed_steps_and_says_how_to_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    steps = {"taken": 0}
+    real = RankInterpreter._step
+
+    def interrupt_at_the_fifth_update(self, action, position):  # type: ignore[no-untyped-def]
+        steps["taken"] += 1
+        if steps["taken"] == 5:  # 2 stages: updates 1-4 are steps 1 and 2
+            raise KeyboardInterrupt
+        real(self, action, position)
+
+    monkeypatch.setattr(RankInterpreter, "_step", interrupt_at_the_fifth_update)
+    code = main([*TINY, "--steps", "4", "--executor", "local", "--checkpoint-every", "1",
+                 "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 130
+    assert "interrupted (Ctrl-C)" in err and "kept the 2 completed steps" in err
+    assert f"--resume {tmp_path / 'checkpoints'} --steps 4" in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == 2

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..models import available_models
 from ..profiler import Profile, measure_link, profile_builtin, read_pipedream_graph
+from ..runtime.distributed import threads_per_rank
 
 __all__ = ["add_parser", "run", "format_profile"]
 
@@ -36,8 +38,12 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs per block")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per block (median)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="intra-op threads while measuring (default: torch's; on CPU use "
-                             "what one rank gets, cores / local ranks)")
+                        help="intra-op threads while measuring (default: on CPU what one of "
+                             "--local-ranks training ranks gets, cores / local ranks, as "
+                             "pipeweave train gives it; on CUDA torch's)")
+    parser.add_argument("--local-ranks", type=int, default=2, metavar="R",
+                        help="ranks that will train on this machine (sets the default "
+                             "--threads on CPU)")
     parser.add_argument("--colocated-ranks", type=int, default=1, metavar="R",
                         help="also time whole steps while R-1 other processes train the same "
                              "model on this machine (CPU) and record the sharing overhead the "
@@ -66,10 +72,15 @@ def run(args: argparse.Namespace) -> int:
         if args.colocated_ranks < 1:
             raise ValueError(f"--colocated-ranks must be >= 1 (the profiled rank included), got "
                              f"{args.colocated_ranks}")
+        if args.local_ranks < 1:
+            raise ValueError(f"--local-ranks must be >= 1, got {args.local_ranks}")
+        threads = args.threads
+        if threads is None and args.device == "cpu":
+            threads = threads_per_rank(args.local_ranks)
         profile = profile_builtin(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                                   device=args.device, warmup=args.warmup, repeats=args.repeats,
                                   optimizer=args.optimizer, overrides=overrides,
-                                  threads=args.threads, colocated_ranks=args.colocated_ranks)
+                                  threads=threads, colocated_ranks=args.colocated_ranks)
         if not args.no_link:
             profile = profile.with_link(measure_link(device=args.device))
     if args.json_out is not None:
@@ -81,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_profile(profile))
         if args.json_out is not None:
             print(f"wrote {args.json_out}")
+    for warning in profile.metadata.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -97,6 +110,12 @@ def format_profile(profile: Profile) -> str:
     total = sum(profile.compute)
     lines.append(f"{'total':>22} {1e3 * sum(profile.forward):>9.3f} {1e3 * sum(profile.backward):>9.3f}"
                  f"   (forward+backward {1e3 * total:.3f} ms)")
+    spreads = profile.metadata.get("spread") or {}
+    if spreads:
+        worst = max(spreads, key=lambda name: spreads[name])
+        lines.append(f"spread (interquartile range / median of the timed runs): at most "
+                     f"{100 * spreads[worst]:.0f} % ({worst}), {profile.metadata.get('threads')} "
+                     f"thread(s)")
     if profile.link is not None:
         lines.append(f"link: {profile.link.bandwidth / 1e9:.3f} GB/s, latency "
                      f"{1e6 * profile.link.latency:.1f} us")

@@ -21,9 +21,7 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import tempfile
-import traceback
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -36,12 +34,12 @@ from ..runtime.checkpoint import check_resume
 from ..runtime.checkpoint_options import CheckpointOptions
 from ..runtime.checkpoint_store import OUTPUT_SUBFOLDER
 from ..runtime.job import IMPLEMENTATIONS
-from ..runtime.launch import RunFailed, launch_local, run_under_torchrun, under_torchrun
+from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.local_executor import run_local
 from ..runtime.summary import TrainSummary, summarize
 from ..runtime.worker import RankResult
 from ..schedules import get_info
-from . import train_avgpipe
+from . import train_avgpipe, train_failure
 from .cmd_plan import parse_bytes
 
 __all__ = ["add_parser", "run"]
@@ -113,6 +111,10 @@ def add_parser(subparsers: Any) -> None:
                              "linking to it)")
     parser.add_argument("--json-out", type=Path, default=None, help="write the summary JSON here too")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--tensorboard", action="store_true",
+                        help="also write TensorBoard event files (loss, samples/s per step) to "
+                             "tensorboard/ in the output folder; needs pip install -e "
+                             "'.[tensorboard]'")
     parser.add_argument("--debug", action="store_true",
                         help="when a rank fails, print its full traceback as well (it is always "
                              "written to error.log in the output folder)")
@@ -214,6 +216,14 @@ def checkpoint_options(args: argparse.Namespace) -> CheckpointOptions | None:
                              every=args.checkpoint_every, resume=args.resume)
 
 
+def check_tensorboard() -> None:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise ValueError("--tensorboard needs the tensorboard package; install it with "
+                         "pip install -e '.[tensorboard]' or drop --tensorboard") from None
+
+
 def check_writable(directory: Path, flag: str) -> None:
     """Create ``directory`` and write a probe file there, so a folder that cannot hold the
     outputs stops the run before training instead of losing its results after it."""
@@ -268,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
     if fresh_folder:
         args.output_dir = new_run_folder(args)
     job = build_job(args)
+    if args.tensorboard:
+        check_tensorboard()
     if not (under_torchrun() and int(os.environ["RANK"]) != 0):
         check_writable(args.output_dir, "--output-dir")
         if args.json_out is not None:
@@ -294,14 +306,14 @@ def run(args: argparse.Namespace) -> int:
             results = launch_local(job)
     except ValueError:
         raise  # a bad input: one line from the command line's own handler
-    except Exception as error:  # a rank failed or the loss diverged: one line, trace in a log
-        return report_failure(args, error)
+    except (Exception, KeyboardInterrupt) as error:  # one line, the trace in a log, and the
+        return train_failure.report(args, job, error, first_step)  # outputs of what ran
     summary = summarize(results, schedule=job.plan.schedule, steps=job.steps,
                         batch_size=args.batch_size, microbatches=job.plan.microbatches,
                         pipelines=job.plan.pipelines, first_step=first_step,
                         advance=train_avgpipe.fixed_advance(job),
                         memory_limit=None if args.memory_limit is None else parse_bytes(args.memory_limit))
-    write_outputs(args.output_dir, job, summary, results)
+    write_outputs(args.output_dir, job, summary, results, tensorboard=args.tensorboard)
     print(format_summary(summary, args.output_dir))
     if job.checkpoint is not None and job.checkpoint.directory is not None:
         print(f"checkpoints in {job.checkpoint.directory}/ (continue with --resume "
@@ -312,43 +324,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def report_failure(args: argparse.Namespace, error: Exception) -> int:
-    """Print the failing rank's cause in one line and write its traceback to ``error.log``
-    in the output folder (the temporary folder if that cannot be written); exit status 1."""
-    if isinstance(error, RunFailed):
-        where, cause, trace = f"rank {error.rank}: ", error.cause, error.trace
-    else:
-        rank = os.environ.get("RANK") if under_torchrun() else None
-        where = f"rank {rank}: " if rank is not None else ""
-        cause, trace = " ".join(str(error).split()) or type(error).__name__, traceback.format_exc()
-    name = "error.log" if not under_torchrun() else f"error-rank{os.environ['RANK']}.log"
-    log = write_error_log(args.output_dir, name, trace)
-    if args.debug:
-        print(trace, file=sys.stderr)
-    print(f"pipeweave: error: {where}{cause} (traceback in {log}"
-          f"{'' if args.debug else '; --debug prints it'})", file=sys.stderr)
-    return 1
-
-
-def write_error_log(directory: Path, name: str, trace: str) -> Path:
-    """Write ``trace`` to ``directory/name``, or to the temporary folder if ``directory``
-    cannot be written; return where it went."""
-    for folder in (directory, Path(tempfile.gettempdir())):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / name
-            path.write_text(trace)
-            return path
-        except OSError:
-            continue
-    return Path(os.devnull)
-
-
 def write_outputs(directory: Path, job: Job, summary: TrainSummary,
-                  results: list[RankResult]) -> None:
+                  results: list[RankResult], *, tensorboard: bool = False) -> None:
     from ..report.chrome_trace import write_chrome_trace
     from ..report.loss_plot import plot_losses
-    from ..report.metrics_io import write_metrics
+    from ..report.metrics_io import write_metrics, write_tensorboard
 
     directory.mkdir(parents=True, exist_ok=True)
     rows = [
@@ -360,6 +340,8 @@ def write_outputs(directory: Path, job: Job, summary: TrainSummary,
         del row["time_s"]
     train_avgpipe.add_metrics(rows, summary)
     write_metrics(rows, directory)
+    if tensorboard:
+        write_tensorboard(rows, directory / "tensorboard")
     (directory / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     job.plan.save(directory / "plan.json")
     records = sorted((r for result in results for r in result.records), key=lambda r: (r[0], r[2]))

@@ -95,21 +95,69 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
     blocks = [copy.deepcopy(block).to(target).train() for block in spec.blocks]
     x = inputs.to(target)
     y = targets.to(target) if targets is not None else None
-    profiles = []
+    profiles, spreads, signatures = [], {}, []
     for index, (name, block) in enumerate(zip(spec.block_names, blocks)):
         loss_fn = spec.loss_fn if index == len(blocks) - 1 and y is not None else None
-        profiles.append(profile_block(block, x, name=name, loss_fn=loss_fn, targets=y,
-                                      warmup=warmup, repeats=repeats, optimizer=optimizer))
+        profiled, spreads[name] = measure_block(block, x, name=name, loss_fn=loss_fn, targets=y,
+                                                warmup=warmup, repeats=repeats,
+                                                optimizer=optimizer)
+        profiles.append(profiled)
         with torch.no_grad():
-            x = block(x)
+            x_in, x = x, block(x)
+        signatures.append(_signature(block, x_in, x, last=loss_fn is not None))
     return Profile(
         blocks=tuple(profiles), model=spec.name, batch_size=int(inputs.shape[0]),
         device=_device_name(target), source="measured", input_bytes=float(tensor_bytes(inputs)),
         metadata={"warmup": warmup, "repeats": repeats, "statistic": "median",
                   "optimizer": optimizer, "torch": torch.__version__,
                   "threads": torch.get_num_threads(), "cores": machine_cores(),
-                  "peak_memory": "measured" if device == "cuda" else "estimated"},
+                  "peak_memory": "measured" if device == "cuda" else "estimated",
+                  "spread": spreads, "warnings": unalike_twins(profiles, signatures)},
     )
+
+
+SPREAD_GOAL = 0.10
+"""Repeat a block's timed runs (up to ``MAX_REPEAT_FACTOR`` times the asked count) until the
+interquartile range of its forward+backward times is within this share of their median."""
+MAX_REPEAT_FACTOR = 4
+ALIKE_RATIO = 3.0
+"""Blocks of the same type, parameter shapes and input/output shapes whose times differ by
+more than this factor are reported: the machine was busy, or the measurement is wrong."""
+
+
+def _spread(times: list[float]) -> float:
+    """Interquartile range over the median (0 for fewer than 4 samples)."""
+    if len(times) < 4:
+        return 0.0
+    quartiles = statistics.quantiles(times, n=4)
+    middle = statistics.median(times)
+    return (quartiles[2] - quartiles[0]) / middle if middle > 0 else 0.0
+
+
+def _signature(block: nn.Module, inputs: Tensor, output: Tensor, last: bool) -> tuple[Any, ...]:
+    return (type(block).__name__, tuple(tuple(p.shape) for p in block.parameters()),
+            tuple(inputs.shape), tuple(output.shape), last)
+
+
+def unalike_twins(profiles: list[BlockProfile], signatures: list[tuple[Any, ...]]) -> list[str]:
+    """One line per group of alike blocks whose measured times differ by > ``ALIKE_RATIO``."""
+    groups: dict[tuple[Any, ...], list[BlockProfile]] = {}
+    for profile, signature in zip(profiles, signatures):
+        groups.setdefault(signature, []).append(profile)
+    warnings = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        fastest = min(members, key=lambda b: b.forward + b.backward)
+        slowest = max(members, key=lambda b: b.forward + b.backward)
+        fast, slow = fastest.forward + fastest.backward, slowest.forward + slowest.backward
+        if fast > 0 and slow / fast > ALIKE_RATIO:
+            warnings.append(
+                f"blocks {fastest.name} and {slowest.name} are alike but took "
+                f"{1e3 * fast:.2f} and {1e3 * slow:.2f} ms (x{slow / fast:.0f}): the machine was "
+                f"probably busy; profile again on a quiet machine or with fewer --threads, or "
+                f"the plan will be skewed")
+    return warnings
 
 
 def profile_block(
@@ -124,11 +172,37 @@ def profile_block(
     optimizer: str = "adam",
 ) -> BlockProfile:
     """Measure one block on one input (see the module docstring)."""
+    return measure_block(block, inputs, name=name, loss_fn=loss_fn, targets=targets,
+                         warmup=warmup, repeats=repeats, optimizer=optimizer)[0]
+
+
+def measure_block(
+    block: nn.Module,
+    inputs: Tensor,
+    *,
+    name: str,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+    targets: Tensor | None = None,
+    warmup: int = 2,
+    repeats: int = 5,
+    optimizer: str = "adam",
+) -> tuple[BlockProfile, float]:
+    """:func:`profile_block` and the spread of its timed runs (:func:`_spread`), repeated
+    until the spread is within ``SPREAD_GOAL`` or ``MAX_REPEAT_FACTOR * repeats`` runs."""
     cuda = inputs.device.type == "cuda"
-    forward_times, backward_times = [], []
+    forward_times: list[float] = []
+    backward_times: list[float] = []
     saved = output_bytes = 0
     record: list[int] = []
-    for run in range(warmup + repeats):
+    run = 0
+
+    def more() -> bool:
+        if run < warmup + repeats:
+            return True
+        totals = [f + b for f, b in zip(forward_times, backward_times)]
+        return run < warmup + MAX_REPEAT_FACTOR * repeats and _spread(totals) > SPREAD_GOAL
+
+    while more():
         record.clear()
         x = _leaf(inputs)
         block.zero_grad(set_to_none=True)
@@ -146,8 +220,10 @@ def profile_block(
             forward_times.append(middle - started)
             backward_times.append(finished - middle)
         saved, output_bytes = sum(record), tensor_bytes(out)
+        run += 1
     parameters = sum(tensor_bytes(p) for p in block.parameters())
     optimizer_bytes, update = _optimizer_step(block, inputs, loss_fn, targets, optimizer, repeats)
+    spread = _spread([f + b for f, b in zip(forward_times, backward_times)])
     return BlockProfile(
         name=name,
         forward=statistics.median(forward_times),
@@ -159,7 +235,7 @@ def profile_block(
         update=update,
         peak_memory_bytes=_peak_memory(block, inputs, loss_fn, targets) if cuda else
         saved + 2 * output_bytes + parameters + (tensor_bytes(inputs) if inputs.is_floating_point() else 0),
-    )
+    ), spread
 
 
 def _leaf(inputs: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ point-to-point wait has the job's timeout, so a dead peer turns into an error, n
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import time
@@ -27,7 +28,7 @@ from .job import Job
 from .microbatches import MicrobatchSource
 from .timeline import Recorder
 from .transport import DistTransport
-from .worker import RankResult, build_rank, collect_result, make_schedule
+from .worker import RankResult, attach_partial, build_rank, collect_result, make_schedule
 
 __all__ = ["run_rank", "threads_per_rank"]
 
@@ -97,12 +98,19 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
 
         online = (OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None
                   else None)
-        if online is None:
-            for _ in interpreter(schedule).run():
-                raise AssertionError("the distributed transport never yields")
-        else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/online_advance.py)
-            run_rank_windows(online, parts, interpreter, device=device,
-                             before=transport.track_deliveries)
+        try:
+            if online is None:
+                for _ in interpreter(schedule).run():
+                    raise AssertionError("the distributed transport never yields")
+            else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/online_advance.py)
+                run_rank_windows(online, parts, interpreter, device=device,
+                                 before=transport.track_deliveries)
+        except BaseException as error:  # keep what ran: the losses and timeline so far
+            with contextlib.suppress(Exception):  # never hide the error itself
+                attach_partial(error, collect_result(
+                    rank, parts, schedule, records=recorder.records if recorder else [],
+                    want_parameters=False, wall=time.time() - origin, device=device))
+            raise
         recovery.close()
         if device.type == "cuda":
             torch.cuda.synchronize(device)

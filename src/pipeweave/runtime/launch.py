@@ -9,10 +9,12 @@ atomically by the rank and read once by the launcher that created the folder).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import pickle
+import signal
 import socket
 import tempfile
 import time
@@ -27,9 +29,10 @@ from .distributed import run_rank
 from .faults import exit_with_launcher
 from .job import Job
 from .online_advance import check_advance
-from .worker import RankResult, make_schedule, preflight
+from .worker import RankResult, attach_partial, make_schedule, partial_results, preflight
 
-__all__ = ["launch_local", "run_under_torchrun", "RunFailed", "free_port", "under_torchrun"]
+__all__ = ["launch_local", "run_under_torchrun", "RunFailed", "RunInterrupted", "free_port",
+           "under_torchrun"]
 
 
 class RunFailed(RuntimeError):
@@ -41,14 +44,20 @@ class RunFailed(RuntimeError):
     """
 
     def __init__(self, message: str, *, rank: int | None = None, cause: str | None = None,
-                 trace: str = "") -> None:
+                 trace: str = "", partial: list[RankResult] | None = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.cause = cause if cause is not None else message.splitlines()[0]
         self.trace = trace
+        attach_partial(self, *(partial or []))
+
+
+class RunInterrupted(RunFailed):
+    """The run was interrupted (Ctrl-C); what the ranks had done comes with it."""
 
 
 _ERROR_FILE = "rank{}.error.json"
+_PARTIAL_FILE = "rank{}.partial.pkl"
 _USER_ERRORS = (ValueError, ArithmeticError, LookupError, TypeError, OSError)
 """Error types that report a bad input or a diverging run rather than a lost peer; when
 several ranks fail at once, one of these is the cause to show."""
@@ -111,16 +120,35 @@ def _spawned_rank(index: int, job: Job, world_size: int, store_address: tuple[st
         store = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=job.timeout_s))
         (result,) = run_rank(job, rank=index, world_size=world_size, local_rank=index,
                              local_world_size=world_size, store=store)
-    except Exception as error:  # the launcher shows the cause in one line and logs the trace
-        (Path(out_dir) / _ERROR_FILE.format(index)).write_text(json.dumps({
-            "type": type(error).__name__, "message": str(error).strip(),
-            "user_error": isinstance(error, _USER_ERRORS), "trace": traceback.format_exc()}))
+    except BaseException as error:  # the launcher shows the cause in one line, logs the trace
+        partial = partial_results(error)  # and writes the outputs of what ran
+        if partial:
+            _write_pickle(Path(out_dir) / _PARTIAL_FILE.format(index), partial)
+        if isinstance(error, Exception):
+            (Path(out_dir) / _ERROR_FILE.format(index)).write_text(json.dumps({
+                "type": type(error).__name__, "message": str(error).strip(),
+                "user_error": isinstance(error, _USER_ERRORS), "trace": traceback.format_exc()}))
         raise
-    path = Path(out_dir) / f"rank{index}.pkl"
+    _write_pickle(Path(out_dir) / f"rank{index}.pkl", result)
+
+
+def _write_pickle(path: Path, value: object) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as handle:
-        pickle.dump(result, handle)
+        pickle.dump(value, handle)
     os.replace(tmp, path)
+
+
+def _partials(out_dir: Path) -> list[RankResult]:
+    """What failed or interrupted ranks had done (:func:`attach_partial`), by rank."""
+    found: list[RankResult] = []
+    for path in sorted(out_dir.glob(_PARTIAL_FILE.format("*"))):
+        try:
+            with open(path, "rb") as handle:
+                found.extend(pickle.load(handle))
+        except (OSError, pickle.UnpicklingError, EOFError):
+            continue
+    return found
 
 
 def launch_local(job: Job, *, deadline_s: float | None = None,
@@ -162,12 +190,17 @@ def launch_local(job: Job, *, deadline_s: float | None = None,
             rank, cause, trace = _root_cause(Path(out_dir), error.error_index, str(error).strip())
             raise RunFailed(f"rank {rank} failed: {cause}\n"
                             f"all other ranks were stopped; the failing rank's traceback:\n{trace}",
-                            rank=rank, cause=cause, trace=trace) from None
+                            rank=rank, cause=cause, trace=trace,
+                            partial=_partials(Path(out_dir))) from None
         except mp.ProcessExitedException as error:
             raise RunFailed(
                 f"rank {error.error_index} exited with code {error.exit_code} "
-                f"(signal {error.signal_name or 'none'}); all other ranks were stopped"
-            ) from None
+                f"(signal {error.signal_name or 'none'}); all other ranks were stopped",
+                rank=error.error_index, partial=_partials(Path(out_dir))) from None
+        except KeyboardInterrupt:
+            _let_ranks_stop(context.processes)
+            raise RunInterrupted("interrupted (Ctrl-C); all ranks were stopped",
+                                 cause="interrupted", partial=_partials(Path(out_dir))) from None
         finally:
             for process in context.processes:
                 if process.is_alive():
@@ -177,11 +210,27 @@ def launch_local(job: Job, *, deadline_s: float | None = None,
                 if process.is_alive():
                     process.kill()
             rendezvous.close()
+        missing = [r for r in range(world_size) if not (Path(out_dir) / f"rank{r}.pkl").exists()]
+        if missing:  # e.g. the ranks took a Ctrl-C the launcher did not see
+            raise RunInterrupted(f"ranks {missing} stopped without a result",
+                                 cause="interrupted", partial=_partials(Path(out_dir)))
         results = []
         for rank in range(world_size):
             with open(Path(out_dir) / f"rank{rank}.pkl", "rb") as handle:
                 results.append(pickle.load(handle))
         return results
+
+
+def _let_ranks_stop(processes: list[mp.Process], grace_s: float = 5.0) -> None:
+    """After a Ctrl-C, give the ranks a moment to record what they did (they got the SIGINT
+    too from a terminal; otherwise send it), then the caller's ``finally`` stops the rest."""
+    for process in processes:
+        if process.is_alive() and process.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _root_cause(out_dir: Path, first: int, first_trace: str) -> tuple[int, str, str]:
@@ -205,6 +254,8 @@ def _root_cause(out_dir: Path, first: int, first_trace: str) -> tuple[int, str, 
         return first, lines[-1] if lines else "unknown error", first_trace
     report = reports[chosen]
     message = " ".join(report["message"].split()) if report["message"] else report["type"]
+    if not report["user_error"] and report["message"]:  # not a bad input: say what broke
+        message = f"{report['type']}: {message}"
     return chosen, message, report["trace"]
 
 

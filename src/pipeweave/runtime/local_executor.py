@@ -11,6 +11,7 @@ it would in its own process, so dropout agrees too and a checkpoint can restore 
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -25,7 +26,7 @@ from .microbatches import MicrobatchSource
 from .online_advance import OnlineAdvance, check_advance, run_local_windows
 from .timeline import Recorder
 from .transport import LocalTransport
-from .worker import RankResult, build_rank, collect_result, make_schedule, preflight
+from .worker import RankResult, attach_partial, build_rank, collect_result, make_schedule, preflight
 
 __all__ = ["run_local"]
 
@@ -94,9 +95,15 @@ def _run(job: Job) -> list[RankResult]:
         else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/online_advance.py)
             run_local_windows(online, parts, lambda program, meters: _drive(
                 [interpreter(rank, program, meters[rank]) for rank in ranks], rng, program))
-    except BaseException:
+    except BaseException as error:
         for recovery in recoveries:  # let pending writes finish; the first error is the one
             recovery.close(raise_errors=False)
+        with contextlib.suppress(Exception):  # never hide the error itself
+            attach_partial(error, *(
+                collect_result(rank, parts[rank], schedule,
+                               records=recorder.records if recorder is not None else [],
+                               want_parameters=False, wall=time.time() - origin, device=device)
+                for rank, recorder in enumerate(recorders)))
         raise
     for recovery in recoveries:
         recovery.close()

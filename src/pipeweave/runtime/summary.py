@@ -51,6 +51,11 @@ class TrainSummary:
     """AvgPipe's online controller, per measured step: time, memory, decision."""
     memory_limit: float | None = None
     """The memory limit per device the run was given (``--memory-limit``), if any."""
+    status: str = "completed"
+    """``completed``, ``failed`` (a rank raised; the summary covers the steps every rank
+    finished) or ``interrupted`` (Ctrl-C)."""
+    error: str | None = None
+    """Why a failed or interrupted run stopped, in one line."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -218,6 +218,21 @@ class RankResult:
     and the decision (see runtime/online_advance.py); the same on every rank."""
 
 
+PARTIAL = "pipeweave_partial_results"
+"""Attribute of an exception raised by a run: the :class:`RankResult` s of the ranks that
+recorded what they had done when it stopped (losses, timeline), for the outputs of a failed
+or interrupted run."""
+
+
+def attach_partial(error: BaseException, *results: RankResult) -> None:
+    """Add ``results`` to ``error`` (:data:`PARTIAL`)."""
+    setattr(error, PARTIAL, [*getattr(error, PARTIAL, []), *results])
+
+
+def partial_results(error: BaseException) -> list[RankResult]:
+    return list(getattr(error, PARTIAL, []))
+
+
 def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: list[tuple[int, str, float, float]],
                    want_parameters: bool, wall: float, device: torch.device) -> RankResult:
     result = RankResult(rank=rank, records=records, wall_seconds=wall)

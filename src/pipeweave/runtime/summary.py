@@ -108,7 +108,8 @@ def summarize(results: Sequence[RankResult], *, schedule: str, steps: int, batch
         window = (first_start, ends[-1] if ends else 0.0)
         samples = ran * batch_size * pipelines
     span = window[1] - window[0]
-    measured = efficiency(records, len(results), window=window) if records else None
+    ranks = max(len(results), 1 + max((r.rank for r in results), default=-1))  # partial runs
+    measured = efficiency(records, ranks, window=window) if records else None
     losses = iteration_losses(results, microbatches)
     return TrainSummary(
         schedule=schedule, world_size=len(results), steps=steps, batch_size=batch_size,

@@ -20,6 +20,10 @@ HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 PORT=${PIPEWEAVE_RDZV_PORT:-29500}
 SHARED=${PIPEWEAVE_SHARED:-$PWD/runs/slurm-$SLURM_JOB_ID}   # on a shared filesystem
 mkdir -p "$SHARED"
+# A fresh rendezvous store per restart: torchrun's shared store keeps a dead rank's address
+# across restarts on several nodes (pytorch/pytorch issue 135712); pipeweave refuses
+# multi-node --max-restarts without this.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 
 # 8 ranks: one pipeline of 8 stages here; for depth x width, e.g. --stages 4 --width 2.
 srun --kill-on-bad-exit=1 .venv/bin/torchrun \

@@ -2,6 +2,8 @@
 each, one pipeline of 4 stages; a rank on the second node is killed once mid-step and
 ``--max-restarts 1`` restarts every node's workers, which resume from the last complete
 checkpoint and finish with the losses of a run that was never interrupted (issue 13, item 15).
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every restart a fresh store; without it a
+multi-node run with restarts is refused (``restart_safe_store``).
 On a cluster the same command runs once per node (examples/slurm_train.sh).
 """
 
@@ -37,7 +39,7 @@ def test_two_nodes_survive_a_killed_rank_and_resume(tmp_path: Path) -> None:
     assert TORCHRUN is not None
     marker, checkpoints = tmp_path / "killed-once", tmp_path / "checkpoints"
     endpoint = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "PYTHONPATH": str(SRC),
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            "PIPEWEAVE_INJECT_FAULT": f"rank=3,step=4,once={marker}"}
     nodes = [subprocess.Popen(
         [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
@@ -65,3 +67,14 @@ def test_two_nodes_survive_a_killed_rank_and_resume(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["first_step"] == 2
     assert summary["losses"] == iteration_losses(reference, 4)
+
+
+def test_restarts_on_several_nodes_sharing_the_agent_store_are_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeweave.runtime.launch import restart_safe_store
+
+    for key, value in {"TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_WORLD_SIZE": "2",
+                       "TORCHELASTIC_MAX_RESTARTS": "1"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match="set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        restart_safe_store(5.0)

@@ -284,6 +284,17 @@ def restart_safe_store(timeout_s: float) -> dist.Store | None:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None  # rank 0 hosts a fresh store for every attempt
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    if nodes > 1 and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+        # Each node's agent counts its own restarts (a node whose workers only saw a peer leave
+        # restarts without counting), so the attempt number differs between nodes and cannot
+        # keep the attempts' keys apart in the store the agents share.
+        raise ValueError(
+            f"torchrun on {nodes} nodes with --max-restarts "
+            f"{os.environ['TORCHELASTIC_MAX_RESTARTS']} shares one store across restarts, where "
+            f"a restarted rank can read a dead peer's address (pytorch/pytorch issue 135712); "
+            f"set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for every torchrun (a fresh store per "
+            f"restart; examples/slurm_train.sh does), or run without --max-restarts")
     client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                            int(os.environ["WORLD_SIZE"]), False,
                            timeout=datetime.timedelta(seconds=timeout_s))

@@ -43,7 +43,7 @@ def shortened(argv: list[str]) -> list[str]:
     if out[0] == "profile":
         out += ["--repeats", "1", "--warmup", "0"]
     if out[0] == "tune":
-        out += ["--microbatches-grid", "2,4", "--pipelines-grid", "1,2", "--warmup", "0"]
+        out += ["--microbatches-grid", "2,4", "--pipelines-grid", "1,2", "--iterations", "2"]
     return out
 
 

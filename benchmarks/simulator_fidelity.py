@@ -47,10 +47,12 @@ from pipeweave.ir import Op, parse_action
 from pipeweave.models.gpt import GPT_PRESETS
 from pipeweave.planner import Evaluator, PlanRequest, make_plan
 from pipeweave.planner.methods import straight_network
-from pipeweave.profiler import Profile, measure_link, profile_builtin
+from pipeweave.profiler import Profile
+from pipeweave.profiler.link import measure_link
+from pipeweave.profiler.measure import profile_builtin
 from pipeweave.profiler.colocated import needed_colocation
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
-from pipeweave.runtime.distributed import machine_cores, threads_per_rank
+from pipeweave.host import machine_cores, threads_per_rank
 from pipeweave.runtime.launch import launch_local
 from pipeweave.runtime.summary import iteration_end_times
 from pipeweave.runtime.timeline import Record

@@ -131,7 +131,7 @@ def _spawned(index: int, side: TorchSide, world_size: int, init_method: str, out
 
 def launch(side: TorchSide) -> list[TorchRankResult]:
     """One ``forkserver`` process per stage on a loopback port; one result per rank."""
-    from pipeweave.runtime.launch import free_port
+    from pipeweave.host import free_port
 
     world_size = len(side.stages)
     mp.set_forkserver_preload(["torch", "pipeweave.runtime.distributed"])

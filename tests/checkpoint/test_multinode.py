@@ -22,7 +22,7 @@ import pytest
 
 from pipeweave.cli.cmd_train import add_parser, build_job
 from pipeweave.runtime import run_local
-from pipeweave.runtime.launch import free_port
+from pipeweave.host import free_port
 from pipeweave.runtime.summary import iteration_losses
 
 pytestmark = pytest.mark.distributed

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeweave.cli.main import main
-from pipeweave.profiler import profile_builtin
+from pipeweave.profiler.measure import profile_builtin
 from pipeweave.profiler import colocated
 from pipeweave.profiler.colocated import colocated_load, needed_colocation, sharing_overhead
 

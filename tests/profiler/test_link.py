@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeweave.profiler import fit_link, measure_link
+from pipeweave.profiler.link import fit_link, measure_link
 
 
 def test_fit_recovers_latency_and_bandwidth() -> None:

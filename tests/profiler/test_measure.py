@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from pipeweave.models import ModelSpec
-from pipeweave.profiler import profile_builtin, profile_model
+from pipeweave.profiler.measure import profile_builtin, profile_model
 
 
 def mlp() -> ModelSpec:

@@ -13,7 +13,7 @@ from torch import nn
 from pipeweave.cli.main import main
 from pipeweave.models import ModelSpec
 from pipeweave.profiler.measure import profile_model
-from pipeweave.runtime.distributed import threads_per_rank
+from pipeweave.host import threads_per_rank
 
 
 class Dense(nn.Linear):

@@ -21,7 +21,7 @@ from pipeweave.cli.main import main
 from pipeweave.ir import Action, Op
 from pipeweave.runtime import launch_local, run_local
 from pipeweave.runtime.apc import decode, encode
-from pipeweave.runtime.launch import free_port
+from pipeweave.host import free_port
 from pipeweave.runtime.transport import DistTransport, LocalTransport, Waiting, message_tag
 from pipeweave.testing import assert_identical_runs, iteration_losses
 

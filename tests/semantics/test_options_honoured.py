@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, run_local
-from pipeweave.runtime.semantics_options import SEMANTICS_OPTIONS
+from pipeweave.planner.semantics_options import SEMANTICS_OPTIONS
 from pipeweave.schedules import available_schedules
 from pipeweave.testing import merged_parameters
 

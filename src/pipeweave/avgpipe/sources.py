@@ -49,7 +49,7 @@ def profile_cache(model: str, *, repeats: int = 1, warmup: int = 1, rounds: int 
     latency benchmarks do; medians of a loaded two-core machine changed the shape of the cost
     curve from one run to the next).
     """
-    from ..profiler import profile_builtin
+    from ..profiler.measure import profile_builtin
 
     remembered: dict[int, Profile] = {}
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from ..models import available_models
 from ..planner import PlanRequest, PlanResult, Topology, available_methods, make_plan
-from ..profiler import Profile, profile_builtin
+from ..profiler import Profile
+from ..profiler.measure import profile_builtin
 
 __all__ = ["add_parser", "run", "parse_bytes", "format_result"]
 
@@ -96,7 +97,7 @@ def load_profile(args: argparse.Namespace) -> Profile:
         raise ValueError("give --model NAME (profiled now) or --profile FILE")
     if args.profile is None:
         from ..profiler.colocated import needed_colocation
-        from ..runtime.distributed import threads_per_rank
+        from ..host import threads_per_rank
 
         return profile_builtin(args.model, batch_size=args.batch_size, device=args.device,
                                threads=threads_per_rank(args.ranks) if args.device == "cpu" else None,
@@ -123,7 +124,7 @@ def shared_cores(option: str, profile: Profile, ranks: int) -> int | None:
     if option == "auto":
         if profile.device != "cpu":
             return None
-        from ..runtime.distributed import machine_cores
+        from ..host import machine_cores
 
         cores = profile.metadata.get("cores", machine_cores() if profile.source == "measured" else None)
         return int(cores) if isinstance(cores, int) and ranks > cores else None

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ..models import available_models
-from ..profiler import Profile, measure_link, profile_builtin, read_pipedream_graph
-from ..runtime.distributed import threads_per_rank
+from ..profiler import Profile, read_pipedream_graph
+from ..profiler.link import measure_link
+from ..profiler.measure import profile_builtin
+from ..host import threads_per_rank
 
 __all__ = ["add_parser", "run", "format_profile"]
 

@@ -19,19 +19,11 @@ from .. import __version__
 __all__ = ["COMMANDS", "build_parser", "main", "HelpFormatter"]
 
 COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan", "tune"]
-"""Sub-commands, in help order; ``pipeweave.cli.cmd_<name>`` modules not written yet are skipped."""
+"""Sub-commands, in help order; each is the module ``pipeweave.cli.cmd_<name>``."""
 
 
 def _command_modules() -> list[ModuleType]:
-    modules = []
-    for name in COMMANDS:
-        module_name = f"pipeweave.cli.cmd_{name}"
-        try:
-            modules.append(importlib.import_module(module_name))
-        except ModuleNotFoundError as error:
-            if error.name != module_name:  # the module exists but one of its imports is missing
-                raise
-    return modules
+    return [importlib.import_module(f"pipeweave.cli.cmd_{name}") for name in COMMANDS]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

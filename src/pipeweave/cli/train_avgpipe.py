@@ -37,7 +37,7 @@ from ..runtime import Job, OptimizerFactory, Plan
 from ..runtime.advance_options import AdvanceOptions
 from ..runtime.memory import check_memory_limit, estimate_state_bytes
 from ..runtime.online_advance import OnlineAdvance
-from ..runtime.semantics_options import AVERAGE_ORDERS
+from ..planner.semantics_options import AVERAGE_ORDERS
 from ..runtime.summary import TrainSummary
 from ..schedules.avgpipe import parse_advance
 from .cmd_plan import parse_bytes

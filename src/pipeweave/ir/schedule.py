@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .actions import Action, Op, parse_action
+from .actions import Action, parse_action
 from .layout import Layout
 
 __all__ = ["Schedule", "render_grid", "schedule_to_csv", "schedule_from_csv"]
@@ -135,7 +135,3 @@ def schedule_from_csv(text: str, *, template: Schedule) -> Schedule:
     programs = [tuple(parse_action(cell) for cell in row if cell.strip()) for row in rows]
     lowered = any(a.is_comm for p in programs for a in p)
     return template.with_programs(programs, lowered=lowered)
-
-
-def count_ops(schedule: Schedule, op: Op) -> int:
-    return sum(1 for _, _, a in schedule.actions() if a.op is op)

@@ -2,7 +2,7 @@
 
 ``make_plan`` runs the method (timing it: ``planning_seconds``), applies AutoPipe's Slicer when
 asked (Algorithm 2's ``k`` from the plan's stage costs, schedule ``sliced-1f1b``), builds the
-runtime :class:`~pipeweave.runtime.plan.Plan`, simulates it for the predicted iteration time
+runtime's :class:`~pipeweave.planner.plan.Plan`, simulates it for the predicted iteration time
 and, with a memory limit, checks every rank's simulated peak (parameters + optimizer state +
 held activations) against it.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..runtime.plan import Plan
+from .plan import Plan
 from ..schedules import get_info
 from ..schedules.sliced import slicer_count
 from ..sim import SimulationResult

@@ -2,7 +2,7 @@
 
 A planner method turns a request into a :class:`Partition` (stage bounds, replicas, schedule,
 its own numbers); :func:`pipeweave.planner.make_plan` times it, turns it into a runtime
-:class:`~pipeweave.runtime.plan.Plan`, simulates it and wraps everything in a
+:class:`~pipeweave.planner.plan.Plan`, simulates it and wraps everything in a
 :class:`PlanResult` — the report ``pipeweave plan --json`` prints::
 
     {"method": "autopipe", "stages": [[0, 4], [4, 10]], "replicas": [1, 1],
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..profiler import Profile
-from ..runtime.plan import Plan
+from .plan import Plan
 from ..sim.costs import check_shared_cores
 from .evaluate import Network
 from .partition import Bounds

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec
-from ..runtime.distributed import machine_cores
+from ..host import machine_cores
 
 __all__ = ["colocated_load", "colocated_slowdown", "needed_colocation", "sharing_overhead"]
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..runtime.launch import free_port
+from ..host import free_port
 from .profile import LinkProfile
 
 __all__ = ["measure_link", "fit_link", "DEFAULT_SIZES"]

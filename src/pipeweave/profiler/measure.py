@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec
-from ..runtime.distributed import machine_cores
+from ..host import machine_cores
 from .profile import BlockProfile, Profile
 
 __all__ = ["profile_model", "profile_block", "profile_builtin", "tensor_bytes", "OPTIMIZERS"]

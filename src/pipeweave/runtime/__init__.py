@@ -3,7 +3,7 @@
 from .job import BuiltinData, BuiltinModel, Job, OptimizerFactory
 from .launch import RunFailed, launch_local, run_under_torchrun, under_torchrun
 from .local_executor import run_local
-from .plan import Plan
+from ..planner.plan import Plan
 from .worker import RankResult
 
 __all__ = [

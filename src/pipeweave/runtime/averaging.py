@@ -38,7 +38,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from .semantics_options import AVERAGE_ORDERS as ORDERS
+from ..planner.semantics_options import AVERAGE_ORDERS as ORDERS
 
 __all__ = ["ElasticAverager", "ORDERS"]
 

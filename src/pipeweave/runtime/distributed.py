@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import time
 
 import torch
 import torch.distributed as dist
 
+from ..host import threads_per_rank
 from ..ir import Schedule
 from .checkpoint import combine_hooks, distributed_recovery
 from .delay import delayed_transport
@@ -30,19 +30,7 @@ from .timeline import Recorder
 from .transport import DistTransport
 from .worker import RankResult, attach_partial, build_rank, collect_result, make_schedule
 
-__all__ = ["run_rank", "threads_per_rank"]
-
-
-def machine_cores() -> int:
-    """Cores this process may run on (its affinity mask, else the machine's count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def threads_per_rank(local_world_size: int) -> int:
-    """Intra-op threads so that the ranks on one machine don't oversubscribe its cores."""
-    return max(1, machine_cores() // max(1, local_world_size))
+__all__ = ["run_rank"]
 
 
 def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_world_size: int,

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ..models import ModelSpec, build_model
 from .advance_options import AdvanceOptions
 from .checkpoint_options import CheckpointOptions
-from .plan import Plan
+from ..planner.plan import Plan
 
 __all__ = ["Job", "BuiltinModel", "BuiltinData", "OptimizerFactory", "DTYPES", "IMPLEMENTATIONS"]
 

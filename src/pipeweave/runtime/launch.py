@@ -31,8 +31,7 @@ from .job import Job
 from .online_advance import check_advance
 from .worker import RankResult, attach_partial, make_schedule, partial_results, preflight
 
-__all__ = ["launch_local", "run_under_torchrun", "RunFailed", "RunInterrupted", "free_port",
-           "under_torchrun"]
+__all__ = ["launch_local", "run_under_torchrun", "RunFailed", "RunInterrupted", "under_torchrun"]
 
 
 class RunFailed(RuntimeError):
@@ -61,13 +60,6 @@ _PARTIAL_FILE = "rank{}.partial.pkl"
 _USER_ERRORS = (ValueError, ArithmeticError, LookupError, TypeError, OSError)
 """Error types that report a bad input or a diverging run rather than a lost peer; when
 several ranks fail at once, one of these is the cause to show."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 LOOPBACK = "127.0.0.1"

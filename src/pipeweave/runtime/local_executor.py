@@ -17,7 +17,7 @@ import time
 import torch
 
 from ..ir import Schedule, ScheduleError, render_grid
-from .distributed import threads_per_rank
+from ..host import threads_per_rank
 from .checkpoint import RankRecovery, check_checkpointable, check_resume, new_session
 from .interpreter import RankInterpreter
 from .job import Job

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from .plan import Plan
+from ..planner.plan import Plan
 
 if TYPE_CHECKING:
     from ..models import ModelSpec

@@ -62,7 +62,7 @@ from .advance_options import AdvanceOptions
 from .interpreter import RankInterpreter
 from .job import Job
 from .memory import ActivationMeter, check_memory_limit, estimate_state_bytes, state_bytes
-from .plan import Plan
+from ..planner.plan import Plan
 from .worker import RankParts, make_schedule
 
 if TYPE_CHECKING:

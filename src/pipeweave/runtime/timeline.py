@@ -9,7 +9,7 @@ all ranks / (ranks x wall time of the window); bubble = 1 - efficiency.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..ir import Op, parse_action
@@ -63,7 +63,3 @@ def efficiency(records: Iterable[Record], ranks: int, *,
     span = max(hi - lo, 1e-12)
     eff = sum(busy) / (ranks * span)
     return Efficiency(eff, 1.0 - eff, (lo, hi), tuple(busy))
-
-
-def merge(per_rank: Sequence[Sequence[Record]]) -> list[Record]:
-    return sorted((r for records in per_rank for r in records), key=lambda r: (r[2], r[0]))

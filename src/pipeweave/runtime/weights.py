@@ -41,7 +41,7 @@ from torch import nn
 from ..ir import Action, Op
 from .prediction import DirectionTracker
 from .replicas import Replica, ReplicaPool
-from .semantics_options import BACKWARD_MODES
+from ..planner.semantics_options import BACKWARD_MODES
 
 __all__ = ["StageWeights", "ForwardPlan"]
 

@@ -13,7 +13,7 @@ Example (``gpt-tiny`` has 10 blocks; two ranks, 1F1B, 4 micro-batches)::
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,7 +184,3 @@ class Plan:
         except json.JSONDecodeError as error:
             raise ValueError(f"plan file {path} is not valid JSON: {error}") from None
         return cls.from_json(data)
-
-
-def block_ranges(plan: Plan, stages: Sequence[int]) -> list[tuple[int, int]]:
-    return [plan.stages[s] for s in stages]

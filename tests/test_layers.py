@@ -40,3 +40,90 @@ def test_every_module_imports_in_any_order() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={"PYTHONPATH": str(SRC)}, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+# Layers, lowest first: a package may import only packages of a lower layer (or itself).
+LAYERS = {
+    "host": 0, "ir": 0,
+    "schedules": 1, "models": 1, "data": 1,
+    "sim": 2, "profiler": 2,
+    "planner": 3, "report": 3,
+    "avgpipe": 4,
+    "runtime": 5,
+    "oracle": 6, "testing": 6,
+    "cli": 7,
+    "__main__": 8, "__init__": 8,
+}
+PACKAGE = SRC / "pipeweave"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, *, top_level_only: bool) -> set[str]:
+    """Modules of pipeweave that ``path`` imports (relative imports resolved)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            targets = [name] + [f"{name}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t.startswith("pipeweave."))
+    return found
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_no_package_imports_a_package_above_it() -> None:
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        here = _layer(_module_name(path)) if path.parent != PACKAGE else path.stem
+        for target in _imports(path, top_level_only=False):
+            there = _layer(target)
+            if there not in LAYERS:
+                continue  # pipeweave.<module>.<name>: a name, not a package
+            if there != here and LAYERS[there] >= LAYERS[here]:
+                upward.append(f"{path.relative_to(SRC)} -> {target}")
+    assert not upward, "imports against the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycle_between_modules() -> None:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: {t for t in _imports(path, top_level_only=True) if t in modules}
+             for name, path in modules.items()}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state.get(target) == 1 and not (name.startswith(target + ".") or target == name):
+                cycles.append(trail[trail.index(target):] + [target] if target in trail
+                              else [name, target])
+            elif target not in state:
+                visit(target, trail + [target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

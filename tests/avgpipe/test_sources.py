@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeweave.avgpipe import predict
-from pipeweave.avgpipe.sources import _message_bytes, profile_real_run, run_setting
+from pipeweave.cli.tune_sources import _message_bytes, profile_real_run, run_setting
 from pipeweave.models import build_model
 from pipeweave.planner.evaluate import Network
 

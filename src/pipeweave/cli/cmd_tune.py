@@ -30,7 +30,7 @@ from typing import Any
 
 from ..avgpipe import Measurement, Prediction, TuningProfile, traverse, tune
 from ..avgpipe.simulated import SimulatedModel, calibrate_levels, per_sample_seconds
-from ..avgpipe.sources import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
+from .tune_sources import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
                                profile_real_run, run_setting)
 from ..avgpipe.tuner import MEMORY_RULES, MODES, settings
 from ..models import available_models

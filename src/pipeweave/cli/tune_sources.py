@@ -1,4 +1,4 @@
-"""Where the tuner's numbers come from for a built-in model: short real runs on local
+"""Where `pipeweave tune` gets its numbers for a built-in model: short real runs on local
 processes, or the simulator fed with measured per-block costs.
 
 * :func:`run_setting` — one setting run for real (§5.1's short run): ``avgpipe`` with ``N``
@@ -10,7 +10,7 @@ processes, or the simulator fed with measured per-block costs.
   traversal's measurement (:meth:`RealRun.measurement`: median iteration, counted peak) and
   the tuner's profile (:func:`profile_real_run`: timeline, transfers, memory split).
 * :func:`builtin_model` — a :class:`~pipeweave.avgpipe.simulated.SimulatedModel` whose costs at
-  micro-batch size ``b`` are :func:`pipeweave.profiler.profile_builtin` measured at ``b`` (one
+  micro-batch size ``b`` are :func:`pipeweave.profiler.measure.profile_builtin` measured at ``b`` (one
   intra-op thread, what a rank gets on this two-core machine), split uniformly into stages
   like ``pipeweave train`` does; the simulated source, and the profiler times that calibrate
   the utilisation levels (:func:`~pipeweave.avgpipe.simulated.calibrate_levels`).
@@ -26,12 +26,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..avgpipe.profile import Levels, Record, TuningProfile, profile_from_timeline
+from ..avgpipe.simulated import SimulatedModel, work_levels
+from ..avgpipe.tuner import Measurement
 from ..planner.evaluate import Network
 from ..planner.partition import uniform_partition
 from ..profiler.profile import Profile
-from .profile import Levels, Record, TuningProfile, profile_from_timeline
-from .simulated import SimulatedModel, work_levels
-from .tuner import Measurement
 
 __all__ = ["builtin_model", "profile_cache", "RealRun", "run_setting", "profile_real_run",
            "LOOPBACK_BANDWIDTH"]

@@ -76,9 +76,7 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
 
         def interpreter(program: Schedule, meter: ActivationMeter | None = None) -> RankInterpreter:
             hooks = recovery.hooks if program is schedule else {}
-            return RankInterpreter(rank=rank, schedule=program, stages=parts.stages,
-                                   optimizers=parts.optimizers, weights=parts.weights,
-                                   others=parts.others, averagers=parts.averagers, transport=wire,
+            return RankInterpreter(rank=rank, schedule=program, parts=parts, transport=wire,
                                    data=data, recorder=recorder, on_step=progress,
                                    start=recovery.start if program is schedule else 0,
                                    after=combine_hooks(hooks, injected_fault_hooks(program, rank)),

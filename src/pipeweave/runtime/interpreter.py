@@ -12,7 +12,7 @@ one and the single-process one — drive this same class; only the transport dif
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,7 +27,6 @@ from .transport import Transport
 from .weights import StageWeights
 
 if TYPE_CHECKING:
-    from .averaging import ElasticAverager
     from .memory import ActivationMeter
     from .worker import RankParts
 
@@ -44,22 +43,19 @@ class RankInterpreter:
         *,
         rank: int,
         schedule: Schedule,
-        stages: Mapping[int, StageRuntime],
-        optimizers: Mapping[int, torch.optim.Optimizer],
-        weights: Mapping[int, StageWeights],
+        parts: RankParts,
         transport: Transport,
         data: MicrobatchSource,
         recorder: Recorder | None = None,
         on_step: Callable[[Action, Mapping[int, StageRuntime]], None] | None = None,
         start: int = 0,
         after: Mapping[int, Callable[[], None]] | None = None,
-        others: Sequence[RankParts] = (),
-        averagers: Mapping[int, ElasticAverager] | None = None,
         meter: ActivationMeter | None = None,
     ) -> None:
-        """``start``: position to begin at (a resumed run, :mod:`.checkpoint`); ``after``:
+        """``parts``: the rank's stages, optimizers, weight versions and, for AvgPipe, its
+        further parallel pipelines and reference models (:func:`.worker.build_rank`);
+        ``start``: position to begin at (a resumed run, :mod:`.checkpoint`); ``after``:
         ``position -> hook`` run right after that action (checkpoints, fault injection);
-        ``others``/``averagers``: AvgPipe's parallel pipelines 1..N-1 and reference models;
         ``meter``: counts the activation bytes kept between forwards and backwards
         (:mod:`.memory`; the online advance controller's memory reading)."""
         if not schedule.lowered:
@@ -67,11 +63,9 @@ class RankInterpreter:
         self.rank = rank
         self.schedule = schedule
         self.program = schedule.programs[rank]
-        self.stages = stages
-        self.optimizers = optimizers
-        self.weights = weights
-        self.others = list(others)
-        self.averagers = dict(averagers or {})
+        self.parts = parts
+        self.stages = parts.stages
+        self.averagers = parts.averagers
         self.transport = transport
         self.meter = meter
         self.data = data
@@ -242,11 +236,10 @@ class RankInterpreter:
 
     # -- per-pipeline parts (AvgPipe's parallel pipelines; pipeline 0 is the common case) ---
     def _stages(self, action: Action) -> Mapping[int, StageRuntime]:
-        return self.stages if action.pipeline == 0 else self.others[action.pipeline - 1].stages
+        return self.parts.pipeline(action.pipeline).stages
 
     def _optimizers(self, action: Action) -> Mapping[int, torch.optim.Optimizer]:
-        return (self.optimizers if action.pipeline == 0
-                else self.others[action.pipeline - 1].optimizers)
+        return self.parts.pipeline(action.pipeline).optimizers
 
     def _weights(self, action: Action) -> Mapping[int, StageWeights]:
-        return self.weights if action.pipeline == 0 else self.others[action.pipeline - 1].weights
+        return self.parts.pipeline(action.pipeline).weights

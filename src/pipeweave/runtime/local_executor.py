@@ -76,9 +76,7 @@ def _run(job: Job) -> list[RankResult]:
                     meter: ActivationMeter | None = None) -> RankInterpreter:
         whole = program is schedule
         return RankInterpreter(
-            rank=rank, schedule=program, stages=parts[rank].stages,
-            optimizers=parts[rank].optimizers, weights=parts[rank].weights,
-            others=parts[rank].others, averagers=parts[rank].averagers,
+            rank=rank, schedule=program, parts=parts[rank],
             transport=endpoints[rank], data=sources[rank], recorder=recorders[rank],
             start=recoveries[rank].start if whole else 0,
             after=recoveries[rank].hooks if whole else {}, meter=meter,

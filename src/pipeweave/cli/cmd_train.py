@@ -37,9 +37,9 @@ from ..runtime.job import IMPLEMENTATIONS
 from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.local_executor import run_local
 from ..runtime.summary import TrainSummary, summarize
-from ..runtime.worker import RankResult
 from ..schedules import get_info
 from . import train_avgpipe, train_failure
+from .train_outputs import write_outputs
 from .cmd_plan import parse_bytes
 
 __all__ = ["add_parser", "run"]
@@ -322,31 +322,6 @@ def run(args: argparse.Namespace) -> int:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     return 0
-
-
-def write_outputs(directory: Path, job: Job, summary: TrainSummary,
-                  results: list[RankResult], *, tensorboard: bool = False) -> None:
-    from ..report.chrome_trace import write_chrome_trace
-    from ..report.loss_plot import plot_losses
-    from ..report.metrics_io import write_metrics, write_tensorboard
-
-    directory.mkdir(parents=True, exist_ok=True)
-    rows = [
-        {"step": k + 1, "loss": loss, "time_s": summary.iteration_end_s[k],
-         "samples": (k + 1) * summary.batch_size}
-        for k, loss in enumerate(summary.losses)
-    ]
-    for row in rows[:summary.first_step]:  # restored from a checkpoint: not timed by this run
-        del row["time_s"]
-    train_avgpipe.add_metrics(rows, summary)
-    write_metrics(rows, directory)
-    if tensorboard:
-        write_tensorboard(rows, directory / "tensorboard")
-    (directory / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
-    job.plan.save(directory / "plan.json")
-    records = sorted((r for result in results for r in result.records), key=lambda r: (r[0], r[2]))
-    write_chrome_trace(records, directory / "trace.json", name=f"measured {job.plan.schedule}")
-    plot_losses({job.plan.schedule: summary.losses}, directory / "loss.png")
 
 
 def format_summary(summary: TrainSummary, directory: Path) -> str:

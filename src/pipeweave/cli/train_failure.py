@@ -26,6 +26,7 @@ from ..runtime.checkpoint_store import complete_checkpoints
 from ..runtime.launch import RunFailed, RunInterrupted, under_torchrun
 from ..runtime.summary import TrainSummary, summarize
 from ..runtime.worker import RankResult, partial_results
+from .train_outputs import write_outputs
 
 __all__ = ["report", "write_error_log", "completed_steps"]
 
@@ -89,8 +90,6 @@ def completed_steps(results: list[RankResult], microbatches: int, first_step: in
 
 def _write_partial(args: argparse.Namespace, job: Job, results: list[RankResult],
                    first_step: int, status: str, error: str) -> int:
-    from .cmd_train import write_outputs
-
     done = completed_steps(results, job.plan.microbatches, first_step, job.plan.pipelines)
     directory = args.output_dir
     if done == 0 or not results:

@@ -98,3 +98,20 @@ def test_ctrl_c_keeps_the_completed_steps_and_says_how_to_resume(
     assert f"--resume {tmp_path / 'checkpoints'} --steps 4" in err
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["steps"] == 3
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (["--optimizer", "sgd"], "was written with optimizer Adam; this run uses SGD"),
+    (["--batch-size", "32"], "was written with the data stream"),
+])
+def test_resuming_with_another_optimizer_or_batch_is_refused_before_launch(
+        change: list[str], message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*TINY, "--executor", "local", "--checkpoint-every", "1",
+                 "--output-dir", str(tmp_path / "first")]) == 0
+    capsys.readouterr()
+    code = main([*TINY, "--steps", "4", "--resume", str(tmp_path / "first"), *change,
+                 "--output-dir", str(tmp_path / "second")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("pipeweave: error: checkpoint ") and message in err
+    assert err.count("\n") == 1 and "rank" not in err.split(":")[1]  # before any rank started

@@ -54,9 +54,10 @@ def report(args: argparse.Namespace, job: Job, error: BaseException, first_step:
     if not (under_torchrun() and os.environ.get("RANK") != "0"):
         done = _write_partial(args, job, partial_results(error), first_step,
                               "interrupted" if interrupted else "failed", f"{where}{cause}")
-        print(f"kept the {done} completed step{'s' if done != 1 else ''} in {args.output_dir}/"
-              f" (summary.json says {'interrupted' if interrupted else 'failed'})",
-              file=sys.stderr)
+        if done:
+            print(f"kept the {done} completed step{'s' if done != 1 else ''} in "
+                  f"{args.output_dir}/ (summary.json says "
+                  f"{'interrupted' if interrupted else 'failed'})", file=sys.stderr)
         _resume_hint(job)
     return INTERRUPTED_STATUS if interrupted else 1
 

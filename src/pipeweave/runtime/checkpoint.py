@@ -65,7 +65,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..ir import Action, Op, Schedule
 from ..models import ModelSpec
@@ -246,7 +246,30 @@ def check_resume(job: Job, spec: ModelSpec, *, verify: bool = True) -> StoredChe
         return None
     stored = StoredCheckpoint(folder, verify=verify)
     _check_fits(stored, model_parameters(spec), job)
+    # What the ranks would find only after starting: the optimizer's type (built here on a
+    # stand-in parameter) and the data stream's description.
+    _check_optimizer(stored, type(job.optimizer([nn.Parameter(torch.zeros(1))])).__name__)
+    stream = job.data()
+    state = getattr(stream, "state_dict", None)
+    if callable(state) and callable(getattr(stream, "load_state_dict", None)):
+        _check_stream(stored, {k: v for k, v in dict(state()).items() if k != "position"})
     return stored
+
+
+def _check_optimizer(stored: StoredCheckpoint, optimizer_type: str) -> None:
+    saved = stored.manifest["optimizer"]["type"]
+    if saved != optimizer_type:
+        raise CheckpointError(f"checkpoint {stored.folder} was written with optimizer {saved}; "
+                              f"this run uses {optimizer_type}; resume with the same optimizer")
+
+
+def _check_stream(stored: StoredCheckpoint, stream: Mapping[str, Any]) -> None:
+    saved = stored.manifest["data"]["stream"]
+    if saved is not None and saved != dict(stream):
+        raise CheckpointError(
+            f"checkpoint {stored.folder} was written with the data stream {saved} but this run "
+            f"reads {dict(stream)}; resume with the same dataset, batch size, sequence length "
+            f"and seed")
 
 
 def _check_fits(stored: StoredCheckpoint, expected: Mapping[str, tuple[list[int], str]],
@@ -352,12 +375,8 @@ class RankRecovery:
         if callable(state) and callable(getattr(stream, "load_state_dict", None)):
             current = dict(state())
             self._stream = {k: v for k, v in current.items() if k != "position"}
-            saved = self._stored.manifest["data"]["stream"] if self._stored else None
-            if saved is not None and saved != self._stream:
-                raise CheckpointError(
-                    f"checkpoint {self._stored.folder if self._stored else ''} was written with the "
-                    f"data stream {saved} but this run reads {self._stream}; resume with the same "
-                    f"dataset, batch size, sequence length and seed")
+            if self._stored is not None:
+                _check_stream(self._stored, self._stream)
             if self.first_batch:
                 stream.load_state_dict({**current, "position": self.first_batch})  # type: ignore[attr-defined]
             return stream
@@ -373,11 +392,8 @@ class RankRecovery:
             raise CheckpointError(f"checkpoint {stored.folder} is at step {stored.step} and the "
                                   f"run has {self.job.steps} steps: nothing is left to run; "
                                   f"raise --steps")
-        saved_type = stored.manifest["optimizer"]["type"]
         here = next(iter(self.parts.optimizers.values()))
-        if saved_type != type(here).__name__:
-            raise CheckpointError(f"checkpoint {stored.folder} was written with optimizer "
-                                  f"{saved_type}; this run uses {type(here).__name__}")
+        _check_optimizer(stored, type(here).__name__)
         if stored.manifest["optimizer"]["hyper"] != _hyper(here) and self.rank == 0:
             warnings.warn(f"resuming with optimizer settings {_hyper(here)}; the checkpoint was "
                           f"written with {stored.manifest['optimizer']['hyper']}", stacklevel=2)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from pipeweave.cli import main as cli_main
 from pipeweave.cli.main import main
 from pipeweave.schedules import available_schedules
 
@@ -146,14 +145,6 @@ def test_argparse_errors_and_no_command(capsys: pytest.CaptureFixture[str]) -> N
     code, _, err = run(capsys, )
     assert code == 2 and "usage: pipeweave" in err
     assert main(["--help"]) == 0
-
-
-def test_missing_command_modules_are_skipped(monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli_main, "COMMANDS", ["schedules", "not_written_yet"])
-    code, out, _ = run(capsys, "schedules")
-    assert code == 0 and "gpipe" in out
-    assert "not_written_yet" not in cli_main.build_parser().format_help()
 
 
 def test_python_dash_m_pipeweave() -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -38,7 +39,8 @@ def _spec(stall_s: float) -> ModelSpec:
 def test_alike_blocks_measured_unalike_are_reported() -> None:
     profile = profile_model(_spec(0.02), torch.randn(4, 16), repeats=3, warmup=1)
     (warning,) = profile.metadata["warnings"]
-    assert "blocks a and b are alike" in warning and "busy" in warning
+    # the fastest of the steady twins (a or c) against the stalled one
+    assert re.match(r"blocks [ac] and b are alike", warning) and "busy" in warning
     assert set(profile.metadata["spread"]) == {"a", "b", "c"}
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from ..ir import Schedule, lower, render_grid, schedule_to_csv
 from ..schedules import Shape, build_schedule, get_info
+from .options import parse_options
 
 __all__ = [
     "add_parser", "run", "add_shape_arguments", "schedule_from_args", "default_iterations",
-    "parse_option",
 ]
 
 
@@ -47,7 +47,7 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 
 def schedule_from_args(args: argparse.Namespace, *, default_iterations: int = 1) -> Schedule:
     """Build the schedule the shape arguments describe (library ValueErrors propagate)."""
-    options = dict(parse_option(text) for text in args.option)
+    options = parse_options(args.option)
     iterations = args.iterations if args.iterations is not None else default_iterations
     shape = Shape(
         stages=args.stages, microbatches=args.microbatches, iterations=iterations,
@@ -60,25 +60,6 @@ def schedule_from_args(args: argparse.Namespace, *, default_iterations: int = 1)
 def default_iterations(name: str) -> int:
     """1 for a synchronous schedule, 4 for an asynchronous one (fill, 2 steady, drain)."""
     return 1 if get_info(name).synchronous else 4
-
-
-def parse_option(text: str) -> tuple[str, object]:
-    """``key=value`` with the value read as bool, int, float or else kept as text."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"option {text!r} is not KEY=VALUE; write it like --option advance=2")
-    value: object = raw
-    lowered = raw.strip().lower()
-    if lowered in ("true", "false"):
-        value = lowered == "true"
-    else:
-        for convert in (int, float):
-            try:
-                value = convert(raw)
-                break
-            except ValueError:
-                continue
-    return key.strip(), value
 
 
 def _parse_replicas(text: str | None) -> tuple[int, ...] | None:

@@ -39,6 +39,7 @@ from ..runtime.local_executor import run_local
 from ..runtime.summary import TrainSummary, summarize
 from ..schedules import get_info
 from . import train_avgpipe, train_failure
+from .options import parse_options
 from .train_outputs import write_outputs
 from .cmd_plan import parse_bytes
 
@@ -128,19 +129,6 @@ def add_parser(subparsers: Any) -> None:
                              "'auto': from --checkpoint-dir's newest checkpoint if any")
     train_avgpipe.add_arguments(parser)
     parser.set_defaults(func=run)
-
-
-def parse_options(pairs: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--option {pair!r} must look like KEY=VALUE, e.g. --option sliced=2")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
 
 
 def build_job(args: argparse.Namespace) -> Job:

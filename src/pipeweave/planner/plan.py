@@ -20,6 +20,7 @@ from typing import Any
 
 from ..ir import Layout
 from ..schedules import Shape
+from .partition import uniform_partition
 from .semantics_options import check_semantics
 
 __all__ = ["Plan"]
@@ -142,13 +143,8 @@ class Plan:
                 f"cannot split {num_blocks} blocks into {count} stages (depth {depth} x chunks "
                 f"{chunks}); use between 1 and {num_blocks} stages"
             )
-        base, extra = divmod(num_blocks, count)
-        bounds, start = [], 0
-        for index in range(count):
-            end = start + base + (1 if index < extra else 0)
-            bounds.append((start, end))
-            start = end
-        return cls(num_blocks=num_blocks, stages=tuple(bounds), chunks=chunks, **fields)
+        return cls(num_blocks=num_blocks, stages=uniform_partition(num_blocks, count),
+                   chunks=chunks, **fields)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

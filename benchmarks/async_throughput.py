@@ -32,7 +32,7 @@ forward, backward and update time per micro-batch, summed over the stages from t
 timeline of iterations 2..K (so WPipe's half-size stages compare with everyone else's), and
 the time PipeOptim spends writing predicted weights (inside its forwards; whole run);
 replicas built and bytes copied into them per update (stashed weight versions,
-``runtime/replicas.py``); the weight versions each stage held against the simulator's count;
+``runtime/execution/replicas.py``); the weight versions each stage held against the simulator's count;
 peak RSS per rank. Runs alternate between methods within a repeat; each number is the median
 over ``--repeats``.
 """
@@ -59,8 +59,8 @@ import torch  # noqa: E402
 from pipeweave.ir import Op, parse_action  # noqa: E402
 from pipeweave.runtime import Plan, launch_local  # noqa: E402
 from pipeweave.runtime.job import BuiltinData, BuiltinModel, OptimizerFactory  # noqa: E402
-from pipeweave.runtime.summary import summarize  # noqa: E402
-from pipeweave.runtime.worker import make_schedule  # noqa: E402
+from pipeweave.runtime.observation.summary import summarize  # noqa: E402
+from pipeweave.runtime.execution.parts import make_schedule  # noqa: E402
 from pipeweave.sim import simulate  # noqa: E402
 
 # -- settings -------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def _one_process_worker(case: Case, threads: int, steps: int, out: Any) -> None:
         optimizer.zero_grad(set_to_none=True)
         ends.append(time.perf_counter())
         losses.append(float(loss.detach()))
-    from pipeweave.runtime.worker import peak_rss_bytes
+    from pipeweave.runtime.execution.parts import peak_rss_bytes
 
     out.put({"ends": ends, "losses": losses, "peak": peak_rss_bytes()})
 

@@ -30,7 +30,7 @@ Methods (avgpipe.txt §3.2; ``Plan.pipelines = N``, ``Plan.semantics["alpha"] = 
 What "the same total samples" means. Every method sees the same K batches of B samples
 (``--batches K``, a multiple of 6), in the same order, from the same initial weights (one
 model and data seed per run seed). The runtime gives pipeline ``p`` of iteration ``k`` batch
-``k*N + p`` of the stream (runtime/microbatches.py), so AvgPipe with N pipelines runs K/N
+``k*N + p`` of the stream (runtime/execution/microbatches.py), so AvgPipe with N pipelines runs K/N
 iterations; 1F1B on batches of N*B gets batch j = the concatenation of batches Nj..Nj+N-1
 (``convergence.grouped_batches``) and also runs K/N iterations. Every run therefore consumes
 ``K*B`` samples, and the parallel models of AvgPipe take K/N optimizer steps each.
@@ -56,7 +56,7 @@ fewer retries: the repeats below already absorb the odd disturbed run). On this
 shared 2-core machine one run is not enough (two runs of the same work differed by 1.5x in a
 first attempt), so every method runs ``--repeats`` times, round-robin over the methods so that
 slow drifts hit all of them alike, and the median of the steady-state samples/s
-(``pipeweave.runtime.summary.summarize``, first iteration excluded) converts samples into
+(``pipeweave.runtime.observation.summary.summarize``, first iteration excluded) converts samples into
 seconds. Their losses are checked bit for bit against the start of the seed-0 single-process
 run (``bit_identical_to_local``). The loss curves come from the single-process executor
 ``run_local`` (same numbers), ``--workers`` at a time, after the timing runs.
@@ -93,7 +93,7 @@ from pipeweave.models import build_model  # noqa: E402
 from pipeweave.runtime import (  # noqa: E402
     BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult, launch_local, run_local,
 )
-from pipeweave.runtime.summary import summarize  # noqa: E402
+from pipeweave.runtime.observation.summary import summarize  # noqa: E402
 from pipeweave.testing import merged_parameters  # noqa: E402
 
 # -- settings -------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def reused_runs(reuse: Sequence[dict[str, Any]],
 
 def check_one_pipeline_is_1f1b(runs: Sequence[dict[str, Any]]) -> int:
     """AvgPipe with N = 1 must be 1F1B exactly (averaging with alpha = 1 toward itself is a
-    no-op; runtime/averaging.py): same losses and parameters, bit for bit. Returns the number
+    no-op; runtime/averaging/elastic.py): same losses and parameters, bit for bit. Returns the number
     of pairs checked."""
     baseline = {(r["case"], r["optimizer"], r["seed"]): r for r in runs if r["method"] == "1f1b"}
     checked = 0

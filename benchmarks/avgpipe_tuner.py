@@ -12,7 +12,7 @@ M x N below, on ``--ranks`` local processes (gloo over loopback, one intra-op th
   1F1B; N co-partitioned parallel pipelines) with :func:`pipeweave.cli.tune_sources.run_setting`:
   one warm-up iteration and ten timed ones; its time is the median iteration (the slowest
   rank's, as the runtime measures it), its memory the runtime's counted peak per rank (model
-  state + activations, ``runtime/memory.py``), the largest rank's. Cost: the sum of the runs'
+  state + activations, ``runtime/observation/memory.py``), the largest rank's. Cost: the sum of the runs'
   wall times, launch included.
 * **tuner** (§5.2), from scratch: the profiler times the model at the profiled and at the
   smallest M's micro-batch size (what ``calibrate_levels`` needs to split a rank's compute

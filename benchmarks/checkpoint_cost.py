@@ -45,8 +45,8 @@ import torch
 from machine_load import timed
 from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult,
                                run_local)
-from pipeweave.runtime.checkpoint_options import CheckpointOptions
-from pipeweave.runtime.checkpoint_store import StoredCheckpoint, finalize, step_folder, write_shard
+from pipeweave.runtime.checkpoint.options import CheckpointOptions
+from pipeweave.runtime.checkpoint.store import StoredCheckpoint, finalize, step_folder, write_shard
 
 # -- settings ----------------------------------------------------------------------------------
 SIZES_MIB = (1, 8, 32, 128)

@@ -61,7 +61,7 @@ this script checks on every timing run: ``bit_identical_to_local`` in the JSON),
 ``--workers`` at a time, each on one intra-op thread. Wall time comes from ONE multi-process run
 per method and geometry (``launch_local``, one process per rank, gloo on the loopback; the 3x-lr
 runs do the same work and share their base method's): its steady-state samples/s
-(``pipeweave.runtime.summary.summarize``, first iteration excluded) converts samples into
+(``pipeweave.runtime.observation.summary.summarize``, first iteration excluded) converts samples into
 seconds. These runs go first, one at a time, after waiting (briefly) for the CPUs to be quiet.
 On 2 cores, 4 ranks share 2 CPUs, so the wall-time axis shows the methods' relative cost on this
 machine, not on 4 devices.
@@ -94,7 +94,7 @@ from pipeweave.models import build_model
 from pipeweave.runtime import (
     BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult, launch_local, run_local,
 )
-from pipeweave.runtime.summary import iteration_losses, summarize
+from pipeweave.runtime.observation.summary import iteration_losses, summarize
 from pipeweave.testing import merged_parameters
 
 # -- settings -------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ def per_update_losses(results: Sequence[RankResult], job: Job, method: Method) -
     weighted: dict[int, float] = {}
     for result in results:
         weighted.update(result.losses)
-    # Each micro-batch's loss is *reported* weighted rows/batch_rows = 1/M (runtime/stage.py).
+    # Each micro-batch's loss is *reported* weighted rows/batch_rows = 1/M (runtime/execution/stage.py).
     return [weighted[j] * job.plan.microbatches for j in sorted(weighted)]
 
 

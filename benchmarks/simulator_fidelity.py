@@ -53,9 +53,9 @@ from pipeweave.profiler.measure import profile_builtin
 from pipeweave.profiler.colocated import needed_colocation
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
 from pipeweave.host import machine_cores, threads_per_rank
-from pipeweave.runtime.launch import launch_local
-from pipeweave.runtime.summary import iteration_end_times
-from pipeweave.runtime.timeline import Record
+from pipeweave.runtime.launch.processes import launch_local
+from pipeweave.runtime.observation.summary import iteration_end_times
+from pipeweave.runtime.observation.timeline import Record
 
 MICROBATCH = 4  # samples per micro-batch (what the profile measures)
 

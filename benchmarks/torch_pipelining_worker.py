@@ -134,7 +134,7 @@ def launch(side: TorchSide) -> list[TorchRankResult]:
     from pipeweave.host import free_port
 
     world_size = len(side.stages)
-    mp.set_forkserver_preload(["torch", "pipeweave.runtime.distributed"])
+    mp.set_forkserver_preload(["torch", "pipeweave.runtime.launch.rank"])
     init_method = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="torch-pp-") as out_dir:
         context = mp.start_processes(_spawned, args=(side, world_size, init_method, out_dir),

@@ -57,7 +57,7 @@ from pipeweave.models import build_model  # noqa: E402
 from pipeweave.runtime import (  # noqa: E402
     BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local,
 )
-from pipeweave.runtime.summary import summarize  # noqa: E402
+from pipeweave.runtime.observation.summary import summarize  # noqa: E402
 
 # -- settings -------------------------------------------------------------------------------
 STEPS = 12            # iterations per run; the first is warm-up and is not timed

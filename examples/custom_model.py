@@ -11,7 +11,7 @@ import torch
 from pipeweave.models import ModelSpec
 from pipeweave.runtime import Job, Plan, launch_local, run_local
 from pipeweave.testing import merged_parameters
-from pipeweave.runtime.summary import iteration_losses
+from pipeweave.runtime.observation.summary import iteration_losses
 
 STEPS, MICROBATCHES, BATCH = 20, 4, 32
 

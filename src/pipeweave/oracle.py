@@ -38,7 +38,7 @@ Samples per update: the per-micro-batch methods (pipedream, pipeoptim, spectrain
 gradient of the mean loss over one micro-batch; 2bw and wpipe on the mean over the batch.
 
 Nothing here uses the runtime: ΔW comes from two consecutive versions in the history, SpecTrain's
-``v_t`` from torch's own optimizer state, so a wrong rule in ``runtime/prediction.py`` shows.
+``v_t`` from torch's own optimizer state, so a wrong rule in ``runtime/execution/prediction.py`` shows.
 """
 
 from __future__ import annotations

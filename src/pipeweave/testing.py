@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from .runtime.job import Job
-from .runtime.summary import iteration_losses
-from .runtime.worker import RankResult
+from .runtime.observation.summary import iteration_losses
+from .runtime.execution.parts import RankResult
 
 __all__ = ["Reference", "reference_run", "iteration_losses", "merged_parameters",
            "assert_matches_reference", "assert_identical_runs", "relative_error"]

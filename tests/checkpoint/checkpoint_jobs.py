@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from runtime_jobs import GPT, gpt_job, mlp_job  # noqa: E402
 
 from pipeweave.runtime import BuiltinModel, Job, RankResult  # noqa: E402
-from pipeweave.runtime.checkpoint_options import CheckpointOptions  # noqa: E402
-from pipeweave.runtime.checkpoint_store import StoredCheckpoint  # noqa: E402
-from pipeweave.runtime.summary import iteration_losses  # noqa: E402
+from pipeweave.runtime.checkpoint.options import CheckpointOptions  # noqa: E402
+from pipeweave.runtime.checkpoint.store import StoredCheckpoint  # noqa: E402
+from pipeweave.runtime.observation.summary import iteration_losses  # noqa: E402
 from pipeweave.testing import merged_parameters  # noqa: E402
 
 __all__ = ["gpt_job", "mlp_job", "dropout_gpt_job", "with_checkpoints", "assert_same_run",

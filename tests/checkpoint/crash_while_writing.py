@@ -12,7 +12,7 @@ import sys
 import threading
 
 from pipeweave.runtime import run_local
-from pipeweave.runtime import checkpoint_store
+from pipeweave.runtime.checkpoint import store as checkpoint_store
 
 from checkpoint_jobs import mlp_job, with_checkpoints
 

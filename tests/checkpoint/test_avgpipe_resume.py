@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeweave.runtime import Plan, run_local
-from pipeweave.runtime.advance_options import AdvanceOptions
-from pipeweave.runtime.checkpoint_options import CheckpointOptions
-from pipeweave.runtime.checkpoint_store import StoredCheckpoint, complete_checkpoints
+from pipeweave.runtime.averaging.options import AdvanceOptions
+from pipeweave.runtime.checkpoint.options import CheckpointOptions
+from pipeweave.runtime.checkpoint.store import StoredCheckpoint, complete_checkpoints
 
 from checkpoint_jobs import (assert_same_checkpoint, assert_same_run, dropout_gpt_job, gpt_job,
                              mlp_job, with_checkpoints)

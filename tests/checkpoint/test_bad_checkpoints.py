@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import pipeweave.runtime.checkpoint as checkpoint_module
+import pipeweave.runtime.checkpoint.recovery as checkpoint_module
 from pipeweave.runtime import run_local
-from pipeweave.runtime.checkpoint_options import CheckpointOptions
-from pipeweave.runtime.checkpoint_store import (LATEST, MANIFEST, CheckpointError,
+from pipeweave.runtime.checkpoint.options import CheckpointOptions
+from pipeweave.runtime.checkpoint.store import (LATEST, MANIFEST, CheckpointError,
                                                 StoredCheckpoint, complete_checkpoints, resolve,
                                                 sha256_of)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pipeweave.runtime import Plan, launch_local, run_local
-from pipeweave.runtime.checkpoint_options import CheckpointOptions
-from pipeweave.runtime.checkpoint_store import complete_checkpoints
+from pipeweave.runtime.checkpoint.options import CheckpointOptions
+from pipeweave.runtime.checkpoint.store import complete_checkpoints
 
 from checkpoint_jobs import (assert_same_checkpoint, assert_same_run, dropout_gpt_job, mlp_job,
                              with_checkpoints)

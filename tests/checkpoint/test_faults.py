@@ -27,8 +27,8 @@ import torch
 
 from pipeweave.cli.cmd_train import add_parser, build_job
 from pipeweave.runtime import RunFailed, launch_local, run_local
-from pipeweave.runtime.checkpoint_store import StoredCheckpoint, complete_checkpoints
-from pipeweave.runtime.summary import iteration_losses
+from pipeweave.runtime.checkpoint.store import StoredCheckpoint, complete_checkpoints
+from pipeweave.runtime.observation.summary import iteration_losses
 from pipeweave.testing import merged_parameters
 
 from checkpoint_jobs import KillingData, mlp_job, wait_dead

@@ -23,7 +23,7 @@ import pytest
 from pipeweave.cli.cmd_train import add_parser, build_job
 from pipeweave.runtime import run_local
 from pipeweave.host import free_port
-from pipeweave.runtime.summary import iteration_losses
+from pipeweave.runtime.observation.summary import iteration_losses
 
 pytestmark = pytest.mark.distributed
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -71,7 +71,7 @@ def test_two_nodes_survive_a_killed_rank_and_resume(tmp_path: Path) -> None:
 
 def test_restarts_on_several_nodes_sharing_the_agent_store_are_refused(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeweave.runtime.launch import restart_safe_store
+    from pipeweave.runtime.launch.processes import restart_safe_store
 
     for key, value in {"TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_WORLD_SIZE": "2",
                        "TORCHELASTIC_MAX_RESTARTS": "1"}.items():

@@ -14,8 +14,8 @@ import torch
 from pipeweave.data import build_dataset
 from pipeweave.ir import Op, parse_action
 from pipeweave.runtime import Plan, run_local
-from pipeweave.runtime.checkpoint_options import CheckpointOptions
-from pipeweave.runtime.checkpoint_store import LATEST, complete_checkpoints
+from pipeweave.runtime.checkpoint.options import CheckpointOptions
+from pipeweave.runtime.checkpoint.store import LATEST, complete_checkpoints
 from pipeweave.testing import merged_parameters
 
 from checkpoint_jobs import assert_same_run, dropout_gpt_job, gpt_job, mlp_job, with_checkpoints

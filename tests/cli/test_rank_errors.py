@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeweave.cli.main import main
-from pipeweave.runtime.interpreter import RankInterpreter
+from pipeweave.runtime.execution.interpreter import RankInterpreter
 
 TINY = ["train", "--model", "mlp", "--batch-size", "16", "--no-progress", "--steps", "3"]
 

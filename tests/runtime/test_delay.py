@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from pipeweave.ir import Action, Op
-from pipeweave.runtime.delay import DelayedTransport, delayed_transport, parse_delay
-from pipeweave.runtime.transport import Waiting
+from pipeweave.runtime.communication.delay import DelayedTransport, delayed_transport, parse_delay
+from pipeweave.runtime.communication.transport import Waiting
 
 
 class Recording:

@@ -8,10 +8,10 @@ from torch import nn
 
 from pipeweave.runtime import BuiltinModel, OptimizerFactory, Plan
 from pipeweave.runtime.job import BuiltinData, Job
-from pipeweave.runtime.memory import (ActivationMeter, check_memory_limit, estimate_state_bytes,
+from pipeweave.runtime.observation.memory import (ActivationMeter, check_memory_limit, estimate_state_bytes,
                                       state_bytes)
-from pipeweave.runtime.stage import StageRuntime
-from pipeweave.runtime.worker import build_rank, make_schedule
+from pipeweave.runtime.execution.stage import StageRuntime
+from pipeweave.runtime.execution.parts import build_rank, make_schedule
 
 
 def stage() -> StageRuntime:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeweave.runtime.prediction import DirectionTracker
+from pipeweave.runtime.execution.prediction import DirectionTracker
 
 SETTINGS = {
     "sgd": (torch.optim.SGD, {"lr": 0.1}),

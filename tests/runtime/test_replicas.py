@@ -1,11 +1,11 @@
-"""The replica pool that holds weight versions (runtime/replicas.py), unit by unit."""
+"""The replica pool that holds weight versions (runtime/execution/replicas.py), unit by unit."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from pipeweave.runtime.replicas import ReplicaPool
+from pipeweave.runtime.execution.replicas import ReplicaPool
 
 
 def _module() -> nn.Module:

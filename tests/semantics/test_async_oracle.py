@@ -10,7 +10,7 @@ import torch
 
 from pipeweave.oracle import run_oracle
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local, run_local
-from pipeweave.runtime.summary import iteration_losses
+from pipeweave.runtime.observation.summary import iteration_losses
 from pipeweave.testing import merged_parameters, relative_error
 
 CASES = {

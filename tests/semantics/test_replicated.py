@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from runtime_jobs import gpt_job  # noqa: E402
 
 from pipeweave.runtime import launch_local, run_local
-from pipeweave.runtime.summary import iteration_losses
+from pipeweave.runtime.observation.summary import iteration_losses
 from pipeweave.testing import merged_parameters
 
 CASES = [

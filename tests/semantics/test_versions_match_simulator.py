@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeweave.runtime import run_local
-from pipeweave.runtime.worker import make_schedule
+from pipeweave.runtime.execution.parts import make_schedule
 from pipeweave.sim import simulate
 
 from test_async_oracle import make_job

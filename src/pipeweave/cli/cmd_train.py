@@ -30,13 +30,13 @@ from typing import Any
 from ..models import available_models
 from ..models.gpt import GPT_PRESETS
 from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
-from ..runtime.checkpoint import check_resume
-from ..runtime.checkpoint_options import CheckpointOptions
-from ..runtime.checkpoint_store import OUTPUT_SUBFOLDER
+from ..runtime.checkpoint.recovery import check_resume
+from ..runtime.checkpoint.options import CheckpointOptions
+from ..runtime.checkpoint.store import OUTPUT_SUBFOLDER
 from ..runtime.job import IMPLEMENTATIONS
-from ..runtime.launch import launch_local, run_under_torchrun, under_torchrun
-from ..runtime.local_executor import run_local
-from ..runtime.summary import TrainSummary, summarize
+from ..runtime.launch.processes import launch_local, run_under_torchrun, under_torchrun
+from ..runtime.launch.single_process import run_local
+from ..runtime.observation.summary import TrainSummary, summarize
 from ..schedules import get_info
 from . import train_avgpipe, train_failure
 from .options import parse_options

@@ -14,7 +14,7 @@ measures on this machine at that setting's micro-batch size (``--batch-size / M`
 ``--source measure``: the profiled setting (and, in traverse mode, every setting) is a short
 real run of ``avgpipe`` on ``--stages`` local processes: ``--warmup`` iterations, then
 ``--iterations`` timed ones (avgpipe.txt §5.1: ten), the time the median iteration and the
-memory the runtime's counted peak per rank (model state + activations, runtime/memory.py).
+memory the runtime's counted peak per rank (model state + activations, runtime/observation/memory.py).
 The utilisation ``φ`` is the busy share of each rank's timeline; ``--utilisation work``
 (default) splits a rank's compute time into per-sample work (level 1) and per-call overhead
 (level 0) from the profiler's times at the profiled and the largest micro-batch,

@@ -12,10 +12,10 @@
   iteration, in [0, 1] (default 1/N).
 * ``--average-order simultaneous|update-then-dilute``: whether a parallel model is diluted
   with its weights before (default) or after its local update; the reference model always
-  takes the normalised accumulated update (runtime/averaging.py).
+  takes the normalised accumulated update (runtime/averaging/elastic.py).
 * ``--advance``: forwards in advance beyond 1F1B's warm-up, fixed (``0`` = 1F1B, ``all`` =
   AFAB) or ``auto``: Algorithm 1 at run time, from 1F1B up while iterations get faster and
-  the peak stays under ``--memory-limit`` (runtime/online_advance.py).
+  the peak stays under ``--memory-limit`` (runtime/averaging/online.py).
 * ``--memory-limit BYTES``: per device. Rejected up front when the model state alone (N ×
   parameters, gradients and optimizer state, plus the reference model) reaches it.
 * ``--ranks R``: the ranks given to the run. The plan fixes the rank count, so this is a
@@ -34,11 +34,11 @@ from typing import Any
 
 from ..models import ModelSpec
 from ..runtime import Job, OptimizerFactory, Plan
-from ..runtime.advance_options import AdvanceOptions
-from ..runtime.memory import check_memory_limit, estimate_state_bytes
-from ..runtime.online_advance import OnlineAdvance
+from ..runtime.averaging.options import AdvanceOptions
+from ..runtime.observation.memory import check_memory_limit, estimate_state_bytes
+from ..runtime.averaging.online import OnlineAdvance
 from ..planner.semantics_options import AVERAGE_ORDERS
-from ..runtime.summary import TrainSummary
+from ..runtime.observation.summary import TrainSummary
 from ..schedules.avgpipe import parse_advance
 from .cmd_plan import parse_bytes
 

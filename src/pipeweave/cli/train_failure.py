@@ -4,7 +4,7 @@ the outputs of the steps that did complete.
 A rank that fails (a diverging loss, a bad checkpoint shard, a lost peer) or a Ctrl-C reaches
 the user as ``pipeweave: error: rank R: <cause> (traceback in <folder>/error.log)``; with
 ``--debug`` the traceback is printed as well. What the ranks had recorded before they stopped
-(:func:`pipeweave.runtime.worker.partial_results`) becomes ``metrics.jsonl``/``.csv``,
+(:func:`pipeweave.runtime.execution.parts.partial_results`) becomes ``metrics.jsonl``/``.csv``,
 ``trace.json``, ``loss.png`` and ``summary.json`` for the steps whose micro-batches all
 finished, with ``"status": "failed"`` or ``"interrupted"`` in the summary; where a complete
 checkpoint exists, the command says how to resume from it.
@@ -22,10 +22,10 @@ import traceback
 from pathlib import Path
 
 from ..runtime import Job
-from ..runtime.checkpoint_store import complete_checkpoints
-from ..runtime.launch import RunFailed, RunInterrupted, under_torchrun
-from ..runtime.summary import TrainSummary, summarize
-from ..runtime.worker import RankResult, partial_results
+from ..runtime.checkpoint.store import complete_checkpoints
+from ..runtime.launch.processes import RunFailed, RunInterrupted, under_torchrun
+from ..runtime.observation.summary import TrainSummary, summarize
+from ..runtime.execution.parts import RankResult, partial_results
 from .train_outputs import write_outputs
 
 __all__ = ["report", "write_error_log", "completed_steps"]

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from ..runtime import Job
-from ..runtime.summary import TrainSummary
-from ..runtime.worker import RankResult
+from ..runtime.observation.summary import TrainSummary
+from ..runtime.execution.parts import RankResult
 from . import train_avgpipe
 
 __all__ = ["write_outputs"]

@@ -6,7 +6,7 @@ processes, or the simulator fed with measured per-block costs.
   (:func:`pipeweave.runtime.launch_local`), ``warmup`` iterations and then ``iterations``
   timed ones, each run alone at advance 0 (``AdvanceOptions(fixed=0)``), so the runtime
   itself times every iteration (the slowest rank's, shared by one ``all_reduce``) and counts
-  every rank's memory (:mod:`pipeweave.runtime.memory`). A :class:`RealRun` is both a
+  every rank's memory (:mod:`pipeweave.runtime.observation.memory`). A :class:`RealRun` is both a
   traversal's measurement (:meth:`RealRun.measurement`: median iteration, counted peak) and
   the tuner's profile (:func:`profile_real_run`: timeline, transfers, memory split).
 * :func:`builtin_model` — a :class:`~pipeweave.avgpipe.simulated.SimulatedModel` whose costs at
@@ -97,7 +97,7 @@ class RealRun:
             samples per batch, per pipeline).
         iteration_s: every timed iteration, the slowest rank's time (the runtime's).
         peak_bytes: per rank, counted model state + activations at the peak (the runtime's
-            :mod:`~pipeweave.runtime.memory`), the largest over the timed iterations.
+            :mod:`~pipeweave.runtime.observation.memory`), the largest over the timed iterations.
         activation_bytes: per rank, the peak activations alone (``F_dat``).
         model_bytes: per rank, the ``N`` parallel models' weights, gradients and optimizer
             state (``F_mod``); ``peak - activations - model`` is the reference model.
@@ -149,9 +149,9 @@ def run_setting(model: str, *, stages: int, microbatches: int, pipelines: int = 
     with one pipeline changes nothing), so every setting is the same program.
     """
     from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local
-    from ..runtime.advance_options import AdvanceOptions
-    from ..runtime.memory import estimate_state_bytes
-    from ..runtime.summary import iteration_end_times
+    from ..runtime.averaging.options import AdvanceOptions
+    from ..runtime.observation.memory import estimate_state_bytes
+    from ..runtime.observation.summary import iteration_end_times
 
     if warmup < 1 or iterations < 1:
         raise ValueError(f"a real run needs warmup >= 1 and iterations >= 1, got warmup={warmup}, "
@@ -221,7 +221,7 @@ def profile_real_run(run: RealRun, *, network: Network | None = None,
             window=run.window, levels=levels, busy="host", source="measured",
             batch_size=run.batch_size,
             notes={"model": run.model, "iterations": len(run.iteration_s), "schedule": "avgpipe",
-                   "memory": "counted by the runtime (runtime/memory.py), per rank",
+                   "memory": "counted by the runtime (runtime/observation/memory.py), per rank",
                    "utilisation": how})
 
     if per_sample_s is not None:

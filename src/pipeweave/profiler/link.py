@@ -1,6 +1,6 @@
 """Measure the point-to-point link between two local ranks: bandwidth and latency.
 
-Two processes (``forkserver``, as :mod:`pipeweave.runtime.launch` starts ranks) join a gloo
+Two processes (``forkserver``, as :mod:`pipeweave.runtime.launch.processes` starts ranks) join a gloo
 process group over loopback (or NCCL between two GPUs). For each message size rank 0 sends a
 tensor and rank 1 sends it back (ping-pong); half the fastest round trip is the one-way time
 (the minimum filters out scheduling noise on a busy machine, as latency benchmarks do), and a

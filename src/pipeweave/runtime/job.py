@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec, build_model
-from .advance_options import AdvanceOptions
-from .checkpoint_options import CheckpointOptions
+from .averaging.options import AdvanceOptions
+from .checkpoint.options import CheckpointOptions
 from ..planner.plan import Plan
 
 __all__ = ["Job", "BuiltinModel", "BuiltinData", "OptimizerFactory", "DTYPES", "IMPLEMENTATIONS"]
@@ -152,13 +152,13 @@ class Job:
         return_parameters: include every rank's final parameters in the results (tests).
         progress: show a progress bar (on the rank that holds the last stage).
         checkpoint: when to write checkpoints and what to resume from (None: neither); see
-            :mod:`pipeweave.runtime.checkpoint`.
+            :mod:`pipeweave.runtime.checkpoint.recovery`.
         apc: automatic precision compression (WPipe §A.3) of the float32/float64 activations
             and gradients sent between ranks: fp16 with a power-of-two scaler (relative error
             at most 2**-11 per element), full precision when that would overflow or underflow;
-            see :mod:`pipeweave.runtime.apc`. Both executors apply it identically.
+            see :mod:`pipeweave.runtime.communication.apc`. Both executors apply it identically.
         advance: AvgPipe's advance chosen at run time by Algorithm 1 (None: the plan's fixed
-            ``advance`` option); see :mod:`pipeweave.runtime.online_advance`.
+            ``advance`` option); see :mod:`pipeweave.runtime.averaging.online`.
     """
 
     plan: Plan

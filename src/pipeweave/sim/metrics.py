@@ -134,7 +134,7 @@ def weight_versions(schedule: Schedule, *, keep_predicted: bool = False) -> list
     must be kept from the update that retires them until their last use, even before the
     micro-batch reaches the stage), and one transient set while a forward or backward runs
     on predicted weights (``lookahead`` > 0: PipeOptim, SpecTrain). This is what the
-    runtime's :class:`pipeweave.runtime.weights.StageWeights` keeps. With ``keep_predicted``
+    runtime's :class:`pipeweave.runtime.execution.weights.StageWeights` keeps. With ``keep_predicted``
     (PipeOptim's ``backward="graph"``) a predicted forward's set is kept until the backward of
     its micro-batch instead. The maximum is taken over replicas and parallel pipelines (each
     pipeline keeps its own copy).

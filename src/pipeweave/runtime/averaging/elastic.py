@@ -38,7 +38,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from ..planner.semantics_options import AVERAGE_ORDERS as ORDERS
+from ...planner.semantics_options import AVERAGE_ORDERS as ORDERS
 
 __all__ = ["ElasticAverager", "ORDERS"]
 
@@ -102,7 +102,7 @@ class ElasticAverager:
     def reference_parameters(self) -> Mapping[str, Tensor]:
         return self.reference
 
-    # -- checkpoints (runtime/checkpoint.py) ----------------------------------------------------
+    # -- checkpoints (runtime/checkpoint/recovery.py) ----------------------------------------------------
     @property
     def between_iterations(self) -> bool:
         """Whether every pipeline has averaged for the iterations folded so far: then the

@@ -55,18 +55,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ..avgpipe.controller import AdvanceController
-from ..ir import Schedule
-from ..schedules.avgpipe import parse_advance
-from .advance_options import AdvanceOptions
-from .interpreter import RankInterpreter
-from .job import Job
-from .memory import ActivationMeter, check_memory_limit, estimate_state_bytes, state_bytes
-from ..planner.plan import Plan
-from .worker import RankParts, make_schedule
+from ...avgpipe.controller import AdvanceController
+from ...ir import Schedule
+from ...schedules.avgpipe import parse_advance
+from .options import AdvanceOptions
+from ..execution.interpreter import RankInterpreter
+from ..job import Job
+from ..observation.memory import ActivationMeter, check_memory_limit, estimate_state_bytes, state_bytes
+from ...planner.plan import Plan
+from ..execution.parts import RankParts, make_schedule
 
 if TYPE_CHECKING:
-    from ..models import ModelSpec
+    from ...models import ModelSpec
 
 __all__ = ["Window", "OnlineAdvance", "check_advance", "check_live_weights", "run_rank_windows",
            "run_local_windows"]
@@ -168,7 +168,7 @@ class OnlineAdvance:
 
 def check_advance(job: Job, spec: ModelSpec) -> None:
     """Before any rank starts: ``job.advance`` fits the plan, and its memory limit leaves room
-    for more than the model state (:func:`~pipeweave.runtime.memory.check_memory_limit`)."""
+    for more than the model state (:func:`~pipeweave.runtime.observation.memory.check_memory_limit`)."""
     if job.advance is None:
         return
     OnlineAdvance(job.plan, job.steps, job.advance)

@@ -17,14 +17,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..ir import Op, Schedule, lower
-from ..ir.updates import update_sizes
-from ..models import ModelSpec
-from ..schedules import build_schedule
-from ..schedules.pipeoptim import prediction_distance
-from .job import Job
-from ..planner.plan import Plan
-from .averaging import ElasticAverager
+from ...ir import Op, Schedule, lower
+from ...ir.updates import update_sizes
+from ...models import ModelSpec
+from ...schedules import build_schedule
+from ...schedules.pipeoptim import prediction_distance
+from ..job import Job
+from ...planner.plan import Plan
+from ..averaging.elastic import ElasticAverager
 from .stage import StageRuntime
 from .weights import StageWeights
 
@@ -188,7 +188,7 @@ class RankResult:
     forward ran on, so it runs on a copy that the in-place update leaves alone
     (docs/semantics.md)."""
     weight_replicas: dict[int, int] = field(default_factory=dict)
-    """Per stage: module replicas built to hold stashed/predicted versions (runtime/replicas.py);
+    """Per stage: module replicas built to hold stashed/predicted versions (runtime/execution/replicas.py);
     all of them are built during the first iteration and reused after it."""
     weight_bytes_copied: dict[int, int] = field(default_factory=dict)
     """Per stage: bytes copied from the live weights into replicas (stashing versions)."""
@@ -198,7 +198,7 @@ class RankResult:
     """Per stage: time spent computing predicted weights (PipeOptim, SpecTrain)."""
     wall_seconds: float = 0.0
     checkpoint_stall_s: float = 0.0
-    """Seconds this rank's training thread spent on checkpoints (see runtime/checkpoint.py)."""
+    """Seconds this rank's training thread spent on checkpoints (see runtime/checkpoint/recovery.py)."""
     bytes_sent: int = 0
     """Bytes of activations and gradients this rank sent to other ranks (one-time shape headers
     and APC metadata included, all-reduces not); the same in both executors."""
@@ -206,7 +206,7 @@ class RankResult:
     """AvgPipe with the online advance controller: the advance each step ran with."""
     advance_log: list[dict[str, Any]] = field(default_factory=list)
     """AvgPipe's online controller, per measured step: the time and memory all ranks agreed on
-    and the decision (see runtime/online_advance.py); the same on every rank."""
+    and the decision (see runtime/averaging/online.py); the same on every rank."""
 
 
 PARTIAL = "pipeweave_partial_results"

@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..ir import Action, Op, Schedule, dependencies, ref
-from ..ir.deps import producer_rank, receiver
+from ...ir import Action, Op, Schedule, dependencies, ref
+from ...ir.deps import producer_rank, receiver
 from .microbatches import MicrobatchSource
 from .stage import StageRuntime
-from .timeline import Recorder
-from .transport import Transport
+from ..observation.timeline import Recorder
+from ..communication.transport import Transport
 from .weights import StageWeights
 
 if TYPE_CHECKING:
-    from .memory import ActivationMeter
-    from .worker import RankParts
+    from ..observation.memory import ActivationMeter
+    from .parts import RankParts
 
 __all__ = ["RankInterpreter"]
 

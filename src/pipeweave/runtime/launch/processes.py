@@ -24,12 +24,12 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .checkpoint import check_checkpointable, check_resume
-from .distributed import run_rank
+from ..checkpoint.recovery import check_checkpointable, check_resume
+from .rank import run_rank
 from .faults import exit_with_launcher
-from .job import Job
-from .online_advance import check_advance
-from .worker import RankResult, attach_partial, make_schedule, partial_results, preflight
+from ..job import Job
+from ..averaging.online import check_advance
+from ..execution.parts import RankResult, attach_partial, make_schedule, partial_results, preflight
 
 __all__ = ["launch_local", "run_under_torchrun", "RunFailed", "RunInterrupted", "under_torchrun"]
 
@@ -164,7 +164,7 @@ def launch_local(job: Job, *, deadline_s: float | None = None,
     # forkserver: the server imports torch once (no kernels run there, so no thread pools
     # exist to break by forking); each launch then forks ranks in milliseconds instead of
     # re-importing torch in every fresh interpreter as ``spawn`` does.
-    mp.set_forkserver_preload(["torch", "pipeweave.runtime.distributed"])
+    mp.set_forkserver_preload(["torch", "pipeweave.runtime.launch.rank"])
     rendezvous = _LauncherStore(bind, job.timeout_s)
     with tempfile.TemporaryDirectory(prefix="pipeweave-") as out_dir:
         context = mp.start_processes(

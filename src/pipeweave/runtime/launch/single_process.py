@@ -16,17 +16,17 @@ import time
 
 import torch
 
-from ..ir import Schedule, ScheduleError, render_grid
-from ..host import threads_per_rank
-from .checkpoint import RankRecovery, check_checkpointable, check_resume, new_session
-from .interpreter import RankInterpreter
-from .job import Job
-from .memory import ActivationMeter
-from .microbatches import MicrobatchSource
-from .online_advance import OnlineAdvance, check_advance, run_local_windows
-from .timeline import Recorder
-from .transport import LocalTransport
-from .worker import RankResult, attach_partial, build_rank, collect_result, make_schedule, preflight
+from ...ir import Schedule, ScheduleError, render_grid
+from ...host import threads_per_rank
+from ..checkpoint.recovery import RankRecovery, check_checkpointable, check_resume, new_session
+from ..execution.interpreter import RankInterpreter
+from ..job import Job
+from ..observation.memory import ActivationMeter
+from ..execution.microbatches import MicrobatchSource
+from ..averaging.online import OnlineAdvance, check_advance, run_local_windows
+from ..observation.timeline import Recorder
+from ..communication.transport import LocalTransport
+from ..execution.parts import RankResult, attach_partial, build_rank, collect_result, make_schedule, preflight
 
 __all__ = ["run_local"]
 
@@ -90,7 +90,7 @@ def _run(job: Job) -> list[RankResult]:
     try:
         if online is None:
             _drive([interpreter(rank, schedule) for rank in ranks], rng, schedule)
-        else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/online_advance.py)
+        else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/averaging/online.py)
             run_local_windows(online, parts, lambda program, meters: _drive(
                 [interpreter(rank, program, meters[rank]) for rank in ranks], rng, program))
     except BaseException as error:

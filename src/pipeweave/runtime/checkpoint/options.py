@@ -1,8 +1,8 @@
 """CheckpointOptions: when a run writes checkpoints, where, and what it resumes from.
 
 Plain, picklable data on the :class:`~pipeweave.runtime.job.Job` (``job.checkpoint``); the
-mechanics live in :mod:`pipeweave.runtime.checkpoint` (rank state, resume points) and
-:mod:`pipeweave.runtime.checkpoint_store` (files, manifest, checksums).
+mechanics live in :mod:`pipeweave.runtime.checkpoint.recovery` (rank state, resume points) and
+:mod:`pipeweave.runtime.checkpoint.store` (files, manifest, checksums).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..ir import Op, parse_action
+from ...ir import Op, parse_action
 
 __all__ = ["Recorder", "Record", "efficiency"]
 

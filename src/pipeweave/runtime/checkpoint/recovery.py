@@ -19,7 +19,7 @@ completeness with a manifest written last).
 **AvgPipe** (``avgpipe``, N parallel pipelines) flushes every iteration too, and each rank
 runs all N pipelines' updates and averaging steps (``U@k AV@k U@k#1 AV@k#1 ...``) before the
 next iteration's first forward. There every stage's
-:class:`~pipeweave.runtime.averaging.ElasticAverager` is between iterations (nothing held but
+:class:`~pipeweave.runtime.averaging.elastic.ElasticAverager` is between iterations (nothing held but
 the reference model), so a shard adds, per block: pipelines 1..N-1's parameters, optimizer
 state and losses (``pipelines["<p>"]``; pipeline 0's stay at the top level as for every
 schedule) and the ``reference`` model. The data position is ``N`` batches per step. N must
@@ -32,7 +32,7 @@ graphs (or in-flight inputs, stashed versions and messages in transit), so they 
 rejected with a clear error (see docs/checkpoints.md).
 
 **Keyed by block.** Parameters and optimizer state are stored under ``"<block>.<name>"``
-(the names :class:`~pipeweave.runtime.worker.RankResult` uses), written by the first replica
+(the names :class:`~pipeweave.runtime.execution.parts.RankResult` uses), written by the first replica
 of each stage. A resumed run finds each of its blocks wherever it was, so the stage count,
 split, chunks and replicas may all change between checkpoint and resume.
 
@@ -67,13 +67,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..ir import Action, Op, Schedule
-from ..models import ModelSpec
-from .checkpoint_options import AUTO, CheckpointOptions
-from .checkpoint_store import (FORMAT, CheckpointError, StoredCheckpoint, find_resume, finalize,
+from ...ir import Action, Op, Schedule
+from ...models import ModelSpec
+from .options import AUTO, CheckpointOptions
+from .store import (FORMAT, CheckpointError, StoredCheckpoint, find_resume, finalize,
                                resolve, step_folder, write_shard)
-from .job import Job
-from .worker import RankParts
+from ..job import Job
+from ..execution.parts import RankParts
 
 __all__ = ["iteration_boundaries", "check_checkpointable", "check_resume", "Session",
            "new_session", "agreed_session", "RankRecovery", "distributed_recovery", "Hooks",
@@ -440,7 +440,7 @@ class RankRecovery:
                 saved = shard(stored.file_of(name)).get("reference")
                 if saved is None and self.schedule.pipelines == 1:
                     # Written without averaging (e.g. by 1f1b): with one pipeline the reference
-                    # *is* that pipeline's model at every iteration boundary (runtime/averaging.py).
+                    # *is* that pipeline's model at every iteration boundary (runtime/averaging/elastic.py).
                     saved = shard(stored.file_of(name))["parameters"]
                 if saved is None or name not in saved:
                     raise CheckpointError(

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from ..planner.plan import Plan
+from ...planner.plan import Plan
 
 if TYPE_CHECKING:
-    from ..models import ModelSpec
-    from .worker import RankParts
+    from ...models import ModelSpec
+    from ..execution.parts import RankParts
 
 __all__ = ["ActivationMeter", "state_bytes", "estimate_state_bytes", "check_memory_limit"]
 

@@ -7,7 +7,7 @@
 * peak memory — per rank: CUDA ``max_memory_allocated`` on GPU, peak RSS on CPU;
 * bytes sent — per rank: activations and gradients sent point-to-point (``RankResult.bytes_sent``);
 * AvgPipe — the advance per step, the online controller's log (time and counted memory per
-  measured step, its decisions) and the memory limit (runtime/online_advance.py).
+  measured step, its decisions) and the memory limit (runtime/averaging/online.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..ir import Op, parse_action
+from ...ir import Op, parse_action
 from .timeline import Record, efficiency
-from .worker import RankResult
+from ..execution.parts import RankResult
 
 __all__ = ["TrainSummary", "summarize", "iteration_end_times", "iteration_losses"]
 

@@ -1,7 +1,7 @@
 """AdvanceOptions: AvgPipe's advance chosen at run time (avgpipe.txt §4.2, Algorithm 1).
 
 Plain, picklable data on the :class:`~pipeweave.runtime.job.Job` (``job.advance``); the
-mechanics live in :mod:`pipeweave.runtime.online_advance` (one iteration at a time, the
+mechanics live in :mod:`pipeweave.runtime.averaging.online` (one iteration at a time, the
 decision shared by all ranks) and :mod:`pipeweave.avgpipe.controller` (the state machine).
 """
 
@@ -23,7 +23,7 @@ class AdvanceOptions:
 
     Attributes:
         memory_limit: bytes per device that the controller keeps the peak under (model state
-            plus peak activations, counted as :mod:`pipeweave.runtime.memory` does); ``None``:
+            plus peak activations, counted as :mod:`pipeweave.runtime.observation.memory` does); ``None``:
             no limit, the advance rises while iterations get faster.
         samples: iterations measured per advance; the controller takes their median.
         tolerance: relative gain an advance must show to count as faster (measured times

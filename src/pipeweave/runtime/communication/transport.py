@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..ir import Action, Op, Schedule, dependencies, ref
-from ..ir.deps import producer_rank, receiver
+from ...ir import Action, Op, Schedule, dependencies, ref
+from ...ir.deps import producer_rank, receiver
 from .apc import MODE_FULL, MODE_HALF, Encoded, decode, encode
 
 __all__ = ["Transport", "DistTransport", "LocalTransport", "message_tag", "PeerTimeout",

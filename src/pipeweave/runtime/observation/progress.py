@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 from tqdm import tqdm
 
-from ..ir import Action
-from .stage import StageRuntime
+from ...ir import Action
+from ..execution.stage import StageRuntime
 
 __all__ = ["StepProgress"]
 

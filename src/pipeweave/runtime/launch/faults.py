@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ..ir import Op, Schedule
+from ...ir import Op, Schedule
 
 __all__ = ["FAULT_ENV", "parse_fault", "injected_fault_hooks", "kill_self", "exit_with_launcher"]
 

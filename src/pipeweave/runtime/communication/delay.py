@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
-from ..ir import Action
+from ...ir import Action
 from .transport import Transport, Waiting
 
 __all__ = ["DELAY_ENV", "parse_delay", "delayed_transport", "DelayedTransport"]

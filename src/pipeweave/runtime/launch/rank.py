@@ -1,6 +1,6 @@
 """One rank of a distributed run: process group, stages, interpreter, results.
 
-Used by both launchers: pipeweave's local spawner (:mod:`pipeweave.runtime.launch`) and
+Used by both launchers: pipeweave's local spawner (:mod:`pipeweave.runtime.launch.processes`) and
 torchrun (which sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``). gloo on CPU, NCCL on CUDA; every collective and
 point-to-point wait has the job's timeout, so a dead peer turns into an error, not a hang.
@@ -15,20 +15,20 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..host import threads_per_rank
-from ..ir import Schedule
-from .checkpoint import combine_hooks, distributed_recovery
-from .delay import delayed_transport
+from ...host import threads_per_rank
+from ...ir import Schedule
+from ..checkpoint.recovery import combine_hooks, distributed_recovery
+from ..communication.delay import delayed_transport
 from .faults import injected_fault_hooks
-from .interpreter import RankInterpreter
-from .memory import ActivationMeter
-from .online_advance import OnlineAdvance, run_rank_windows
-from .progress import StepProgress
-from .job import Job
-from .microbatches import MicrobatchSource
-from .timeline import Recorder
-from .transport import DistTransport
-from .worker import RankResult, attach_partial, build_rank, collect_result, make_schedule
+from ..execution.interpreter import RankInterpreter
+from ..observation.memory import ActivationMeter
+from ..averaging.online import OnlineAdvance, run_rank_windows
+from ..observation.progress import StepProgress
+from ..job import Job
+from ..execution.microbatches import MicrobatchSource
+from ..observation.timeline import Recorder
+from ..communication.transport import DistTransport
+from ..execution.parts import RankResult, attach_partial, build_rank, collect_result, make_schedule
 
 __all__ = ["run_rank"]
 
@@ -88,7 +88,7 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
             if online is None:
                 for _ in interpreter(schedule).run():
                     raise AssertionError("the distributed transport never yields")
-            else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/online_advance.py)
+            else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/averaging/online.py)
                 run_rank_windows(online, parts, interpreter, device=device,
                                  before=transport.track_deliveries)
         except BaseException as error:  # keep what ran: the losses and timeline so far

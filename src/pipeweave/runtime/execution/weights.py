@@ -17,7 +17,7 @@ live one held in a preallocated replica of the stage module (:mod:`.replicas`):
   before the update that replaces it) and its replica goes back to the pool after the last
   action that names its version — the program is data, so "last" is known in advance.
 * **predicted** (``F@v~s``: PipeOptim, SpecTrain) — ``W - lr*s*ΔW`` from the optimizer's own
-  rule (:mod:`pipeweave.runtime.prediction`), written in one pass into a replica. By default the forward runs under ``no_grad``
+  rule (:mod:`pipeweave.runtime.execution.prediction`), written in one pass into a replica. By default the forward runs under ``no_grad``
   on the predicted weights and the backward recomputes the stage at the *current* weights
   (``backward="recompute"``): that is the paper's semantics (Algorithm 1 restores the cached
   weights and back-propagates with them) and keeps at most two weight sets alive (live +
@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..ir import Action, Op
+from ...ir import Action, Op
 from .prediction import DirectionTracker
 from .replicas import Replica, ReplicaPool
-from ..planner.semantics_options import BACKWARD_MODES
+from ...planner.semantics_options import BACKWARD_MODES
 
 __all__ = ["StageWeights", "ForwardPlan"]
 

@@ -1,0 +1,1 @@
+"""Checkpoints: options, the on-disk store, and saving/restoring a rank at iteration boundaries."""

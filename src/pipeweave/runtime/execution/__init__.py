@@ -1,0 +1,1 @@
+"""Execution: one rank's stages, weight versions and the interpreter that runs its program."""

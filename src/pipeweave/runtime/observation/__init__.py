@@ -1,0 +1,1 @@
+"""Observation: what a run records about itself (timeline, memory, progress, summary)."""

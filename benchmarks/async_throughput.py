@@ -171,7 +171,7 @@ def _one_process_worker(case: Case, threads: int, steps: int, out: Any) -> None:
         optimizer.zero_grad(set_to_none=True)
         ends.append(time.perf_counter())
         losses.append(float(loss.detach()))
-    from pipeweave.runtime.execution.parts import peak_rss_bytes
+    from pipeweave.runtime.observation.results import peak_rss_bytes
 
     out.put({"ends": ends, "losses": losses, "peak": peak_rss_bytes()})
 

@@ -11,7 +11,7 @@ and is fed, iteration after iteration, the simulated iteration time and peak act
 with the advance it chose. Costs F = 1, B = 2; "delay" is the transfer time of every message
 between ranks (``Costs.comm``). Memory limit: none, or halfway between 1F1B's and AFAB's peak.
 
-``--real``: the same algorithm in the runtime (``runtime/averaging/online.py``) on 2 real ranks
+``--real``: the same algorithm in the runtime (``runtime/advance/online.py``) on 2 real ranks
 (gloo, local processes) training ``avgpipe`` with N parallel pipelines, with every message
 between the ranks held back ``delay`` seconds (``PIPEWEAVE_INJECT_DELAY=send=<delay>``, a
 link latency: the sender does not wait). Per delay, three runs: advance 0 (1F1B) and
@@ -76,7 +76,7 @@ def real_case(delay: float) -> dict[str, Any]:
     whose environment carries the delay)."""
     from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan,
                                    launch_local)
-    from pipeweave.runtime.averaging.options import AdvanceOptions
+    from pipeweave.runtime.advance.options import AdvanceOptions
     from pipeweave.runtime.observation.summary import summarize
 
     model = BuiltinModel(REAL["model"], overrides={"seq_len": REAL["seq_len"]})

@@ -358,7 +358,7 @@ def reused_runs(reuse: Sequence[dict[str, Any]],
 
 def check_one_pipeline_is_1f1b(runs: Sequence[dict[str, Any]]) -> int:
     """AvgPipe with N = 1 must be 1F1B exactly (averaging with alpha = 1 toward itself is a
-    no-op; runtime/averaging/elastic.py): same losses and parameters, bit for bit. Returns the number
+    no-op; runtime/execution/elastic_averaging.py): same losses and parameters, bit for bit. Returns the number
     of pairs checked."""
     baseline = {(r["case"], r["optimizer"], r["seed"]): r for r in runs if r["method"] == "1f1b"}
     checked = 0

@@ -52,6 +52,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from .models import ModelSpec
+from .models.naming import global_names
 
 __all__ = ["OracleResult", "run_oracle", "run_elastic_oracle", "METHODS"]
 
@@ -181,9 +182,8 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
         losses.append(loss_sum)
     parameters: dict[str, Tensor] = {}
     for (start, _), module in zip(stages, modules):
-        for name, param in module.named_parameters():
-            index, _, rest = name.partition(".")
-            parameters[f"{start + int(index)}.{rest}"] = param.detach().clone()
+        for name, param in global_names(module.named_parameters(), start):
+            parameters[name] = param.detach().clone()
     return OracleResult(losses, parameters)
 
 

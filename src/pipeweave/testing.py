@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .runtime.job import Job
 from .runtime.observation.summary import iteration_losses
-from .runtime.execution.parts import RankResult
+from .runtime.observation.results import RankResult
 
 __all__ = ["Reference", "reference_run", "iteration_losses", "merged_parameters",
            "assert_matches_reference", "assert_identical_runs", "relative_error"]

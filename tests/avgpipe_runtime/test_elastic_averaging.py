@@ -10,7 +10,7 @@ from torch import nn
 
 from pipeweave.oracle import run_elastic_oracle
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local, run_local
-from pipeweave.runtime.averaging.elastic import ElasticAverager
+from pipeweave.runtime.execution.elastic_averaging import ElasticAverager
 from pipeweave.testing import merged_parameters, relative_error
 
 

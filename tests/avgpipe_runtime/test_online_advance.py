@@ -20,8 +20,8 @@ from pipeweave.avgpipe.simulated import SimulatedTime, advance_probe
 from pipeweave.oracle import run_elastic_oracle
 from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan,
                                launch_local, run_local)
-from pipeweave.runtime.averaging.options import AdvanceOptions
-from pipeweave.runtime.averaging.online import OnlineAdvance
+from pipeweave.runtime.advance.options import AdvanceOptions
+from pipeweave.runtime.advance.online import OnlineAdvance
 from pipeweave.sim import Costs
 from pipeweave.testing import merged_parameters, relative_error
 

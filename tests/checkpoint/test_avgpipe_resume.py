@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeweave.runtime import Plan, run_local
-from pipeweave.runtime.averaging.options import AdvanceOptions
+from pipeweave.runtime.advance.options import AdvanceOptions
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.checkpoint.store import StoredCheckpoint, complete_checkpoints
 

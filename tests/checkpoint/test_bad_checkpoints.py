@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import pipeweave.runtime.checkpoint.recovery as checkpoint_module
+import pipeweave.runtime.checkpoint.writer as checkpoint_module
 from pipeweave.runtime import run_local
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.checkpoint.store import (LATEST, MANIFEST, CheckpointError,

@@ -8,7 +8,7 @@ import pytest
 
 from pipeweave.ir import lower, parse_action
 from pipeweave.runtime import run_local
-from pipeweave.runtime.checkpoint.recovery import combine_hooks, iteration_boundaries
+from pipeweave.runtime.checkpoint.boundaries import combine_hooks, iteration_boundaries
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.launch.faults import injected_fault_hooks, parse_fault
 from pipeweave.schedules import build_schedule

@@ -138,7 +138,7 @@ def test_rejects_bad_shapes() -> None:
 @pytest.mark.parametrize("pipelines,width", [(1, 1), (2, 1), (3, 1), (2, 2)])
 def test_one_iteration_is_that_iteration_of_the_whole_run(advance: object, pipelines: int,
                                                           width: int) -> None:
-    # The online advance controller (runtime/averaging/online.py) runs iteration k alone, laid
+    # The online advance controller (runtime/advance/online.py) runs iteration k alone, laid
     # out with first_iteration=k: it must be exactly iteration k of the run, in run order.
     # M=3 with width=2: micro-batch numbers decide the replica, so numbering must be global.
     shape = dict(stages=3, microbatches=3, pipelines=pipelines, width=width)

@@ -59,7 +59,7 @@ def advance_probe(stages: int, microbatches: int, costs: Costs, *, pipelines: in
 class SimulatedTime:
     """The runtime's online advance controller told the *simulated* iteration time.
 
-    A ``time_source`` for :class:`pipeweave.runtime.averaging.options.AdvanceOptions`: returns
+    A ``time_source`` for :class:`pipeweave.runtime.advance.options.AdvanceOptions`: returns
     the simulated time of ``avgpipe`` at the advance a real iteration ran with, whatever that
     iteration measured. Real runs then make deterministic decisions (tests), e.g. with ``comm``
     standing for a slow link. ``scale`` converts the simulator's units to seconds.

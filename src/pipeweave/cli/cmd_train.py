@@ -23,17 +23,18 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..models import available_models
 from ..models.gpt import GPT_PRESETS
 from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
-from ..runtime.checkpoint.recovery import check_resume
 from ..runtime.checkpoint.options import CheckpointOptions
 from ..runtime.checkpoint.store import OUTPUT_SUBFOLDER
 from ..runtime.job import IMPLEMENTATIONS
+from ..models import ModelSpec
+from ..runtime.launch.prepare import prepare
 from ..runtime.launch.processes import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.launch.single_process import run_local
 from ..runtime.observation.summary import TrainSummary, summarize
@@ -131,7 +132,23 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What the command line describes: the job, its model (built once here) and the
+    ``--memory-limit`` in bytes (parsed once)."""
+
+    job: Job
+    spec: ModelSpec
+    memory_limit: float | None
+
+
 def build_job(args: argparse.Namespace) -> Job:
+    """The :class:`Job` the command line describes."""
+    return build_setup(args).job
+
+
+def build_setup(args: argparse.Namespace) -> Setup:
+    limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
     overrides: dict[str, Any] = {}
     if args.seq_len is not None:
         overrides["seq_len"] = args.seq_len
@@ -166,14 +183,15 @@ def build_job(args: argparse.Namespace) -> Job:
     optimizer = optimizer_for(args, get_info(plan.schedule).default_optimizer)
     if args.prediction_backward is not None:
         plan = replace(plan, semantics={**plan.semantics, "backward": args.prediction_backward})
-    plan, advance = train_avgpipe.apply(args, plan, spec, optimizer)
-    return Job(
+    plan, advance = train_avgpipe.apply(args, plan, spec, optimizer, limit)
+    job = Job(
         plan=plan, steps=args.steps, model=model, checkpoint=checkpoint_options(args),
         data=BuiltinData(dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
                          dtype=args.dtype),
         optimizer=optimizer, seed=args.seed, device=args.device, advance=advance,
         timeout_s=args.timeout, progress=not args.no_progress, apc=args.apc,
     )
+    return Setup(job, spec, limit)
 
 
 def optimizer_for(args: argparse.Namespace,
@@ -233,7 +251,7 @@ def new_run_folder(args: argparse.Namespace) -> Path:
         try:
             schedule = json.loads(Path(args.plan).read_text()).get("schedule")
         except (OSError, ValueError, AttributeError):
-            schedule = None  # build_job reports a bad plan file
+            schedule = None  # build_setup reports a bad plan file
     schedule = str(schedule or DEFAULT_SCHEDULE)
     if under_torchrun():
         return RUNS / f"{os.environ.get('TORCHELASTIC_RUN_ID', 'torchrun')}-{schedule}"
@@ -265,10 +283,12 @@ def run(args: argparse.Namespace) -> int:
     fresh_folder = args.output_dir is None
     if fresh_folder:
         args.output_dir = new_run_folder(args)
-    job = build_job(args)
+    setup = build_setup(args)
+    job = setup.job
     if args.tensorboard:
         check_tensorboard()
-    if not (under_torchrun() and int(os.environ["RANK"]) != 0):
+    reports = not (under_torchrun() and int(os.environ["RANK"]) != 0)  # torchrun: rank 0 does
+    if reports:
         check_writable(args.output_dir, "--output-dir")
         if args.json_out is not None:
             check_writable(args.json_out.parent, "--json-out's folder")
@@ -277,21 +297,21 @@ def run(args: argparse.Namespace) -> int:
         if fresh_folder:
             point_latest_at(args.output_dir)
     train_avgpipe.check_ranks(args, job.plan, under_torchrun=under_torchrun())
-    # A checkpoint that does not fit stops us here; the executors (or, under torchrun, each
-    # rank) verify the shards' checksums before training.
-    stored = check_resume(job, job.model(), verify=False)
-    first_step = stored.step if stored is not None else 0
-    if stored is not None and not (under_torchrun() and int(os.environ["RANK"]) != 0):
-        print(f"resuming from {stored.folder} after step {first_step} of {job.steps}")
+    # Every check, once, before any rank starts (a checkpoint that does not fit stops us here;
+    # under torchrun each process checks, and rank 0 verifies the shards' checksums).
+    ready = prepare(job, spec=setup.spec, verify_checksums=reports)
+    first_step = ready.first_step
+    if ready.session is not None and ready.session.resume_from is not None and reports:
+        print(f"resuming from {ready.session.resume_from} after step {first_step} of {job.steps}")
     try:
         if under_torchrun():
-            results = run_under_torchrun(job)
+            results = run_under_torchrun(ready)
             if not results:
                 return 0  # not rank 0: rank 0 reports
         elif args.executor == "local":
-            results = run_local(job)
+            results = run_local(ready)
         else:
-            results = launch_local(job)
+            results = launch_local(ready)
     except ValueError:
         raise  # a bad input: one line from the command line's own handler
     except (Exception, KeyboardInterrupt) as error:  # one line, the trace in a log, and the
@@ -300,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
                         batch_size=args.batch_size, microbatches=job.plan.microbatches,
                         pipelines=job.plan.pipelines, first_step=first_step,
                         advance=train_avgpipe.fixed_advance(job),
-                        memory_limit=None if args.memory_limit is None else parse_bytes(args.memory_limit))
+                        memory_limit=setup.memory_limit)
     write_outputs(args.output_dir, job, summary, results, tensorboard=args.tensorboard)
     print(format_summary(summary, args.output_dir))
     if job.checkpoint is not None and job.checkpoint.directory is not None:

@@ -12,10 +12,10 @@
   iteration, in [0, 1] (default 1/N).
 * ``--average-order simultaneous|update-then-dilute``: whether a parallel model is diluted
   with its weights before (default) or after its local update; the reference model always
-  takes the normalised accumulated update (runtime/averaging/elastic.py).
+  takes the normalised accumulated update (runtime/execution/elastic_averaging.py).
 * ``--advance``: forwards in advance beyond 1F1B's warm-up, fixed (``0`` = 1F1B, ``all`` =
   AFAB) or ``auto``: Algorithm 1 at run time, from 1F1B up while iterations get faster and
-  the peak stays under ``--memory-limit`` (runtime/averaging/online.py).
+  the peak stays under ``--memory-limit`` (runtime/advance/online.py).
 * ``--memory-limit BYTES``: per device. Rejected up front when the model state alone (N ×
   parameters, gradients and optimizer state, plus the reference model) reaches it.
 * ``--ranks R``: the ranks given to the run. The plan fixes the rank count, so this is a
@@ -34,13 +34,11 @@ from typing import Any
 
 from ..models import ModelSpec
 from ..runtime import Job, OptimizerFactory, Plan
-from ..runtime.averaging.options import AdvanceOptions
+from ..runtime.advance.options import AdvanceOptions
 from ..runtime.observation.memory import check_memory_limit, estimate_state_bytes
-from ..runtime.averaging.online import OnlineAdvance
 from ..planner.semantics_options import AVERAGE_ORDERS
 from ..runtime.observation.summary import TrainSummary
 from ..schedules.avgpipe import parse_advance
-from .cmd_plan import parse_bytes
 
 __all__ = ["add_arguments", "apply", "check_ranks", "parse_advance_flag", "fixed_advance",
            "add_metrics", "summary_lines"]
@@ -89,10 +87,11 @@ def _int_or_text(text: str) -> object:
         return text
 
 
-def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec,
-          optimizer: OptimizerFactory) -> tuple[Plan, AdvanceOptions | None]:
+def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec, optimizer: OptimizerFactory,
+          limit: float | None) -> tuple[Plan, AdvanceOptions | None]:
     """The plan with the AvgPipe flags applied and the online controller's options
-    (``--advance auto``); ValueError naming the flag and the fix on misuse."""
+    (``--advance auto``); ``limit``: ``--memory-limit`` in bytes. ValueError naming the flag
+    and the fix on misuse."""
     given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in AVGPIPE_FLAGS
              if getattr(args, name) is not None]
     if plan.schedule != "avgpipe":
@@ -121,16 +120,14 @@ def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec,
         plan = replace(plan, semantics={**plan.semantics, "alpha": args.alpha})
     if args.average_order is not None:
         plan = replace(plan, semantics={**plan.semantics, "average_order": args.average_order})
-    limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
     online = None
     if args.advance is not None:
         fixed = parse_advance_flag(str(args.advance), plan.microbatches)
         if "advance" in plan.schedule_options:
             raise ValueError(f"--advance {args.advance} and --option advance="
                              f"{plan.schedule_options['advance']} both set the advance; give one")
-        if fixed is None:
+        if fixed is None:  # the plan is checked for it with the rest of the job (prepare)
             online = AdvanceOptions(memory_limit=limit)
-            OnlineAdvance(plan, args.steps, online)  # the plan/options checks
         else:
             plan = replace(plan, schedule_options={**plan.schedule_options, "advance": fixed})
     if limit is not None:

@@ -25,7 +25,7 @@ from ..runtime import Job
 from ..runtime.checkpoint.store import complete_checkpoints
 from ..runtime.launch.processes import RunFailed, RunInterrupted, under_torchrun
 from ..runtime.observation.summary import TrainSummary, summarize
-from ..runtime.execution.parts import RankResult, partial_results
+from ..runtime.observation.results import RankResult, partial_results
 from .train_outputs import write_outputs
 
 __all__ = ["report", "write_error_log", "completed_steps"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..runtime import Job
 from ..runtime.observation.summary import TrainSummary
-from ..runtime.execution.parts import RankResult
+from ..runtime.observation.results import RankResult
 from . import train_avgpipe
 
 __all__ = ["write_outputs"]

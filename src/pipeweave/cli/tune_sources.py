@@ -149,7 +149,7 @@ def run_setting(model: str, *, stages: int, microbatches: int, pipelines: int = 
     with one pipeline changes nothing), so every setting is the same program.
     """
     from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local
-    from ..runtime.averaging.options import AdvanceOptions
+    from ..runtime.advance.options import AdvanceOptions
     from ..runtime.observation.memory import estimate_state_bytes
     from ..runtime.observation.summary import iteration_end_times
 

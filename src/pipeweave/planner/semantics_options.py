@@ -14,7 +14,7 @@ backward        pipeoptim    ``recompute`` (default, Algorithm 1: the backward r
 alpha           avgpipe      elastic-averaging pull toward the reference model, in [0, 1]
                              (default 1/N, avgpipe.txt §3.2)
 average_order   avgpipe      ``simultaneous`` (default) or ``update-then-dilute`` (see
-                             runtime/averaging/elastic.py)
+                             runtime/execution/elastic_averaging.py)
 ==============  ===========  =====================================================================
 """
 

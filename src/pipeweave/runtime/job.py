@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec, build_model
-from .averaging.options import AdvanceOptions
+from .advance.options import AdvanceOptions
 from .checkpoint.options import CheckpointOptions
 from ..planner.plan import Plan
 
@@ -158,7 +158,7 @@ class Job:
             at most 2**-11 per element), full precision when that would overflow or underflow;
             see :mod:`pipeweave.runtime.communication.apc`. Both executors apply it identically.
         advance: AvgPipe's advance chosen at run time by Algorithm 1 (None: the plan's fixed
-            ``advance`` option); see :mod:`pipeweave.runtime.averaging.online`.
+            ``advance`` option); see :mod:`pipeweave.runtime.advance.online`.
     """
 
     plan: Plan

@@ -16,7 +16,7 @@ most ``min(P - s + advance, M)`` activations: Fig. 7(c), two GPUs, ``advance = 1
 GPU stashes the activation of three micro-batches, while there are two ... for 1F1B".
 Algorithm 1 also raises ``advance_num`` between iterations while training gets faster and
 memory allows (lines 9-10). A schedule is fixed data, so that loop lives in the runtime
-(:mod:`pipeweave.runtime.averaging.online`): it runs one iteration at a time, each laid out here
+(:mod:`pipeweave.runtime.advance.online`): it runs one iteration at a time, each laid out here
 with option ``first_iteration = k`` (iterations ``k .. k+K-1`` of the run, with the run's
 micro-batch numbers and versions) at the advance the controller chose. Every iteration ends
 with a flush, so iteration ``k`` alone is exactly iteration ``k``'s actions of the whole
@@ -39,7 +39,7 @@ interleave on a rank: the updates are free in the unit-cost timeline, so pipelin
 forward of iteration ``k+1`` ties with pipeline 1's update ``U@k+1``; the iteration breaks
 the tie (``... 0U@1 0AV@1 0U@1#1 0AV@1#1 | 0F4 0F4#1 ...``), which gives every rank a clean
 point after each iteration where a checkpoint is exact (runtime/checkpoint/recovery.py) and makes the
-run's program the concatenation of its single iterations (runtime/averaging/online.py).
+run's program the concatenation of its single iterations (runtime/advance/online.py).
 
 **Updates.** Each pipeline ends each iteration with its own optimizer step ``U@k+1`` (step 1 in
 §3.2, after an all-reduce when a stage is replicated), followed by ``AV@k+1``: send the local

@@ -73,6 +73,10 @@ class DelayedTransport:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
+    @property
+    def bytes_sent(self) -> int:
+        return self.inner.bytes_sent
+
     def send(self, message: Action, tensor: Tensor, dst: int) -> None:
         self._raise()
         if self._thread is None:

@@ -51,6 +51,11 @@ class PeerTimeout(RuntimeError):
 
 
 class Transport(Protocol):
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank sent point-to-point so far (headers, APC metadata, payloads)."""
+        ...
+
     def send(self, message: Action, tensor: Tensor, dst: int) -> None: ...
 
     def recv(self, message: Action, src: int) -> Waiting: ...

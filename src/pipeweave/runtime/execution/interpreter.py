@@ -53,11 +53,11 @@ class RankInterpreter:
         meter: ActivationMeter | None = None,
     ) -> None:
         """``parts``: the rank's stages, optimizers, weight versions and, for AvgPipe, its
-        further parallel pipelines and reference models (:func:`.worker.build_rank`);
-        ``start``: position to begin at (a resumed run, :mod:`.checkpoint`); ``after``:
-        ``position -> hook`` run right after that action (checkpoints, fault injection);
-        ``meter``: counts the activation bytes kept between forwards and backwards
-        (:mod:`.memory`; the online advance controller's memory reading)."""
+        further parallel pipelines and reference models (:func:`.parts.build_rank`);
+        ``start``: position to begin at (a resumed run, :mod:`..checkpoint.recovery`);
+        ``after``: ``position -> hook`` run right after that action (checkpoints, fault
+        injection); ``meter``: counts the activation bytes kept between forwards and backwards
+        (:mod:`..observation.memory`; the online advance controller's memory reading)."""
         if not schedule.lowered:
             raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
         self.rank = rank

@@ -8,8 +8,6 @@ function on every rank, so no schedule travels between processes).
 from __future__ import annotations
 
 import copy
-import resource
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,12 +22,11 @@ from ...schedules import build_schedule
 from ...schedules.pipeoptim import prediction_distance
 from ..job import Job
 from ...planner.plan import Plan
-from ..averaging.elastic import ElasticAverager
+from .elastic_averaging import ElasticAverager
 from .stage import StageRuntime
 from .weights import StageWeights
 
-__all__ = ["RankParts", "RankResult", "build_rank", "make_schedule", "check_model_fits_plan",
-           "peak_rss_bytes", "preflight"]
+__all__ = ["RankParts", "build_rank", "make_schedule", "check_model_fits_plan", "preflight"]
 
 def make_schedule(plan: Plan, steps: int) -> Schedule:
     """The lowered schedule for ``steps`` iterations of ``plan``."""
@@ -162,106 +159,3 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
             distance=lambda action: prediction_distance(schedule, action), pipeline=pipeline,
         )
     return RankParts(stages, optimizers, weights)
-
-
-@dataclass
-class RankResult:
-    """What a rank reports after a run (plain data, picklable)."""
-
-    rank: int
-    losses: dict[int, float] = field(default_factory=dict)
-    """Weighted loss per micro-batch (ranks hosting the last stage)."""
-    records: list[tuple[int, str, float, float]] = field(default_factory=list)
-    peak_memory_bytes: int = 0
-    peak_stashed_microbatches: int = 0
-    parameters: dict[str, Tensor] = field(default_factory=dict)
-    """``"<block>.<name>" -> tensor`` for the blocks this rank owns (first replica only); with
-    parallel pipelines, the reference model's values."""
-    pipeline_losses: dict[int, dict[int, float]] = field(default_factory=dict)
-    """AvgPipe: losses of parallel pipelines 1..N-1 (``losses`` holds pipeline 0's)."""
-    peak_weight_versions: dict[int, int] = field(default_factory=dict)
-    """Per stage on this rank: most weight sets held at once (live, stashed, predicted)."""
-    peak_weight_copies: dict[int, int] = field(default_factory=dict)
-    """Per stage: most weight sets held at once besides the live parameters. The sets can
-    exceed the versions by one where a forward at the live version is followed by an update
-    before its backward (PipeDream's and 2BW's first stages): autograd keeps the tensors that
-    forward ran on, so it runs on a copy that the in-place update leaves alone
-    (docs/semantics.md)."""
-    weight_replicas: dict[int, int] = field(default_factory=dict)
-    """Per stage: module replicas built to hold stashed/predicted versions (runtime/execution/replicas.py);
-    all of them are built during the first iteration and reused after it."""
-    weight_bytes_copied: dict[int, int] = field(default_factory=dict)
-    """Per stage: bytes copied from the live weights into replicas (stashing versions)."""
-    updates: dict[int, int] = field(default_factory=dict)
-    """Per stage: optimizer steps taken."""
-    prediction_seconds: dict[int, float] = field(default_factory=dict)
-    """Per stage: time spent computing predicted weights (PipeOptim, SpecTrain)."""
-    wall_seconds: float = 0.0
-    checkpoint_stall_s: float = 0.0
-    """Seconds this rank's training thread spent on checkpoints (see runtime/checkpoint/recovery.py)."""
-    bytes_sent: int = 0
-    """Bytes of activations and gradients this rank sent to other ranks (one-time shape headers
-    and APC metadata included, all-reduces not); the same in both executors."""
-    advance_per_step: list[int] = field(default_factory=list)
-    """AvgPipe with the online advance controller: the advance each step ran with."""
-    advance_log: list[dict[str, Any]] = field(default_factory=list)
-    """AvgPipe's online controller, per measured step: the time and memory all ranks agreed on
-    and the decision (see runtime/averaging/online.py); the same on every rank."""
-
-
-PARTIAL = "pipeweave_partial_results"
-"""Attribute of an exception raised by a run: the :class:`RankResult` s of the ranks that
-recorded what they had done when it stopped (losses, timeline), for the outputs of a failed
-or interrupted run."""
-
-
-def attach_partial(error: BaseException, *results: RankResult) -> None:
-    """Add ``results`` to ``error`` (:data:`PARTIAL`)."""
-    setattr(error, PARTIAL, [*getattr(error, PARTIAL, []), *results])
-
-
-def partial_results(error: BaseException) -> list[RankResult]:
-    return list(getattr(error, PARTIAL, []))
-
-
-def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: list[tuple[int, str, float, float]],
-                   want_parameters: bool, wall: float, device: torch.device) -> RankResult:
-    result = RankResult(rank=rank, records=records, wall_seconds=wall)
-    for stage_id, stage in parts.stages.items():
-        result.losses.update(stage.losses)
-        result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.peak_stashed)
-        weights = parts.weights[stage_id]
-        result.peak_weight_versions[stage_id] = weights.peak_versions
-        result.peak_weight_copies[stage_id] = weights.peak_copies
-        result.weight_replicas[stage_id] = weights.replicas.allocations
-        result.weight_bytes_copied[stage_id] = weights.replicas.bytes_copied
-        result.updates[stage_id] = weights.live_version
-        result.prediction_seconds[stage_id] = weights.prediction_seconds
-        if want_parameters and schedule.layout.stage_ranks[stage_id][0] == rank:
-            averager = parts.averagers.get(stage_id)
-            result.parameters.update(_named_parameters(
-                stage, averager.reference_parameters() if averager is not None else None))
-    for index, other in enumerate(parts.others, start=1):
-        for stage in other.stages.values():
-            result.pipeline_losses.setdefault(index, {}).update(stage.losses)
-    result.peak_memory_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-                                else peak_rss_bytes())
-    return result
-
-
-def _named_parameters(stage: StageRuntime,
-                      values: Mapping[str, Tensor] | None = None) -> Mapping[str, Tensor]:
-    """``"<block>.<name>"`` keys for the stage's parameters (or for ``values``, same names)."""
-    start = stage.block_range[0]
-    named = {}
-    source = values.items() if values is not None else stage.module.named_parameters()
-    for name, param in source:
-        index, _, rest = name.partition(".")
-        named[f"{start + int(index)}.{rest}"] = param.detach().cpu().clone()
-    return named
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)

@@ -24,12 +24,11 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..checkpoint.recovery import check_checkpointable, check_resume
-from .rank import run_rank
-from .faults import exit_with_launcher
 from ..job import Job
-from ..averaging.online import check_advance
-from ..execution.parts import RankResult, attach_partial, make_schedule, partial_results, preflight
+from ..observation.results import RankResult, attach_partial, partial_results
+from .faults import exit_with_launcher
+from .prepare import PreparedJob, prepare, prepared
+from .rank import run_rank
 
 __all__ = ["launch_local", "run_under_torchrun", "RunFailed", "RunInterrupted", "under_torchrun"]
 
@@ -100,17 +99,18 @@ def loopback_interface() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def _spawned_rank(index: int, job: Job, world_size: int, store_address: tuple[str, int],
+def _spawned_rank(index: int, prepared_job: PreparedJob, world_size: int, store_address: tuple[str, int],
                   out_dir: str, launcher_pid: int) -> None:
     exit_with_launcher(launcher_pid)  # the launcher killed (even by SIGKILL): leave nothing behind
     host, port = store_address
-    if host == LOOPBACK and job.device == "cpu":  # gloo's own sockets on loopback too
+    if host == LOOPBACK and prepared_job.job.device == "cpu":  # gloo's own sockets on loopback too
         interface = loopback_interface()
         if interface is not None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
     try:
-        store = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=job.timeout_s))
-        (result,) = run_rank(job, rank=index, world_size=world_size, local_rank=index,
+        store = dist.TCPStore(host, port, None, False,
+                              datetime.timedelta(seconds=prepared_job.job.timeout_s))
+        (result,) = run_rank(prepared_job, rank=index, world_size=world_size, local_rank=index,
                              local_world_size=world_size, store=store)
     except BaseException as error:  # the launcher shows the cause in one line, logs the trace
         partial = partial_results(error)  # and writes the outputs of what ran
@@ -143,7 +143,7 @@ def _partials(out_dir: Path) -> list[RankResult]:
     return found
 
 
-def launch_local(job: Job, *, deadline_s: float | None = None,
+def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
                  bind: str = LOOPBACK) -> list[RankResult]:
     """Run ``job`` on ``plan.world_size`` local processes; one result per rank.
 
@@ -153,23 +153,17 @@ def launch_local(job: Job, *, deadline_s: float | None = None,
     Raises :class:`RunFailed` if any rank fails (the others are terminated), or if the whole
     run exceeds ``deadline_s`` seconds.
     """
-    schedule = make_schedule(job.plan, job.steps)
-    world_size = schedule.num_ranks
-    inputs, _ = next(iter(job.data()))
-    spec = job.model()
-    preflight(spec, job.plan, inputs)
-    check_advance(job, spec)
-    check_checkpointable(job, schedule)
-    check_resume(job, spec)  # a bad checkpoint is reported before any rank starts
+    ready = prepared(job)  # every check, before any rank starts
+    world_size = ready.schedule.num_ranks
     # forkserver: the server imports torch once (no kernels run there, so no thread pools
     # exist to break by forking); each launch then forks ranks in milliseconds instead of
     # re-importing torch in every fresh interpreter as ``spawn`` does.
     mp.set_forkserver_preload(["torch", "pipeweave.runtime.launch.rank"])
-    rendezvous = _LauncherStore(bind, job.timeout_s)
+    rendezvous = _LauncherStore(bind, ready.job.timeout_s)
     with tempfile.TemporaryDirectory(prefix="pipeweave-") as out_dir:
         context = mp.start_processes(
             _spawned_rank,
-            args=(job, world_size, (rendezvous.host, rendezvous.port), out_dir, os.getpid()),
+            args=(ready, world_size, (rendezvous.host, rendezvous.port), out_dir, os.getpid()),
             nprocs=world_size,
             join=False, start_method="forkserver",
         )
@@ -256,13 +250,18 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def run_under_torchrun(job: Job) -> list[RankResult]:
-    """Run this process's rank as torchrun set it up; rank 0 gets every rank's result."""
+def run_under_torchrun(job: Job | PreparedJob) -> list[RankResult]:
+    """Run this process's rank as torchrun set it up; rank 0 gets every rank's result.
+
+    Every process prepares the job itself (there is no parent); only rank 0 hashes the
+    checkpoint to resume, and every rank uses rank 0's session."""
+    rank = int(os.environ["RANK"])
+    ready = job if isinstance(job, PreparedJob) else prepare(job, verify_checksums=rank == 0)
     return run_rank(
-        job, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+        ready, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])),
-        gather=True, store=restart_safe_store(job.timeout_s),
+        gather=True, store=restart_safe_store(ready.job.timeout_s),
     )
 
 

@@ -16,34 +16,30 @@ import torch
 import torch.distributed as dist
 
 from ...host import threads_per_rank
-from ...ir import Schedule
-from ..checkpoint.recovery import combine_hooks, distributed_recovery
+from ..advance.online import OnlineAdvance, run_rank_windows
+from ..checkpoint.resume import Session
 from ..communication.delay import delayed_transport
-from .faults import injected_fault_hooks
-from ..execution.interpreter import RankInterpreter
-from ..observation.memory import ActivationMeter
-from ..averaging.online import OnlineAdvance, run_rank_windows
-from ..observation.progress import StepProgress
-from ..job import Job
-from ..execution.microbatches import MicrobatchSource
-from ..observation.timeline import Recorder
 from ..communication.transport import DistTransport
-from ..execution.parts import RankResult, attach_partial, build_rank, collect_result, make_schedule
+from ..observation.progress import StepProgress
+from ..observation.results import RankResult, attach_partial
+from .assemble import assemble_rank
+from .faults import injected_fault_hooks
+from .prepare import PreparedJob
 
 __all__ = ["run_rank"]
 
 
-def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_world_size: int,
-             init_method: str = "env://", gather: bool = False,
+def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: int,
+             local_world_size: int, init_method: str = "env://", gather: bool = False,
              store: dist.Store | None = None) -> list[RankResult]:
-    """Run ``job`` as ``rank`` of ``world_size`` (rendezvous through ``store`` if given).
+    """Run ``prepared`` as ``rank`` of ``world_size`` (rendezvous through ``store`` if given).
 
     Returns ``[this rank's result]``, or with ``gather`` every rank's results on rank 0 (and
     an empty list elsewhere).
     """
+    job, schedule = prepared.job, prepared.schedule
     torch.set_num_threads(threads_per_rank(local_world_size))
     torch.manual_seed(job.seed)
-    schedule = make_schedule(job.plan, job.steps)
     if schedule.num_ranks != world_size:
         raise ValueError(
             f"plan needs {schedule.num_ranks} ranks but the run has world size {world_size}; "
@@ -64,50 +60,31 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
         transport = DistTransport(rank, device, timeout, apc=job.apc)
         transport.make_groups(schedule.layout.stage_ranks)
         transport.track_deliveries(schedule)
-        parts = build_rank(job, rank, schedule, device)
-        recovery = distributed_recovery(job, schedule, rank, parts, device)  # resume, checkpoints
-        data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,
-                                pipelines=job.plan.pipelines, device=device,
-                                first_batch=recovery.first_batch)
+        assembled = assemble_rank(prepared, rank, device=device,
+                                  transport=delayed_transport(transport, rank),  # usually none
+                                  session=_agreed(prepared.session))
         origin = _common_origin(device)
-        recorder = Recorder(rank, origin) if job.record_timeline else None
-        progress = _progress_bar(job, schedule, rank)
-        wire = delayed_transport(transport, rank)  # PIPEWEAVE_INJECT_DELAY (usually none)
-
-        def interpreter(program: Schedule, meter: ActivationMeter | None = None) -> RankInterpreter:
-            hooks = recovery.hooks if program is schedule else {}
-            return RankInterpreter(rank=rank, schedule=program, parts=parts, transport=wire,
-                                   data=data, recorder=recorder, on_step=progress,
-                                   start=recovery.start if program is schedule else 0,
-                                   after=combine_hooks(hooks, injected_fault_hooks(program, rank)),
-                                   meter=meter)
-
+        assembled.start_timeline(origin)
+        assembled.on_step = progress = _progress_bar(prepared, rank)
+        assembled.extra_hooks = lambda program: injected_fault_hooks(program, rank)
         online = (OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None
                   else None)
         try:
             if online is None:
-                for _ in interpreter(schedule).run():
+                for _ in assembled.interpreter().run():
                     raise AssertionError("the distributed transport never yields")
-            else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/averaging/online.py)
-                run_rank_windows(online, parts, interpreter, device=device,
+            else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/advance/online.py)
+                run_rank_windows(online, assembled.parts, assembled.interpreter, device=device,
                                  before=transport.track_deliveries)
         except BaseException as error:  # keep what ran: the losses and timeline so far
             with contextlib.suppress(Exception):  # never hide the error itself
-                attach_partial(error, collect_result(
-                    rank, parts, schedule, records=recorder.records if recorder else [],
-                    want_parameters=False, wall=time.time() - origin, device=device))
+                attach_partial(error, assembled.result(
+                    wall=time.time() - origin, device=device, final=False))
             raise
-        recovery.close()
+        assembled.recovery.close()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        wall = time.time() - origin
-        result = collect_result(rank, parts, schedule,
-                                records=recorder.records if recorder else [],
-                                want_parameters=job.return_parameters, wall=wall, device=device)
-        result.checkpoint_stall_s = recovery.stall_s
-        if online is not None:
-            result.advance_per_step, result.advance_log = online.advance_per_step, online.log
-        result.bytes_sent = transport.bytes_sent
+        result = assembled.result(wall=time.time() - origin, device=device, online=online)
         if progress is not None:
             progress.close()
         if not gather:
@@ -120,8 +97,18 @@ def run_rank(job: Job, *, rank: int, world_size: int, local_rank: int, local_wor
         dist.destroy_process_group()
 
 
-def _progress_bar(job: Job, schedule: Schedule, rank: int) -> StepProgress | None:
+def _agreed(session: Session | None) -> Session | None:
+    """Rank 0's session on every rank (under torchrun each process prepared its own run id)."""
+    if session is None:
+        return None
+    message: list[Session | None] = [session]
+    dist.broadcast_object_list(message, src=0)
+    return message[0]
+
+
+def _progress_bar(prepared: PreparedJob, rank: int) -> StepProgress | None:
     """The rank holding the last stage shows the bar (it knows the loss)."""
+    job, schedule = prepared.job, prepared.schedule
     last = schedule.num_stages - 1
     if not job.progress or schedule.layout.stage_ranks[last][0] != rank:
         return None

@@ -13,112 +13,80 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 
 import torch
 
-from ...ir import Schedule, ScheduleError, render_grid
+from ..observation.memory import ActivationMeter
 from ...host import threads_per_rank
-from ..checkpoint.recovery import RankRecovery, check_checkpointable, check_resume, new_session
+from ...ir import Schedule, ScheduleError, render_grid
+from ..advance.online import OnlineAdvance, run_local_windows
+from ..communication.transport import LocalTransport
 from ..execution.interpreter import RankInterpreter
 from ..job import Job
-from ..observation.memory import ActivationMeter
-from ..execution.microbatches import MicrobatchSource
-from ..averaging.online import OnlineAdvance, check_advance, run_local_windows
-from ..observation.timeline import Recorder
-from ..communication.transport import LocalTransport
-from ..execution.parts import RankResult, attach_partial, build_rank, collect_result, make_schedule, preflight
+from ..observation.results import RankResult, attach_partial
+from .assemble import AssembledRank, assemble_rank
+from .prepare import PreparedJob, prepare
 
 __all__ = ["run_local"]
 
 
-def run_local(job: Job) -> list[RankResult]:
+def run_local(job: Job | PreparedJob) -> list[RankResult]:
     """Run ``job`` in this process; one :class:`RankResult` per rank.
 
     Uses the same intra-op thread count as one rank of a local distributed run, so that
     reductions inside kernels happen in the same order and results agree bit for bit.
     """
     threads = torch.get_num_threads()
-    torch.set_num_threads(threads_per_rank(job.plan.world_size))
+    torch.set_num_threads(threads_per_rank(job.plan.world_size if isinstance(job, Job)
+                                           else job.job.plan.world_size))
     try:
         return _run(job)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(job: Job) -> list[RankResult]:
+def _run(given: Job | PreparedJob) -> list[RankResult]:
+    job = given if isinstance(given, Job) else given.job
     torch.manual_seed(job.seed)
-    schedule = make_schedule(job.plan, job.steps)
-    device = torch.device("cpu")
     spec = job.model()
-    preflight(spec, job.plan, next(iter(job.data()))[0])
-    check_advance(job, spec)
-    check_checkpointable(job, schedule)
-    stored = check_resume(job, spec)  # a bad checkpoint is reported before anything runs
-    session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
+    prepared = given if isinstance(given, PreparedJob) else prepare(job, spec=spec)
+    schedule = prepared.schedule
+    device = torch.device("cpu")
     hub = LocalTransport(apc=job.apc)
     origin = time.time()
-    parts, recoveries, endpoints, sources, recorders = [], [], [], [], []
+    ranks: list[AssembledRank] = []
     for rank in range(schedule.num_ranks):
-        rank_parts = build_rank(job, rank, schedule, device, spec=spec)
-        recovery = RankRecovery(job=job, schedule=schedule, rank=rank, parts=rank_parts,
-                                device=device, session=session, apply_rng=False,
-                                stored=stored)
-        recoveries.append(recovery)
-        sources.append(MicrobatchSource(recovery.positioned(job.data()),
-                                        microbatches=job.plan.microbatches,
-                                        pipelines=job.plan.pipelines,
-                                        first_batch=recovery.first_batch))
-        recorders.append(Recorder(rank, origin) if job.record_timeline else None)
-        endpoints.append(hub.endpoint(rank))
-        parts.append(rank_parts)
+        ranks.append(assemble_rank(prepared, rank, device=device, transport=hub.endpoint(rank),
+                                   session=prepared.session, spec=spec, apply_rng=False))
+        ranks[-1].start_timeline(origin)
 
-    def interpreter(rank: int, program: Schedule,
-                    meter: ActivationMeter | None = None) -> RankInterpreter:
-        whole = program is schedule
-        return RankInterpreter(
-            rank=rank, schedule=program, parts=parts[rank],
-            transport=endpoints[rank], data=sources[rank], recorder=recorders[rank],
-            start=recoveries[rank].start if whole else 0,
-            after=recoveries[rank].hooks if whole else {}, meter=meter,
-        )
+    def interpreters(program: Schedule | None = None,
+                     meters: Sequence[ActivationMeter | None] | None = None) -> list[RankInterpreter]:
+        return [r.interpreter(program, None if meters is None else meters[r.rank]) for r in ranks]
 
     # Every rank draws from its own random generator, as it would in its own process.
     initial = torch.get_rng_state()
-    rng = [r.rng_state if r.rng_state is not None else initial for r in recoveries]
-    ranks = range(schedule.num_ranks)
+    rng = [r.recovery.rng_state if r.recovery.rng_state is not None else initial for r in ranks]
     online = OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None else None
     try:
         if online is None:
-            _drive([interpreter(rank, schedule) for rank in ranks], rng, schedule)
-        else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/averaging/online.py)
-            run_local_windows(online, parts, lambda program, meters: _drive(
-                [interpreter(rank, program, meters[rank]) for rank in ranks], rng, program))
+            _drive(interpreters(), rng, schedule)
+        else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/advance/online.py)
+            run_local_windows(online, [r.parts for r in ranks], lambda program, meters: _drive(
+                interpreters(program, meters), rng, program))
     except BaseException as error:
-        for recovery in recoveries:  # let pending writes finish; the first error is the one
-            recovery.close(raise_errors=False)
+        for r in ranks:  # let pending writes finish; the first error is the one
+            r.recovery.close(raise_errors=False)
         with contextlib.suppress(Exception):  # never hide the error itself
-            attach_partial(error, *(
-                collect_result(rank, parts[rank], schedule,
-                               records=recorder.records if recorder is not None else [],
-                               want_parameters=False, wall=time.time() - origin, device=device)
-                for rank, recorder in enumerate(recorders)))
+            attach_partial(error, *(r.result(wall=time.time() - origin, device=device, final=False)
+                                    for r in ranks))
         raise
-    for recovery in recoveries:
-        recovery.close()
+    for r in ranks:
+        r.recovery.close()
     wall = time.time() - origin
-    results = [
-        collect_result(rank, parts[rank], schedule,
-                       records=recorder.records if recorder is not None else [],
-                       want_parameters=job.return_parameters, wall=wall, device=device)
-        for rank, recorder in enumerate(recorders)
-    ]
-    if online is not None:
-        for result in results:
-            result.advance_per_step, result.advance_log = online.advance_per_step, online.log
-    for result, recovery, endpoint in zip(results, recoveries, endpoints):
-        result.checkpoint_stall_s = recovery.stall_s
-        result.bytes_sent = endpoint.bytes_sent
-    return results
+    return [r.result(wall=wall, device=device, online=online)
+            for r in ranks]
 
 
 def _drive(interpreters: list[RankInterpreter], rng: list[torch.Tensor], schedule: Schedule) -> None:

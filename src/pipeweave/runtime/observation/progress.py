@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from ...ir import Action
-from ..execution.stage import StageRuntime
+
+if TYPE_CHECKING:
+    from ..execution.stage import StageRuntime
 
 __all__ = ["StepProgress"]
 

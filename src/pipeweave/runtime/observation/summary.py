@@ -7,7 +7,7 @@
 * peak memory — per rank: CUDA ``max_memory_allocated`` on GPU, peak RSS on CPU;
 * bytes sent — per rank: activations and gradients sent point-to-point (``RankResult.bytes_sent``);
 * AvgPipe — the advance per step, the online controller's log (time and counted memory per
-  measured step, its decisions) and the memory limit (runtime/averaging/online.py).
+  measured step, its decisions) and the memory limit (runtime/advance/online.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from ...ir import Op, parse_action
 from .timeline import Record, efficiency
-from ..execution.parts import RankResult
+from .results import RankResult
 
 __all__ = ["TrainSummary", "summarize", "iteration_end_times", "iteration_losses"]
 

@@ -1,7 +1,7 @@
 """AdvanceOptions: AvgPipe's advance chosen at run time (avgpipe.txt §4.2, Algorithm 1).
 
 Plain, picklable data on the :class:`~pipeweave.runtime.job.Job` (``job.advance``); the
-mechanics live in :mod:`pipeweave.runtime.averaging.online` (one iteration at a time, the
+mechanics live in :mod:`pipeweave.runtime.advance.online` (one iteration at a time, the
 decision shared by all ranks) and :mod:`pipeweave.avgpipe.controller` (the state machine).
 """
 

@@ -19,7 +19,7 @@ is decided at run time::
   Once the controller has settled, the remaining iterations run as one schedule (no more
   synchronisation between iterations).
 * **Measure.** Each rank times its program for the iteration and counts its memory: model
-  state plus the peak activation bytes held (:mod:`.memory`). A rank whose iteration ended
+  state plus the peak activation bytes held (:mod:`..observation.memory`). A rank whose iteration ended
   enters ``all_reduce(MAX)`` of ``[seconds, state + activations, activations]``; the first
   stage's rank starts first and ends last in a flushed iteration, so the maximum time is its
   iteration time, and the maximum memory is the fullest device's (the limit is per device).
@@ -68,7 +68,7 @@ from ..execution.parts import RankParts, make_schedule
 if TYPE_CHECKING:
     from ...models import ModelSpec
 
-__all__ = ["Window", "OnlineAdvance", "check_advance", "check_live_weights", "run_rank_windows",
+__all__ = ["Window", "OnlineAdvance", "check_online_plan", "check_advance", "check_live_weights", "run_rank_windows",
            "run_local_windows"]
 
 
@@ -87,6 +87,20 @@ class Window:
         return self.count == 1
 
 
+def check_online_plan(plan: Plan) -> None:
+    """ValueError naming the fix unless ``plan`` can run under the online advance controller."""
+    if plan.schedule != "avgpipe":
+        raise ValueError(f"the online advance controller is AvgPipe's Algorithm 1; it runs "
+                         f"schedule 'avgpipe', not {plan.schedule!r}. Use --schedule avgpipe "
+                         f"or a fixed schedule without --advance auto")
+    if "advance" in plan.schedule_options or "first_iteration" in plan.schedule_options:
+        fixed = {k: plan.schedule_options[k] for k in ("advance", "first_iteration")
+                 if k in plan.schedule_options}
+        raise ValueError(f"the plan fixes {fixed}, but with --advance auto the controller "
+                         f"chooses the advance, starting at 0 (1F1B); drop the option or "
+                         f"give --advance K instead of auto")
+
+
 class OnlineAdvance:
     """Which iterations run next at which advance; fed the shared measurements.
 
@@ -95,16 +109,7 @@ class OnlineAdvance:
     """
 
     def __init__(self, plan: Plan, steps: int, options: AdvanceOptions) -> None:
-        if plan.schedule != "avgpipe":
-            raise ValueError(f"the online advance controller is AvgPipe's Algorithm 1; it runs "
-                             f"schedule 'avgpipe', not {plan.schedule!r}. Use --schedule avgpipe "
-                             f"or a fixed schedule without --advance auto")
-        if "advance" in plan.schedule_options or "first_iteration" in plan.schedule_options:
-            fixed = {k: plan.schedule_options[k] for k in ("advance", "first_iteration")
-                     if k in plan.schedule_options}
-            raise ValueError(f"the plan fixes {fixed}, but with --advance auto the controller "
-                             f"chooses the advance, starting at 0 (1F1B); drop the option or "
-                             f"give --advance K instead of auto")
+        check_online_plan(plan)
         self.plan = plan
         self.steps = steps
         self.options = options
@@ -171,7 +176,7 @@ def check_advance(job: Job, spec: ModelSpec) -> None:
     for more than the model state (:func:`~pipeweave.runtime.observation.memory.check_memory_limit`)."""
     if job.advance is None:
         return
-    OnlineAdvance(job.plan, job.steps, job.advance)
+    check_online_plan(job.plan)
     if job.advance.memory_limit is not None:
         check_memory_limit(job.advance.memory_limit,
                            estimate_state_bytes(spec, job.plan, job.optimizer), job.plan)

@@ -1,0 +1,235 @@
+"""The asynchronous checkpoint writer of one rank.
+
+At a checkpoint the rank only records references to its tensors (:meth:`CheckpointWriter._capture`)
+and hands them to a thread that first makes a staging copy and then serialises, hashes and
+``fsync``s it (:func:`~.store.write_shard`, :func:`~.store.finalize`). A fence right before the
+rank's next optimizer step waits until the staging copy is done (see :mod:`.recovery`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ...ir import Op, Schedule
+from ...models.naming import global_name, global_names
+from .boundaries import combine_hooks
+from .resume import Session, optimizer_hyper
+from .store import FORMAT, finalize, step_folder, write_shard
+from ..job import Job
+from ..execution.parts import RankParts
+
+__all__ = ["CheckpointWriter", "MAX_PENDING_WRITES"]
+
+MAX_PENDING_WRITES = 2
+"""Checkpoints written or waiting to be written per rank (each holds a staging copy); a
+checkpoint requested while this many are pending waits for the oldest (the disk is slower
+than the checkpoint rate: memory, not time, would otherwise grow)."""
+
+
+def _staged(value: Any) -> Any:
+    """A copy of ``value`` with every tensor cloned (dicts, lists and tuples walked)."""
+    if isinstance(value, Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {key: _staged(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_staged(item) for item in value)
+    return value
+
+
+class CheckpointWriter:
+    """Writes one rank's checkpoints after the steps ``options`` asks for, off the training
+    thread; :attr:`hooks` (position -> callable) are what the interpreter runs."""
+
+    def __init__(self, *, job: Job, schedule: Schedule, rank: int, parts: RankParts,
+                 device: torch.device, session: Session, cuts: list[int],
+                 steps_done: int) -> None:
+        """``cuts``: the rank's iteration boundaries; ``steps_done``: where the run starts."""
+        assert job.checkpoint is not None and job.checkpoint.directory is not None
+        self.job = job
+        self.directory = job.checkpoint.directory
+        self.schedule = schedule
+        self.rank = rank
+        self.parts = parts
+        self.device = device
+        self.session = session
+        self.stream: dict[str, Any] | None = None
+        """The data stream's description (without its position), recorded in the manifest."""
+        self.stall_s = 0.0
+        """Seconds the training thread spent on checkpoints (capture and fences)."""
+        self.write_s: list[float] = []
+        """Seconds each checkpoint took in the writer thread (serialise, fsync, manifest)."""
+        self._cuts = cuts
+        self._pool: ThreadPoolExecutor | None = None
+        """Writes (serialise, hash, fsync, manifest), one at a time, in checkpoint order."""
+        self._stager: ThreadPoolExecutor | None = None
+        """Staging copies, never queued behind the disk."""
+        self._write_failed = False
+        self._futures: list[Future[None]] = []
+        self._serialized: threading.Event | None = None
+        self.hooks = self._writing_hooks(steps_done)
+
+    def _writing_hooks(self, steps_done: int) -> dict[int, Callable[[], None]]:
+        options = self.job.checkpoint
+        assert options is not None
+        program = self.schedule.programs[self.rank]
+        updates = [p for p, a in enumerate(program) if a.op is Op.STEP]
+        writes: dict[int, Callable[[], None]] = {}
+        fences: dict[int, Callable[[], None]] = {}
+        total = self.schedule.iterations
+        for k in range(steps_done, total):
+            if not options.writes_after(k + 1, total):
+                continue
+            cut = self._cuts[k]
+            writes[cut - 1] = _bind(self._checkpoint, k + 1)
+            following = next((p for p in updates if p >= cut), None)
+            if following is not None:  # the next update changes the tensors being written
+                fences[following - 1] = self._fence
+        return combine_hooks(fences, writes)  # at one position: fence first, then write
+
+    def _checkpoint(self, steps_done: int) -> None:
+        began = time.perf_counter()
+        self._fence()
+        while len(self._futures) >= MAX_PENDING_WRITES:  # the disk is behind: back-pressure
+            self._futures[0].result()
+            self._raise_failed()
+        payload, record = self._capture(steps_done)
+        folder = step_folder(self.directory, steps_done, self.session.run_id)
+        if self._pool is None or self._stager is None:
+            self._stager = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-stage{self.rank}")
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-rank{self.rank}")
+        serialized = threading.Event()
+        staged = self._stager.submit(self._stage, payload, serialized)
+        self._futures.append(self._pool.submit(self._write, folder, staged, record))
+        self._serialized = serialized
+        self.stall_s += time.perf_counter() - began
+
+    @staticmethod
+    def _stage(payload: dict[str, Any], serialized: threading.Event) -> dict[str, Any]:
+        """The staging copy; from ``serialized`` on the live tensors are free to change."""
+        try:
+            return _staged(payload)
+        finally:
+            serialized.set()
+
+    def _write(self, folder: Path, staged: Future[dict[str, Any]], record: dict[str, Any]) -> None:
+        if self._write_failed:  # the run is failing: write nothing after a failed checkpoint
+            return
+        began = time.perf_counter()
+        try:
+            write_shard(folder, self.rank, staged.result(), record)
+            finalize(folder, self.schedule.num_ranks)
+        except BaseException:
+            self._write_failed = True
+            raise
+        self.write_s.append(time.perf_counter() - began)
+
+    def _fence(self) -> None:
+        """Wait until the last write has staged its copy of the live tensors; raise writers'
+        errors."""
+        began = time.perf_counter()
+        if self._serialized is not None:
+            self._serialized.wait()
+            self._serialized = None
+        self._raise_failed()
+        self.stall_s += time.perf_counter() - began
+
+    def _raise_failed(self) -> None:
+        done = [f for f in self._futures if f.done()]
+        self._futures = [f for f in self._futures if not f.done()]
+        for future in done:
+            future.result()
+
+    def _capture(self, steps_done: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """References to this rank's state (no copies; see the module docstring)."""
+        layout = self.schedule.layout
+        pipelines = [self.parts.pipeline(p) for p in range(self.schedule.pipelines)]
+        parameters: list[dict[str, Tensor]] = [{} for _ in pipelines]
+        optimizer_state: list[dict[str, dict[str, Any]]] = [{} for _ in pipelines]
+        reference: dict[str, Tensor] = {}
+        blocks: set[int] = set()
+        for stage_id, stage in self.parts.stages.items():
+            for pipeline in pipelines:
+                weights = pipeline.weights[stage_id]
+                assert not weights.snapshots and not weights.predicted, "no version at a boundary"
+            averager = self.parts.averagers.get(stage_id)
+            assert averager is None or averager.between_iterations, "averaging at a boundary"
+            if layout.stage_ranks[stage_id][0] != self.rank:
+                continue  # another replica writes this stage
+            blocks.update(range(*stage.block_range))
+            for index, pipeline in enumerate(pipelines):
+                module = pipeline.stages[stage_id].module
+                optimizer = pipeline.optimizers[stage_id]
+                for name, param in global_names(module.named_parameters(),
+                                                stage.block_range[0]):
+                    parameters[index][name] = param.detach()
+                    state = optimizer.state.get(param)
+                    if state:
+                        optimizer_state[index][name] = {
+                            k: v.detach() if isinstance(v, Tensor) else v for k, v in state.items()}
+            if averager is not None:  # replaced, never changed in place: no copy needed either
+                for local, tensor in averager.reference_parameters().items():
+                    reference[global_name(local, stage.block_range[0])] = tensor.detach()
+        losses = [_loss_table({j: v for stage in pipeline.stages.values() if stage.is_last
+                               for j, v in stage.losses.items()}) for pipeline in pipelines]
+        rng: dict[str, Tensor | None] = {"cpu": torch.get_rng_state(), "cuda": None}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        payload: dict[str, Any] = {
+            "format": FORMAT, "step": steps_done, "rank": self.rank, "parameters": parameters[0],
+            "optimizer": optimizer_state[0], "rng": rng, "losses": losses[0],
+        }
+        if self.parts.averagers:  # AvgPipe: pipelines 1..N-1 and the reference model
+            payload["pipelines"] = {
+                str(index): {"parameters": parameters[index], "optimizer": optimizer_state[index],
+                             "losses": losses[index]}
+                for index in range(1, len(pipelines))}
+            payload["reference"] = reference
+        optimizer = next(iter(self.parts.optimizers.values()))
+        record = {
+            "run_id": self.session.run_id, "step": steps_done, "blocks": sorted(blocks),
+            "has_losses": bool(losses[0]["microbatch"].numel()),
+            "parameters": {n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                           for n, t in parameters[0].items()},
+            "common": {
+                "plan": self.job.plan.to_json(), "schedule": self.schedule.name,
+                "seed": self.job.seed, "steps_total": self.job.steps,
+                "optimizer": {"type": type(optimizer).__name__, "hyper": optimizer_hyper(optimizer)},
+                "data": {"batches_done": steps_done * self.job.plan.pipelines,
+                         "stream": self.stream},
+            },
+        }
+        return payload, record
+
+    def close(self, *, raise_errors: bool = True) -> None:
+        """Wait for the pending checkpoints to be on disk (and complete); raise a writer's
+        error (unless ``raise_errors`` is False: the run is failing already)."""
+        if self._pool is None:
+            return
+        assert self._stager is not None
+        self._stager.shutdown(wait=True, cancel_futures=not raise_errors)
+        self._pool.shutdown(wait=True, cancel_futures=not raise_errors)
+        self._pool = self._stager = None
+        if raise_errors:
+            self._raise_failed()
+        else:
+            self._futures = []
+
+
+def _bind(function: Callable[[int], None], value: int) -> Callable[[], None]:
+    return lambda: function(value)
+
+
+def _loss_table(losses: Mapping[int, float]) -> dict[str, Tensor]:
+    """Micro-batch losses as two tensors (what ``weights_only`` loading accepts)."""
+    order = sorted(losses)
+    return {"microbatch": torch.tensor(order, dtype=torch.int64),
+            "value": torch.tensor([losses[j] for j in order], dtype=torch.float64)}

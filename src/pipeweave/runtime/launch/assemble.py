@@ -1,0 +1,93 @@
+"""One way to build a rank: the parts, resume point, data, recorder and interpreter of a rank,
+the same for the distributed executor (:mod:`.rank`) and the single-process one
+(:mod:`.single_process`), which differ only in their transport and how they drive it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from ...ir import Action, Schedule
+from ...models import ModelSpec
+from ..advance.online import OnlineAdvance
+from ..checkpoint.boundaries import Hooks, combine_hooks
+from ..checkpoint.recovery import RankRecovery
+from ..checkpoint.resume import Session
+from ..communication.transport import Transport
+from ..execution.interpreter import RankInterpreter
+from ..execution.microbatches import MicrobatchSource
+from ..execution.parts import RankParts, build_rank
+from ..execution.stage import StageRuntime
+from ..observation.memory import ActivationMeter
+from ..observation.results import RankResult, collect_result
+from ..observation.timeline import Recorder
+from .prepare import PreparedJob
+
+__all__ = ["AssembledRank", "assemble_rank"]
+
+
+@dataclass
+class AssembledRank:
+    """Everything one rank runs with; :meth:`interpreter` for the whole run's program or, with
+    the online advance controller, for each window's."""
+
+    rank: int
+    prepared: PreparedJob
+    parts: RankParts
+    recovery: RankRecovery
+    data: MicrobatchSource
+    transport: Transport
+    recorder: Recorder | None = None
+    on_step: Callable[[Action, Mapping[int, StageRuntime]], None] | None = None
+    extra_hooks: Callable[[Schedule], Hooks] = field(default=lambda program: {})
+    """Hooks for a program besides the checkpoints' (fault injection in distributed runs)."""
+
+    def start_timeline(self, origin: float) -> None:
+        """Record the timeline from now on, its zero at ``origin`` (``time.time()``)."""
+        if self.prepared.job.record_timeline:
+            self.recorder = Recorder(self.rank, origin)
+
+    def interpreter(self, program: Schedule | None = None,
+                    meter: ActivationMeter | None = None) -> RankInterpreter:
+        """The interpreter of ``program`` (default: the whole run's schedule, started at the
+        resume point with the checkpoint hooks; a window's program starts at 0 without them)."""
+        whole = program is None or program is self.prepared.schedule
+        program = self.prepared.schedule if program is None else program
+        hooks = combine_hooks(self.recovery.hooks if whole else {}, self.extra_hooks(program))
+        return RankInterpreter(rank=self.rank, schedule=program, parts=self.parts,
+                               transport=self.transport, data=self.data, recorder=self.recorder,
+                               on_step=self.on_step, start=self.recovery.start if whole else 0,
+                               after=hooks, meter=meter)
+
+    def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None, final: bool = True) -> RankResult:
+        """What the rank reports; ``final`` False: a failed run's partial result (no
+        parameters)."""
+        job = self.prepared.job
+        result = collect_result(self.rank, self.parts, self.prepared.schedule,
+                                records=self.recorder.records if self.recorder else [],
+                                want_parameters=final and job.return_parameters, wall=wall,
+                                device=device)
+        result.checkpoint_stall_s = self.recovery.stall_s
+        result.bytes_sent = self.transport.bytes_sent
+        if online is not None:
+            result.advance_per_step, result.advance_log = online.advance_per_step, online.log
+        return result
+
+
+def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
+                  transport: Transport, session: Session | None,
+                  spec: ModelSpec | None = None, apply_rng: bool = True) -> AssembledRank:
+    """Build ``rank``'s part of ``prepared``: its stages and optimizers (from ``spec`` or the
+    job's model factory), restored when resuming (``session``), and its data positioned at the
+    resume point (the timeline starts with :meth:`AssembledRank.start_timeline`). ``apply_rng``: set this
+    process's random generator from the checkpoint (one process per rank)."""
+    job = prepared.job
+    parts = build_rank(job, rank, prepared.schedule, device, spec=spec)
+    recovery = RankRecovery(job=job, schedule=prepared.schedule, rank=rank, parts=parts,
+                            device=device, session=session, apply_rng=apply_rng)
+    data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,
+                            pipelines=job.plan.pipelines, device=device,
+                            first_batch=recovery.first_batch)
+    return AssembledRank(rank, prepared, parts, recovery, data, transport)

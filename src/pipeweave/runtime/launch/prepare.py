@@ -1,0 +1,61 @@
+"""Validate once: everything about a job that can be checked before any rank starts.
+
+:func:`prepare` builds the run's lowered schedule, runs one sample through the stages
+(shape mismatches between stages), checks AvgPipe's online advance, whether the schedule can
+checkpoint, and the checkpoint to resume (it fits the model, optimizer, data stream and
+number of pipelines; its checksums), and decides the run's :class:`Session`. It returns a
+:class:`PreparedJob`: immutable, picklable, what the executors and every rank receive, so no
+rank repeats a check or rebuilds the schedule. A bad input is a ``ValueError`` (or
+:class:`~..checkpoint.store.CheckpointError`) naming the value and the fix, raised here, in
+the process the user started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import Schedule
+from ...models import ModelSpec
+from ..advance.online import check_advance
+from ..checkpoint.boundaries import check_checkpointable
+from ..checkpoint.resume import Session, check_resume, new_session
+from ..execution.parts import make_schedule, preflight
+from ..job import Job
+
+__all__ = ["PreparedJob", "prepare", "prepared"]
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A :class:`Job` that passed every check, with what the checks decided."""
+
+    job: Job
+    schedule: Schedule
+    """The whole run's lowered schedule (every rank interprets its program)."""
+    session: Session | None
+    """The run's id and the checkpoint folder it resumes (None: no checkpoint options)."""
+    first_step: int = 0
+    """Steps already done (the resumed checkpoint's step; 0 for a fresh run)."""
+
+
+def prepare(job: Job, *, spec: ModelSpec | None = None,
+            verify_checksums: bool = True) -> PreparedJob:
+    """Check ``job`` (see the module docstring); ``spec``: the model, if already built.
+
+    ``verify_checksums``: hash every shard of the checkpoint to resume (False where another
+    process does it, e.g. every torchrun rank but 0).
+    """
+    schedule = make_schedule(job.plan, job.steps)
+    spec = job.model() if spec is None else spec
+    inputs, _ = next(iter(job.data()))
+    preflight(spec, job.plan, inputs)
+    check_advance(job, spec)
+    check_checkpointable(job, schedule)
+    stored = check_resume(job, spec, verify=verify_checksums)
+    session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
+    return PreparedJob(job, schedule, session, stored.step if stored is not None else 0)
+
+
+def prepared(job: Job | PreparedJob) -> PreparedJob:
+    """``job`` itself if already prepared, else :func:`prepare` (job)."""
+    return job if isinstance(job, PreparedJob) else prepare(job)

@@ -62,11 +62,16 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, *, top_level_only: bool) -> set[str]:
-    """Modules of pipeweave that ``path`` imports (relative imports resolved)."""
+def _imports(path: Path, *, top_level_only: bool, type_only: bool = True) -> set[str]:
+    """Modules of pipeweave that ``path`` imports (relative imports resolved); ``type_only``
+    False: leave out the imports under ``if TYPE_CHECKING:`` (they run nothing)."""
     import ast
 
     tree = ast.parse(path.read_text())
+    if not type_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+                node.body = []
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     package = _module_name(path).split(".")
     if path.name != "__init__.py":
@@ -127,3 +132,41 @@ def test_no_import_cycle_between_modules() -> None:
         if name not in state:
             visit(name, [name])
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# Inside the runtime, lowest first: a sub-package may import only lower ones (or itself).
+RUNTIME_LAYERS = {
+    "communication": 0, "checkpoint.options": 0, "advance.options": 0,
+    "job": 1,
+    "observation": 2,
+    "execution": 3,
+    "checkpoint": 4, "advance": 4,
+    "launch": 5,
+    "__init__": 6,
+}
+
+
+def _runtime_room(module: str) -> str | None:
+    """The runtime sub-package (or module) ``module`` belongs to; None outside the runtime."""
+    parts = module.split(".")
+    if parts[:2] != ["pipeweave", "runtime"]:
+        return None
+    if len(parts) == 2:
+        return "__init__"
+    two = ".".join(parts[2:4])
+    return two if two in RUNTIME_LAYERS else parts[2]
+
+
+def test_runtime_sub_packages_only_look_down() -> None:
+    """Type-only imports may look up (a result names the parts it was collected from)."""
+    upward = []
+    for path in (PACKAGE / "runtime").rglob("*.py"):
+        here = _runtime_room(_module_name(path))
+        assert here in RUNTIME_LAYERS, f"{path}: add its sub-package to RUNTIME_LAYERS"
+        for target in _imports(path, top_level_only=False, type_only=False):
+            there = _runtime_room(target)
+            if there is None or there not in RUNTIME_LAYERS or there == here:
+                continue
+            if RUNTIME_LAYERS[there] >= RUNTIME_LAYERS[here]:
+                upward.append(f"{path.relative_to(SRC)} -> {target}")
+    assert not upward, "runtime imports against its layers:\n" + "\n".join(sorted(upward))

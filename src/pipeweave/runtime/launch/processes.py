@@ -131,10 +131,16 @@ def _write_pickle(path: Path, value: object) -> None:
     os.replace(tmp, path)
 
 
+def _file_rank(path: Path) -> int:
+    """The rank a ``rank{N}.*`` file of the results folder belongs to."""
+    return int(path.name[4:].split(".")[0])
+
+
 def _partials(out_dir: Path) -> list[RankResult]:
     """What failed or interrupted ranks had done (:func:`attach_partial`), by rank."""
     found: list[RankResult] = []
-    for path in sorted(out_dir.glob(_PARTIAL_FILE.format("*"))):
+    # by rank number: sorting the names would put rank10 before rank2
+    for path in sorted(out_dir.glob(_PARTIAL_FILE.format("*")), key=_file_rank):
         try:
             with open(path, "rb") as handle:
                 found.extend(pickle.load(handle))
@@ -230,7 +236,7 @@ def _root_cause(out_dir: Path, first: int, first_trace: str) -> tuple[int, str, 
     reports = {}
     for path in out_dir.glob(_ERROR_FILE.format("*")):
         try:
-            reports[int(path.name[4:].split(".")[0])] = json.loads(path.read_text())
+            reports[_file_rank(path)] = json.loads(path.read_text())
         except (ValueError, OSError):
             continue
     chosen = next((r for r in sorted(reports) if reports[r]["user_error"]),

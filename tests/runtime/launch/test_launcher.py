@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pipeweave.runtime import RunFailed, launch_local, run_local
-from pipeweave.runtime.execution.parts import RankResult, partial_results
+from pipeweave.runtime.observation.results import RankResult, partial_results
 from pipeweave.runtime.launch.processes import (_partials, _root_cause, _write_pickle,
                                                 loopback_interface, restart_safe_store,
                                                 under_torchrun)

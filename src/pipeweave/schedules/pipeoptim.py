@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir import Action, Op, Schedule
-from .async_common import Counts, Tags, async_layout, build_async, check_options
+from .async_common import Counts, Tags, async_layout, build_async
 from .registry import Shape, register
 
 __all__ = ["pipeoptim", "spectrain", "prediction_distance", "spectrain_backward_distance"]
@@ -59,7 +59,6 @@ __all__ = ["pipeoptim", "spectrain", "prediction_distance", "spectrain_backward_
                "at B = 2F; --prediction-backward graph skips that and keeps one predicted weight "
                "copy per micro-batch in flight")
 def pipeoptim(shape: Shape) -> Schedule:
-    check_options("pipeoptim", shape, ["lookahead"])
     override = shape.option("lookahead", None)
     if override is not None and (isinstance(override, bool) or not isinstance(override, int)
                                  or override < 0):
@@ -90,7 +89,6 @@ def spectrain_backward_distance(stage: int) -> int:
           cost="every stage but the last runs its forward twice per micro-batch: the backward "
                "recomputes it at the weights predicted for the backward")
 def spectrain(shape: Shape) -> Schedule:
-    check_options("spectrain", shape, [])
     if shape.replicas is not None or shape.width != 1:
         raise ValueError(
             f"spectrain's version differences are derived for a straight pipeline; got replicas="

@@ -21,7 +21,6 @@ from ...ir import Op, Schedule, lower
 from ...ir.updates import update_sizes
 from ...models import ModelSpec
 from ...schedules import build_schedule
-from ...schedules.pipeoptim import prediction_distance
 from ..job import Job
 from ...planner.plan import Plan
 from ..averaging.elastic import ElasticAverager
@@ -158,8 +157,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         weights[stage] = StageWeights(
             stage=stage, module=module, optimizer=optimizers[stage], program=schedule.programs[rank],
             recompute=job.plan.recompute_stage(stage), backward=backward,
-            spectrain=schedule.name == "spectrain",
-            distance=lambda action: prediction_distance(schedule, action), pipeline=pipeline,
+            spectrain=schedule.name == "spectrain", pipeline=pipeline,
         )
     return RankParts(stages, optimizers, weights)
 

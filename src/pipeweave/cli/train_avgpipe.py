@@ -118,9 +118,9 @@ def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec,
         if plan.pipelines == 1:
             print("pipeweave: warning: --alpha has no effect with one pipeline (the reference "
                   "model is that pipeline's model); add --pipelines N", file=sys.stderr)
-        plan = replace(plan, semantics={**plan.semantics, "alpha": args.alpha})
+        plan = replace(plan, semantics=replace(plan.semantics, alpha=args.alpha))
     if args.average_order is not None:
-        plan = replace(plan, semantics={**plan.semantics, "average_order": args.average_order})
+        plan = replace(plan, semantics=replace(plan.semantics, average_order=args.average_order))
     limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
     online = None
     if args.advance is not None:

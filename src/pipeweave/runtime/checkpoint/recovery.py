@@ -481,7 +481,7 @@ class RankRecovery:
             return
         keys = ("alpha", "average_order")
         saved = {k: v for k, v in stored.manifest["plan"].get("semantics", {}).items() if k in keys}
-        here = {k: v for k, v in self.job.plan.semantics.items() if k in keys}
+        here = {k: v for k, v in self.job.plan.semantics.given().items() if k in keys}
         if saved != here:
             warnings.warn(f"resuming with averaging settings {here or 'defaults'}; the checkpoint "
                           f"was written with {saved or 'defaults'}", stacklevel=3)

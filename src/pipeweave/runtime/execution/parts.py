@@ -125,12 +125,11 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
     main = parts[0]
     main.others = parts[1:]
     if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
-        alpha = job.plan.semantics.get("alpha")
-        order = str(job.plan.semantics.get("average_order", "simultaneous"))
+        semantics = job.plan.semantics
         for stage, runtime in main.stages.items():
             main.averagers[stage] = ElasticAverager(
                 stage=stage, pipelines=schedule.pipelines, initial=runtime.module,
-                alpha=None if alpha is None else float(alpha), order=order)
+                alpha=semantics.alpha, order=semantics.order)
     return main
 
 
@@ -143,7 +142,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
     stages: dict[int, StageRuntime] = {}
     optimizers: dict[int, torch.optim.Optimizer] = {}
     weights: dict[int, StageWeights] = {}
-    backward = str(job.plan.semantics.get("backward", "recompute"))
+    backward = job.plan.semantics.backward_mode
     for stage in schedule.layout.stages_of(rank):
         start, end = job.plan.stages[stage]
         module = nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end]))).to(device)

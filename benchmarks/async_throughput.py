@@ -143,7 +143,7 @@ def run_method(case: Case, method: str, ranks: int, steps: int) -> dict[str, Any
             "weight_versions": [held[s] for s in sorted(held)],
             "simulated_weight_versions": simulate(
                 make_schedule(plan, steps),
-                keep_predicted=plan.semantics.get("backward") == "graph").weight_versions,
+                keep_predicted=plan.semantics.backward == "graph").weight_versions,
             "peak_memory_bytes": float(max(summary.peak_memory_bytes)),
             "final_loss": summary.final_loss, "first_loss": summary.losses[0]}
 

@@ -17,7 +17,7 @@ batch, float32, Adam and SGD with momentum 0.9 at convergence.py's "3x" rate (no
 stale, so the rate near synchronous training's best; for the CNN at B = 16 it is on the high
 side: 1F1B plateaus, see docs/convergence.md). No rate is retuned per method.
 
-Methods (avgpipe.txt §3.2; ``Plan.pipelines = N``, ``Plan.semantics["alpha"] = 1/N``)::
+Methods (avgpipe.txt §3.2; ``Plan.pipelines = N``, ``Plan.semantics.alpha = 1/N``)::
 
     1f1b          synchronous 1F1B: one batch of B samples per iteration
     avgpipe-1     AvgPipe with N = 1: must be 1F1B bit for bit (checked on every run)

@@ -94,7 +94,7 @@ def test_flags_reach_the_plan_and_the_job() -> None:
     args = parser.parse_args(BASE + ["--schedule", "avgpipe", "--pipelines", "3",
                                          "--alpha", "0.25", "--advance", "all"])
     job = cmd_train.build_job(args)
-    assert job.plan.pipelines == 3 and job.plan.semantics["alpha"] == 0.25
+    assert job.plan.pipelines == 3 and job.plan.semantics.alpha == 0.25
     assert job.plan.schedule_options["advance"] == 3 and job.advance is None
     args = parser.parse_args(BASE + ["--schedule", "avgpipe", "--pipelines", "2",
                                          "--advance", "auto", "--memory-limit", "64MB"])

@@ -30,8 +30,8 @@ def job(pipelines: int, *, schedule: str = "avgpipe", advance: object = 0, optim
 def oracle(j: Job):
     return run_elastic_oracle(spec=j.model(), pipelines=j.plan.pipelines, steps=j.steps,
                               data=j.data(), optimizer=j.optimizer,
-                              alpha=j.plan.semantics.get("alpha"),
-                              order=j.plan.semantics.get("average_order", "simultaneous"))
+                              alpha=j.plan.semantics.alpha,
+                              order=j.plan.semantics.order)
 
 
 def assert_matches(results, expected) -> None:

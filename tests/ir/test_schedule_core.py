@@ -80,6 +80,38 @@ def test_validator_rejects_wrong_stash_version() -> None:
         validate(make(rows))
 
 
+# A PipeOptim-like two-stage program whose stage-0 forwards predict two updates ahead.
+FIXED_LOOKAHEAD = ["0F0@0~2 0F1@0~2 0B0@0 0U@1 0B1@1 0U@2", "1F0@0 1B0@0 1U@1 1F1@1 1B1@1 1U@2"]
+
+
+def test_validator_rejects_an_inexact_prediction() -> None:
+    # exact rule: 0B0 must target 0F0's 0 + 2, but it runs at version 0 with no look-ahead
+    with pytest.raises(ScheduleError, match=r"0B0@0 must target version \[2\]") as error:
+        validate(make(FIXED_LOOKAHEAD))
+    assert ">0B0@0<" in str(error.value)
+
+
+def test_validator_accepts_a_fixed_lookahead_at_the_current_weights() -> None:
+    # with option lookahead the forwards' prediction is approximate: the backwards need only
+    # run at the current weights
+    validate(make(FIXED_LOOKAHEAD, options={"lookahead": 2}))
+
+
+@pytest.mark.parametrize(("backward", "current"), [("0B1@0", 1), ("0B1@1~1", 1), ("0B0@1", 0)])
+def test_validator_rejects_a_fixed_lookahead_backward_off_the_current_weights(
+        backward: str, current: int) -> None:
+    rows = list(FIXED_LOOKAHEAD)
+    position = 2 if backward.startswith("0B0") else 4
+    cells = rows[0].split()
+    cells[position] = backward
+    rows[0] = " ".join(cells)
+    with pytest.raises(ScheduleError, match=f"{backward} must run at the current weights, "
+                                            f"version {current} with no lookahead") as error:
+        validate(make(rows, options={"lookahead": 2}))
+    assert f">{backward}<" in str(error.value)
+    assert f"tag it {backward[:3]}@{current}" in str(error.value)
+
+
 def test_validator_rejects_misplaced_action() -> None:
     with pytest.raises(ScheduleError, match="layout routes it to rank 1"):
         validate(make(["0F0 0F1 1F0 0B0 0B1", "1F1 1B0 1B1"]))

@@ -13,7 +13,7 @@ import pytest
 
 from pipeweave.ir import Action, Op, Schedule, lower, validate, walk
 from pipeweave.schedules import Shape, build_schedule, get_info
-from pipeweave.schedules.pipeoptim import pipeoptim, prediction_distance
+from pipeweave.schedules.pipeoptim import pipeoptim
 from pipeweave.schedules.two_bw import two_bw
 
 ASYNC = ["pipedream", "2bw", "pipeoptim", "spectrain"]
@@ -246,16 +246,40 @@ def test_prediction_lookahead_is_the_update_count(name: str) -> None:
                     assert f.lookahead == 0  # the last stage does no prediction
 
 
-def test_pipeoptim_lookahead_override_goes_to_the_runtime() -> None:
-    schedule = build_schedule("pipeoptim", stages=3, microbatches=3, iterations=2, lookahead=5)
-    default = build_schedule("pipeoptim", stages=3, microbatches=3, iterations=2)
-    assert schedule.programs == default.programs  # the actions keep the exact count
-    for _, _, a in schedule.actions():
-        if a.op is Op.FORWARD:
-            assert prediction_distance(schedule, a) == (5 if a.stage < 2 else 0)
-            assert prediction_distance(default, a) == a.lookahead
-        elif a.op is Op.BACKWARD:
-            assert prediction_distance(schedule, a) == 0
+def test_pipeoptim_lookahead_override_is_on_the_forwards() -> None:
+    """``lookahead=k`` tags every forward but the last stage's ``~k``; nothing else changes."""
+    for k in (0, 1, 2, 5):
+        schedule = build_schedule("pipeoptim", stages=3, microbatches=3, iterations=2, lookahead=k)
+        default = build_schedule("pipeoptim", stages=3, microbatches=3, iterations=2)
+        for program, exact in zip(schedule.programs, default.programs):
+            assert len(program) == len(exact)
+            for a, e in zip(program, exact):
+                if a.op is Op.FORWARD and a.stage < 2:
+                    assert a == e.with_(lookahead=k), (k, a, e)
+                else:
+                    assert a == e, (k, a, e)
+        for _, _, a in lower(schedule).actions():
+            if a.op is Op.FORWARD:
+                assert a.lookahead == (k if a.stage < 2 else 0)
+
+
+def test_pipeoptim_lookahead_override_literal_p3() -> None:
+    assert rows(build_schedule("pipeoptim", stages=3, microbatches=3, lookahead=2)) == literal("""
+        rank0 0F0@0~2 0F1@0~2 0F2@0~2 0B0@0 0U@1         0B1@1 0U@2         0B2@2 0U@3
+        rank1         1F0@0~2 1F1@0~2 1B0@0 1U@1 1F2@1~2 1B1@1 1U@2         1B2@2 1U@3
+        rank2                 2F0@0   2B0@0 2U@1 2F1@1   2B1@1 2U@2 2F2@2   2B2@2 2U@3
+    """)
+
+
+@pytest.mark.parametrize("lookahead", [0, 1, 2])
+def test_pipeoptim_lookahead_override_validates(lookahead: int) -> None:
+    for p, m, k in [(1, 2, 2), (2, 3, 2), (3, 4, 2), (4, 2, 3)]:
+        schedule = build_schedule("pipeoptim", stages=p, microbatches=m, iterations=k,
+                                  lookahead=lookahead)
+        validate(schedule)
+        validate(lower(schedule))
+    validate(build_schedule("pipeoptim", stages=2, microbatches=4, iterations=2, replicas=(2, 1),
+                            lookahead=lookahead))
 
 
 # -- 1F1B-RR ------------------------------------------------------------------------------------

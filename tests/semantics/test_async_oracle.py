@@ -50,7 +50,7 @@ def oracle_for(method: str, job: Job):
     return run_oracle(method, spec=job.model(), stages=list(job.plan.stages),
                       microbatches=job.plan.microbatches, steps=job.steps, data=job.data(),
                       optimizer=job.optimizer, lookahead=job.plan.schedule_options.get("lookahead"),
-                      backward=job.plan.semantics.get("backward", "recompute"))
+                      backward=job.plan.semantics.backward_mode)
 
 
 def assert_equal_to_oracle(results, oracle, microbatches: int) -> None:

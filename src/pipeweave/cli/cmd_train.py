@@ -182,7 +182,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
         seq_len = args.seq_len if args.seq_len is not None else GPT_PRESETS[args.model].seq_len
     optimizer = optimizer_for(args, get_info(plan.schedule).default_optimizer)
     if args.prediction_backward is not None:
-        plan = replace(plan, semantics={**plan.semantics, "backward": args.prediction_backward})
+        plan = replace(plan, semantics=replace(plan.semantics, backward=args.prediction_backward))
     plan, advance = train_avgpipe.apply(args, plan, spec, optimizer, limit)
     job = Job(
         plan=plan, steps=args.steps, model=model, checkpoint=checkpoint_options(args),

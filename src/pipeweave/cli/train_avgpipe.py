@@ -117,9 +117,9 @@ def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec, optimizer: Opti
         if plan.pipelines == 1:
             print("pipeweave: warning: --alpha has no effect with one pipeline (the reference "
                   "model is that pipeline's model); add --pipelines N", file=sys.stderr)
-        plan = replace(plan, semantics={**plan.semantics, "alpha": args.alpha})
+        plan = replace(plan, semantics=replace(plan.semantics, alpha=args.alpha))
     if args.average_order is not None:
-        plan = replace(plan, semantics={**plan.semantics, "average_order": args.average_order})
+        plan = replace(plan, semantics=replace(plan.semantics, average_order=args.average_order))
     online = None
     if args.advance is not None:
         fixed = parse_advance_flag(str(args.advance), plan.microbatches)

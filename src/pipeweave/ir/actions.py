@@ -75,10 +75,14 @@ class Action(_Fields):
         piece: 0 for a whole micro-batch, 1/2 for its first/second half (Slicer).
         version: for ``F`` the weight version it uses, for ``B`` the version it must match
             (the stashed one), for ``U``/``AR``/``AV`` the version the update produces.
-        lookahead: for ``F``, how many updates lie between it and its backward, i.e. how
-            far ahead the runtime must predict weights (PipeOptim ``s``); for ``B``, how far
-            ahead of its ``version`` the backward predicts (SpecTrain; 0 for PipeOptim, which
-            runs the backward on the current weights); 0 otherwise.
+        lookahead: for ``F``, how many updates ahead of its ``version`` the runtime predicts
+            the weights (0: no prediction). PipeOptim and SpecTrain tag the number of updates
+            between the forward and its backward (PipeOptim's ``s``, exact); PipeOptim's
+            ``lookahead=<int>`` option tags that constant instead, an approximation the
+            validator checks by a weaker rule (:mod:`pipeweave.ir.validate`). For ``B``, how
+            far ahead of its ``version`` the backward predicts (SpecTrain; 0 for PipeOptim,
+            which runs the backward on the current weights); 0 otherwise. The runtime and the
+            simulator read it from here, whatever produced it.
         pipeline: the parallel pipeline (AvgPipe) the action belongs to.
     """
 

@@ -9,10 +9,15 @@ cells marked ``>x<``):
 3. same-rank order — a dependency on the same rank comes earlier; a backward comes after its
    own forward (the activation it needs is stashed there);
 4. weight versions — updates on a stage number 1, 2, 3, ... in program order; a forward uses a
-   version that exists; a backward targets the version its forward targeted, i.e.
+   version that exists; a backward uses a version that exists and, by the *exact* rule,
+   targets the version its forward targeted, i.e.
    ``B.version + B.lookahead == F.version + F.lookahead`` (stashing: both lookaheads 0;
    PipeOptim: the backward runs on the current weights, ``F.version + F.lookahead``;
-   SpecTrain: the backward predicts ``B.lookahead`` further from the current weights);
+   SpecTrain: the backward predicts ``B.lookahead`` further from the current weights).
+   A schedule built with a fixed look-ahead (option ``lookahead``: PipeOptim's ablation)
+   predicts approximately by design, so for it the *current-weights* rule replaces the exact
+   one: every backward has ``B.lookahead == 0`` and ``B.version`` equal to the number of
+   updates of its stage and pipeline that precede it in the program;
 5. liveness — a unit-cost walk finishes (no deadlock); in a lowered schedule every send has
    exactly one receive.
 """
@@ -96,31 +101,53 @@ def _check_order(schedule: Schedule, index: dict[Action, Location]) -> None:
 
 
 def _check_versions(schedule: Schedule) -> None:
-    forward_version: dict[Action, int] = {}
+    """Rule 4: the exact rule, or the current-weights rule for a fixed ``lookahead`` option."""
+    current_weights = schedule.options.get("lookahead") is not None
+    forward_target: dict[Action, int] = {}
     for rank, program in enumerate(schedule.programs):
         updates: Counter[tuple[int, int]] = Counter()
         for position, action in enumerate(program):
             key = (action.stage, action.pipeline)
+            where = [(rank, position)]
             if action.op is Op.STEP:
                 updates[key] += 1
                 if action.version is not None and action.version != updates[key]:
                     raise _fail(schedule, f"{action} is update number {updates[key]} of stage "
-                                f"{action.stage}; versions must count 1, 2, 3, ...", [(rank, position)])
+                                f"{action.stage}; versions must count 1, 2, 3, ...", where)
             elif action.op is Op.FORWARD and action.version is not None:
                 if action.version > updates[key]:
                     raise _fail(schedule, f"{action} uses version {action.version} but only "
-                                f"{updates[key]} updates have happened", [(rank, position)])
-                forward_version[ref(action)] = action.version + action.lookahead
+                                f"{updates[key]} updates have happened", where)
+                forward_target[ref(action)] = action.version + action.lookahead
             elif action.op is Op.BACKWARD and action.version is not None:
-                wanted = {v for f in _forwards_of(action)
-                          if (v := forward_version.get(ref(f))) is not None}
-                if wanted and wanted != {action.version + action.lookahead}:
-                    raise _fail(schedule, f"{action} must target version {sorted(wanted)} (its "
-                                "forward's version plus lookahead) with its own version plus "
-                                "lookahead", [(rank, position)])
+                if current_weights:
+                    _check_backward_current(schedule, action, updates[key], where)
+                else:
+                    _check_backward_exact(schedule, action, forward_target, where)
                 if action.version > updates[key]:
                     raise _fail(schedule, f"{action} uses version {action.version} which does not "
-                                "exist yet", [(rank, position)])
+                                "exist yet", where)
+
+
+def _check_backward_exact(schedule: Schedule, backward: Action, forward_target: dict[Action, int],
+                          where: list[Location]) -> None:
+    """The backward targets the version its forward targeted (stashing, exact prediction)."""
+    assert backward.version is not None
+    wanted = {v for f in _forwards_of(backward) if (v := forward_target.get(ref(f))) is not None}
+    if wanted and wanted != {backward.version + backward.lookahead}:
+        raise _fail(schedule, f"{backward} must target version {sorted(wanted)} (its forward's "
+                    "version plus lookahead) with its own version plus lookahead", where)
+
+
+def _check_backward_current(schedule: Schedule, backward: Action, updates: int,
+                            where: list[Location]) -> None:
+    """The backward runs at its stage's current weights (a fixed, approximate look-ahead)."""
+    if backward.version != updates or backward.lookahead:
+        raise _fail(schedule, f"{backward} must run at the current weights, version {updates} with "
+                    f"no lookahead (the count of stage {backward.stage}'s updates before it): the "
+                    f"forwards predict a fixed lookahead={schedule.options['lookahead']!r}, "
+                    f"approximate by design, so the backward takes the weights as they are; "
+                    f"tag it {backward.with_(version=updates, lookahead=0)}", where)
 
 
 def _forwards_of(backward: Action) -> list[Action]:

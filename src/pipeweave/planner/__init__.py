@@ -16,10 +16,11 @@ from .plan import Plan
 from .pipedream import PipeDreamSolution, allreduce_time, noam, pipedream_partition
 from .registry import MethodInfo, available_methods, get_method, make_plan, register_method
 from .result import Partition, PlanRequest, PlanResult, balance
+from .semantics_options import Semantics
 from .topology import Level, Topology
 
 __all__ = [
-    "Plan", "PlanRequest", "PlanResult", "Partition", "make_plan", "available_methods", "get_method",
+    "Plan", "Semantics", "PlanRequest", "PlanResult", "Partition", "make_plan", "available_methods", "get_method",
     "register_method", "MethodInfo", "Topology", "Level", "Bounds", "min_max_partition",
     "uniform_partition", "pipedream_partition", "PipeDreamSolution", "allreduce_time", "noam",
     "autopipe_search", "AutoPipeSearch", "cooldown_violation", "Evaluator", "Network",

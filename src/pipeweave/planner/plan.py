@@ -21,7 +21,7 @@ from typing import Any
 from ..ir import Layout
 from ..schedules import Shape
 from .partition import uniform_partition
-from .semantics_options import check_semantics
+from .semantics_options import Semantics, check_semantics
 
 __all__ = ["Plan"]
 
@@ -44,8 +44,10 @@ class Plan:
         recompute: per stage, whether to recompute activations in the backward instead of
             keeping them (empty = no recomputation anywhere).
         schedule_options: extra options for the schedule generator (e.g. ``{"advance": 2}``).
-        semantics: weight-semantics options (e.g. ``{"backward": "graph"}`` for PipeOptim);
-            each is checked against the schedule (:mod:`.semantics_options`).
+        semantics: weight-semantics options, a :class:`.Semantics` (e.g.
+            ``Semantics(backward="graph")`` for PipeOptim); a plain mapping such as
+            ``{"backward": "graph"}`` is accepted and converted. Each option given is checked
+            against the schedule (:mod:`.semantics_options`).
     """
 
     num_blocks: int
@@ -58,13 +60,16 @@ class Plan:
     pipelines: int = 1
     recompute: tuple[bool, ...] = ()
     schedule_options: Mapping[str, Any] = field(default_factory=dict)
-    semantics: Mapping[str, Any] = field(default_factory=dict)
+    semantics: Semantics = field(default_factory=Semantics)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple((int(a), int(b)) for a, b in self.stages))
         if self.replicas is not None:
             object.__setattr__(self, "replicas", tuple(int(r) for r in self.replicas))
         object.__setattr__(self, "recompute", tuple(bool(r) for r in self.recompute))
+        given: Any = self.semantics
+        if not isinstance(given, Semantics):  # a plain mapping (JSON, dict literals)
+            object.__setattr__(self, "semantics", Semantics.from_mapping(given))
         self._check_cover()
         check_semantics(self.schedule, self.semantics)
         for name in ("microbatches", "chunks", "width", "pipelines"):
@@ -152,7 +157,7 @@ class Plan:
         data["replicas"] = list(self.replicas) if self.replicas is not None else None
         data["recompute"] = list(self.recompute)
         data["schedule_options"] = dict(self.schedule_options)
-        data["semantics"] = dict(self.semantics)
+        data["semantics"] = self.semantics.given()
         return data
 
     @classmethod

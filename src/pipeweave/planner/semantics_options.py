@@ -1,8 +1,10 @@
 """The weight-semantics options a plan may carry (``Plan.semantics``), checked where they enter.
 
-Each option belongs to the schedules whose semantics it changes; on any other schedule it would
-do nothing, so it is refused rather than silently ignored. No torch here: the plan layer stays
-importable without it.
+:class:`Semantics` holds one field per option; ``None`` means "not given", so the default
+applies (:attr:`Semantics.backward_mode` and :attr:`Semantics.order` resolve it; ``alpha``'s
+default depends on N and the runtime's averager applies it). Each option belongs to the schedules whose semantics it changes; on
+any other schedule it would do nothing, so :func:`check_semantics` refuses it rather than let
+it be silently ignored. No torch here: the plan layer stays importable without it.
 
 ==============  ===========  =====================================================================
 option          schedules    meaning
@@ -16,23 +18,30 @@ alpha           avgpipe      elastic-averaging pull toward the reference model, 
 average_order   avgpipe      ``simultaneous`` (default) or ``update-then-dilute`` (see
                              runtime/execution/elastic_averaging.py)
 ==============  ===========  =====================================================================
+
+In a plan's JSON only the options given are written (``{"backward": "graph"}``), and an
+unknown name there is refused, as it is in any mapping handed to :meth:`Semantics.from_mapping`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["SEMANTICS_OPTIONS", "AVERAGE_ORDERS", "BACKWARD_MODES", "check_semantics"]
+__all__ = ["Semantics", "SEMANTICS_OPTIONS", "AVERAGE_ORDERS", "BACKWARD_MODES", "check_semantics"]
 
 AVERAGE_ORDERS = ("simultaneous", "update-then-dilute")
+"""``average_order`` values; the first is the default."""
 BACKWARD_MODES = ("recompute", "graph")
+"""``backward`` values; the first is the default."""
 
 
 @dataclass(frozen=True)
 class SemanticsOption:
+    """Where an option applies and which values it takes (the rule :func:`check_semantics` applies)."""
+
     schedules: tuple[str, ...]
     valid: Callable[[Any], bool]
     expected: str
@@ -44,23 +53,77 @@ def _fraction(value: Any) -> bool:
             and math.isfinite(value) and 0.0 <= value <= 1.0)
 
 
-SEMANTICS_OPTIONS: dict[str, SemanticsOption] = {
-    "backward": SemanticsOption(("pipeoptim",), lambda v: v in BACKWARD_MODES,
-                                f"one of {list(BACKWARD_MODES)}", "--prediction-backward"),
-    "alpha": SemanticsOption(("avgpipe",), _fraction, "a number in [0, 1]", "--alpha"),
-    "average_order": SemanticsOption(("avgpipe",), lambda v: v in AVERAGE_ORDERS,
-                                     f"one of {list(AVERAGE_ORDERS)}", "--average-order"),
-}
+def _option(rule: SemanticsOption) -> Any:
+    """A :class:`Semantics` field: ``None`` (not given) by default, its rule in the metadata."""
+    return field(default=None, metadata={"rule": rule})
 
 
-def check_semantics(schedule: str, semantics: Mapping[str, Any]) -> None:
-    """ValueError naming the option and the fix for an unknown, misplaced or invalid option."""
-    for name, value in semantics.items():
-        option = SEMANTICS_OPTIONS.get(name)
-        if option is None:
-            raise ValueError(
-                f"unknown weight-semantics option {name!r}; known: {sorted(SEMANTICS_OPTIONS)} "
-                f"(schedule options such as lookahead go in schedule_options / --option)")
+@dataclass(frozen=True)
+class Semantics:
+    """A plan's weight-semantics options; ``None`` in a field means the option was not given.
+
+    Values are kept as given (an ``alpha`` of ``1`` stays ``1``), so a plan's JSON reads back
+    byte for byte; :func:`check_semantics` checks them against the plan's schedule.
+    """
+
+    backward: str | None = _option(SemanticsOption(
+        ("pipeoptim",), lambda v: v in BACKWARD_MODES, f"one of {list(BACKWARD_MODES)}",
+        "--prediction-backward"))
+    """PipeOptim only: how the backward treats the predicted forward weights. ``"recompute"``
+    (default; pipeoptim.txt Algorithm 1) runs the forward under ``no_grad`` and recomputes the
+    stage at the current weights in the backward; ``"graph"`` differentiates the graph built on
+    the predicted weights (no second forward, one predicted copy per micro-batch in flight)."""
+
+    alpha: float | None = _option(SemanticsOption(
+        ("avgpipe",), _fraction, "a number in [0, 1]", "--alpha"))
+    """AvgPipe only: how far each parallel model is pulled toward the reference model per
+    iteration, in [0, 1] (0: not at all, 1: replaced by it). Default ``1/N`` for N parallel
+    pipelines (avgpipe.txt §3.2), which the runtime's averager applies when this is ``None``."""
+
+    average_order: str | None = _option(SemanticsOption(
+        ("avgpipe",), lambda v: v in AVERAGE_ORDERS, f"one of {list(AVERAGE_ORDERS)}",
+        "--average-order"))
+    """AvgPipe only: ``"simultaneous"`` (default: dilute the weights as they were before the
+    local update) or ``"update-then-dilute"`` (update first, then dilute the updated weights);
+    see :mod:`pipeweave.runtime.averaging.elastic`."""
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> "Semantics":
+        """The options of a plain mapping (a plan's JSON); ValueError for an unknown name."""
+        if not isinstance(options, Mapping):
+            raise TypeError(f"plan semantics must be a Semantics or a mapping of option names to "
+                            f"values, got {type(options).__name__} {options!r}; e.g. "
+                            f"{{'backward': 'graph'}}, or leave it out for the defaults")
+        for name in options:
+            if name not in SEMANTICS_OPTIONS:
+                raise ValueError(
+                    f"unknown weight-semantics option {name!r}; known: {sorted(SEMANTICS_OPTIONS)} "
+                    f"(schedule options such as lookahead go in schedule_options / --option)")
+        return cls(**options)
+
+    def given(self) -> dict[str, Any]:
+        """The options that were given, by name (what a plan's JSON holds)."""
+        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
+
+    @property
+    def backward_mode(self) -> str:
+        """``backward``, or the default ``"recompute"``."""
+        return BACKWARD_MODES[0] if self.backward is None else self.backward
+
+    @property
+    def order(self) -> str:
+        """``average_order``, or the default ``"simultaneous"``."""
+        return AVERAGE_ORDERS[0] if self.average_order is None else self.average_order
+
+
+SEMANTICS_OPTIONS: dict[str, SemanticsOption] = {f.name: f.metadata["rule"] for f in fields(Semantics)}
+"""Every option's rule, by name, in field order (read from :class:`Semantics`)."""
+
+
+def check_semantics(schedule: str, semantics: Semantics) -> None:
+    """ValueError naming the option and the fix for a misplaced or invalid option."""
+    for name, value in semantics.given().items():
+        option = SEMANTICS_OPTIONS[name]
         if schedule not in option.schedules:
             raise ValueError(
                 f"semantics option {name}={value!r} ({option.flag}) applies to "

@@ -40,11 +40,10 @@ from dataclasses import dataclass
 
 from ..ir import Action, Layout, Op, Schedule
 from .common import routed, update_actions
-from .registry import Shape, check_options
+from .registry import Shape
 
 __all__ = [
-    "Counts", "Tags", "VersionRule", "warmup_depth", "async_order", "async_layout",
-    "check_options", "build_async",
+    "Counts", "Tags", "VersionRule", "warmup_depth", "async_order", "async_layout", "build_async",
 ]
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir import Schedule
-from .async_common import Counts, Tags, async_layout, build_async, check_options
+from .async_common import Counts, Tags, async_layout, build_async
 from .registry import Shape, register
 
 __all__ = ["pipedream"]
@@ -42,7 +42,6 @@ __all__ = ["pipedream"]
           paper="D. Narayanan et al., PipeDream: Generalized Pipeline Parallelism for DNN Training, SOSP 2019, §3.2-3.3", synchronous=False,
           options=("vertical_sync",))
 def pipedream(shape: Shape) -> Schedule:
-    check_options("pipedream", shape, ["vertical_sync"])
     vertical_sync = shape.option("vertical_sync", False)
     if not isinstance(vertical_sync, bool):
         raise ValueError(f"pipedream option vertical_sync must be True or False, got {vertical_sync!r}")

@@ -17,10 +17,18 @@ version it will find, ``v + s`` (the validator proves the count). In steady stat
 
 We tag the exact count rather than Eq. 4's constant. The two differ only for a stage's first
 ``D - r - 1`` forwards, which run at version 0: the optimizer has no state then, ``dW = 0``, and
-every prediction is the identity, so numerically the default *is* the paper's rule. Option
-``lookahead=<int>`` asks the runtime to predict that many updates ahead on every stage but the
-last instead (an ablation); the actions keep the exact count, which is what the validator and
-the simulator reason about, and :func:`prediction_distance` tells the runtime which to use.
+every prediction is the identity, so numerically the default *is* the paper's rule.
+
+Option ``lookahead=<int>`` (an ablation) fixes the prediction distance instead: every forward on
+a stage but the last is tagged ``~k`` whatever the count, and the runtime, the simulator and the
+trace read it from the action like any other look-ahead. The prediction is then approximate by
+design (``v + k`` need not be the version the backward finds), so the validator checks such a
+schedule by the weaker rule that each backward runs at its stage's current weights (see
+:mod:`pipeweave.ir.validate`). P=3, M=3, K=1, ``lookahead=2``::
+
+    rank0  F0@0~2 F1@0~2 F2@0~2 B0@0 U@1        B1@1 U@2        B2@2 U@3
+    rank1         F0@0~2 F1@0~2 B0@0 U@1 F2@1~2 B1@1 U@2        B2@2 U@3
+    rank2                F0@0   B0@0 U@1 F1@1   B1@1 U@2 F2@2   B2@2 U@3
 
 **SpecTrain** (Chen et al. 2018, arXiv:1809.02839; pipeoptim.txt §II-C2, §III-B2). It predicts
 at the forward *and* at the backward, towards one target per micro-batch: the weights the stage
@@ -42,11 +50,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..ir import Action, Op, Schedule
-from .async_common import Counts, Tags, async_layout, build_async, check_options
+from ..ir import Schedule
+from .async_common import Counts, Tags, async_layout, build_async
 from .registry import Shape, register
 
-__all__ = ["pipeoptim", "spectrain", "prediction_distance", "spectrain_backward_distance"]
+__all__ = ["pipeoptim", "spectrain", "spectrain_backward_distance"]
 
 
 @register("pipeoptim",
@@ -59,7 +67,6 @@ __all__ = ["pipeoptim", "spectrain", "prediction_distance", "spectrain_backward_
                "at B = 2F; --prediction-backward graph skips that and keeps one predicted weight "
                "copy per micro-batch in flight")
 def pipeoptim(shape: Shape) -> Schedule:
-    check_options("pipeoptim", shape, ["lookahead"])
     override = shape.option("lookahead", None)
     if override is not None and (isinstance(override, bool) or not isinstance(override, int)
                                  or override < 0):
@@ -68,10 +75,12 @@ def pipeoptim(shape: Shape) -> Schedule:
             f"stage but the last), got {override!r}; leave it out for the exact count per forward"
         )
     layout = async_layout("pipeoptim", shape)
+    last = layout.num_stages - 1
 
     def predicted(stage: int, microbatch: int, counts: Mapping[tuple[int, int], Counts]) -> Tags:
         c = counts[(stage, microbatch)]
-        return Tags(c.forward, c.backward, forward_lookahead=c.between)
+        ahead = c.between if override is None or stage == last else override
+        return Tags(c.forward, c.backward, forward_lookahead=ahead)
 
     return build_async("pipeoptim", shape, layout, period=lambda stage: 1, rule=predicted)
 
@@ -90,7 +99,6 @@ def spectrain_backward_distance(stage: int) -> int:
           cost="every stage but the last runs its forward twice per micro-batch: the backward "
                "recomputes it at the weights predicted for the backward")
 def spectrain(shape: Shape) -> Schedule:
-    check_options("spectrain", shape, [])
     if shape.replicas is not None or shape.width != 1:
         raise ValueError(
             f"spectrain's version differences are derived for a straight pipeline; got replicas="
@@ -107,15 +115,3 @@ def spectrain(shape: Shape) -> Schedule:
 
     return build_async("spectrain", shape, layout, period=lambda stage: 1, rule=predicted)
 
-
-def prediction_distance(schedule: Schedule, action: Action) -> int:
-    """Updates ahead the runtime must predict the weights for ``action`` (0: no prediction).
-
-    The action's ``lookahead``, except for PipeOptim forwards when the schedule was built with
-    ``lookahead=<int>``: then that constant on every stage but the last.
-    """
-    override = schedule.options.get("lookahead")
-    if (schedule.name == "pipeoptim" and isinstance(override, int) and action.op is Op.FORWARD
-            and action.stage < schedule.num_stages - 1):
-        return override
-    return action.lookahead

@@ -76,7 +76,8 @@ class ScheduleInfo:
     min_microbatches: Callable[[Shape], int] = lambda shape: 1
     """Smallest M the schedule accepts for a shape (e.g. P for 2BW)."""
     options: tuple[str, ...] = ()
-    """Names of the options the generator understands; anything else is rejected."""
+    """Names of the options the generator understands; :func:`build_schedule` rejects anything
+    else before calling it, so this tuple is the one list (generators check values only)."""
     default_chunks: int = 1
     """Model chunks per rank the schedule is meant for (WPipe's two groups, interleaving);
     what ``pipeweave train`` uses when ``--chunks`` is not given."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir import Schedule
-from .async_common import Counts, Tags, async_layout, build_async, check_options, warmup_depth
+from .async_common import Counts, Tags, async_layout, build_async, warmup_depth
 from .registry import Shape, register
 
 __all__ = ["two_bw", "min_microbatches"]
@@ -46,7 +46,6 @@ def min_microbatches(shape: Shape) -> int:
           paper="D. Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training (PipeDream-2BW), ICML 2021", synchronous=False,
           min_microbatches=min_microbatches)
 def two_bw(shape: Shape) -> Schedule:
-    check_options("2bw", shape, [])
     layout = async_layout("2bw", shape)
     m = shape.microbatches
     needed = min_microbatches(shape)

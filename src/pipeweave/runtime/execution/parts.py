@@ -19,7 +19,6 @@ from ...ir import Op, Schedule, lower
 from ...ir.updates import update_sizes
 from ...models import ModelSpec
 from ...schedules import build_schedule
-from ...schedules.pipeoptim import prediction_distance
 from ..job import Job
 from ...planner.plan import Plan
 from .elastic_averaging import ElasticAverager
@@ -123,12 +122,11 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
     main = parts[0]
     main.others = parts[1:]
     if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
-        alpha = job.plan.semantics.get("alpha")
-        order = str(job.plan.semantics.get("average_order", "simultaneous"))
+        semantics = job.plan.semantics
         for stage, runtime in main.stages.items():
             main.averagers[stage] = ElasticAverager(
                 stage=stage, pipelines=schedule.pipelines, initial=runtime.module,
-                alpha=None if alpha is None else float(alpha), order=order)
+                alpha=semantics.alpha, order=semantics.order)
     return main
 
 
@@ -141,7 +139,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
     stages: dict[int, StageRuntime] = {}
     optimizers: dict[int, torch.optim.Optimizer] = {}
     weights: dict[int, StageWeights] = {}
-    backward = str(job.plan.semantics.get("backward", "recompute"))
+    backward = job.plan.semantics.backward_mode
     for stage in schedule.layout.stages_of(rank):
         start, end = job.plan.stages[stage]
         module = nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end]))).to(device)
@@ -155,7 +153,6 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         weights[stage] = StageWeights(
             stage=stage, module=module, optimizer=optimizers[stage], program=schedule.programs[rank],
             recompute=job.plan.recompute_stage(stage), backward=backward,
-            spectrain=schedule.name == "spectrain",
-            distance=lambda action: prediction_distance(schedule, action), pipeline=pipeline,
+            spectrain=schedule.name == "spectrain", pipeline=pipeline,
         )
     return RankParts(stages, optimizers, weights)

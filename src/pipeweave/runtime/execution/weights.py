@@ -32,7 +32,7 @@ live one held in a preallocated replica of the stage module (:mod:`.replicas`):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,8 +62,7 @@ class StageWeights:
 
     def __init__(self, *, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer,
                  program: Sequence[Action], recompute: bool = False,
-                 backward: str = "recompute", spectrain: bool = False,
-                 distance: Callable[[Action], int] | None = None, pipeline: int = 0) -> None:
+                 backward: str = "recompute", spectrain: bool = False, pipeline: int = 0) -> None:
         if backward not in BACKWARD_MODES:
             raise ValueError(f"backward={backward!r}; choose one of {BACKWARD_MODES}")
         self.stage = stage
@@ -82,7 +81,6 @@ class StageWeights:
         self.plans: dict[tuple[int, int], ForwardPlan] = {}
         self._last_use: dict[int, int] = {}
         self._expiring: dict[int, list[int]] = {}
-        self._distance = distance if distance is not None else (lambda action: action.lookahead)
         self._analyse(program, recompute, backward)
         self.directions: DirectionTracker | None = None
         if spectrain or any(p.mode == "predicted" for p in self.plans.values()):
@@ -110,7 +108,7 @@ class StageWeights:
                     f_position, forward, live_at_forward = entry
                     version = forward.version if forward.version is not None else live_at_forward
                     updates_between = sum(1 for u in updates_at if u > f_position)
-                    lookahead = self._distance(forward)
+                    lookahead = forward.lookahead
                     key = (action.microbatch, piece)
                     if lookahead or action.lookahead:
                         graph = backward == "graph" and not action.lookahead

@@ -77,10 +77,13 @@ def test_pipeoptim_prediction_per_optimizer(optimizer: str) -> None:
     assert_equal_to_oracle(run_local(job), oracle_for("pipeoptim", job), job.plan.microbatches)
 
 
-def test_pipeoptim_constant_lookahead_option() -> None:
-    job = make_job("pipeoptim", 3, "adam")
-    job = type(job)(**{**job.__dict__, "plan": Plan(**{**job.plan.__dict__,
-                                                       "schedule_options": {"lookahead": 2}})})
+@pytest.mark.parametrize("lookahead", [0, 2])
+@pytest.mark.parametrize("backward", ["recompute", "graph"])
+def test_pipeoptim_constant_lookahead_option(lookahead: int, backward: str) -> None:
+    """lookahead=0: forwards on the weights they find, backwards on the current ones."""
+    job = make_job("pipeoptim", 3, "adam", semantics={"backward": backward})
+    job = type(job)(**{**job.__dict__, "plan": Plan(**{
+        **job.plan.__dict__, "schedule_options": {"lookahead": lookahead}})})
     assert_equal_to_oracle(run_local(job), oracle_for("pipeoptim", job), job.plan.microbatches)
 
 

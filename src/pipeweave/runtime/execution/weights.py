@@ -114,6 +114,12 @@ class StageWeights:
                         graph = backward == "graph" and not action.lookahead
                         self.plans[key] = ForwardPlan("predicted", version, lookahead,
                                                       graph and not recompute, graph)
+                    elif (backward == "recompute" and action.version is not None
+                          and action.version > version):
+                        # a backward on newer weights than its forward's without a prediction
+                        # (PipeOptim with lookahead=0): the paper's rule, recomputed at the
+                        # current weights, so nothing of the forward's version is kept
+                        self.plans[key] = ForwardPlan("live", version, 0, False)
                     elif version == live_at_forward and updates_between == 0:
                         self.plans[key] = ForwardPlan("live", version, lookahead, not recompute)
                     else:

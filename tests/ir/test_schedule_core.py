@@ -94,7 +94,7 @@ def test_validator_rejects_an_inexact_prediction() -> None:
 def test_validator_accepts_a_fixed_lookahead_at_the_current_weights() -> None:
     # with option lookahead the forwards' prediction is approximate: the backwards need only
     # run at the current weights
-    validate(make(FIXED_LOOKAHEAD, options={"lookahead": 2}))
+    validate(make(FIXED_LOOKAHEAD, options={"lookahead": 2}, synchronous=False))
 
 
 @pytest.mark.parametrize(("backward", "current"), [("0B1@0", 1), ("0B1@1~1", 1), ("0B0@1", 0)])
@@ -107,7 +107,7 @@ def test_validator_rejects_a_fixed_lookahead_backward_off_the_current_weights(
     rows[0] = " ".join(cells)
     with pytest.raises(ScheduleError, match=f"{backward} must run at the current weights, "
                                             f"version {current} with no lookahead") as error:
-        validate(make(rows, options={"lookahead": 2}))
+        validate(make(rows, options={"lookahead": 2}, synchronous=False))
     assert f">{backward}<" in str(error.value)
     assert f"tag it {backward[:3]}@{current}" in str(error.value)
 

@@ -1,7 +1,9 @@
 """Actions: the immutable records a schedule is made of, and their compact text form.
 
 An action is one thing one rank does: a forward (``F``) or backward (``B``) of one
-micro-batch on one stage, a point-to-point send/receive of an activation or gradient,
+micro-batch on one stage — or the backward split in two (zero-bubble schedules): its
+input-gradient part (``I``, what the previous stage waits for) and its weight-gradient part
+(``W``, which can run later and fill a bubble) — a point-to-point send/receive of an activation or gradient,
 an optimizer step (``U``), a gradient all-reduce among a stage's replicas (``AR``) or an
 elastic-averaging exchange with a reference model (``AV``).
 
@@ -11,6 +13,7 @@ Text form (parses back with :func:`parse_action`)::
 
     0F3        stage 0, forward of micro-batch 3
     2B5@1      stage 2, backward of micro-batch 5; it must use weight version 1
+    2I5 2W5    the same backward split: input gradient (sent on), then weight gradient
     1F7@3~2    forward of micro-batch 7 at version 3, predicting 2 updates ahead (PipeOptim)
     0F0a       first half of micro-batch 0 (AutoPipe's Slicer); ``b`` is the second half
     1SF4 1RF4  send / receive the activation of micro-batch 4 (SF on the producing stage,
@@ -26,7 +29,8 @@ import enum
 import re
 from typing import Any, NamedTuple
 
-__all__ = ["Op", "Action", "parse_action", "COMPUTE_OPS", "COMM_OPS"]
+__all__ = ["Op", "Action", "parse_action", "COMPUTE_OPS", "COMM_OPS", "GRADIENT_OPS",
+           "WEIGHT_GRADIENT_OPS"]
 
 
 class Op(str, enum.Enum):
@@ -34,6 +38,8 @@ class Op(str, enum.Enum):
 
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "I"
+    BACKWARD_WEIGHT = "W"
     SEND_ACT = "SF"
     RECV_ACT = "RF"
     SEND_GRAD = "SB"
@@ -46,7 +52,11 @@ class Op(str, enum.Enum):
         return self.value
 
 
-COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD})
+COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT})
+GRADIENT_OPS = frozenset({Op.BACKWARD, Op.BACKWARD_INPUT})
+"""The ops that produce a micro-batch's input gradient (what the previous stage waits for)."""
+WEIGHT_GRADIENT_OPS = frozenset({Op.BACKWARD, Op.BACKWARD_WEIGHT})
+"""The ops that produce a micro-batch's weight gradients (what an update consumes)."""
 COMM_OPS = frozenset({Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD})
 _PER_MICROBATCH = COMPUTE_OPS | COMM_OPS
 _PIECES = {"": 0, "a": 1, "b": 2}
@@ -74,7 +84,8 @@ class Action(_Fields):
             (iteration ``k`` owns ``k*M .. k*M+M-1``); ``None`` for ``U``/``AR``/``AV``.
         piece: 0 for a whole micro-batch, 1/2 for its first/second half (Slicer).
         version: for ``F`` the weight version it uses, for ``B`` the version it must match
-            (the stashed one), for ``U``/``AR``/``AV`` the version the update produces.
+            (the stashed one), ``I`` and ``W`` as ``B`` (they differentiate the same forward),
+            for ``U``/``AR``/``AV`` the version the update produces.
         lookahead: for ``F``, how many updates ahead of its ``version`` the runtime predicts
             the weights (0: no prediction). PipeOptim and SpecTrain tag the number of updates
             between the forward and its backward (PipeOptim's ``s``, exact); PipeOptim's
@@ -139,7 +150,7 @@ class Action(_Fields):
 
 
 _PATTERN = re.compile(
-    r"^(?P<stage>\d+)(?P<op>SF|RF|SB|RB|AR|AV|F|B|U)(?P<mb>\d+)?(?P<piece>[ab])?"
+    r"^(?P<stage>\d+)(?P<op>SF|RF|SB|RB|AR|AV|F|B|I|W|U)(?P<mb>\d+)?(?P<piece>[ab])?"
     r"(?:@(?P<version>\d+))?(?:~(?P<lookahead>\d+))?(?:#(?P<pipeline>\d+))?$"
 )
 

@@ -8,12 +8,21 @@ Rules (stage ``s`` of ``S``, micro-batch ``j``, piece ``h``, pipeline ``p``)::
 
     F(s,j,h)  <- F(s-1,j,h)                 activation from the previous stage
     B(s,j)    <- B(s+1,j)                    gradient from the next stage
+    I(s,j)    <- B(s+1,j)                    likewise: I is B's input-gradient part
     SF(s,j,h) <- F(s,j,h)     RF(s,j,h) <- SF(s-1,j,h)
     SB(s,j)   <- B(s,j)       RB(s,j)   <- SB(s+1,j)
 
-A backward also needs its own stage's forward of the same micro-batch (the stashed
-activation); both always run on the same rank (replicas route a micro-batch's forward and
-backward to one replica), so that is program order, checked by the validator.
+A split backward (zero-bubble schedules) is ``I`` then ``W``: ``I`` computes the gradient of
+the stage input, which is what the previous stage waits for, so it *is* the micro-batch's
+producer of that gradient: :func:`ref` gives ``I(s,j)`` the identity ``B(s,j)``, and every rule
+above that names ``B`` as a producer is met by an ``I`` just the same (stage ``s`` may split
+while ``s+1`` does not, or the other way round). ``W`` computes the weight gradients; no other
+stage waits for it, and the update that consumes them comes after it on the same rank.
+
+A backward (``B`` or ``I``) also needs its own stage's forward of the same micro-batch (the
+stashed activation), and ``W`` its ``I``; they always run on the same rank (replicas route a
+micro-batch's forward and backward to one replica), so that is program order, checked by
+the validator.
 
 Once a schedule is lowered, a cross-rank producer is replaced by the local receive
 (``F(s,j,h) <- RF(s,j,h)``). Program order on one rank is implicit and not listed here;
@@ -32,13 +41,16 @@ __all__ = ["dependencies", "ref", "collective_key", "producer_rank", "receiver"]
 def ref(action: Action) -> Action:
     """Identity of an action independent of its version annotations.
 
-    Per-micro-batch actions are identified by (op, stage, micro-batch, piece, pipeline);
+    Per-micro-batch actions are identified by (op, stage, micro-batch, piece, pipeline),
+    with ``I`` identified as ``B`` (the producer of the input gradient, module docstring);
     updates and collectives also by the version they produce.
     """
     op, stage, microbatch, piece, version, lookahead, pipeline = action
     if microbatch is None:
         return action if lookahead == 0 else action.with_(lookahead=0)
-    if version is None and lookahead == 0:
+    if op is _I:
+        op = _B
+    elif version is None and lookahead == 0:
         return action
     return tuple.__new__(Action, (op, stage, microbatch, piece, None, 0, pipeline))
 
@@ -76,7 +88,7 @@ def dependencies(action: Action, layout: Layout, *, lowered: bool = False) -> tu
         if lowered:
             producer = _through_receive(producer, action, layout, _RF)
         return (producer,)
-    if op is _B:
+    if op is _B or op is _I:
         if s == len(layout.stage_ranks) - 1:
             return ()
         producer = _new(Action, (_B, s + 1, j, 0, None, 0, p))
@@ -95,8 +107,9 @@ def dependencies(action: Action, layout: Layout, *, lowered: bool = False) -> tu
 
 
 _new = tuple.__new__
-_F, _B, _SF, _RF, _SB, _RB = (
-    Op.FORWARD, Op.BACKWARD, Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD
+_F, _B, _I, _SF, _RF, _SB, _RB = (
+    Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD,
+    Op.RECV_GRAD
 )
 
 

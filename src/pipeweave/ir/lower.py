@@ -8,6 +8,12 @@ earlier, which only helps). Example, 1F1B with P=2, M=2::
 
     rank0  0F0 0SF0 0F1 0SF1 0RB0 0B0 0RB1 0B1
     rank1  1RF0 1F0 1B0 1SB0 1RF1 1F1 1B1 1SB1
+
+A split backward whose input gradient goes to another rank keeps its two halves, so the
+gradient is sent before the weight gradient is computed (``1I0 1SB0 1W0``). Where nothing is
+sent between them — the first stage, or a consumer on the same rank — an ``I`` immediately
+followed by its ``W`` is merged into one ``B`` (:func:`merge_backward`): the same work in one
+backward pass, so a schedule pays for the split only where the split helps.
 """
 
 from __future__ import annotations
@@ -18,9 +24,9 @@ from .actions import Action, Op
 from .deps import dependencies, producer_rank, ref
 from .schedule import Schedule
 
-__all__ = ["lower"]
+__all__ = ["lower", "merge_backward"]
 
-_SEND_FOR = {Op.FORWARD: Op.SEND_ACT, Op.BACKWARD: Op.SEND_GRAD}
+_SEND_FOR = {Op.FORWARD: Op.SEND_ACT, Op.BACKWARD: Op.SEND_GRAD, Op.BACKWARD_INPUT: Op.SEND_GRAD}
 _RECV_FOR = {Op.FORWARD: Op.RECV_ACT, Op.BACKWARD: Op.RECV_GRAD}
 
 
@@ -52,5 +58,26 @@ def lower(schedule: Schedule) -> Schedule:
                     Action(_SEND_FOR[action.op], action.stage, action.microbatch, action.piece,
                            pipeline=action.pipeline)
                 )
-        programs.append(lowered)
+        programs.append(merge_backward(lowered))
     return schedule.with_programs(programs, lowered=True)
+
+
+def merge_backward(program: list[Action]) -> list[Action]:
+    """``program`` with every ``I`` immediately followed by its own ``W`` merged into ``B``
+    (the ``I``'s version and look-ahead, which the validator makes the ``W``'s too)."""
+    merged: list[Action] = []
+    skip = False
+    for position, action in enumerate(program):
+        if skip:
+            skip = False
+            continue
+        after = program[position + 1] if position + 1 < len(program) else None
+        if (action.op is Op.BACKWARD_INPUT and after is not None
+                and after.op is Op.BACKWARD_WEIGHT and after.stage == action.stage
+                and after.microbatch == action.microbatch and after.piece == action.piece
+                and after.pipeline == action.pipeline):
+            merged.append(action._replace(op=Op.BACKWARD))
+            skip = True
+        else:
+            merged.append(action)
+    return merged

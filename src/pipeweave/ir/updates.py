@@ -3,7 +3,7 @@
 The learning rate means what it means to ``torch.optim`` for the samples one update sees
 (DESIGN.md, "update period"): an update applies the gradient of the *mean* loss over exactly
 those samples. Which samples that is depends on the schedule, so it is counted from the data,
-never declared: for every ``(stage, pipeline)``, the micro-batches whose backward ran on the
+never declared: for every ``(stage, pipeline)``, the micro-batches whose weight gradients (``B`` or ``W``) ran on the
 stage since its previous ``U``, summed over the stage's replicas (an ``AR`` before the ``U``
 sums their gradients).
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .actions import Op
+from .actions import WEIGHT_GRADIENT_OPS, Op
 from .schedule import Schedule
 
 __all__ = ["update_sizes"]
@@ -35,7 +35,7 @@ def update_sizes(schedule: Schedule) -> dict[tuple[int, int], int]:
         steps: dict[tuple[int, int], int] = defaultdict(int)
         for action in program:
             key = (action.stage, action.pipeline)
-            if action.op is Op.BACKWARD and action.microbatch is not None:
+            if action.op in WEIGHT_GRADIENT_OPS and action.microbatch is not None:
                 pending[key].add(action.microbatch)
             elif action.op is Op.STEP:
                 counts = per_step[key]

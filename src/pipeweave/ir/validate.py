@@ -5,9 +5,11 @@ cells marked ``>x<``):
 
 1. placement — every per-micro-batch action runs on the rank the layout routes it to;
 2. completeness — every (pipeline, stage, micro-batch) has exactly one forward (whole, or both
-   Slicer halves) and exactly one backward, per iteration;
-3. same-rank order — a dependency on the same rank comes earlier; a backward comes after its
-   own forward (the activation it needs is stashed there);
+   Slicer halves) and exactly one backward: a whole ``B``, or its two parts ``I`` (input
+   gradient) and ``W`` (weight gradient), per iteration;
+3. same-rank order — a dependency on the same rank comes earlier; a backward (``B`` or ``I``)
+   comes after its own forward (the activation it needs is stashed there), a ``W`` after its
+   ``I`` (which leaves it the graph and the gradients it needs);
 4. weight versions — updates on a stage number 1, 2, 3, ... in program order; a forward uses a
    version that exists; a backward uses a version that exists and, by the *exact* rule,
    targets the version its forward targeted, i.e.
@@ -18,7 +20,12 @@ cells marked ``>x<``):
    predicts approximately by design, so for it the *current-weights* rule replaces the exact
    one: every backward has ``B.lookahead == 0`` and ``B.version`` equal to the number of
    updates of its stage and pipeline that precede it in the program;
-5. liveness — a unit-cost walk finishes (no deadlock); in a lowered schedule every send has
+   ``I`` and ``W`` follow the backward's rules, and a ``W`` uses its ``I``'s version;
+5. updates — in a synchronous schedule every weight gradient (``B`` or ``W``) of iteration
+   ``k`` lands in update ``k + 1`` of its stage: it runs after that rank's ``k`` earlier
+   updates of the stage and before the next (asynchronous schedules define which update a
+   gradient joins by this same program order, :mod:`.updates`);
+6. liveness — a unit-cost walk finishes (no deadlock); in a lowered schedule every send has
    exactly one receive.
 """
 
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from .actions import Action, Op
+from .actions import GRADIENT_OPS, WEIGHT_GRADIENT_OPS, Action, Op
 from .deps import dependencies, ref
 from .schedule import Schedule, render_grid
 from .walk import Location, ScheduleError, index_actions, walk
@@ -41,6 +48,8 @@ def validate(schedule: Schedule) -> None:
     _check_completeness(schedule, index)
     _check_order(schedule, index)
     _check_versions(schedule)
+    if schedule.synchronous:
+        _check_updates(schedule)
     _check_liveness(schedule, index)
 
 
@@ -77,19 +86,39 @@ def _check_completeness(schedule: Schedule, index: dict[Action, Location]) -> No
                 if whole == any(halves) or (any(halves) and not all(halves)):
                     raise _fail(schedule, f"stage {s} micro-batch {j} pipeline {p} needs exactly one "
                                 "forward (whole, or both halves a and b)", [])
-                if Action(Op.BACKWARD, s, j, pipeline=p) not in index:
-                    raise _fail(schedule, f"stage {s} micro-batch {j} pipeline {p} has no backward", [])
+                _check_one_backward(schedule, index, s, j, p)
     expected = schedule.pipelines * schedule.num_stages * total
-    backwards = sum(1 for _, _, a in schedule.actions() if a.op is Op.BACKWARD)
+    backwards = sum(1 for _, _, a in schedule.actions() if a.op in GRADIENT_OPS)
     if backwards != expected:
         raise _fail(schedule, f"{backwards} backwards scheduled, expected {expected} "
                     f"(pipelines x stages x microbatches x iterations)", [])
 
 
+def _check_one_backward(schedule: Schedule, index: dict[Action, Location], s: int, j: int,
+                        p: int) -> None:
+    """A whole ``B``, or an ``I`` and a ``W`` (the index knows an ``I`` by ``B``'s identity)."""
+    where = f"stage {s} micro-batch {j} pipeline {p}"
+    found = index.get(Action(Op.BACKWARD, s, j, pipeline=p))
+    weight = index.get(Action(Op.BACKWARD_WEIGHT, s, j, pipeline=p))
+    if found is None:
+        raise _fail(schedule, f"{where} has no backward (B, or I and W)",
+                    [weight] if weight is not None else [])
+    split = schedule.programs[found[0]][found[1]].op is Op.BACKWARD_INPUT
+    if split and weight is None:
+        raise _fail(schedule, f"{where} has an input-gradient backward I but no weight-gradient "
+                    "W; add the W (or use one B)", [found])
+    if not split and weight is not None:
+        raise _fail(schedule, f"{where} has a whole backward B and a W; a backward is either B "
+                    "or I and W", [found, weight])
+
+
 def _check_order(schedule: Schedule, index: dict[Action, Location]) -> None:
     for rank, position, action in schedule.actions():
         required = list(dependencies(action, schedule.layout, lowered=schedule.lowered))
-        if action.op is Op.BACKWARD:
+        if action.op is Op.BACKWARD_WEIGHT:
+            required.append(Action(Op.BACKWARD, action.stage, action.microbatch,
+                                   pipeline=action.pipeline))  # its I, by B's identity
+        if action.op in GRADIENT_OPS:
             required += [f for h in (0, 1, 2)
                          if (f := Action(Op.FORWARD, action.stage, action.microbatch, h,
                                          pipeline=action.pipeline)) in index]
@@ -104,6 +133,7 @@ def _check_versions(schedule: Schedule) -> None:
     """Rule 4: the exact rule, or the current-weights rule for a fixed ``lookahead`` option."""
     current_weights = schedule.options.get("lookahead") is not None
     forward_target: dict[Action, int] = {}
+    input_version: dict[Action, int] = {}
     for rank, program in enumerate(schedule.programs):
         updates: Counter[tuple[int, int]] = Counter()
         for position, action in enumerate(program):
@@ -119,7 +149,10 @@ def _check_versions(schedule: Schedule) -> None:
                     raise _fail(schedule, f"{action} uses version {action.version} but only "
                                 f"{updates[key]} updates have happened", where)
                 forward_target[ref(action)] = action.version + action.lookahead
-            elif action.op is Op.BACKWARD and action.version is not None:
+            elif action.op is Op.BACKWARD_WEIGHT:
+                _check_weight_version(schedule, action, input_version, where)
+            elif action.op in GRADIENT_OPS and action.version is not None:
+                input_version[ref(action)] = action.version
                 if current_weights:
                     _check_backward_current(schedule, action, updates[key], where)
                 else:
@@ -148,6 +181,32 @@ def _check_backward_current(schedule: Schedule, backward: Action, updates: int,
                     f"forwards predict a fixed lookahead={schedule.options['lookahead']!r}, "
                     f"approximate by design, so the backward takes the weights as they are; "
                     f"tag it {backward.with_(version=updates, lookahead=0)}", where)
+
+
+def _check_weight_version(schedule: Schedule, weight: Action, input_version: dict[Action, int],
+                          where: list[Location]) -> None:
+    """A ``W`` differentiates the graph its ``I`` did: the same version, no look-ahead of its own."""
+    wanted = input_version.get(ref(weight._replace(op=Op.BACKWARD)))
+    if weight.version != wanted or weight.lookahead:
+        raise _fail(schedule, f"{weight} must carry its I's version ({wanted}) and no lookahead: "
+                    f"it finishes the backward the I began", where)
+
+
+def _check_updates(schedule: Schedule) -> None:
+    """Rule 5: a weight gradient of iteration k runs after k updates of its stage (rank-local)."""
+    for rank, program in enumerate(schedule.programs):
+        updates: Counter[tuple[int, int]] = Counter()
+        for position, action in enumerate(program):
+            key = (action.stage, action.pipeline)
+            if action.op is Op.STEP:
+                updates[key] += 1
+            elif action.op in WEIGHT_GRADIENT_OPS and action.microbatch is not None:
+                iteration = action.microbatch // schedule.microbatches
+                if updates[key] != iteration:
+                    raise _fail(schedule, f"{action} is a weight gradient of iteration {iteration} "
+                                f"but runs after {updates[key]} updates of stage {action.stage} "
+                                f"on rank {rank}; it must land in update {iteration + 1} (after "
+                                f"{iteration} updates, before the next)", [(rank, position)])
 
 
 def _forwards_of(backward: Action) -> list[Action]:

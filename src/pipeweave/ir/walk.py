@@ -67,12 +67,14 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
     # and is then located by the slow loop below.
     index: dict[Action, Location] = {}
     new = tuple.__new__
+    backward, backward_input = Op.BACKWARD, Op.BACKWARD_INPUT
     total = 0
     for rank, program in enumerate(schedule.programs):
         positions = [p for p, a in enumerate(program) if a[2] is not None]
         keys = [
-            a if a[4] is None and a[5] == 0
-            else new(Action, (a[0], a[1], a[2], a[3], None, 0, a[6]))
+            a if a[4] is None and a[5] == 0 and a[0] is not backward_input
+            else new(Action, (backward if a[0] is backward_input else a[0], a[1], a[2], a[3],
+                              None, 0, a[6]))
             for a in map(program.__getitem__, positions)
         ]
         index.update(zip(keys, zip(repeat(rank), positions)))

@@ -99,6 +99,10 @@ class RankInterpreter:
                 self._forward(action)
             elif op is Op.BACKWARD:
                 self._backward(action, position)
+            elif op is Op.BACKWARD_INPUT:
+                self._backward_input(action)
+            elif op is Op.BACKWARD_WEIGHT:
+                self._backward_weight(action, position)
             elif op is Op.SEND_ACT or op is Op.SEND_GRAD:
                 message, dst = routes[position]
                 self.transport.send(message, self._values.pop(self._produced_by(action)), dst)
@@ -193,6 +197,26 @@ class RankInterpreter:
             self.meter.release(action.stage, action.microbatch, action.pipeline)
         if grad_input is not None and action.stage > 0:
             self._values[ref(action)] = grad_input
+
+    def _backward_input(self, action: Action) -> None:
+        """``I``: the input gradient, sent on (the schedule's ``SB`` follows); ``W`` later."""
+        stage = self._stages(action)[action.stage]
+        weights = self._weights(action)[action.stage]
+        assert action.microbatch is not None
+        grad_output = None if stage.is_last else self._input_of(action)
+        grad_input = stage.backward_input(
+            action.microbatch, action.pipeline, grad_output, batch_rows=self._batch_rows(),
+            recompute_module=lambda piece: weights.recompute_module(action, piece))
+        if grad_input is not None and action.stage > 0:
+            self._values[ref(action)] = grad_input
+
+    def _backward_weight(self, action: Action, position: int) -> None:
+        """``W``: the weight gradients; the activations are released here, not at ``I``."""
+        assert action.microbatch is not None
+        self._stages(action)[action.stage].backward_weight(action.microbatch, action.pipeline)
+        self._weights(action)[action.stage].after_backward(action, position)
+        if self.meter is not None:
+            self.meter.release(action.stage, action.microbatch, action.pipeline)
 
     def _batch_rows(self) -> int:
         return self.data.batch_rows or 1

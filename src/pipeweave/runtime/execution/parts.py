@@ -148,6 +148,8 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
             is_last=stage == last, loss_fn=spec.loss_fn, recompute=job.plan.recompute_stage(stage),
             loss_scale=schedule.microbatches / last_size,
             update_scale=last_size / sizes[(stage, pipeline)],
+            split_backward=any(a.op is Op.BACKWARD_INPUT and a.stage == stage
+                               for a in schedule.programs[rank]),
         )
         optimizers[stage] = job.optimizer(module.parameters())
         weights[stage] = StageWeights(

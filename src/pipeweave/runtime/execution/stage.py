@@ -6,6 +6,21 @@ input and the RNG state, re-running the forward at backward time. A backward of 
 micro-batch whose forward ran in two halves (the Slicer) back-propagates each half with its
 rows of the incoming gradient and concatenates the input gradients.
 
+**Split backward** (zero-bubble schedules: ``I`` then ``W``, :mod:`pipeweave.ir.actions`). With
+``split_backward`` the forward also records, for every module that holds parameters, its
+output tensor (a forward hook; the parameters' *own* point in the graph). :meth:`backward_input`
+asks autograd for the gradient of the stage input *and* of those outputs in one pass
+(``torch.autograd.grad`` over the retained graph: no weight gradient is computed, since no
+parameter is asked for), and keeps the graph. :meth:`backward_weight` then finishes each
+module's backward from its recorded output and gradient to its own parameters only
+(``torch.autograd.backward(..., inputs=params)``): the weight-gradient matmuls and nothing of
+the input-gradient chain again, accumulated into ``.grad`` as a whole backward would. A
+parameter that cannot be reached that way — shared by two modules, used by a module called
+twice or returning something other than one tensor, or whose module's output was later
+changed in place (``ReLU(inplace=True)``) — gets its gradient from the stage output instead
+(correct, and dearer). Between ``I`` and ``W`` the stage holds the graph, the recorded outputs
+and their gradients; ``W`` releases them.
+
 The last stage turns its output into the loss. One optimizer step must apply the gradient of
 the mean loss over the samples that step sees (``ir/updates.py``: the whole batch for flushed
 schedules, one micro-batch for PipeDream's per-micro-batch updates), so the micro-batch's mean
@@ -19,8 +34,9 @@ losses of an iteration sum to the batch's mean loss whatever the schedule.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -36,12 +52,41 @@ class StageError(RuntimeError):
 
 
 @dataclass
+class _WeightOutput:
+    """The output of a module holding parameters, recorded by the forward (split backward)."""
+
+    output: Tensor
+    version: int
+    """``output._version`` when recorded: if it changed, the tensor was modified in place."""
+    params: list[nn.Parameter]
+
+
+@dataclass
 class _Stash:
     inputs: Tensor
     output: Tensor | None  # None when recomputing
     rng_state: Tensor | None
     rows: int
     target: Tensor | None
+    module: nn.Module | None = None
+    """The module the forward ran (a replica, or None: the stage's own)."""
+    recorded: list[_WeightOutput] | None = None
+    """Split backward: the parameter-holding modules' outputs (None: not recorded)."""
+
+
+@dataclass
+class _Pending:
+    """What an ``I`` leaves for its ``W``."""
+
+    output: Tensor
+    grad: Tensor | None
+    """The gradient the backward started from (None: the output is the loss)."""
+    parts: list[tuple[Tensor, Tensor, list[nn.Parameter]]] = field(default_factory=list)
+    """(module output, its gradient, the module's parameters)."""
+    rest: list[nn.Parameter] = field(default_factory=list)
+    """Parameters whose gradient comes from the stage output (see the module docstring)."""
+    nbytes: int = 0
+    """The stashed bytes the micro-batch counts until its ``W``."""
 
 
 class StageRuntime:
@@ -59,11 +104,13 @@ class StageRuntime:
         recompute: bool = False,
         loss_scale: float = 1.0,
         update_scale: float = 1.0,
+        split_backward: bool = False,
     ) -> None:
         """``loss_scale``: ``M / K`` (M micro-batches per batch, K per update of the last
         stage), what the batch-weighted loss is multiplied by before its backward;
         ``update_scale``: ``K / K_s``, what this stage's summed gradients are multiplied by
-        before its step (module docstring)."""
+        before its step (module docstring); ``split_backward``: the schedule runs this
+        stage's backwards as ``I`` and ``W`` (the forward records what ``W`` needs)."""
         self.stage = stage
         self.module = blocks
         self.block_range = block_range
@@ -73,7 +120,11 @@ class StageRuntime:
         self.recompute = recompute
         self.loss_scale = loss_scale
         self.update_scale = update_scale
+        self.split_backward = split_backward
         self._stash: dict[Key, _Stash] = {}
+        self._pending: dict[Key, _Pending] = {}
+        """Split backwards between their ``I`` and ``W``."""
+        self._weight_modules: dict[int, tuple[nn.Module, list[tuple[nn.Module, list[nn.Parameter]]]]] = {}
         self.losses: dict[int, float] = {}
         """Weighted loss contribution per micro-batch (last stage only)."""
         self.peak_stashed = 0
@@ -98,8 +149,12 @@ class StageRuntime:
         if not self.is_first and inputs.is_floating_point() and not inputs.requires_grad:
             inputs = inputs.detach().requires_grad_(True)
         rng = None if keep else torch.get_rng_state()
+        recorded: list[_WeightOutput] | None = None
         try:
-            if keep:
+            if keep and self.split_backward:
+                with self._recording(replica) as recorded:
+                    output = self._run(inputs, replica)
+            elif keep:
                 output = self._run(inputs, replica)
             else:
                 with torch.no_grad():
@@ -115,9 +170,10 @@ class StageRuntime:
             if target is None:
                 raise StageError(f"last stage {self.stage} got no target for micro-batch {key[0]}")
             loss = self._loss(output, target, rows, batch_rows, key)
-            self._keep(key, _Stash(inputs, loss if keep else None, rng, rows, target))
+            self._keep(key, _Stash(inputs, loss if keep else None, rng, rows, target, replica,
+                                   recorded))
             return None
-        self._keep(key, _Stash(inputs, output if keep else None, rng, rows, None))
+        self._keep(key, _Stash(inputs, output if keep else None, rng, rows, None, replica, recorded))
         return output.detach()
 
     def _loss(self, output: Tensor, target: Tensor, rows: int, batch_rows: int, key: Key) -> Tensor:
@@ -134,7 +190,8 @@ class StageRuntime:
     def _keep(self, key: Key, stash: _Stash) -> None:
         self._stash[key] = stash
         self._stashed_bytes += _nbytes(stash)
-        self.peak_stashed = max(self.peak_stashed, len({(k[0], k[2]) for k in self._stash}))
+        alive = {(k[0], k[2]) for k in self._stash} | {(k[0], k[2]) for k in self._pending}
+        self.peak_stashed = max(self.peak_stashed, len(alive))
         self.peak_stashed_bytes = max(self.peak_stashed_bytes, self._stashed_bytes)
 
     # -- backward ---------------------------------------------------------------------
@@ -177,11 +234,131 @@ class StageRuntime:
         assert stash.rng_state is not None
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(stash.rng_state)
-            output = self._run(stash.inputs, replica)
+            if self.split_backward:
+                with self._recording(replica) as stash.recorded:
+                    output = self._run(stash.inputs, replica)
+                stash.module = replica
+            else:
+                output = self._run(stash.inputs, replica)
         if not self.is_last:
             return output
         assert stash.target is not None
         return self._for_backward(self.loss_fn(output, stash.target) * (stash.rows / batch_rows))
+
+    # -- split backward (I, then W) ---------------------------------------------------------
+    def backward_input(self, microbatch: int, pipeline: int, grad_output: Tensor | None, *,
+                       batch_rows: int = 1,
+                       recompute_module: Callable[[int], nn.Module | None] | None = None,
+                       ) -> Tensor | None:
+        """``I``: the gradient of the stage input only; what ``W`` needs is kept (module
+        docstring). Arguments as for :meth:`backward`."""
+        pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._stash]
+        if not pieces:
+            raise StageError(f"stage {self.stage} has no stashed forward for micro-batch {microbatch}")
+        grads: list[Tensor] = []
+        offset = 0
+        for piece in pieces:
+            stash = self._stash.pop((microbatch, piece, pipeline))  # its bytes count until W
+            output = stash.output
+            if output is None:
+                replica = recompute_module(piece) if recompute_module is not None else None
+                output = self._recompute(stash, batch_rows, replica)
+            part = None
+            if not self.is_last:
+                assert grad_output is not None
+                part = grad_output.narrow(0, offset, stash.rows) if len(pieces) > 1 else grad_output
+            offset += stash.rows
+            grad = self._input_gradient((microbatch, piece, pipeline), stash, output, part)
+            if grad is not None:
+                grads.append(grad)
+        if not grads:
+            return None
+        return grads[0] if len(grads) == 1 else torch.cat(grads)
+
+    def _input_gradient(self, key: Key, stash: _Stash, output: Tensor,
+                        grad: Tensor | None) -> Tensor | None:
+        """One pass of autograd to the stage input and the recorded module outputs."""
+        recorded = stash.recorded
+        if recorded is None:
+            raise StageError(f"stage {self.stage}: micro-batch {key[0]}'s forward recorded nothing "
+                             f"for a split backward (the stage was built with "
+                             f"split_backward=False)")
+        usable = [r for r in recorded if r.output._version == r.version]
+        covered = {id(p) for r in usable for p in r.params}
+        module = self.module if stash.module is None else stash.module
+        rest = [p for p in module.parameters() if p.requires_grad and id(p) not in covered]
+        wants_input = stash.inputs.requires_grad
+        targets = ([stash.inputs] if wants_input else []) + [r.output for r in usable]
+        found: tuple[Tensor | None, ...] = ()
+        if targets:
+            found = torch.autograd.grad(output, targets, grad, retain_graph=True,
+                                        allow_unused=True)
+        pending = _Pending(output, grad, rest=rest, nbytes=_nbytes(stash))
+        for r, gradient in zip(usable, found[1:] if wants_input else found):
+            if gradient is not None:  # None: the output does not reach the loss
+                pending.parts.append((r.output, gradient, r.params))
+        self._pending[key] = pending
+        if not wants_input:
+            return None
+        return found[0] if found[0] is not None else torch.zeros_like(stash.inputs)
+
+    def backward_weight(self, microbatch: int, pipeline: int) -> None:
+        """``W``: the weight gradients of micro-batch ``microbatch`` (after its ``I``),
+        accumulated into ``.grad``; releases what the ``I`` kept."""
+        pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._pending]
+        if not pieces:
+            raise StageError(f"stage {self.stage}: W of micro-batch {microbatch} before its I")
+        for piece in pieces:
+            pending = self._pending.pop((microbatch, piece, pipeline))
+            self._stashed_bytes -= pending.nbytes
+            for output, gradient, params in pending.parts:
+                torch.autograd.backward(output, gradient, inputs=params, retain_graph=True)
+            if pending.rest:
+                torch.autograd.backward(pending.output, pending.grad, inputs=pending.rest)
+
+    @contextmanager
+    def _recording(self, replica: nn.Module | None) -> Iterator[list[_WeightOutput]]:
+        """Record the outputs of the parameter-holding modules while the forward runs."""
+        module = self.module if replica is None else replica
+        recorded: list[_WeightOutput] = []
+        seen: set[int] = set()
+        spoiled: set[int] = set()
+
+        def hook(params: list[nn.Parameter]) -> Callable[..., None]:
+            def record(_module: nn.Module, _args: object, output: object) -> None:
+                if isinstance(output, Tensor) and output.requires_grad and id(params) not in seen:
+                    recorded.append(_WeightOutput(output, output._version, params))
+                else:  # called twice, or not one tensor out: reach it from the stage output
+                    spoiled.add(id(params))
+                seen.add(id(params))
+            return record
+
+        handles = [owner.register_forward_hook(hook(params))
+                   for owner, params in self._holders(module)]
+        try:
+            yield recorded
+        finally:
+            for handle in handles:
+                handle.remove()
+        recorded[:] = [r for r in recorded if id(r.params) not in spoiled]
+
+    def _holders(self, module: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+        """The modules holding parameters (each parameter held by one module only), cached."""
+        cached = self._weight_modules.get(id(module))
+        if cached is None or cached[0] is not module:
+            owners: dict[int, int] = {}
+            for owner in module.modules():
+                for param in owner.parameters(recurse=False):
+                    owners[id(param)] = owners.get(id(param), 0) + 1
+            holders = []
+            for owner in module.modules():
+                params = [p for p in owner.parameters(recurse=False)
+                          if p.requires_grad and owners[id(p)] == 1]
+                if params:
+                    holders.append((owner, params))
+            cached = (module, holders)
+            self._weight_modules[id(module)] = cached
+        return cached[1]
 
     def _for_backward(self, weighted: Tensor) -> Tensor:
         """The batch-weighted loss as one update must see it (``loss_scale``, module docstring)."""
@@ -189,7 +366,7 @@ class StageRuntime:
 
     @property
     def in_flight(self) -> int:
-        return len(self._stash)
+        return len(self._stash) + len(self._pending)
 
 
 def _nbytes(stash: _Stash) -> int:

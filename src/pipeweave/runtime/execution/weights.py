@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...ir import Action, Op
+from ...ir import GRADIENT_OPS, Action, Op
 from .prediction import DirectionTracker
 from .replicas import Replica, ReplicaPool
 from ...planner.semantics_options import BACKWARD_MODES
@@ -100,7 +100,12 @@ class StageWeights:
                 updates_at.append(position)
             elif action.op is Op.FORWARD and action.microbatch is not None:
                 forwards[(action.microbatch, action.piece)] = (position, action, live)
-            elif action.op is Op.BACKWARD and action.microbatch is not None:
+            elif action.op is Op.BACKWARD_WEIGHT and action.microbatch is not None:
+                for piece in (0, 1, 2):  # the W finishes what its I began: the last use
+                    plan = self.plans.get((action.microbatch, piece))
+                    if plan is not None and plan.mode == "snapshot":
+                        self._last_use[plan.version] = max(self._last_use[plan.version], position)
+            elif action.op in GRADIENT_OPS and action.microbatch is not None:
                 for piece in (0, 1, 2):
                     entry = forwards.get((action.microbatch, piece))
                     if entry is None:

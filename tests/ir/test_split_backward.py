@@ -86,3 +86,13 @@ def test_validator_rejects_a_weight_gradient_after_the_update_it_belongs_to() ->
                                             "after 1 updates of stage 0") as error:
         validate(make(rows))
     assert ">0W1<" in str(error.value)
+
+
+def test_validator_rejects_a_weight_gradient_after_the_all_reduce_that_sums_it() -> None:
+    layout = Layout.replicated([2, 1])  # stage 0 on ranks 0 and 1 (micro-batches 0 and 1)
+    rows = ["0F0 0I0 0AR@1 0W0 0U@1", "0F1 0I1 0W1 0AR@1 0U@1", "1F0 1F1 1I0 1W0 1I1 1W1 1U@1"]
+    with pytest.raises(ScheduleError, match="0W0 is a weight gradient of iteration 0 but runs "
+                                            "after the all-reduce of stage 0 on rank 0"):
+        validate(make(rows, layout=layout))
+    rows[0] = "0F0 0I0 0W0 0AR@1 0U@1"
+    validate(make(rows, layout=layout))

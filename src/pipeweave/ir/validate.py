@@ -193,20 +193,25 @@ def _check_weight_version(schedule: Schedule, weight: Action, input_version: dic
 
 
 def _check_updates(schedule: Schedule) -> None:
-    """Rule 5: a weight gradient of iteration k runs after k updates of its stage (rank-local)."""
+    """Rule 5: a weight gradient of iteration k runs after k updates of its stage and before
+    the all-reduce (replicas) and the update that consume it (rank-local)."""
     for rank, program in enumerate(schedule.programs):
         updates: Counter[tuple[int, int]] = Counter()
+        reduced: Counter[tuple[int, int]] = Counter()
         for position, action in enumerate(program):
             key = (action.stage, action.pipeline)
             if action.op is Op.STEP:
                 updates[key] += 1
+            elif action.op is Op.ALL_REDUCE:
+                reduced[key] += 1
             elif action.op in WEIGHT_GRADIENT_OPS and action.microbatch is not None:
                 iteration = action.microbatch // schedule.microbatches
-                if updates[key] != iteration:
+                if updates[key] != iteration or reduced[key] > iteration:
+                    late = "the all-reduce" if updates[key] == iteration else f"{updates[key]} updates"
                     raise _fail(schedule, f"{action} is a weight gradient of iteration {iteration} "
-                                f"but runs after {updates[key]} updates of stage {action.stage} "
-                                f"on rank {rank}; it must land in update {iteration + 1} (after "
-                                f"{iteration} updates, before the next)", [(rank, position)])
+                                f"but runs after {late} of stage {action.stage} on rank {rank}; "
+                                f"it must land in update {iteration + 1} (after {iteration} "
+                                f"updates, before the next and its all-reduce)", [(rank, position)])
 
 
 def _forwards_of(backward: Action) -> list[Action]:

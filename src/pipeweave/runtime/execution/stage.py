@@ -7,39 +7,23 @@ micro-batch whose forward ran in two halves (the Slicer) back-propagates each ha
 rows of the incoming gradient and concatenates the input gradients.
 
 **Split backward** (zero-bubble schedules: ``I`` then ``W``, :mod:`pipeweave.ir.actions`). With
-``split_backward`` the forward also records, for every module that holds parameters, its
-output tensor (a forward hook; the parameters' *own* point in the graph). :meth:`backward_input`
-asks autograd for the gradient of the stage input *and* of those outputs in one pass
-(``torch.autograd.grad`` over the retained graph: no weight gradient is computed, since no
-parameter is asked for), and keeps the graph. :meth:`backward_weight` then finishes each
-module's backward from its recorded output and gradient to its own parameters only
-(``torch.autograd.backward(..., inputs=params)``): the weight-gradient matmuls and nothing of
-the input-gradient chain again, accumulated into ``.grad`` as a whole backward would. A
-parameter that cannot be reached that way — shared by two modules, used by a module called
-twice or returning something other than one tensor, or whose module's output was later
-changed in place (``ReLU(inplace=True)``) — gets its gradient from the stage output instead
-(correct, and dearer). Between ``I`` and ``W`` the stage holds the graph, the recorded outputs
-and their gradients; ``W`` releases them.
-
-The last stage turns its output into the loss. One optimizer step must apply the gradient of
-the mean loss over the samples that step sees (``ir/updates.py``: the whole batch for flushed
-schedules, one micro-batch for PipeDream's per-micro-batch updates), so the micro-batch's mean
-loss is scaled by ``rows / (K * microbatch_rows)`` for an update of ``K`` micro-batches: the
-micro-batch gradients then sum to the gradient of the mean over exactly those ``K``. A stage
-whose updates see ``K_s != K`` micro-batches (a replicated PipeDream stage) multiplies its
-summed gradients by ``K / K_s`` before the step (:attr:`StageRuntime.update_scale`). The
-loss *reported* per micro-batch is always weighted ``rows / batch_rows``, so the reported
-losses of an iteration sum to the batch's mean loss whatever the schedule.
+``split_backward`` the forward records what the weight gradients will need and
+:meth:`StageRuntime.backward_input` / :meth:`StageRuntime.backward_weight` run the two halves
+(:mod:`pipeweave.split_backward`: stock autograd, no weight gradient in ``I``, nothing of the
+input-gradient chain again in ``W``). The micro-batch's activations count as stashed until its
+``W``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from ...split_backward import (PendingWeights, RecordedOutput, input_gradient, recording,
+                               weight_gradient)
 
 __all__ = ["StageRuntime", "StageError"]
 
@@ -52,16 +36,6 @@ class StageError(RuntimeError):
 
 
 @dataclass
-class _WeightOutput:
-    """The output of a module holding parameters, recorded by the forward (split backward)."""
-
-    output: Tensor
-    version: int
-    """``output._version`` when recorded: if it changed, the tensor was modified in place."""
-    params: list[nn.Parameter]
-
-
-@dataclass
 class _Stash:
     inputs: Tensor
     output: Tensor | None  # None when recomputing
@@ -70,7 +44,7 @@ class _Stash:
     target: Tensor | None
     module: nn.Module | None = None
     """The module the forward ran (a replica, or None: the stage's own)."""
-    recorded: list[_WeightOutput] | None = None
+    recorded: list[RecordedOutput] | None = None
     """Split backward: the parameter-holding modules' outputs (None: not recorded)."""
 
 
@@ -78,14 +52,8 @@ class _Stash:
 class _Pending:
     """What an ``I`` leaves for its ``W``."""
 
-    output: Tensor
-    grad: Tensor | None
-    """The gradient the backward started from (None: the output is the loss)."""
-    parts: list[tuple[Tensor, Tensor, list[nn.Parameter]]] = field(default_factory=list)
-    """(module output, its gradient, the module's parameters)."""
-    rest: list[nn.Parameter] = field(default_factory=list)
-    """Parameters whose gradient comes from the stage output (see the module docstring)."""
-    nbytes: int = 0
+    weights: PendingWeights
+    nbytes: int
     """The stashed bytes the micro-batch counts until its ``W``."""
 
 
@@ -124,7 +92,6 @@ class StageRuntime:
         self._stash: dict[Key, _Stash] = {}
         self._pending: dict[Key, _Pending] = {}
         """Split backwards between their ``I`` and ``W``."""
-        self._weight_modules: dict[int, tuple[nn.Module, list[tuple[nn.Module, list[nn.Parameter]]]]] = {}
         self.losses: dict[int, float] = {}
         """Weighted loss contribution per micro-batch (last stage only)."""
         self.peak_stashed = 0
@@ -149,10 +116,10 @@ class StageRuntime:
         if not self.is_first and inputs.is_floating_point() and not inputs.requires_grad:
             inputs = inputs.detach().requires_grad_(True)
         rng = None if keep else torch.get_rng_state()
-        recorded: list[_WeightOutput] | None = None
+        recorded: list[RecordedOutput] | None = None
         try:
             if keep and self.split_backward:
-                with self._recording(replica) as recorded:
+                with recording(self._module(replica)) as recorded:
                     output = self._run(inputs, replica)
             elif keep:
                 output = self._run(inputs, replica)
@@ -235,7 +202,7 @@ class StageRuntime:
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(stash.rng_state)
             if self.split_backward:
-                with self._recording(replica) as stash.recorded:
+                with recording(self._module(replica)) as stash.recorded:
                     output = self._run(stash.inputs, replica)
                 stash.module = replica
             else:
@@ -277,30 +244,14 @@ class StageRuntime:
 
     def _input_gradient(self, key: Key, stash: _Stash, output: Tensor,
                         grad: Tensor | None) -> Tensor | None:
-        """One pass of autograd to the stage input and the recorded module outputs."""
-        recorded = stash.recorded
-        if recorded is None:
+        if stash.recorded is None:
             raise StageError(f"stage {self.stage}: micro-batch {key[0]}'s forward recorded nothing "
                              f"for a split backward (the stage was built with "
                              f"split_backward=False)")
-        usable = [r for r in recorded if r.output._version == r.version]
-        covered = {id(p) for r in usable for p in r.params}
-        module = self.module if stash.module is None else stash.module
-        rest = [p for p in module.parameters() if p.requires_grad and id(p) not in covered]
-        wants_input = stash.inputs.requires_grad
-        targets = ([stash.inputs] if wants_input else []) + [r.output for r in usable]
-        found: tuple[Tensor | None, ...] = ()
-        if targets:
-            found = torch.autograd.grad(output, targets, grad, retain_graph=True,
-                                        allow_unused=True)
-        pending = _Pending(output, grad, rest=rest, nbytes=_nbytes(stash))
-        for r, gradient in zip(usable, found[1:] if wants_input else found):
-            if gradient is not None:  # None: the output does not reach the loss
-                pending.parts.append((r.output, gradient, r.params))
-        self._pending[key] = pending
-        if not wants_input:
-            return None
-        return found[0] if found[0] is not None else torch.zeros_like(stash.inputs)
+        found, pending = input_gradient(self._module(stash.module), stash.inputs, output, grad,
+                                        stash.recorded)
+        self._pending[key] = _Pending(pending, _nbytes(stash))
+        return found
 
     def backward_weight(self, microbatch: int, pipeline: int) -> None:
         """``W``: the weight gradients of micro-batch ``microbatch`` (after its ``I``),
@@ -311,54 +262,10 @@ class StageRuntime:
         for piece in pieces:
             pending = self._pending.pop((microbatch, piece, pipeline))
             self._stashed_bytes -= pending.nbytes
-            for output, gradient, params in pending.parts:
-                torch.autograd.backward(output, gradient, inputs=params, retain_graph=True)
-            if pending.rest:
-                torch.autograd.backward(pending.output, pending.grad, inputs=pending.rest)
+            weight_gradient(pending.weights)
 
-    @contextmanager
-    def _recording(self, replica: nn.Module | None) -> Iterator[list[_WeightOutput]]:
-        """Record the outputs of the parameter-holding modules while the forward runs."""
-        module = self.module if replica is None else replica
-        recorded: list[_WeightOutput] = []
-        seen: set[int] = set()
-        spoiled: set[int] = set()
-
-        def hook(params: list[nn.Parameter]) -> Callable[..., None]:
-            def record(_module: nn.Module, _args: object, output: object) -> None:
-                if isinstance(output, Tensor) and output.requires_grad and id(params) not in seen:
-                    recorded.append(_WeightOutput(output, output._version, params))
-                else:  # called twice, or not one tensor out: reach it from the stage output
-                    spoiled.add(id(params))
-                seen.add(id(params))
-            return record
-
-        handles = [owner.register_forward_hook(hook(params))
-                   for owner, params in self._holders(module)]
-        try:
-            yield recorded
-        finally:
-            for handle in handles:
-                handle.remove()
-        recorded[:] = [r for r in recorded if id(r.params) not in spoiled]
-
-    def _holders(self, module: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
-        """The modules holding parameters (each parameter held by one module only), cached."""
-        cached = self._weight_modules.get(id(module))
-        if cached is None or cached[0] is not module:
-            owners: dict[int, int] = {}
-            for owner in module.modules():
-                for param in owner.parameters(recurse=False):
-                    owners[id(param)] = owners.get(id(param), 0) + 1
-            holders = []
-            for owner in module.modules():
-                params = [p for p in owner.parameters(recurse=False)
-                          if p.requires_grad and owners[id(p)] == 1]
-                if params:
-                    holders.append((owner, params))
-            cached = (module, holders)
-            self._weight_modules[id(module)] = cached
-        return cached[1]
+    def _module(self, replica: nn.Module | None) -> nn.Module:
+        return self.module if replica is None else replica
 
     def _for_backward(self, weighted: Tensor) -> Tensor:
         """The batch-weighted loss as one update must see it (``loss_scale``, module docstring)."""

@@ -1,0 +1,141 @@
+"""The backward split in two with stock autograd: input gradient first, weight gradients later.
+
+Zero-bubble schedules run a micro-batch's backward as ``I`` (the gradient of the stage input,
+which the previous stage waits for) and, later, ``W`` (the weight gradients, which fill a
+bubble). This module does that for any ``nn.Module`` without tracing or graph surgery:
+
+1. :func:`recording` — while the forward runs, forward hooks record the output of every
+   module that holds parameters (the parameters' own point in the graph).
+2. :func:`input_gradient` — one ``torch.autograd.grad`` pass over the retained graph asks for
+   the gradient of the input *and* of those outputs. No parameter is asked for, so autograd
+   computes no weight gradient (the weight branch of each matmul is skipped).
+3. :func:`weight_gradient` — each module's backward is finished from its recorded output and
+   gradient to its own parameters only (``torch.autograd.backward(..., inputs=params)``): the
+   weight-gradient matmuls and nothing of the input-gradient chain again, accumulated into
+   ``.grad`` as one whole backward would.
+
+A parameter that cannot be reached that way gets its gradient from the module's output
+instead (correct, and dearer: that path is traversed again): one held by two modules, one
+whose module is called twice or returns something other than one tensor, or whose module's
+output was changed in place afterwards (``ReLU(inplace=True)``). Between the two halves the
+graph, the recorded outputs and their gradients stay alive; :func:`weight_gradient` lets
+them go. Used by the runtime's stage (:mod:`pipeweave.runtime.execution.stage`) and by the
+profiler, which times the halves separately.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["RecordedOutput", "PendingWeights", "recording", "input_gradient", "weight_gradient",
+           "parameter_holders"]
+
+
+@dataclass
+class RecordedOutput:
+    """The output of a module holding parameters, recorded during the forward."""
+
+    output: Tensor
+    version: int
+    """``output._version`` when recorded: if it changed, the tensor was modified in place."""
+    params: list[nn.Parameter]
+
+
+@dataclass
+class PendingWeights:
+    """What :func:`input_gradient` leaves for :func:`weight_gradient`."""
+
+    output: Tensor
+    grad: Tensor | None
+    """The gradient the backward started from (None: the output is a scalar loss)."""
+    parts: list[tuple[Tensor, Tensor, list[nn.Parameter]]] = field(default_factory=list)
+    """(module output, its gradient, the module's parameters)."""
+    rest: list[nn.Parameter] = field(default_factory=list)
+    """Parameters whose gradient comes from ``output`` (see the module docstring)."""
+
+
+_HOLDERS: WeakKeyDictionary[nn.Module, list[tuple[nn.Module, list[nn.Parameter]]]] = (
+    WeakKeyDictionary())
+
+
+def parameter_holders(module: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+    """The sub-modules holding parameters that need a gradient, each with the parameters only
+    it holds (a parameter held by two modules is left out); cached per module."""
+    cached = _HOLDERS.get(module)
+    if cached is None:
+        owners: dict[int, int] = {}
+        for owner in module.modules():
+            for param in owner.parameters(recurse=False):
+                owners[id(param)] = owners.get(id(param), 0) + 1
+        cached = []
+        for owner in module.modules():
+            params = [p for p in owner.parameters(recurse=False)
+                      if p.requires_grad and owners[id(p)] == 1]
+            if params:
+                cached.append((owner, params))
+        _HOLDERS[module] = cached
+    return cached
+
+
+@contextmanager
+def recording(module: nn.Module) -> Iterator[list[RecordedOutput]]:
+    """Record the outputs of ``module``'s parameter holders while its forward runs inside."""
+    recorded: list[RecordedOutput] = []
+    seen: set[int] = set()
+    spoiled: set[int] = set()
+
+    def hook(params: list[nn.Parameter]) -> Callable[..., None]:
+        def record(_module: nn.Module, _args: object, output: object) -> None:
+            if isinstance(output, Tensor) and output.requires_grad and id(params) not in seen:
+                recorded.append(RecordedOutput(output, output._version, params))
+            else:  # called twice, or not one tensor out: reached from the output instead
+                spoiled.add(id(params))
+            seen.add(id(params))
+        return record
+
+    handles = [owner.register_forward_hook(hook(params))
+               for owner, params in parameter_holders(module)]
+    try:
+        yield recorded
+    finally:
+        for handle in handles:
+            handle.remove()
+    recorded[:] = [r for r in recorded if id(r.params) not in spoiled]
+
+
+def input_gradient(module: nn.Module, inputs: Tensor, output: Tensor, grad: Tensor | None,
+                   recorded: list[RecordedOutput]) -> tuple[Tensor | None, PendingWeights]:
+    """The gradient of ``inputs`` (None when it needs none) and what the weights still need.
+
+    ``output`` is what ``module`` computed from ``inputs`` while :func:`recording` filled
+    ``recorded``; ``grad`` the gradient of ``output`` (None for a scalar loss).
+    """
+    usable = [r for r in recorded if r.output._version == r.version]
+    covered = {id(p) for r in usable for p in r.params}
+    rest = [p for p in module.parameters() if p.requires_grad and id(p) not in covered]
+    wants_input = inputs.requires_grad
+    targets = ([inputs] if wants_input else []) + [r.output for r in usable]
+    found: tuple[Tensor | None, ...] = ()
+    if targets:
+        found = torch.autograd.grad(output, targets, grad, retain_graph=True, allow_unused=True)
+    pending = PendingWeights(output, grad, rest=rest)
+    for r, gradient in zip(usable, found[1:] if wants_input else found):
+        if gradient is not None:  # None: the output does not reach the loss
+            pending.parts.append((r.output, gradient, r.params))
+    if not wants_input:
+        return None, pending
+    return (found[0] if found[0] is not None else torch.zeros_like(inputs)), pending
+
+
+def weight_gradient(pending: PendingWeights) -> None:
+    """Accumulate the weight gradients :func:`input_gradient` left pending into ``.grad``."""
+    for output, gradient, params in pending.parts:
+        torch.autograd.backward(output, gradient, inputs=params, retain_graph=True)
+    if pending.rest:
+        torch.autograd.backward(pending.output, pending.grad, inputs=pending.rest)

@@ -30,6 +30,7 @@ def test_sizes_of_a_two_block_mlp() -> None:
     assert fc.activation_bytes >= 5 * 8 * 4 + 5 * 16 * 4
     assert head.activation_bytes >= 5 * 16 * 4 + 5 * 3 * 4
     assert all(b.forward > 0 and b.backward > 0 and b.update > 0 for b in profile.blocks)
+    assert all(0 < b.weight_grad for b in profile.blocks)  # W timed on its own
     assert profile.input_bytes == 5 * 8 * 4 and profile.source == "measured"
     assert profile.metadata["statistic"] == "median" and profile.metadata["repeats"] == 3
 
@@ -53,3 +54,12 @@ def test_builtin_gpt_profile_has_sublayer_blocks() -> None:
     assert profile.blocks[-1].output_bytes == 2 * t * 256 * 4  # logits [B, T, V]
     ffn = profile.blocks[2]
     assert ffn.parameter_bytes == (2 * d + d * 256 + 256 + 256 * d + d) * 4
+
+
+def test_a_block_without_parameters_has_no_weight_gradient_time() -> None:
+    blocks = [nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)]
+    spec = ModelSpec.from_blocks(blocks, nn.functional.cross_entropy, name="toy",
+                                 block_names=["fc", "tanh", "head"])
+    profile = profile_model(spec, torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), warmup=0,
+                            repeats=1, optimizer="sgd", threads=1)
+    assert [b.weight_grad > 0 for b in profile.blocks] == [True, False, True]

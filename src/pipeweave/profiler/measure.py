@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec
+from ..split_backward import input_gradient, recording, weight_gradient
 from ..host import machine_cores
 from .profile import BlockProfile, Profile
 
@@ -223,6 +224,7 @@ def measure_block(
         run += 1
     parameters = sum(tensor_bytes(p) for p in block.parameters())
     optimizer_bytes, update = _optimizer_step(block, inputs, loss_fn, targets, optimizer, repeats)
+    weight_grad = _weight_grad_time(block, inputs, loss_fn, targets, repeats)
     spread = _spread([f + b for f, b in zip(forward_times, backward_times)])
     return BlockProfile(
         name=name,
@@ -233,6 +235,7 @@ def measure_block(
         parameter_bytes=parameters,
         optimizer_bytes=optimizer_bytes,
         update=update,
+        weight_grad=weight_grad,
         peak_memory_bytes=_peak_memory(block, inputs, loss_fn, targets) if cuda else
         saved + 2 * output_bytes + parameters + (tensor_bytes(inputs) if inputs.is_floating_point() else 0),
     ), spread
@@ -297,6 +300,34 @@ def _optimizer_step(block: nn.Module, inputs: Tensor,
     state = sum(tensor_bytes(value) for entry in opt.state.values() for value in entry.values()
                 if isinstance(value, Tensor))
     return state, statistics.median(times)
+
+
+def _weight_grad_time(block: nn.Module, inputs: Tensor,
+                      loss_fn: Callable[[Tensor, Tensor], Tensor] | None, targets: Tensor | None,
+                      repeats: int) -> float:
+    """Median time of the weight-gradient half of a split backward (``W``,
+    :mod:`pipeweave.split_backward`) over ``repeats`` runs after one warm-up; 0 without
+    parameters."""
+    if not any(p.requires_grad for p in block.parameters()):
+        return 0.0
+    cuda = inputs.device.type == "cuda"
+    times = []
+    for run in range(repeats + 1):
+        x = _leaf(inputs)
+        with recording(block) as recorded:
+            out = block(x)
+        loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
+        start = loss if loss is not None else out
+        _, pending = input_gradient(block, x, start, None if loss is not None
+                                    else torch.ones_like(out), recorded)
+        _sync(cuda)
+        started = time.perf_counter()
+        weight_gradient(pending)
+        _sync(cuda)
+        if run:
+            times.append(time.perf_counter() - started)
+    block.zero_grad(set_to_none=True)
+    return statistics.median(times)
 
 
 def _peak_memory(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor] | None,

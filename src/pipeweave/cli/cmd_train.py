@@ -86,6 +86,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--optimizer", default=None, choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"],
                         help="torch.optim optimizer (default: the schedule's own, SGD with "
                              "momentum 0.9 for spectrain, else adam)")
+    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX",
+                        help="clip the global gradient norm of every update to MAX, across all "
+                             "stages, as torch.nn.utils.clip_grad_norm_ on the whole model "
+                             "(synchronous schedules; default: no clipping)")
     parser.add_argument("--optimizer-impl", default="auto", choices=list(IMPLEMENTATIONS),
                         help="how torch runs the step: fused kernels where torch has them for "
                              "the optimizer and device (auto), or forced fused / foreach / loop")
@@ -190,6 +194,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
                          dtype=args.dtype),
         optimizer=optimizer, seed=args.seed, device=args.device, advance=advance,
         timeout_s=args.timeout, progress=not args.no_progress, apc=args.apc,
+        clip_grad_norm=args.clip_grad_norm,
     )
     return Setup(job, spec, limit)
 

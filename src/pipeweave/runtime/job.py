@@ -159,6 +159,9 @@ class Job:
             see :mod:`pipeweave.runtime.communication.apc`. Both executors apply it identically.
         advance: AvgPipe's advance chosen at run time by Algorithm 1 (None: the plan's fixed
             ``advance`` option); see :mod:`pipeweave.runtime.advance.online`.
+        clip_grad_norm: clip the global gradient norm of every update to this value, as
+            ``torch.nn.utils.clip_grad_norm_`` on the whole model would (None: no clipping);
+            synchronous schedules, see :mod:`pipeweave.runtime.execution.clipping`.
     """
 
     plan: Plan
@@ -175,6 +178,7 @@ class Job:
     checkpoint: CheckpointOptions | None = None
     apc: bool = False
     advance: AdvanceOptions | None = None
+    clip_grad_norm: float | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:

@@ -24,6 +24,7 @@ from .microbatches import MicrobatchSource
 from .stage import StageRuntime
 from ..observation.timeline import Recorder
 from ..communication.transport import Transport
+from .clipping import GradientClipper
 from .weights import StageWeights
 
 if TYPE_CHECKING:
@@ -51,13 +52,15 @@ class RankInterpreter:
         start: int = 0,
         after: Mapping[int, Callable[[], None]] | None = None,
         meter: ActivationMeter | None = None,
+        clipper: GradientClipper | None = None,
     ) -> None:
         """``parts``: the rank's stages, optimizers, weight versions and, for AvgPipe, its
         further parallel pipelines and reference models (:func:`.parts.build_rank`);
         ``start``: position to begin at (a resumed run, :mod:`..checkpoint.recovery`);
         ``after``: ``position -> hook`` run right after that action (checkpoints, fault
         injection); ``meter``: counts the activation bytes kept between forwards and backwards
-        (:mod:`..observation.memory`; the online advance controller's memory reading)."""
+        (:mod:`..observation.memory`; the online advance controller's memory reading);
+        ``clipper``: clips the global gradient norm before each iteration's first update."""
         if not schedule.lowered:
             raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
         self.rank = rank
@@ -68,6 +71,7 @@ class RankInterpreter:
         self.averagers = parts.averagers
         self.transport = transport
         self.meter = meter
+        self.clipper = clipper
         self.data = data
         self.recorder = recorder
         self.on_step = on_step
@@ -114,6 +118,8 @@ class RankInterpreter:
             elif op is Op.ALL_REDUCE:
                 yield from self._all_reduce(action)
             elif op is Op.STEP:
+                if self.clipper is not None and position in self.clipper.at:
+                    yield from self.clipper.clip(action, self.transport)
                 self._step(action, position)
             elif op is Op.AVERAGE:
                 self._average(action)

@@ -16,6 +16,7 @@ from ..checkpoint.boundaries import Hooks, combine_hooks
 from ..checkpoint.recovery import RankRecovery
 from ..checkpoint.resume import Session
 from ..communication.transport import Transport
+from ..execution.clipping import GradientClipper
 from ..execution.interpreter import RankInterpreter
 from ..execution.microbatches import MicrobatchSource
 from ..execution.parts import RankParts, build_rank
@@ -43,6 +44,8 @@ class AssembledRank:
     on_step: Callable[[Action, Mapping[int, StageRuntime]], None] | None = None
     extra_hooks: Callable[[Schedule], Hooks] = field(default=lambda program: {})
     """Hooks for a program besides the checkpoints' (fault injection in distributed runs)."""
+    clipper: GradientClipper | None = None
+    """Global gradient-norm clipping (``Job.clip_grad_norm``)."""
 
     def start_timeline(self, origin: float) -> None:
         """Record the timeline from now on, its zero at ``origin`` (``time.time()``)."""
@@ -59,7 +62,7 @@ class AssembledRank:
         return RankInterpreter(rank=self.rank, schedule=program, parts=self.parts,
                                transport=self.transport, data=self.data, recorder=self.recorder,
                                on_step=self.on_step, start=self.recovery.start if whole else 0,
-                               after=hooks, meter=meter)
+                               after=hooks, meter=meter, clipper=self.clipper if whole else None)
 
     def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None, final: bool = True) -> RankResult:
         """What the rank reports; ``final`` False: a failed run's partial result (no
@@ -70,6 +73,8 @@ class AssembledRank:
                                 want_parameters=final and job.return_parameters, wall=wall,
                                 device=device)
         result.checkpoint_stall_s = self.recovery.stall_s
+        if self.clipper is not None:
+            result.grad_norms = list(self.clipper.norms)
         result.bytes_sent = self.transport.bytes_sent
         if online is not None:
             result.advance_per_step, result.advance_log = online.advance_per_step, online.log
@@ -90,4 +95,8 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
     data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,
                             pipelines=job.plan.pipelines, device=device,
                             first_batch=recovery.first_batch)
-    return AssembledRank(rank, prepared, parts, recovery, data, transport)
+    clipper = None
+    if job.clip_grad_norm is not None:
+        clipper = GradientClipper(rank=rank, schedule=prepared.schedule,
+                                  max_norm=job.clip_grad_norm, stages=parts.stages)
+    return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper)

@@ -2,7 +2,7 @@
 
 :func:`prepare` builds the run's lowered schedule, runs one sample through the stages
 (shape mismatches between stages), checks AvgPipe's online advance, whether the schedule can
-checkpoint, and the checkpoint to resume (it fits the model, optimizer, data stream and
+checkpoint and clip gradients, and the checkpoint to resume (it fits the model, optimizer, data stream and
 number of pipelines; its checksums), and decides the run's :class:`Session`. It returns a
 :class:`PreparedJob`: immutable, picklable, what the executors and every rank receive, so no
 rank repeats a check or rebuilds the schedule. A bad input is a ``ValueError`` (or
@@ -19,6 +19,7 @@ from ...models import ModelSpec
 from ..advance.online import check_advance
 from ..checkpoint.boundaries import check_checkpointable
 from ..checkpoint.resume import Session, check_resume, new_session
+from ..execution.clipping import check_clippable
 from ..execution.parts import make_schedule, preflight
 from ..job import Job
 
@@ -51,6 +52,12 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     preflight(spec, job.plan, inputs)
     check_advance(job, spec)
     check_checkpointable(job, schedule)
+    if job.clip_grad_norm is not None:
+        if job.advance is not None:
+            raise ValueError("--clip-grad-norm with --advance auto is not supported (the online "
+                             "controller runs the schedule one iteration at a time); fix the "
+                             "advance (--advance K) or drop --clip-grad-norm")
+        check_clippable(schedule, job.clip_grad_norm)
     stored = check_resume(job, spec, verify=verify_checksums)
     session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
     return PreparedJob(job, schedule, session, stored.step if stored is not None else 0)

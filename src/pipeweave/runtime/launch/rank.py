@@ -58,7 +58,8 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
                             timeout=timeout)
     try:
         transport = DistTransport(rank, device, timeout, apc=job.apc)
-        transport.make_groups(schedule.layout.stage_ranks)
+        transport.make_groups([*schedule.layout.stage_ranks,
+                               *([range(world_size)] if job.clip_grad_norm is not None else [])])
         transport.track_deliveries(schedule)
         assembled = assemble_rank(prepared, rank, device=device,
                                   transport=delayed_transport(transport, rank),  # usually none

@@ -67,6 +67,9 @@ class RankResult:
     and APC metadata included, all-reduces not); the same in both executors."""
     advance_per_step: list[int] = field(default_factory=list)
     """AvgPipe with the online advance controller: the advance each step ran with."""
+    grad_norms: list[float] = field(default_factory=list)
+    """With ``Job.clip_grad_norm``: the global gradient norm before clipping, per iteration
+    (the same on every rank)."""
     advance_log: list[dict[str, Any]] = field(default_factory=list)
     """AvgPipe's online controller, per measured step: the time and memory all ranks agreed on
     and the decision (see runtime/advance/online.py); the same on every rank."""

@@ -65,7 +65,7 @@ from .registry import Shape, register
 
 __all__ = ["zb_h1", "zb_h2", "split_order", "zb_h1_order", "zb_h2_order"]
 
-_PAPER = "P. Qi, X. Wan, G. Huang, M. Lin, Zero Bubble Pipeline Parallelism, ICLR 2024"
+_PAPER = "P. Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024"
 
 
 def split_order(microbatches: Sequence[int], *, warmup: int, defer: int) -> list[tuple[Op, int]]:
@@ -105,8 +105,8 @@ def _one_chunk(name: str, shape: Shape) -> None:
 
 
 @register("zb-h1",
-          description="zero bubble H1: 1F1B with the backward split (I, W), W's deferred to fill "
-                      "the cool-down; 1F1B's peak memory, a third of its bubble",
+          description="zero bubble H1: 1F1B with the backward split into I and W, W's deferred "
+                      "into the cool-down; 1F1B's peak activations (P), a third of its bubble",
           paper=f"{_PAPER}, §2.1 (ZB-H1)", synchronous=True)
 def zb_h1(shape: Shape) -> Schedule:
     _one_chunk("zb-h1", shape)
@@ -114,8 +114,9 @@ def zb_h1(shape: Shape) -> Schedule:
 
 
 @register("zb-h2",
-          description="zero bubble H2: 2P-1 warm-up forwards and W's deferred into a "
-                      "parallelogram; no bubble in the steady state, up to 2P-1 activations",
+          description="zero bubble H2: 2P-1 warm-up forwards, W's deferred into a parallelogram "
+                      "that tiles across iterations (no steady-state bubble); up to 2P-1 "
+                      "activations",
           paper=f"{_PAPER}, §2.2 (ZB-H2, without optimizer post-validation)", synchronous=True)
 def zb_h2(shape: Shape) -> Schedule:
     _one_chunk("zb-h2", shape)

@@ -35,7 +35,7 @@ def test_schedules_lists_names_descriptions_and_papers(capsys: pytest.CaptureFix
     ("gpipe", "one batch"), ("1f1b", "one batch"), ("2bw", "one batch"), ("wpipe", "one batch"),
     ("avgpipe", "one batch (--batch-size samples) per parallel pipeline"),
     ("pipedream", "one micro-batch"), ("pipeoptim", "one micro-batch"),
-    ("spectrain", "one micro-batch"),
+    ("spectrain", "one micro-batch"), ("zb-h1", "one batch"), ("zb-h2", "one batch"),
 ])
 def test_schedules_say_how_many_samples_one_update_sees(
         capsys: pytest.CaptureFixture[str], schedule: str, sees: str) -> None:
@@ -92,6 +92,37 @@ def check_1f1b_p4_m8(data: dict) -> None:  # type: ignore[type-arg]
     assert data["critical_path"][0] == "0F0@0" and data["critical_path"][-1] == "0B7@0"
 
 
+def test_show_and_simulate_a_split_backward(capsys: pytest.CaptureFixture[str]) -> None:
+    """zb-h1 shows its I and W; simulate takes --backward as the whole backward and
+    --weight-grad as its W part (default half), and peak_activations counts an activation
+    until its W: P=4, M=8 at F = I = W = 1 is 27 with 4 held on every rank (1F1B: 33)."""
+    code, out, _ = run(capsys, "show", "zb-h1", "-P", "2", "-M", "2")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("zb-h1: 2 stages on 2 ranks, M=2, K=1, synchronous")
+    assert lines[2].split() == ["rank0", "0F0@0", "0F1@0", "0I0@0", "0W0@0", "0I1@0", "0W1@0", "0U@1"]
+    assert lines[3].split() == ["rank1", "1F0@0", "1I0@0", "1F1@0", "1I1@0", "1W0@0", "1W1@0", "1U@1"]
+    code, out, _ = run(capsys, "schedules")
+    assert "zb-h1 " in out and "zb-h2 " in out and "Zero Bubble Pipeline Parallelism, ICLR 2024" in out
+    for argv, time, held, weight_grad in [
+        ([], 27.0, [4, 4, 4, 4], 1.0),
+        (["--backward", "2", "--weight-grad", "1"], 27.0, [4, 4, 4, 4], 1.0),
+        (["--forward", "1", "--backward", "3", "--weight-grad", "1"], 38.0, [4, 4, 4, 4], 1.0),
+        (["--backward", "2,2,2,2", "--weight-grad", "0.5,0.5,0.5,0.5"], 8 * 3 + 3 * 2,
+         [4, 4, 4, 4], [0.5] * 4),
+    ]:
+        code, out, _ = run(capsys, "simulate", "zb-h1", "-P", "4", "-M", "8", "--json", *argv)
+        data = json.loads(out)
+        assert code == 0 and data["iteration_time"] == time, argv
+        assert data["peak_activations"] == held and data["costs"]["weight_grad"] == weight_grad
+    code, out, _ = run(capsys, "simulate", "zb-h2", "-P", "4", "-M", "8", "--json")
+    assert (json.loads(out)["iteration_time"], json.loads(out)["peak_activations"]) == (27.0, [7] * 4)
+    code, out, _ = run(capsys, "simulate", "1f1b", "-P", "4", "-M", "8", "--json", "-W", "0.5")
+    assert json.loads(out)["iteration_time"] == 33.0  # whole backwards: W changes nothing
+    code, out, _ = run(capsys, "simulate", "zb-h1", "-P", "4", "-M", "8")
+    assert "iteration time    27" in out and "per rank: 4 4 4 4  (held from F until B or W)" in out
+
+
 def test_simulate_per_stage_costs_and_comm(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "simulate", "gpipe", "-P", "3", "-M", "4", "--forward", "1,2,1",
                        "--backward", "2,4,2", "--json")
@@ -119,6 +150,10 @@ def test_simulate_table_trace_and_plot(capsys: pytest.CaptureFixture[str], tmp_p
         (["simulate", "1f1b", "-P", "0", "-M", "2"], "stages must be an integer >= 1, got 0"),
         (["simulate", "1f1b", "-P", "2", "-M", "2", "-F", "1,2,3"], "forward has 3 values"),
         (["simulate", "1f1b", "-P", "2", "-M", "2", "-F", "fast"], "--forward 'fast' must be a number"),
+        (["simulate", "zb-h1", "-P", "2", "-M", "2", "-W", "x"], "--weight-grad 'x' must be a number"),
+        (["simulate", "zb-h1", "-P", "2", "-M", "2", "-B", "2,4", "-W", "1,5"],
+         "weight_grad 5 exceeds backward 4 on stage 1"),
+        (["show", "zb-h2", "-P", "2", "-M", "2", "-V", "2"], "use chunks=1"),
         (["show", "1f1b", "-P", "2", "-M", "2", "-o", "advance"], "is not KEY=VALUE"),
         (["show", "1f1b", "-P", "2", "-M", "2", "--replicas", "2,x"], "--replicas '2,x' must be"),
     ],

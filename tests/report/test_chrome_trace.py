@@ -52,8 +52,11 @@ def test_bad_records_are_rejected() -> None:
 @pytest.mark.parametrize(("text", "name"), [
     ("1SF4", "send activation mb 4 · stage 1"), ("2RB5", "receive gradient mb 5 · stage 2"),
     ("0AR@2", "all-reduce stage 0 → v2"), ("3AV@1#1", "average stage 3 → v1 · pipeline 1"),
-    ("1B7@3", "backward mb 7 · stage 1"),
+    ("1B7@3", "backward mb 7 · stage 1"), ("1I7@3", "input gradient mb 7 · stage 1"),
+    ("2W0", "weight gradient mb 0 · stage 2"),
 ])
 def test_event_names_are_words(text: str, name: str) -> None:
     (event,) = [e for e in chrome_trace([(0, text, 0.0, 1.0)])["traceEvents"] if e["ph"] == "X"]
     assert event["name"] == name and event["args"]["action"] == text
+    if text[1] in "BIW":
+        assert event["cat"] == "backward"  # a split backward's halves are backward work too

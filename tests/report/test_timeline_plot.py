@@ -26,6 +26,12 @@ def test_measured_records_with_sends_and_free_labels(tmp_path) -> None:  # type:
     assert path.read_bytes().startswith(PNG_MAGIC)
 
 
+def test_split_backward_is_drawn(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    records = [(0, "0F0", 0.0, 1.0), (1, "1F0", 1.0, 2.0), (1, "1I0", 2.0, 3.0),
+               (1, "1W0", 3.0, 4.0), (0, "0I0", 3.0, 4.0), (0, "0W0", 4.0, 5.0)]
+    assert plot_timeline(records, tmp_path / "zb.png").read_bytes().startswith(PNG_MAGIC)
+
+
 def test_no_records_is_an_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="no records to plot"):
         plot_timeline([], tmp_path / "x.png")

@@ -2,7 +2,7 @@
 
 For each (P, M, K) the generator accepts: the validator passes, every (stage, micro-batch,
 pipeline) has exactly one forward and one backward per iteration (a sliced forward counts as
-its two halves), lowering gives a valid schedule, and the simulator runs the lowered schedule
+its two halves, a split backward as its I and W), lowering gives a valid schedule, and the simulator runs the lowered schedule
 to the end (deadlock-free) with the same iteration time as the compute-only one. Shapes a
 generator refuses must be refused with a message that names the fix.
 """
@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from pipeweave.ir import Op, lower, validate
+from pipeweave.ir import GRADIENT_OPS, Op, lower, validate
 from pipeweave.schedules import available_schedules, build_schedule, get_info
 from pipeweave.sim import Costs, simulate
 
@@ -39,7 +39,7 @@ def build(name: str, p: int, m: int, k: int):  # type: ignore[no-untyped-def]
 
 def test_every_builtin_schedule_is_registered() -> None:
     assert set(NAMES) >= {"gpipe", "1f1b", "interleaved-1f1b", "pipedream", "2bw", "pipeoptim",
-                          "spectrain", "wpipe", "avgpipe", "sliced-1f1b"}
+                          "spectrain", "wpipe", "avgpipe", "sliced-1f1b", "zb-h1", "zb-h2"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -63,6 +63,8 @@ def test_grid_is_valid_complete_and_deadlock_free(name: str) -> None:
             if action.op in (Op.FORWARD, Op.BACKWARD):
                 halves[(action.op, action.stage, action.microbatch, action.pipeline)] += (
                     1 if action.piece else 2)
+            elif action.op in (Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):  # half a backward each
+                halves[(Op.BACKWARD, action.stage, action.microbatch, action.pipeline)] += 1
         expected = {(op, s, j, n) for op in (Op.FORWARD, Op.BACKWARD) for s in range(stages)
                     for j in range(m * k) for n in range(pipelines)}
         assert set(halves) == expected, (name, p, m, k)
@@ -91,11 +93,11 @@ def test_no_message_waits_behind_an_update_that_does_not_produce_it(name: str) -
         for program in schedule.programs:
             for position, action in enumerate(program):
                 if action.op in (Op.SEND_ACT, Op.SEND_GRAD):
-                    producer = Op.FORWARD if action.op is Op.SEND_ACT else Op.BACKWARD
+                    producers = {Op.FORWARD} if action.op is Op.SEND_ACT else GRADIENT_OPS
                     between = program[:position][::-1]
                     steps = []
                     for earlier in between:
-                        if (earlier.op is producer and earlier.stage == action.stage
+                        if (earlier.op in producers and earlier.stage == action.stage
                                 and earlier.microbatch == action.microbatch
                                 and earlier.pipeline == action.pipeline):
                             break

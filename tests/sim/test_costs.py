@@ -16,6 +16,15 @@ def test_defaults_are_autopipes_units() -> None:
     assert table.update == table.all_reduce == table.average == (0.0, 0.0, 0.0)
 
 
+def test_weight_gradient_defaults_to_half_the_backward() -> None:
+    """B = I + W: the defaults F=1, B=2 are the zero-bubble paper's F = I = W = 1."""
+    table = Costs().resolve(2)
+    assert table.weight_grad == (1.0, 1.0) and table.input_grad == (1.0, 1.0)
+    table = Costs(backward=[2, 3, 4], weight_grad=[0.5, 1, 4]).resolve(3)
+    assert table.weight_grad == (0.5, 1.0, 4.0) and table.input_grad == (1.5, 2.0, 0.0)
+    assert Costs(backward=[2, 6]).resolve(2).weight_grad == (1.0, 3.0)
+
+
 def test_per_stage_and_per_boundary_values() -> None:
     table = Costs(forward=[1, 2, 3], backward=(2, 4, 6), comm=[0.5, 0.25], update=0.1).resolve(3)
     assert table.forward == (1.0, 2.0, 3.0)
@@ -45,6 +54,11 @@ def test_transfer_from_bytes_bandwidth_and_latency() -> None:
         ({"bandwidth": 0, "boundary_bytes": 1}, 2, "bandwidth must be > 0"),
         ({"comm": 1, "boundary_bytes": 1, "bandwidth": 1}, 2, "give only one of them"),
         ({}, 0, "stages must be >= 1, got 0"),
+        ({"backward": 2, "weight_grad": 3}, 2,
+         "weight_grad 3 exceeds backward 2 on every stage: the weight gradient"),
+        ({"backward": [2, 2], "weight_grad": [1, 2.5]}, 2, "weight_grad 2.5 exceeds backward 2 on stage 1"),
+        ({"backward": [2, 2, 2], "weight_grad": [1, 3]}, 3, "weight_grad has 2 values"),
+        ({"weight_grad": -1}, 2, "weight_grad must be a finite number >= 0"),
     ],
 )
 def test_errors_name_the_bad_value(kwargs: dict, stages: int, message: str) -> None:
@@ -57,3 +71,6 @@ def test_to_json_is_plain() -> None:
     assert data["forward"] == [1.0, 2.0]
     assert data["comm"] == 0.5
     assert data["bandwidth"] is None
+    assert data["weight_grad"] == 1.0  # the value simulated: half the default backward
+    assert Costs(backward=[2, 4]).to_json()["weight_grad"] == [1.0, 2.0]
+    assert Costs(**Costs(backward=[2, 4]).to_json()).resolve(2) == Costs(backward=[2, 4]).resolve(2)

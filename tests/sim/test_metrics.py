@@ -47,11 +47,12 @@ def test_peak_activations_closed_forms(p: int, m: int) -> None:
 
 
 def held_by_time(schedule: Schedule, result) -> list[float]:  # type: ignore[no-untyped-def]
-    """Oracle: sweep the timeline; a forward's activation lives from its start to its B's end."""
+    """Oracle: sweep the timeline; a forward's activation lives from its start to the end of
+    its B, or of its W when the backward is split."""
     peaks = []
     for rank, program in enumerate(schedule.programs):
         ends = {(a.stage, a.microbatch, a.pipeline): result.end[rank][i]
-                for i, a in enumerate(program) if a.op is Op.BACKWARD}
+                for i, a in enumerate(program) if a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT)}
         spans = [(result.start[rank][i], ends[(a.stage, a.microbatch, a.pipeline)],
                   0.5 if a.piece else 1.0)
                  for i, a in enumerate(program) if a.op is Op.FORWARD]

@@ -107,6 +107,32 @@ def test_half_pieces_cost_half() -> None:
     assert result.peak_activations == [1.0, 1.0]  # two halves = one micro-batch
 
 
+def test_split_backward_costs_its_parts_and_the_previous_stage_waits_for_I_only() -> None:
+    """I costs backward - weight_grad and W weight_grad (F=1, B=3, W=1: I=2); stage 0's I
+    starts when stage 1's I ends, not its W, so the split ends one W earlier than B::
+
+        rank0  F0 .  .  .  I0 I0 W0            rank0  F0 .  .  .  .  B0 B0 B0
+        rank1  .  F0 I0 I0 W0                  rank1  .  F0 B0 B0 B0
+    """
+    costs = Costs(forward=1, backward=3, weight_grad=1)
+    split = simulate(hand_written(["0F0 0I0 0W0", "1F0 1I0 1W0"], microbatches=1), costs)
+    times = {text: (t0, t1) for _, text, t0, t1 in split.timeline}
+    assert times == {"0F0": (0, 1), "1F0": (1, 2), "1I0": (2, 4), "1W0": (4, 5),
+                     "0I0": (4, 6), "0W0": (6, 7)}
+    assert split.busy == [4.0, 4.0] and split.bubble_fraction == pytest.approx(1 - 8 / 14)
+    assert [str(a) for a in split.critical_path] == ["0F0", "1F0", "1I0", "0I0", "0W0"]
+    whole = simulate(hand_written(["0F0 0B0", "1F0 1B0"], microbatches=1), costs)
+    assert (split.makespan, whole.makespan) == (7.0, 8.0)
+
+
+def test_an_activation_is_held_until_its_weight_gradient() -> None:
+    """Stage 1 defers both W's: micro-batch 0's activation outlives its I, so two are held."""
+    rows = ["0F0 0F1 0I0 0W0 0I1 0W1", "1F0 1I0 1F1 1I1 1W0 1W1"]
+    assert simulate(hand_written(rows, microbatches=2)).peak_activations == [2, 2]
+    rows[1] = "1F0 1I0 1W0 1F1 1I1 1W1"
+    assert simulate(hand_written(rows, microbatches=2)).peak_activations == [2, 1]
+
+
 def test_replicated_stage_all_reduces_together() -> None:
     schedule = build("1f1b", 2, 4, replicas=(2, 1))
     result = simulate(schedule, Costs(all_reduce=0.5, update=0.25))
@@ -130,7 +156,9 @@ def longest_path_oracle(schedule: Schedule, costs: Costs) -> dict[tuple[int, int
 
     def duration(a: Action) -> float:
         per_op = {Op.FORWARD: table.forward, Op.BACKWARD: table.backward, Op.STEP: table.update,
-                  Op.ALL_REDUCE: table.all_reduce, Op.AVERAGE: table.average}
+                  Op.ALL_REDUCE: table.all_reduce, Op.AVERAGE: table.average,
+                  Op.BACKWARD_WEIGHT: table.weight_grad,
+                  Op.BACKWARD_INPUT: tuple(b - w for b, w in zip(table.backward, table.weight_grad))}
         t = per_op[a.op][a.stage] if a.op in per_op else 0.0
         return t / 2 if a.piece else t
 
@@ -175,6 +203,7 @@ def costs_for(schedule: Schedule) -> Costs:
     stages = range(schedule.num_stages)
     return Costs(forward=[1.0 + 0.5 * (s % 3) for s in stages],
                  backward=[2.0 + 0.25 * (s % 2) for s in stages],
+                 weight_grad=[0.75 + 0.5 * (s % 2) for s in stages],
                  comm=0.3, update=0.1, all_reduce=0.2, average=0.15)
 
 

@@ -5,6 +5,16 @@
 
 Costs default to F=1, B=2, C=0 (AutoPipe's idealised units); ``--forward``/``--backward``
 take one number or one per (virtual) stage, ``--comm`` one number or one per boundary.
+``--backward`` is the whole backward; ``--weight-grad`` its weight-gradient part, what a split
+backward's ``W`` costs (its ``I`` costs the rest), default half the backward — so the defaults
+are the zero-bubble paper's F = I = W = 1::
+
+    pipeweave simulate zb-h1 --stages 4 --microbatches 8 --json
+    {"schedule": "zb-h1", ..., "iteration_time": 27.0, ...,
+     "peak_activations": [4.0, 4.0, 4.0, 4.0], ...}
+
+``peak_activations`` (per rank) counts an activation from its forward until its weight
+gradient (``B`` or ``W``): what a deferred ``W`` keeps alive.
 ``--shared-cores N``: the ranks share N CPU cores (local processes on a CPU machine); the
 forwards, backwards and updates in progress at once split them.
 """
@@ -32,6 +42,10 @@ def add_parser(subparsers: Any) -> None:
                         help="forward time: one number or one per stage (default 1)")
     parser.add_argument("--backward", "-B", default="2", metavar="B[,B1,...]",
                         help="backward time: one number or one per stage (default 2)")
+    parser.add_argument("--weight-grad", "-W", default=None, metavar="W[,W1,...]",
+                        help="weight-gradient part of the backward, what a split backward's W "
+                             "costs (its I costs B - W): one number or one per stage "
+                             "(default B/2)")
     parser.add_argument("--comm", "-C", default="0", metavar="C[,C1,...]",
                         help="transfer time: one number or one per stage boundary (default 0)")
     parser.add_argument("--update", default="0", metavar="U[,U1,...]",
@@ -62,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     costs = Costs(
         forward=parse_numbers("--forward", args.forward),
         backward=parse_numbers("--backward", args.backward),
+        weight_grad=(parse_numbers("--weight-grad", args.weight_grad)
+                     if args.weight_grad is not None else None),
         comm=parse_numbers("--comm", args.comm),
         update=parse_numbers("--update", args.update),
         shared_cores=args.shared_cores,
@@ -100,7 +116,8 @@ def _table(result: SimulationResult) -> str:
                            f"measured over [{lo:.6g}, {hi:.6g}])"),
         ("bubble fraction",
          f"{result.bubble_fraction:.4f}  ({100 * result.bubble_fraction:.2f} %)"),
-        ("peak activations", "per rank: " + " ".join(f"{v:g}" for v in result.peak_activations)),
+        ("peak activations", "per rank: " + " ".join(f"{v:g}" for v in result.peak_activations)
+         + "  (held from F until B or W)"),
         ("weight versions", "per stage: " + " ".join(str(v) for v in result.weight_versions)),
         ("master stage", str(result.master_stage)),
         ("critical path", f"{shown}  ({len(path)} actions)"),

@@ -10,8 +10,10 @@ in the Trace Event Format::
      "args": {"action": "1F3@0", "stage": 1, "microbatch": 3, "version": 0}}
 
 Event names are words a reader of the timeline understands (``forward mb 3 · stage 1``,
-``send activation mb 3 · stage 1``, ``update stage 0 → v2``); the compact action text, which
-parses back with :func:`pipeweave.ir.parse_action`, and its fields are in ``args``.
+``send activation mb 3 · stage 1``, ``update stage 0 → v2``; a split backward's halves are
+``input gradient`` and ``weight gradient``, both in category ``backward``); the compact
+action text, which parses back with :func:`pipeweave.ir.parse_action`, and its fields are in
+``args``.
 
 One process (``pid`` 0, named after the schedule) with one thread per rank (``tid`` = rank,
 named ``rank r``); timestamps and durations are in microseconds. Simulated timelines in cost
@@ -34,7 +36,8 @@ Record = tuple[int, str, float, float]
 """``(rank, action text, start, end)``; start/end in seconds (or simulated cost units)."""
 
 _CATEGORY = {
-    Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.SEND_ACT: "send", Op.SEND_GRAD: "send",
+    Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.BACKWARD_INPUT: "backward",
+    Op.BACKWARD_WEIGHT: "backward", Op.SEND_ACT: "send", Op.SEND_GRAD: "send",
     Op.RECV_ACT: "recv", Op.RECV_GRAD: "recv", Op.STEP: "update", Op.ALL_REDUCE: "allreduce",
     Op.AVERAGE: "average",
 }
@@ -87,7 +90,8 @@ def write_chrome_trace(
 
 
 _WORDS = {
-    Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.SEND_ACT: "send activation",
+    Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.BACKWARD_INPUT: "input gradient",
+    Op.BACKWARD_WEIGHT: "weight gradient", Op.SEND_ACT: "send activation",
     Op.RECV_ACT: "receive activation", Op.SEND_GRAD: "send gradient",
     Op.RECV_GRAD: "receive gradient", Op.STEP: "update", Op.ALL_REDUCE: "all-reduce",
     Op.AVERAGE: "average",

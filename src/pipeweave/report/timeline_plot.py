@@ -2,7 +2,8 @@
 
 Like the chrome trace it takes plain records ``(rank, action text, start, end)``, simulated or
 measured. Colours follow the micro-batch (so a micro-batch can be followed down the pipeline
-and back); forwards are solid, backwards lighter and hatched, updates/all-reduces grey, and
+and back); forwards are solid, backwards lighter and hatched (a split backward's input
+gradient ``I`` like ``B``, its weight gradient ``W`` cross-hatched), updates/all-reduces grey, and
 sends/receives are left out (they are instants in a simulation)::
 
     rank0 |F0|F1|F2|     |B0|B1|B2|U
@@ -23,13 +24,16 @@ matplotlib.use("Agg")  # headless: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from ..ir import Op, parse_action  # noqa: E402
+from ..ir import parse_action  # noqa: E402
 
 __all__ = ["plot_timeline"]
 
 _LABELS_UP_TO = 160
 """Bars are labelled with their micro-batch when the plot has at most this many."""
 _LEGEND_MICROBATCHES = 8
+_HATCH = {"B": "//", "I": "//", "W": "xx"}
+"""Hatching of backward bars: a split backward's input gradient as a whole one, its weight
+gradient apart."""
 
 
 def plot_timeline(
@@ -73,8 +77,8 @@ def plot_timeline(
         style: dict[str, Any]
         if kind == "F":
             style = {"facecolors": cmap(mb % 20), "edgecolor": "black", "linewidth": 0.3}
-        elif kind == "B":
-            style = {"facecolors": cmap(mb % 20), "alpha": 0.55, "hatch": "//",
+        elif kind in _HATCH:
+            style = {"facecolors": cmap(mb % 20), "alpha": 0.55, "hatch": _HATCH[kind],
                      "edgecolor": "black", "linewidth": 0.3}
         else:
             style = {"facecolors": "0.6", "edgecolor": "0.3", "linewidth": 0.3}
@@ -96,6 +100,9 @@ def plot_timeline(
         Patch(facecolor="white", edgecolor="black", hatch="//", label="backward (hatched)"),
         Patch(facecolor="0.6", edgecolor="0.3", label="update / all-reduce"),
     ]
+    if any(kind == "W" for _, kind, _ in bars):
+        handles.insert(2, Patch(facecolor="white", edgecolor="black", hatch="xx",
+                                label="weight gradient W (cross-hatched)"))
     shown = sorted(microbatches)[:_LEGEND_MICROBATCHES]
     handles += [Patch(facecolor=cmap(mb % 20), label=f"micro-batch {mb}") for mb in shown]
     if len(microbatches) > len(shown):
@@ -112,14 +119,14 @@ def plot_timeline(
 
 
 def _classify(text: str) -> tuple[str, int, str]:
-    """``(kind, micro-batch or -1, bar label)``; kind is F, B, comm or other."""
+    """``(kind, micro-batch or -1, bar label)``; kind is F, B, I, W, comm or other."""
     try:
         action = parse_action(text)
     except ValueError:
         return "other", -1, ""
     if action.is_comm:
         return "comm", -1, ""
-    if action.op not in (Op.FORWARD, Op.BACKWARD):
+    if not action.is_compute:
         return "other", -1, ""
     assert action.microbatch is not None
     half = "ab"[action.piece - 1] if action.piece else ""

@@ -10,4 +10,5 @@ from . import (  # noqa: F401
     sliced,
     two_bw,
     wpipe,
+    zero_bubble,
 )

@@ -3,7 +3,9 @@
 The simulator times a schedule with these numbers::
 
     F of stage s             forward[s]          (a Slicer half, piece a/b: forward[s] / 2)
-    B of stage s             backward[s]
+    B of stage s             backward[s]         (the whole backward)
+    I of stage s             backward[s] - weight_grad[s]   (input gradient, split backward)
+    W of stage s             weight_grad[s]                  (weight gradient, split backward)
     activation s -> s+1      latency + transfer[s]   (half piece: latency + transfer[s] / 2)
     gradient   s+1 -> s      latency + transfer[s]   (the gradient has the activation's shape)
     U / AR / AV of stage s   update[s] / all_reduce[s] / average[s]
@@ -31,6 +33,7 @@ PerStage = float | Sequence[float]
 """One number for every stage, or one number per stage."""
 
 _PER_STAGE = ("forward", "backward", "activation_bytes", "update", "all_reduce", "average")
+_OPTIONAL_PER_STAGE = ("weight_grad",)
 _PER_BOUNDARY = ("comm", "boundary_bytes")
 
 
@@ -40,7 +43,12 @@ class Costs:
 
     Attributes:
         forward: forward time of a whole micro-batch, per stage (default 1).
-        backward: backward time of a micro-batch, per stage (default 2).
+        backward: backward time of a micro-batch, per stage (default 2): the whole backward,
+            what a ``B`` costs; a split backward's ``I`` and ``W`` together cost the same.
+        weight_grad: the weight-gradient part of ``backward``, per stage: what a ``W`` costs;
+            an ``I`` costs ``backward - weight_grad`` (zero-bubble schedules, Qi et al., ICLR
+            2024, §2). ``None`` (default): half the backward, so the defaults F=1, B=2 give
+            F = I = W = 1, the paper's idealised units. Must not exceed ``backward``.
         comm: transfer time of one activation (or gradient) across each boundary ``s -> s+1``;
             one number or ``stages - 1`` values (default 0). Leave it at 0 when you give
             ``boundary_bytes`` and ``bandwidth`` instead.
@@ -61,6 +69,7 @@ class Costs:
 
     forward: PerStage = 1.0
     backward: PerStage = 2.0
+    weight_grad: PerStage | None = None
     comm: PerStage = 0.0
     boundary_bytes: PerStage | None = None
     bandwidth: float | None = None
@@ -73,7 +82,7 @@ class Costs:
 
     def __post_init__(self) -> None:
         check_shared_cores(self.shared_cores)
-        for name in _PER_STAGE + _PER_BOUNDARY:
+        for name in _PER_STAGE + _OPTIONAL_PER_STAGE + _PER_BOUNDARY:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, _normalise(name, value))
@@ -88,6 +97,10 @@ class Costs:
                 f"boundary_bytes={self.boundary_bytes!r} and bandwidth={self.bandwidth!r}: give "
                 "both (transfer time = bytes / bandwidth) or neither"
             )
+        if self.weight_grad is not None:
+            backward, weight_grad = _as_tuple(self.backward), _as_tuple(self.weight_grad)
+            if len(backward) == len(weight_grad) or 1 in (len(backward), len(weight_grad)):
+                _check_weight_grad(backward, weight_grad)
         if self.boundary_bytes is not None and any(_as_tuple(self.comm)):
             raise ValueError(
                 f"comm={self.comm!r} and boundary_bytes/bandwidth both define the transfer time; "
@@ -112,6 +125,11 @@ class Costs:
         per_stage = {
             name: _expand(name, getattr(self, name), stages, "stage") for name in _PER_STAGE
         }
+        if self.weight_grad is None:
+            weight_grad = tuple(b / 2 for b in per_stage["backward"])
+        else:
+            weight_grad = _expand("weight_grad", self.weight_grad, stages, "stage")
+            _check_weight_grad(per_stage["backward"], weight_grad)
         if self.boundary_bytes is not None:
             assert self.bandwidth is not None
             sizes = _expand("boundary_bytes", self.boundary_bytes, stages - 1, "boundary")
@@ -119,13 +137,16 @@ class Costs:
         else:
             transfer = _expand("comm", self.comm, stages - 1, "boundary")
         return StageCosts(transfer=transfer, latency=self.latency, shared_cores=self.shared_cores,
-                          **per_stage)
+                          weight_grad=weight_grad, **per_stage)
 
     def to_json(self) -> dict[str, object]:
-        """Plain JSON-able form (sequences as lists)."""
+        """Plain JSON-able form (sequences as lists); ``weight_grad`` as the value simulated
+        (half the backward when it was not given), so ``Costs(**to_json())`` is the same."""
         out: dict[str, object] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "weight_grad" and value is None:
+                value = _halves(self.backward)
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -143,6 +164,17 @@ class StageCosts:
     all_reduce: tuple[float, ...]
     average: tuple[float, ...]
     shared_cores: int | None = None
+    weight_grad: tuple[float, ...] = ()
+    """What a ``W`` costs per stage (empty: half the backward)."""
+
+    def __post_init__(self) -> None:
+        if not self.weight_grad:
+            object.__setattr__(self, "weight_grad", tuple(b / 2 for b in self.backward))
+
+    @property
+    def input_grad(self) -> tuple[float, ...]:
+        """What an ``I`` costs per stage: the backward less its weight-gradient part."""
+        return tuple(b - w for b, w in zip(self.backward, self.weight_grad))
 
     def comm(self, boundary: int, half: bool = False) -> float:
         """Time of one transfer across ``boundary`` (between stages ``boundary`` and ``+1``)."""
@@ -155,6 +187,23 @@ def check_shared_cores(value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"shared_cores must be an integer >= 1 or None, got {value!r}: the CPU "
                          f"cores the ranks share, or None for a device per rank")
+
+
+def _check_weight_grad(backward: tuple[float, ...], weight_grad: tuple[float, ...]) -> None:
+    """Refuse a weight-gradient part larger than the backward it is part of."""
+    count = max(len(backward), len(weight_grad))
+    for s in range(count):
+        b, w = backward[s % len(backward)], weight_grad[s % len(weight_grad)]
+        if w > b:
+            where = f"stage {s}" if count > 1 else "every stage"
+            raise ValueError(
+                f"weight_grad {w:g} exceeds backward {b:g} on {where}: the weight gradient (W) is "
+                f"part of the whole backward (B = I + W); give weight_grad <= backward"
+            )
+
+
+def _halves(value: PerStage) -> float | tuple[float, ...]:
+    return tuple(v / 2 for v in value) if isinstance(value, Sequence) else value / 2
 
 
 def _as_tuple(value: PerStage) -> tuple[float, ...]:

@@ -16,21 +16,23 @@ predecessor's end (plus the transfer delay across ranks) equals the action's sta
 chain of tight edges back from the last backward is a longest path. Walking back from the end
 of the last backward we always take the tight predecessor on the highest stage, and between
 equal stages the same rank's previous action: among equally long paths this keeps the one
-nearest the last stage. The master stage is the stage holding the most forward/backward time
-on that path (ties: the later stage), which in a 1F1B schedule is the stage the path follows
-through the steady phase.
+nearest the last stage. A split backward's ``I`` and ``W`` are edges like ``B``: a ``W`` is
+reached from its rank's previous action only (no other stage waits for it). The master stage
+is the stage holding the most compute time on that path (ties: the later stage), which in a
+1F1B schedule is the stage the path follows through the steady phase.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from ..ir import Action, Op, Schedule, collective_key, dependencies
+from ..ir import COMPUTE_OPS, Action, Op, Schedule, collective_key, dependencies
 from ..ir.walk import DelayFn, Location
 
 __all__ = ["critical_path", "master_stage"]
 
-_COMPUTE = (Op.FORWARD, Op.BACKWARD)
+_COMPUTE = COMPUTE_OPS
+"""F, B and a split backward's I and W: the edges of AutoPipe's AOE network."""
 
 
 def critical_path(
@@ -49,8 +51,9 @@ def critical_path(
         delay: the cross-rank delay the walk used (None: no delay).
     """
     programs = schedule.programs
-    # The last backward: a rank runs its program in order, so its latest-ending compute action
-    # is its last one; take the latest of those (ties: the lower stage, then the lower rank).
+    # The last backward (B, or W of a split one): a rank runs its program in order, so its
+    # latest-ending compute action is its last one; take the latest of those (ties: the lower
+    # stage, then the lower rank).
     last: Location | None = None
     best: tuple[float, int] | None = None
     for rank, program in enumerate(programs):
@@ -99,7 +102,7 @@ def critical_path(
 
 def master_stage(schedule: Schedule, path: list[Location], start: list[list[float]],
                  end: list[list[float]]) -> int:
-    """The stage with the most forward/backward time on ``path`` (ties: the later stage)."""
+    """The stage with the most compute (F, B, I, W) time on ``path`` (ties: the later stage)."""
     load: dict[int, float] = defaultdict(float)
     for rank, position in path:
         action = schedule.programs[rank][position]

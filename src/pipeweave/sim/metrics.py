@@ -3,7 +3,8 @@
 Definitions (the same for simulated and measured timelines, see DESIGN.md "Measures"):
 
 * **iteration completion** ``c_k``: the end of the last backward of any micro-batch of
-  iteration ``k`` (micro-batches ``k*M .. k*M+M-1``, every stage and pipeline).
+  iteration ``k`` (micro-batches ``k*M .. k*M+M-1``, every stage and pipeline); of a split
+  backward, the end of its ``W`` (the last gradient the update needs).
 * **iteration time**: a synchronous schedule (a flush per iteration) repeats the same
   iteration, so it is ``makespan / K``. An asynchronous schedule has no flush; its steady
   state is measured between completions, leaving out the first iteration (pipeline fill) and
@@ -14,11 +15,16 @@ Definitions (the same for simulated and measured timelines, see DESIGN.md "Measu
       K == 1:  makespan                      window [0, makespan]
 
 * **bubble fraction**: ``1 - busy / (ranks x window)``, with ``busy`` the forward and backward
-  time inside the window (updates, all-reduces and transfers are not compute).
+  time (``F``, ``B``, ``I``, ``W``) inside the window (updates, all-reduces and transfers are
+  not compute).
 * **held activations**: a forward's activation is held from the start of the forward to the
-  end of its backward, on the rank that runs both. A Slicer half (piece ``a``/``b``) holds
-  half a micro-batch, so it counts 0.5 (and half the bytes). Ranks run their programs in
-  order, so the peak is read off program order, independent of the costs.
+  end of its backward, on the rank that runs both. A split backward's ``I`` does not release
+  it: the ``W`` still needs the stage's saved inputs (the weight gradient is the input
+  activation times the output gradient), so it is held until the end of the ``W`` — what a
+  zero-bubble schedule leaves alive by deferring its ``W``'s (Qi et al., ICLR 2024, §2: ZB-H1
+  keeps 1F1B's peak of P on the first stage, ZB-H2 2P-1). A Slicer half (piece ``a``/``b``)
+  holds half a micro-batch, so it counts 0.5 (and half the bytes). Ranks run their programs
+  in order, so the peak is read off program order, independent of the costs.
 * **weight versions** of a stage: its current weights plus every older version a later
   action still names (stashing, PipeDream §3.3; vertical sync; 2BW; WPipe's G0), plus one
   transient set while an action runs on predicted weights (PipeOptim, SpecTrain).
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ir import Op, Schedule
+from ..ir import COMPUTE_OPS, WEIGHT_GRADIENT_OPS, Op, Schedule
 from .costs import StageCosts
 
 __all__ = [
@@ -36,7 +42,7 @@ __all__ = [
     "peak_activations", "weight_versions",
 ]
 
-_F, _B, _U = Op.FORWARD, Op.BACKWARD, Op.STEP
+_F, _B, _W, _U = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_WEIGHT, Op.STEP
 
 
 def iteration_completions(schedule: Schedule, end: list[list[float]]) -> list[float]:
@@ -46,7 +52,7 @@ def iteration_completions(schedule: Schedule, end: list[list[float]]) -> list[fl
     for program, ends in zip(schedule.programs, end):
         for action, t in zip(program, ends):
             microbatch = action[2]
-            if action[0] is _B and microbatch is not None:
+            if action[0] in WEIGHT_GRADIENT_OPS and microbatch is not None:
                 k = microbatch // per_iteration
                 if k < len(completions) and t > completions[k]:
                     completions[k] = t
@@ -70,9 +76,9 @@ def busy_time(
     schedule: Schedule, start: list[list[float]], end: list[list[float]],
     window: tuple[float, float] | None = None,
 ) -> list[float]:
-    """Forward + backward time of each rank, clipped to ``window`` when given."""
+    """Compute time (``F``, ``B``, ``I``, ``W``) of each rank, clipped to ``window`` when given."""
     busy = []
-    compute = (_F, _B)
+    compute = COMPUTE_OPS
     for program, starts, ends in zip(schedule.programs, start, end):
         if window is None:
             spans = [t1 - t0 for action, t0, t1 in zip(program, starts, ends)
@@ -116,7 +122,7 @@ def peak_activations(schedule: Schedule, costs: StageCosts) -> tuple[list[float]
                     peak_count = count
                 if volume > peak_volume:
                     peak_volume = volume
-            elif op is _B:
+            elif op is _B or op is _W:  # an I leaves the activation to its W
                 share = held.pop((action[1], action[2], action[6]), 0.0)
                 count -= share
                 volume -= share * sizes[action[1]]
@@ -136,7 +142,8 @@ def weight_versions(schedule: Schedule, *, keep_predicted: bool = False) -> list
     on predicted weights (``lookahead`` > 0: PipeOptim, SpecTrain). This is what the
     runtime's :class:`pipeweave.runtime.execution.weights.StageWeights` keeps. With ``keep_predicted``
     (PipeOptim's ``backward="graph"``) a predicted forward's set is kept until the backward of
-    its micro-batch instead. The maximum is taken over replicas and parallel pipelines (each
+    its micro-batch instead (of a split backward, its ``W``; ``I`` and ``W`` name versions as
+    ``B`` does). The maximum is taken over replicas and parallel pipelines (each
     pipeline keeps its own copy).
     """
     peak = [0] * schedule.num_stages
@@ -144,14 +151,14 @@ def weight_versions(schedule: Schedule, *, keep_predicted: bool = False) -> list
         last_use: dict[tuple[int, int, int], int] = {}
         for position, action in enumerate(program):
             op, stage, _, _, version, _, pipeline = action
-            if (op is _F or op is _B) and version is not None:
+            if op in COMPUTE_OPS and version is not None:
                 last_use[(stage, pipeline, version)] = position
         current: dict[tuple[int, int], int] = {}
         old: dict[tuple[int, int], set[int]] = {}
         predicted: dict[tuple[int, int], set[tuple[int | None, int]]] = {}
         for position, action in enumerate(program):
             op, stage, microbatch, piece, version, lookahead, pipeline = action
-            if op is not _F and op is not _B and op is not _U:
+            if op is not _U and op not in COMPUTE_OPS:
                 continue
             key = (stage, pipeline)
             now = current.setdefault(key, 0)
@@ -169,7 +176,7 @@ def weight_versions(schedule: Schedule, *, keep_predicted: bool = False) -> list
                 held = 1 + len(kept) + len(in_flight)
             else:
                 held = 1 + len(kept) + len(in_flight) + (1 if lookahead else 0)
-                if op is _B:
+                if op is _B or op is _W:  # a split backward's graph lives until its W
                     in_flight.difference_update([k for k in in_flight if k[0] == microbatch])
             if held > peak[stage]:
                 peak[stage] = held

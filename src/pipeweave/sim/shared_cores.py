@@ -12,9 +12,10 @@ simulation over the same dependencies and program order as ``walk``:
 
 * an action becomes ready when the previous action of its rank and every dependency have
   finished (plus the edge's delay across ranks), exactly as in ``walk``;
-* between two events, the ``n`` compute actions in progress (forward, backward, optimizer
-  step) each advance at rate ``min(1, cores / n)``: an action of cost ``c`` that shares the
-  cores with others the whole time ends ``c * n / cores`` after it started;
+* between two events, the ``n`` compute actions in progress (forward, backward — whole or
+  its ``I``/``W`` parts — optimizer step) each advance at rate ``min(1, cores / n)``: an
+  action of cost ``c`` that shares the cores with others the whole time ends
+  ``c * n / cores`` after it started;
 * everything else (sends, receives, the all-reduce and averaging exchanges) takes its cost as
   wall time and uses no core — it waits on the network, not the CPU.
 
@@ -34,7 +35,7 @@ from ..ir.walk import DelayFn, DurationFn, Location, Walk, index_actions
 
 __all__ = ["walk_shared_cores", "COMPUTE_OPS"]
 
-COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD, Op.STEP})
+COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.STEP})
 """Actions that need a core; the others wait on the network."""
 
 _EPS = 1e-12

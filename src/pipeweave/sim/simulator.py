@@ -3,8 +3,9 @@
 It is the longest-path walk of :func:`pipeweave.ir.walk` (program order on each rank plus the
 data dependencies of :func:`pipeweave.ir.deps.dependencies`) with these rules:
 
-* a forward/backward takes its stage's cost (a Slicer half: half of it), ``U``/``AR``/``AV``
-  their update/all-reduce/averaging costs;
+* a forward/backward takes its stage's cost (a Slicer half: half of it), a split backward's
+  ``I`` the backward less its weight-gradient part and ``W`` that part
+  (:class:`pipeweave.sim.Costs`), ``U``/``AR``/``AV`` their update/all-reduce/averaging costs;
 * sends are asynchronous (the sender moves on at once) and a receive completes at the
   send's end plus the transfer time. Lowering a compute-only schedule therefore adds nothing
   but that delay on each cross-rank edge, so a compute-only schedule is walked directly with
@@ -66,9 +67,10 @@ class SimulationResult:
         makespan: end of the last action.
         iteration_time: time per iteration (see :mod:`pipeweave.sim.metrics`).
         window: the interval the iteration time and bubble are measured over.
-        busy: forward + backward time of each rank inside ``window``.
+        busy: compute time (F, B, I, W) of each rank inside ``window``.
         bubble_fraction: ``1 - sum(busy) / (ranks x window)``.
-        peak_activations: per rank, most activations held at once (halves count 0.5).
+        peak_activations: per rank, most activations held at once (halves count 0.5); an
+            activation is held from its forward until its weight gradient (``B`` or ``W``).
         peak_activation_bytes: per rank, most activation bytes held at once.
         weight_versions: per stage, most weight versions one copy of the stage holds.
         critical_path_locations: ``(rank, position)`` of each critical-path action.
@@ -203,6 +205,8 @@ def _duration_fn(costs: StageCosts) -> DurationFn:
     by_op: dict[Op, tuple[float, ...]] = {
         Op.FORWARD: costs.forward,
         Op.BACKWARD: costs.backward,
+        Op.BACKWARD_INPUT: costs.input_grad,
+        Op.BACKWARD_WEIGHT: costs.weight_grad,
         Op.STEP: costs.update,
         Op.ALL_REDUCE: costs.all_reduce,
         Op.AVERAGE: costs.average,

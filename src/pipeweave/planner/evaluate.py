@@ -7,6 +7,8 @@ Every planner is judged the same way: the plan's schedule is simulated
     comm[s]     = output_bytes(last block of s) / bandwidth(boundary s)   (+ latency)
     all_reduce  = 4 (r-1) |w_s| / (r B)  for a stage with r replicas   (pipedream.txt §3.1)
     update[s]   = sum of the blocks' optimizer-step times
+    weight_grad[s] = sum of the blocks' weight-gradient (W) times, a block's backward / 2
+                  where the profile does not know it (split-backward schedules)
     (forward, backward and update times x the profile's ``sharing_overhead`` when the ranks
     share CPU cores, ``Network.shared_cores``)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
@@ -71,13 +73,19 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
     backward = [overhead * sum(b.backward for b in blocks[a:e]) for a, e in bounds]
     activation = [sum(b.activation_bytes for b in blocks[a:e]) for a, e in bounds]
     update = [overhead * sum(b.update for b in blocks[a:e]) for a, e in bounds]
+    # W, the weight-gradient half of a split backward, where the profile measured it (blocks
+    # with 0 are unknown: they count half their backward, the simulator's default)
+    weight = [overhead * sum(b.weight_grad if b.weight_grad > 0 else b.backward / 2
+                             for b in blocks[a:e]) for a, e in bounds]
     comm = [blocks[e - 1].output_bytes / network.boundary(s) if not math.isinf(network.boundary(s))
             else 0.0 for s, (_, e) in enumerate(bounds[:-1])]
     reduce = [0.0] * len(bounds)
     if replicas is not None:
         reduce = [allreduce_time(sum(b.parameter_bytes for b in blocks[a:e]), r, network.replicas(s))
                   for s, ((a, e), r) in enumerate(zip(bounds, replicas))]
-    return Costs(forward=forward, backward=backward, comm=comm or 0.0, latency=network.latency,
+    weight = [min(w, b) for w, b in zip(weight, backward)]  # measured W can exceed B by noise
+    return Costs(forward=forward, backward=backward, weight_grad=weight, comm=comm or 0.0,
+                 latency=network.latency,
                  activation_bytes=activation, all_reduce=reduce, update=update,
                  shared_cores=network.shared_cores)
 

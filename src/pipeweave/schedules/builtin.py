@@ -9,5 +9,7 @@ from . import (  # noqa: F401
     pipeoptim,
     sliced,
     two_bw,
+    v_blocks,
     wpipe,
+    zbv,
 )

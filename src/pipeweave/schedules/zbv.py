@@ -3,7 +3,10 @@
 Two chunks per rank in a V (:mod:`.v_shape`), every backward split into ``I`` (input gradient,
 what the previous stage waits for) and ``W`` (weight gradient, free to fill a bubble). The
 paper's claims, at equal pass times ``F = I = W``: no bubble in the steady state, and the same
-peak activation memory as 1F1B, ``P`` stage units (``2P`` chunk activations) on the fullest rank.
+peak activation memory as 1F1B, ``P`` stage units on the fullest rank. The unit (as in
+:mod:`.v_shape`): a *chunk activation* is what one micro-batch leaves on one chunk between its
+``F`` and its ``W``, half a stage's since a chunk is half a stage; two make a *stage unit*, in
+which 1F1B's first rank holds ``P``. So the cap here is ``2P`` chunk activations.
 
 The order is found by list scheduling at unit cost, one pass per unit time, messages free,
 every rank at once. At each step a rank starts the first of these passes that is *ready*
@@ -20,10 +23,12 @@ every rank at once. At each step a rank starts the first of these passes that is
 Each chunk's forwards and input gradients go in micro-batch order. A chunk activation is held
 from its ``F`` to its ``W``, so no rank ever holds more than ``2P``: 1F1B's ``P`` on its first
 rank, here on every rank (the V balances memory). Rank ``P-1`` cannot start before step
-``P-1`` and has ``6M`` passes, so an iteration takes at least ``6M + P - 1`` steps; this order
-reaches that bound whenever ``M <= 2P`` and stays within a few steps of it for larger ``M``:
-the steady state has no bubble, and each iteration costs ``P - 1`` steps of fill (1F1B's is
-``6(P - 1)`` in the same unit: a full stage's ``F + B`` is six chunk passes).
+``P-1`` and has ``6M`` passes, so an iteration takes at least ``6M + P - 1`` steps. For
+``M >= P`` this order takes ``6M + P - 1 + e`` with ``0 <= e <= P - 2`` (checked for ``P <= 8``
+and ``M`` up to ``10P``): ``e = 0`` at ``M = P``, and at every ``M >= 2P`` when ``P <= 4``.
+``e`` does not grow with ``M``: the steady state has no bubble, and an iteration pays ``P - 1``
+(+ ``e``) steps of fill where 1F1B pays ``6(P - 1)`` in the same unit (a full stage's ``F + B``
+is six chunk passes).
 
 P=2, M=4 (stages 0,3 on rank 0 and 1,2 on rank 1), unit-cost timeline; iteration time 25 =
 6M + P - 1, rank 0 holding 0F0..0F2 and 3F0 (four chunk activations) at step 4::

@@ -19,7 +19,8 @@ from pipeweave.ir import Action, Op, lower, validate, walk
 from pipeweave.schedules import Shape, available_schedules, build_schedule, get_info
 from pipeweave.sim import Costs, simulate
 
-CHUNKS = {"interleaved-1f1b": 2, "wpipe": 2, "zbv": 2, "v-half": 2, "v-min": 2}
+CHUNKS = {"interleaved-1f1b": 2, "wpipe": 2, "zbv": 2, "v-half": 2, "v-min": 2,
+          "interleaved-zb": 2}
 PIPELINES = {"avgpipe": 2}
 STAGES = (1, 2, 3, 4, 5)
 MICROBATCHES = (1, 2, 3, 4, 5, 8)
@@ -53,7 +54,8 @@ def one_unit(*_: object) -> float:
 
 def test_every_builtin_schedule_is_registered() -> None:
     assert set(NAMES) >= {"gpipe", "1f1b", "interleaved-1f1b", "pipedream", "2bw", "pipeoptim",
-                          "spectrain", "wpipe", "avgpipe", "sliced-1f1b", "zbv", "v-half", "v-min"}
+                          "spectrain", "wpipe", "avgpipe", "sliced-1f1b", "zbv", "v-half", "v-min",
+                          "interleaved-zb"}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     avgpipe,
     gpipe,
     interleaved,
+    interleaved_zb,
     one_f_one_b,
     pipedream,
     pipeoptim,

@@ -23,19 +23,13 @@ which the papers count ("activation memory by micro-batch").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
-from ..ir import Action, Op, Schedule
-from .common import flush_schedule, one_f_one_b_order, routed, update_actions
+from ..ir import Schedule
+from .common import CopyOrder, Pass, copies_schedule, flush_schedule, one_f_one_b_order
 from .registry import Shape
 
 __all__ = ["Pass", "VOrder", "v_schedule"]
 
-Pass = tuple[Op, int, int]
-"""``(op, stage, i)``: a pass of the ``i``-th micro-batch (0-based, within one iteration and one
-pipeline copy) on ``stage``."""
-
-VOrder = Callable[[int, int], Sequence[Sequence[Pass]]]
+VOrder = CopyOrder
 """``order(P, M)``: for each rank ``r = 0 .. P-1`` of one pipeline copy, its passes of one
 iteration of ``M`` micro-batches, in program order (``F``, ``I`` and ``W`` of stages ``r`` and
 ``2P - 1 - r``)."""
@@ -50,24 +44,7 @@ def v_schedule(name: str, shape: Shape, order: VOrder) -> Schedule:
     if shape.chunks == 1:
         return flush_schedule(name, shape, one_f_one_b_order)
     _check(name, shape)
-    layout = shape.layout("v")
-    P, M = shape.stages, shape.microbatches
-    orders: dict[int, Sequence[Sequence[Pass]]] = {}
-    programs: list[list[Action]] = [[] for _ in range(layout.num_ranks)]
-    for copy in range(shape.width):
-        for k in range(shape.iterations):
-            mbs = routed(layout, 0, copy * P, range(k * M, (k + 1) * M))
-            if len(mbs) not in orders:
-                orders[len(mbs)] = order(P, len(mbs))
-            for r, passes in enumerate(orders[len(mbs)]):
-                rank = copy * P + r
-                programs[rank].extend(Action(op, stage, mbs[i], version=k) for op, stage, i in passes)
-                for stage in layout.stages_of(rank):
-                    programs[rank].extend(update_actions(layout, stage, k + 1))
-    return Schedule(
-        name=name, layout=layout, microbatches=M, iterations=shape.iterations,
-        programs=tuple(tuple(p) for p in programs), synchronous=True, options=dict(shape.options),
-    )
+    return copies_schedule(name, shape, shape.layout("v"), order)
 
 
 def _check(name: str, shape: Shape) -> None:

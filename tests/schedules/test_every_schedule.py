@@ -2,7 +2,8 @@
 
 For each (P, M, K) the generator accepts: the validator passes, every (stage, micro-batch,
 pipeline) has exactly one forward and one backward per iteration (a sliced forward counts as
-its two halves, a split backward as its I and W), lowering gives a valid schedule, and the simulator runs the lowered schedule
+its two halves, a split backward as its I and W), the layout is the one the registry names
+(:meth:`ScheduleInfo.layout`), lowering gives a valid schedule, and the simulator runs the lowered schedule
 to the end (deadlock-free) with the same iteration time as the compute-only one. Shapes a
 generator refuses must be refused with a message that names the fix.
 """
@@ -15,10 +16,11 @@ from collections import Counter
 import pytest
 
 from pipeweave.ir import GRADIENT_OPS, Op, lower, validate
-from pipeweave.schedules import available_schedules, build_schedule, get_info
+from pipeweave.schedules import Shape, available_schedules, build_schedule, get_info
 from pipeweave.sim import Costs, simulate
 
-CHUNKS = {"interleaved-1f1b": 2, "wpipe": 2}
+CHUNKS = {"interleaved-1f1b": 2, "wpipe": 2, "zbv": 2, "v-half": 2, "v-min": 2,
+          "interleaved-zb": 2}
 PIPELINES = {"avgpipe": 2}
 STAGES = (1, 2, 3, 4, 5)
 MICROBATCHES = (1, 2, 3, 4, 5, 8)
@@ -32,14 +34,19 @@ def shapes(name: str) -> list[tuple[int, int, int]]:
             if not (info.synchronous and k == 2 and m > 4)]  # keep the grid quick
 
 
+def shape(name: str, p: int, m: int, k: int) -> Shape:
+    return Shape(stages=p, microbatches=m, iterations=k, chunks=CHUNKS.get(name, 1),
+                 pipelines=PIPELINES.get(name, 1))
+
+
 def build(name: str, p: int, m: int, k: int):  # type: ignore[no-untyped-def]
-    return build_schedule(name, stages=p, microbatches=m, iterations=k, chunks=CHUNKS.get(name, 1),
-                          pipelines=PIPELINES.get(name, 1))
+    return build_schedule(name, shape(name, p, m, k))
 
 
 def test_every_builtin_schedule_is_registered() -> None:
     assert set(NAMES) >= {"gpipe", "1f1b", "interleaved-1f1b", "pipedream", "2bw", "pipeoptim",
-                          "spectrain", "wpipe", "avgpipe", "sliced-1f1b", "zb-h1", "zb-h2"}
+                          "spectrain", "wpipe", "avgpipe", "sliced-1f1b", "zb-h1", "zb-h2",
+                          "zbv", "v-half", "v-min", "interleaved-zb"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -56,6 +63,7 @@ def test_grid_is_valid_complete_and_deadlock_free(name: str) -> None:
             continue
         built += 1
         validate(schedule)
+        assert schedule.layout == get_info(name).layout(shape(name, p, m, k)), (name, p, m, k)
         stages = schedule.num_stages
         pipelines = PIPELINES.get(name, 1)
         halves: Counter[tuple[Op, int, int, int]] = Counter()
@@ -72,8 +80,9 @@ def test_grid_is_valid_complete_and_deadlock_free(name: str) -> None:
         lowered = lower(schedule)
         validate(lowered)
         costs = Costs.uniform(1.0, 2.0, 0.25)
-        assert simulate(lowered, costs).iteration_time == pytest.approx(
-            simulate(schedule, costs).iteration_time)
+        timed = simulate(lowered, costs)  # runs to the end: deadlock-free
+        # (lowering merges an I directly followed by its W into B, which costs I + W)
+        assert timed.iteration_time == pytest.approx(simulate(schedule, costs).iteration_time)
     assert built >= 15, f"{name}: only {built} shapes built, {refused} refused"
 
 

@@ -4,6 +4,9 @@ One mechanism covers every placement the papers use:
 
 * a straight pipeline: stage ``s`` on rank ``s``;
 * chunks / virtual stages (interleaved 1F1B, WPipe's two groups): stage ``s`` on rank ``s % P``;
+* a V (zero-bubble V-shape schedules): ``2P`` stages, rank ``r`` holding stages ``r`` and
+  ``2P - 1 - r``, so the model goes down the ranks and comes back up and the last stage (the
+  loss) sits on rank 0 beside the first;
 * replicated stages (PipeDream's 1F1B-RR): stage ``s`` on several ranks, micro-batch ``j``
   routed round-robin to replica ``j % r_s`` for forward *and* backward;
 * data-parallel width ``w`` (WPipe's depth x width, plain DP of a pipeline): every stage
@@ -52,6 +55,19 @@ class Layout:
         return cls(tuple((s % ranks,) for s in range(ranks * chunks)))
 
     @classmethod
+    def v_shape(cls, ranks: int, width: int = 1) -> "Layout":
+        """``2 * ranks`` stages in a V: rank ``r`` holds stages ``r`` and ``2*ranks - 1 - r``.
+
+        The forward goes down the ranks (stages ``0 .. ranks-1``) and back up (stages
+        ``ranks .. 2*ranks-1``): both stages at the bottom of the V sit on rank ``ranks - 1``,
+        so that boundary needs no message, and the last stage is on rank 0. ``width`` copies
+        as in :meth:`data_parallel`. Example, ``ranks=3``: stages 0..5 on ranks 0 1 2 2 1 0.
+        """
+        _check_positive("ranks", ranks)
+        base = cls(tuple((min(s, 2 * ranks - 1 - s),) for s in range(2 * ranks)))
+        return base._copies(ranks, width)
+
+    @classmethod
     def replicated(cls, replicas: Sequence[int]) -> "Layout":
         """Stage ``s`` on ``replicas[s]`` consecutive ranks (PipeDream's replicated stages)."""
         stages: list[tuple[int, ...]] = []
@@ -67,11 +83,14 @@ class Layout:
     def data_parallel(cls, depth: int, width: int, chunks: int = 1) -> "Layout":
         """``width`` copies of a ``depth``-rank pipeline; copy ``k`` uses ranks ``k*depth ..``."""
         _check_positive("depth", depth)
+        return cls.chunked(depth, chunks)._copies(depth, width)
+
+    def _copies(self, depth: int, width: int) -> "Layout":
+        """``width`` copies of this one-copy layout on ``depth`` ranks; copy ``k`` uses ranks
+        ``k*depth ..`` (micro-batch ``j`` runs on copy ``j % width``)."""
         _check_positive("width", width)
-        base = cls.chunked(depth, chunks)
-        return cls(
-            tuple(tuple(k * depth + ranks[0] for k in range(width)) for ranks in base.stage_ranks)
-        )
+        return Layout(tuple(tuple(k * depth + ranks[0] for k in range(width))
+                            for ranks in self.stage_ranks))
 
     # -- queries --------------------------------------------------------------------
     @property

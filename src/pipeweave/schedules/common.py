@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from ..ir import Action, Layout, Op, Schedule
 from .registry import Shape
 
-__all__ = ["routed", "update_actions", "flush_schedule", "Order", "one_f_one_b_order"]
+__all__ = ["routed", "update_actions", "flush_schedule", "Order", "one_f_one_b_order", "Pass",
+           "CopyOrder", "copies_schedule"]
 
 Order = Callable[[int, int, Sequence[int]], list[tuple[Op, int]]]
 """``order(position, depth, microbatches)``: the F/B sequence of one stage of a flush schedule,
@@ -70,3 +71,39 @@ def one_f_one_b_order(position: int, depth: int, microbatches: Sequence[int]) ->
         order.append((Op.BACKWARD, microbatches[i]))
     order.extend((Op.BACKWARD, microbatches[i]) for i in range(n - warmup, n))
     return order
+
+
+Pass = tuple[Op, int, int]
+"""``(op, stage, i)``: a pass of the ``i``-th micro-batch (0-based, within one iteration and one
+pipeline copy) on ``stage``."""
+
+CopyOrder = Callable[[int, int], Sequence[Sequence[Pass]]]
+"""``order(P, M)``: for each rank ``r = 0 .. P-1`` of one pipeline copy, its passes of one
+iteration of ``M`` micro-batches, in program order. Zero-bubble orders are found for all of a
+copy's ranks at once (a pass may wait for another rank's), hence one function for the copy."""
+
+
+def copies_schedule(name: str, shape: Shape, layout: Layout, order: CopyOrder) -> Schedule:
+    """A synchronous schedule on ``layout`` (``shape.width`` copies of ``P`` ranks): every
+    iteration runs ``order`` on each copy's micro-batches, then updates each rank's stages.
+
+    Iteration ``k`` uses weight version ``k`` and ends with update ``k+1`` (after the
+    all-reduce among the copies when ``width > 1``), as :func:`flush_schedule`.
+    """
+    P, M = shape.stages, shape.microbatches
+    orders: dict[int, Sequence[Sequence[Pass]]] = {}
+    programs: list[list[Action]] = [[] for _ in range(layout.num_ranks)]
+    for copy in range(shape.width):
+        for k in range(shape.iterations):
+            mbs = routed(layout, 0, copy * P, range(k * M, (k + 1) * M))
+            if len(mbs) not in orders:
+                orders[len(mbs)] = order(P, len(mbs))
+            for r, passes in enumerate(orders[len(mbs)]):
+                rank = copy * P + r
+                programs[rank].extend(Action(op, stage, mbs[i], version=k) for op, stage, i in passes)
+                for stage in layout.stages_of(rank):
+                    programs[rank].extend(update_actions(layout, stage, k + 1))
+    return Schedule(
+        name=name, layout=layout, microbatches=M, iterations=shape.iterations,
+        programs=tuple(tuple(p) for p in programs), synchronous=True, options=dict(shape.options),
+    )

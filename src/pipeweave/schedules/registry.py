@@ -9,7 +9,12 @@ from typing import Any
 from ..ir import Layout, Schedule
 
 __all__ = ["Shape", "ScheduleInfo", "register", "build_schedule", "available_schedules", "get_info",
-           "check_options"]
+           "check_options", "PLACEMENTS"]
+
+PLACEMENTS = ("loop", "v")
+"""How chunks sit on the ranks: ``"loop"``, stage ``s`` on rank ``s % P`` (straight with one
+chunk; interleaved 1F1B, WPipe), or ``"v"``, rank ``r`` holding stages ``r`` and ``2P - 1 - r``
+(two chunks; zero-bubble V-shape schedules), :meth:`Layout.v_shape`."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +55,21 @@ class Shape:
             if self.width != 1:
                 raise ValueError("give either replicas (per stage) or width (whole pipeline), not both")
 
-    def layout(self) -> Layout:
+    def layout(self, placement: str = "loop") -> Layout:
+        """The layout for this shape with chunks placed as ``placement`` says (:data:`PLACEMENTS`);
+        a generator that needs the V asks for it, and registers ``placement="v"`` so that anyone
+        can find its layout without generating it (:attr:`ScheduleInfo.placement`)."""
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {placement!r}; use one of {list(PLACEMENTS)}")
         if self.replicas is not None:
             if self.chunks != 1:
                 raise ValueError("replicated stages are only supported with chunks=1")
             return Layout.replicated(self.replicas)
+        if placement == "v":
+            if self.chunks != 2:
+                raise ValueError(f"a V places exactly two chunks on every rank (rank r holds "
+                                 f"stages r and 2P-1-r), got chunks={self.chunks}; use chunks=2")
+            return Layout.v_shape(self.stages, self.width)
         return Layout.data_parallel(self.stages, self.width, self.chunks)
 
     def option(self, name: str, default: Any) -> Any:
@@ -87,6 +102,13 @@ class ScheduleInfo:
     cost: str = ""
     """Work the schedule does beyond one forward and one backward per micro-batch and stage
     (PipeOptim's recomputed forward), in words; ``pipeweave schedules`` prints it."""
+    placement: str = "loop"
+    """Where its chunks go when ``chunks > 1`` (:data:`PLACEMENTS`): the generated schedule's
+    layout is ``shape.layout(placement)``; with one chunk every schedule is straight."""
+
+    def layout(self, shape: Shape) -> Layout:
+        """The layout this schedule uses for ``shape``, without generating it."""
+        return shape.layout(self.placement if shape.chunks > 1 else "loop")
 
 
 _REGISTRY: dict[str, ScheduleInfo] = {}
@@ -103,8 +125,12 @@ def register(
     default_chunks: int = 1,
     default_optimizer: tuple[str, Mapping[str, Any]] | None = None,
     cost: str = "",
+    placement: str = "loop",
 ) -> Callable[[Generator], Generator]:
     """Decorator registering a generator under ``name``."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"schedule {name!r}: unknown placement {placement!r}; use one of "
+                         f"{list(PLACEMENTS)}")
 
     def decorate(fn: Generator) -> Generator:
         if name in _REGISTRY:
@@ -112,7 +138,7 @@ def register(
         _REGISTRY[name] = ScheduleInfo(
             name, description, paper, synchronous, fn,
             min_microbatches if min_microbatches is not None else (lambda shape: 1),
-            tuple(options), default_chunks, default_optimizer, cost,
+            tuple(options), default_chunks, default_optimizer, cost, placement,
         )
         return fn
 

@@ -22,7 +22,7 @@ from ...schedules import build_schedule
 from ..job import Job
 from ...planner.plan import Plan
 from .elastic_averaging import ElasticAverager
-from .stage import StageRuntime
+from .stage import HeldActivations, StageRuntime
 from .weights import StageWeights
 
 __all__ = ["RankParts", "build_rank", "make_schedule", "check_model_fits_plan", "preflight"]
@@ -139,6 +139,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
     stages: dict[int, StageRuntime] = {}
     optimizers: dict[int, torch.optim.Optimizer] = {}
     weights: dict[int, StageWeights] = {}
+    held = HeldActivations()  # one count over the rank's stages
     backward = job.plan.semantics.backward_mode
     for stage in schedule.layout.stages_of(rank):
         start, end = job.plan.stages[stage]
@@ -150,6 +151,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
             update_scale=last_size / sizes[(stage, pipeline)],
             split_backward=any(a.op is Op.BACKWARD_INPUT and a.stage == stage
                                for a in schedule.programs[rank]),
+            held=held,
         )
         optimizers[stage] = job.optimizer(module.parameters())
         weights[stage] = StageWeights(

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ...split_backward import (PendingWeights, RecordedOutput, input_gradient, recording,
                                weight_gradient)
 
-__all__ = ["StageRuntime", "StageError"]
+__all__ = ["StageRuntime", "StageError", "HeldActivations"]
 
 Key = tuple[int, int, int]
 """(micro-batch, piece, pipeline)."""
@@ -57,6 +57,19 @@ class _Pending:
     """The stashed bytes the micro-batch counts until its ``W``."""
 
 
+class HeldActivations:
+    """Micro-batches whose activations one rank holds now, over all its stages, and the most
+    at once (what the simulator's ``peak_activations`` counts per rank)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    def change(self, delta: int) -> None:
+        self.now += delta
+        self.peak = max(self.peak, self.now)
+
+
 class StageRuntime:
     """Executes forward/backward of one stage (a contiguous range of blocks)."""
 
@@ -73,6 +86,7 @@ class StageRuntime:
         loss_scale: float = 1.0,
         update_scale: float = 1.0,
         split_backward: bool = False,
+        held: HeldActivations | None = None,
     ) -> None:
         """``loss_scale``: ``M / K`` (M micro-batches per batch, K per update of the last
         stage), what the batch-weighted loss is multiplied by before its backward;
@@ -92,6 +106,8 @@ class StageRuntime:
         self._stash: dict[Key, _Stash] = {}
         self._pending: dict[Key, _Pending] = {}
         """Split backwards between their ``I`` and ``W``."""
+        self.held = held if held is not None else HeldActivations()
+        self._alive = 0  # micro-batches with a stash or a pending W here
         self.losses: dict[int, float] = {}
         """Weighted loss contribution per micro-batch (last stage only)."""
         self.peak_stashed = 0
@@ -157,9 +173,15 @@ class StageRuntime:
     def _keep(self, key: Key, stash: _Stash) -> None:
         self._stash[key] = stash
         self._stashed_bytes += _nbytes(stash)
-        alive = {(k[0], k[2]) for k in self._stash} | {(k[0], k[2]) for k in self._pending}
-        self.peak_stashed = max(self.peak_stashed, len(alive))
+        self._recount()
+        self.peak_stashed = max(self.peak_stashed, self._alive)
         self.peak_stashed_bytes = max(self.peak_stashed_bytes, self._stashed_bytes)
+
+    def _recount(self) -> None:
+        """Tell the rank's count how many micro-batches this stage holds now."""
+        alive = len({(k[0], k[2]) for k in self._stash} | {(k[0], k[2]) for k in self._pending})
+        self.held.change(alive - self._alive)
+        self._alive = alive
 
     # -- backward ---------------------------------------------------------------------
     def backward(self, microbatch: int, pipeline: int, grad_output: Tensor | None, *,
@@ -193,6 +215,7 @@ class StageRuntime:
             if stash.inputs.requires_grad:
                 grad = stash.inputs.grad
                 grads.append(grad if grad is not None else torch.zeros_like(stash.inputs))
+        self._recount()
         if not grads:
             return None
         return grads[0] if len(grads) == 1 else torch.cat(grads)
@@ -263,6 +286,7 @@ class StageRuntime:
             pending = self._pending.pop((microbatch, piece, pipeline))
             self._stashed_bytes -= pending.nbytes
             weight_gradient(pending.weights)
+        self._recount()
 
     def _module(self, replica: nn.Module | None) -> nn.Module:
         return self.module if replica is None else replica

@@ -37,6 +37,8 @@ class RankResult:
     records: list[tuple[int, str, float, float]] = field(default_factory=list)
     peak_memory_bytes: int = 0
     peak_stashed_microbatches: int = 0
+    """Most micro-batches whose activations the rank held at once, over all its stages (a
+    split backward's from its F until its W); the simulator's ``peak_activations``."""
     parameters: dict[str, Tensor] = field(default_factory=dict)
     """``"<block>.<name>" -> tensor`` for the blocks this rank owns (first replica only); with
     parallel pipelines, the reference model's values."""
@@ -95,7 +97,7 @@ def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: 
     result = RankResult(rank=rank, records=records, wall_seconds=wall)
     for stage_id, stage in parts.stages.items():
         result.losses.update(stage.losses)
-        result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.peak_stashed)
+        result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.held.peak)
         weights = parts.weights[stage_id]
         result.peak_weight_versions[stage_id] = weights.peak_versions
         result.peak_weight_copies[stage_id] = weights.peak_copies

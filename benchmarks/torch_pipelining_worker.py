@@ -1,11 +1,24 @@
-"""The PyTorch side of ``vs_torch_pipelining.py``: one rank of torch.distributed.pipelining.
+"""The PyTorch side of ``vs_torch_pipelining.py`` and ``zero_bubble.py``: one rank of
+torch.distributed.pipelining.
 
 Every rank builds the same pipeweave model (``pipeweave.models.build_model``), keeps a deep
-copy of its stage's blocks as an ``nn.Sequential`` (exactly what pipeweave's ``build_rank``
-does), wraps it in a ``PipelineStage`` and drives ``ScheduleGPipe`` or ``Schedule1F1B`` for
-``steps`` iterations on the same batches pipeweave reads (batch ``k`` of the dataset stream
-for iteration ``k``). It records when each iteration ended (wall clock after the optimizer
-step, on a time axis shared by all ranks), the loss of every micro-batch and the peak RSS.
+copy of each of its stages' blocks as an ``nn.Sequential`` (exactly what pipeweave's
+``build_rank`` does), wraps each in a ``PipelineStage`` (global stage index, total stage
+count) and drives one of torch's schedules (:data:`TORCH_SCHEDULES`) for ``steps``
+iterations on the same batches pipeweave reads (batch ``k`` of the dataset stream for
+iteration ``k``). It records when each iteration ended (wall clock after the optimizer step,
+on a time axis shared by all ranks), the loss of every micro-batch and the peak RSS.
+
+One stage per rank (``chunks=1``) gives ``ScheduleGPipe`` / ``Schedule1F1B`` a single stage,
+as ``vs_torch_pipelining.py`` always has. With ``chunks=2`` a rank holds two stages, placed
+as torch's multi-stage schedules expect::
+
+    placement "loop" (interleaved)   rank r: stages r, r+P       P=2: ranks 0 1 0 1
+    placement "v"    (ZBV, DualPipeV) rank r: stages r, 2P-1-r   P=2: ranks 0 1 1 0
+
+and the schedule gets the list of the rank's stages. ``step()`` gets the batch on the rank
+holding stage 0 and the targets (and a list for the losses) on the rank holding the last
+stage; with the V that is rank 0 for both.
 
 :func:`launch` starts one process per rank the way pipeweave's ``launch_local`` does:
 ``forkserver`` processes that meet on a free loopback port over gloo, results returned as
@@ -30,7 +43,21 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-__all__ = ["TorchSide", "TorchRankResult", "launch"]
+__all__ = ["TorchSide", "TorchRankResult", "TORCH_SCHEDULES", "PLACEMENTS", "launch"]
+
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
+}
+"""Names this worker runs -> the class in ``torch.distributed.pipelining`` (looked up when a
+rank starts, so a class this torch lacks fails that run with a clear error, not the import)."""
+
+PLACEMENTS = ("loop", "v")
+"""How a rank's chunks sit (module docstring); ``"loop"`` with one chunk is a straight pipeline."""
 
 
 @dataclass(frozen=True)
@@ -40,9 +67,9 @@ class TorchSide:
     model: str
     overrides: dict[str, Any]
     stages: tuple[tuple[int, int], ...]
-    """``[start, end)`` block range per stage (one stage per rank)."""
+    """``[start, end)`` block range of every stage, in pipeline order (``ranks x chunks``)."""
     schedule: str
-    """``"gpipe"`` or ``"1f1b"``."""
+    """A key of :data:`TORCH_SCHEDULES` (``"gpipe"``, ``"1f1b"``, ``"zbv"``, ...)."""
     microbatches: int
     batch_size: int
     seq_len: int | None
@@ -51,6 +78,33 @@ class TorchSide:
     lr: float
     seed: int = 0
     timeout_s: float = 120.0
+    chunks: int = 1
+    """Stages per rank: 1 for GPipe/1F1B, 2 for the interleaved and V schedules."""
+    placement: str = "loop"
+    """Where a rank's chunks sit (module docstring): ``"loop"`` or ``"v"`` (two chunks)."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in TORCH_SCHEDULES:
+            raise ValueError(f"torch side runs schedules {sorted(TORCH_SCHEDULES)}, "
+                             f"not {self.schedule!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement {self.placement!r}: use one of {list(PLACEMENTS)}")
+        if self.chunks < 1 or len(self.stages) % self.chunks:
+            raise ValueError(f"{len(self.stages)} stages cannot be dealt {self.chunks} per rank; "
+                             f"give ranks x chunks stages")
+        if self.placement == "v" and self.chunks != 2:
+            raise ValueError(f"the V places two chunks per rank, got chunks={self.chunks}")
+
+    @property
+    def ranks(self) -> int:
+        return len(self.stages) // self.chunks
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """Global indices of the stages ``rank`` holds, in stage order."""
+        count = len(self.stages)
+        if self.placement == "v":
+            return (rank, count - 1 - rank)
+        return tuple(range(rank, count, self.ranks))
 
 
 @dataclass
@@ -59,22 +113,26 @@ class TorchRankResult:
     iteration_end_s: list[float] = field(default_factory=list)
     """Wall time (since the shared origin) when this rank finished iteration k."""
     losses: list[float] = field(default_factory=list)
-    """Mean loss of each iteration (last rank only): the mean of its micro-batch losses."""
+    """Mean loss of each iteration (the rank holding the last stage only): the mean of its
+    micro-batch losses."""
     peak_memory_bytes: int = 0
 
 
 def _schedule_class(name: str) -> type:
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    import torch.distributed.pipelining as pipelining
 
-    classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-    if name not in classes:
-        raise ValueError(f"torch side runs schedules {sorted(classes)}, not {name!r}")
-    return classes[name]
+    class_name = TORCH_SCHEDULES[name]
+    found = getattr(pipelining, class_name, None)
+    if found is None:
+        raise NotImplementedError(f"torch {torch.__version__} has no "
+                                  f"torch.distributed.pipelining.{class_name}")
+    return found
 
 
 def run_rank(side: TorchSide, rank: int, world_size: int, init_method: str) -> TorchRankResult:
     """Train ``side.steps`` iterations as ``rank``; return its timings, losses and memory."""
     from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
     from pipeweave.data import build_dataset
     from pipeweave.models import build_model
@@ -86,12 +144,20 @@ def run_rank(side: TorchSide, rank: int, world_size: int, init_method: str) -> T
                             timeout=timeout)
     try:
         spec = build_model(side.model, seed=side.seed, **side.overrides)
-        start, end = side.stages[rank]
-        module = nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end])))
-        stage = PipelineStage(module, rank, world_size, torch.device("cpu"))
-        # loss_fn on every rank (only the last one calls it; without it the others hang).
-        schedule = _schedule_class(side.schedule)(stage, side.microbatches, loss_fn=spec.loss_fn)
-        optimizer = torch.optim.SGD(module.parameters(), lr=side.lr)
+        held = side.stages_of(rank)
+        modules = [nn.Sequential(*copy.deepcopy(list(spec.blocks[slice(*side.stages[s])])))
+                   for s in held]
+        stages = [PipelineStage(module, s, len(side.stages), torch.device("cpu"))
+                  for s, module in zip(held, modules)]
+        schedule_class = _schedule_class(side.schedule)
+        single = issubclass(schedule_class, PipelineScheduleSingle)
+        if single and len(stages) != 1:
+            raise ValueError(f"{schedule_class.__name__} runs one stage per rank, got "
+                             f"chunks={side.chunks}")
+        # loss_fn on every rank (only the last stage calls it; without it the others hang).
+        schedule = schedule_class(stages[0] if single else stages, side.microbatches,
+                                  loss_fn=spec.loss_fn)
+        optimizer = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=side.lr)
         stream = iter(build_dataset(side.dataset, batch_size=side.batch_size,
                                     seq_len=side.seq_len, seed=side.seed))
         dist.barrier()
@@ -99,17 +165,16 @@ def run_rank(side: TorchSide, rank: int, world_size: int, init_method: str) -> T
         dist.broadcast(stamp, src=0)
         origin = float(stamp.item())
         result = TorchRankResult(rank=rank)
-        is_last = rank == world_size - 1
+        has_first, has_last = 0 in held, len(side.stages) - 1 in held
         for _ in range(side.steps):
             inputs, targets = next(stream)
-            if rank == 0:
-                schedule.step(inputs)
-            elif is_last:
+            args = (inputs,) if has_first else ()
+            if has_last:
                 losses: list[torch.Tensor] = []
-                schedule.step(target=targets, losses=losses, return_outputs=False)
+                schedule.step(*args, target=targets, losses=losses, return_outputs=False)
                 result.losses.append(float(torch.stack(losses).detach().mean()))
             else:
-                schedule.step()
+                schedule.step(*args)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             result.iteration_end_s.append(time.time() - origin)
@@ -130,10 +195,10 @@ def _spawned(index: int, side: TorchSide, world_size: int, init_method: str, out
 
 
 def launch(side: TorchSide) -> list[TorchRankResult]:
-    """One ``forkserver`` process per stage on a loopback port; one result per rank."""
+    """One ``forkserver`` process per rank on a loopback port; one result per rank."""
     from pipeweave.host import free_port
 
-    world_size = len(side.stages)
+    world_size = side.ranks
     mp.set_forkserver_preload(["torch", "pipeweave.runtime.launch.rank"])
     init_method = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="torch-pp-") as out_dir:

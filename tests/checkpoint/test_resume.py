@@ -26,7 +26,8 @@ def _resumed(job, folder: Path):  # type: ignore[no-untyped-def]
 
 
 SYNC = [("gpipe", 1, {}), ("1f1b", 1, {}), ("interleaved-1f1b", 2, {}),
-        ("sliced-1f1b", 1, {"schedule_options": {"sliced": 2}})]
+        ("sliced-1f1b", 1, {"schedule_options": {"sliced": 2}}),
+        ("zb-h1", 1, {}), ("zb-h2", 1, {}), ("zbv", 2, {})]
 
 
 @pytest.mark.parametrize(("schedule", "chunks", "fields"), SYNC, ids=[s[0] for s in SYNC])
@@ -76,6 +77,8 @@ PLANS = {
     "2 ranks x 2 chunks, interleaved": dict(stages=((0, 1), (1, 2), (2, 3), (3, 4)),
                                             schedule="interleaved-1f1b", chunks=2),
     "1 stage": dict(stages=((0, 4),), schedule="1f1b"),
+    "2 ranks x 2 chunks in a V, split backward": dict(stages=((0, 1), (1, 2), (2, 3), (3, 4)),
+                                                      schedule="zbv", chunks=2),
 }
 
 

@@ -44,3 +44,11 @@ def test_replicas_and_width() -> None:
 def test_unknown_fields_rejected() -> None:
     with pytest.raises(ValueError, match="unknown fields"):
         Plan.from_json({"num_blocks": 2, "stages": [[0, 2]], "stagez": 1})
+
+
+def test_a_v_schedule_plan_places_its_chunks_in_a_v() -> None:
+    """Plan.layout follows the schedule's placement (the memory estimate reads it)."""
+    assert Plan.uniform(8, 2, chunks=2, schedule="zbv", microbatches=4).layout().stage_ranks == (
+        (0,), (1,), (1,), (0,))
+    assert Plan.uniform(8, 2, chunks=2, schedule="interleaved-1f1b",
+                        microbatches=4).layout().stage_ranks == ((0,), (1,), (0,), (1,))

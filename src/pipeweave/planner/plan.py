@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ir import Layout
-from ..schedules import Shape
+from ..schedules import Shape, get_info
 from .partition import uniform_partition
 from .semantics_options import Semantics, check_semantics
 
@@ -126,7 +126,8 @@ class Plan:
         return self.depth * self.width
 
     def layout(self) -> Layout:
-        return self.shape(1).layout()
+        """Which rank holds each stage: the schedule's placement (interleaved, or the V)."""
+        return get_info(self.schedule).layout(self.shape(1))
 
     def shape(self, iterations: int) -> Shape:
         return Shape(

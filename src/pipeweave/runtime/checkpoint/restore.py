@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ...ir import Action, Op, Schedule
+from ...schedules import get_info
 from ...models.naming import global_name, global_names
 from .resume import optimizer_hyper
 from .store import CheckpointError, StoredCheckpoint
@@ -172,10 +173,21 @@ def _warn_averaging_settings(stored: StoredCheckpoint, job: Job) -> None:
 
 
 def _same_layout(stored: StoredCheckpoint, job: Job, schedule: Schedule) -> bool:
+    """Every rank holds the stages it held when the checkpoint was written."""
     saved, plan = stored.manifest["plan"], job.plan.to_json()
     keys = ("stages", "chunks", "replicas", "width", "pipelines")
     return (stored.manifest["world_size"] == schedule.num_ranks
-            and all(saved[k] == plan[k] for k in keys))
+            and all(saved[k] == plan[k] for k in keys)
+            and (plan["chunks"] == 1
+                 or _placement(stored.manifest["schedule"]) == _placement(schedule.name)))
+
+
+def _placement(schedule: str) -> str | None:
+    """How a schedule places its chunks (interleaved or V; None: no longer registered)."""
+    try:
+        return get_info(schedule).placement
+    except ValueError:
+        return None
 
 
 def rekey_losses(losses: Mapping[int, float], saved_microbatches: int,

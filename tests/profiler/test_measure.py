@@ -30,7 +30,7 @@ def test_sizes_of_a_two_block_mlp() -> None:
     assert fc.activation_bytes >= 5 * 8 * 4 + 5 * 16 * 4
     assert head.activation_bytes >= 5 * 16 * 4 + 5 * 3 * 4
     assert all(b.forward > 0 and b.backward > 0 and b.update > 0 for b in profile.blocks)
-    assert all(0 < b.weight_grad for b in profile.blocks)  # W timed on its own
+    assert all(0 < b.weight_grad and 0 < b.input_grad for b in profile.blocks)  # I, W timed
     assert profile.input_bytes == 5 * 8 * 4 and profile.source == "measured"
     assert profile.metadata["statistic"] == "median" and profile.metadata["repeats"] == 3
 

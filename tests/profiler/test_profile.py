@@ -29,7 +29,8 @@ def test_round_trip_through_json(tmp_path: Path) -> None:
     assert data["blocks"][0] == {"name": "embed", "forward": 1e-3, "backward": 2e-3,
                                  "output_bytes": 4096.0, "activation_bytes": 4096.0,
                                  "parameter_bytes": 1024.0, "optimizer_bytes": 2048.0,
-                                 "peak_memory_bytes": 9000.0, "update": 0.0, "weight_grad": 0.0}
+                                 "peak_memory_bytes": 9000.0, "update": 0.0, "weight_grad": 0.0,
+                                 "input_grad": 0.0}
     assert Profile.load(path) == profile
 
 
@@ -81,7 +82,7 @@ def test_a_profile_without_weight_grad_still_loads(tmp_path: Path) -> None:
     """Profiles written before the split backward was measured: W unknown (0)."""
     data = sample().to_json()
     for block in data["blocks"]:
-        del block["weight_grad"]
+        del block["weight_grad"], block["input_grad"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
-    assert all(block.weight_grad == 0.0 for block in Profile.load(path).blocks)
+    assert all(block.weight_grad == block.input_grad == 0.0 for block in Profile.load(path).blocks)

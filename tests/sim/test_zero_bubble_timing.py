@@ -105,3 +105,20 @@ def test_zb_h2_beats_zb_h1_when_the_weight_gradient_is_the_smaller_part() -> Non
     """F=2, I=1, W=0.5 (B=1.5), P=4, M=8: ZB-H2 8 x 3.5 + 3 x 2 = 34, ZB-H1 28 + 3 x 2.5 = 35.5."""
     costs = {"forward": 2.0, "backward": 1.5, "weight_grad": 0.5}
     assert (run("zb-h2", **costs).makespan, run("zb-h1", **costs).makespan) == (34.0, 35.5)
+
+
+def test_a_measured_input_grad_prices_the_split() -> None:
+    """With I + W dearer than B (two passes), ZB-H1 pays for the split where it splits: at
+    P = 2, M = 4, F = 1, B = 2 and I = W = 1.25, stage 0's I+W pairs are merged into B by
+    lowering (cost 2), and the last stage, which splits, bounds the iteration: it starts one F
+    late and then runs M (F + I + W) = 4 x 3.5, so 1 + 14 = 15 (13 when the split is free)."""
+    from pipeweave.ir import lower
+    from pipeweave.schedules import build_schedule
+    from pipeweave.sim import Costs, simulate
+
+    schedule = lower(build_schedule("zb-h1", stages=2, microbatches=4))
+    even = simulate(schedule, Costs(forward=1, backward=2)).iteration_time
+    dear = simulate(schedule, Costs(forward=1, backward=2, weight_grad=1.25,
+                                    input_grad=1.25)).iteration_time
+    assert even == 13  # M(F+I+W) + (P-1)(F+I-W) = 12 + 1
+    assert dear == 15

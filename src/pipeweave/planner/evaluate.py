@@ -9,6 +9,7 @@ Every planner is judged the same way: the plan's schedule is simulated
     update[s]   = sum of the blocks' optimizer-step times
     weight_grad[s] = sum of the blocks' weight-gradient (W) times, a block's backward / 2
                   where the profile does not know it (split-backward schedules)
+    input_grad[s]  = sum of the blocks' input-gradient (I) times, backward - W where unknown
     (forward, backward and update times x the profile's ``sharing_overhead`` when the ranks
     share CPU cores, ``Network.shared_cores``)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
@@ -84,7 +85,12 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
         reduce = [allreduce_time(sum(b.parameter_bytes for b in blocks[a:e]), r, network.replicas(s))
                   for s, ((a, e), r) in enumerate(zip(bounds, replicas))]
     weight = [min(w, b) for w, b in zip(weight, backward)]  # measured W can exceed B by noise
-    return Costs(forward=forward, backward=backward, weight_grad=weight, comm=comm or 0.0,
+    # I likewise; measured halves usually add up to more than one whole backward
+    inputs = [overhead * sum(b.input_grad if b.input_grad > 0 else
+                             b.backward - (b.weight_grad if b.weight_grad > 0 else b.backward / 2)
+                             for b in blocks[a:e]) for a, e in bounds]
+    return Costs(forward=forward, backward=backward, weight_grad=weight, input_grad=inputs,
+                 comm=comm or 0.0,
                  latency=network.latency,
                  activation_bytes=activation, all_reduce=reduce, update=update,
                  shared_cores=network.shared_cores)

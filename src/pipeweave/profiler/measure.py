@@ -224,7 +224,7 @@ def measure_block(
         run += 1
     parameters = sum(tensor_bytes(p) for p in block.parameters())
     optimizer_bytes, update = _optimizer_step(block, inputs, loss_fn, targets, optimizer, repeats)
-    weight_grad = _weight_grad_time(block, inputs, loss_fn, targets, repeats)
+    input_grad, weight_grad = _split_times(block, inputs, loss_fn, targets, repeats)
     spread = _spread([f + b for f, b in zip(forward_times, backward_times)])
     return BlockProfile(
         name=name,
@@ -236,6 +236,7 @@ def measure_block(
         optimizer_bytes=optimizer_bytes,
         update=update,
         weight_grad=weight_grad,
+        input_grad=input_grad,
         peak_memory_bytes=_peak_memory(block, inputs, loss_fn, targets) if cuda else
         saved + 2 * output_bytes + parameters + (tensor_bytes(inputs) if inputs.is_floating_point() else 0),
     ), spread
@@ -302,32 +303,36 @@ def _optimizer_step(block: nn.Module, inputs: Tensor,
     return state, statistics.median(times)
 
 
-def _weight_grad_time(block: nn.Module, inputs: Tensor,
-                      loss_fn: Callable[[Tensor, Tensor], Tensor] | None, targets: Tensor | None,
-                      repeats: int) -> float:
-    """Median time of the weight-gradient half of a split backward (``W``,
-    :mod:`pipeweave.split_backward`) over ``repeats`` runs after one warm-up; 0 without
-    parameters."""
-    if not any(p.requires_grad for p in block.parameters()):
-        return 0.0
+def _split_times(block: nn.Module, inputs: Tensor,
+                 loss_fn: Callable[[Tensor, Tensor], Tensor] | None, targets: Tensor | None,
+                 repeats: int) -> tuple[float, float]:
+    """Median times of the two halves of a split backward (``I``, ``W``,
+    :mod:`pipeweave.split_backward`) over ``repeats`` runs after one warm-up; ``I`` of a block
+    without parameters is its whole backward and its ``W`` 0."""
     cuda = inputs.device.type == "cuda"
-    times = []
+    inputs_times, weight_times = [], []
     for run in range(repeats + 1):
         x = _leaf(inputs)
         with recording(block) as recorded:
             out = block(x)
         loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
         start = loss if loss is not None else out
+        if not start.requires_grad:
+            return 0.0, 0.0
+        _sync(cuda)
+        began = time.perf_counter()
         _, pending = input_gradient(block, x, start, None if loss is not None
                                     else torch.ones_like(out), recorded)
         _sync(cuda)
-        started = time.perf_counter()
+        middle = time.perf_counter()
         weight_gradient(pending)
         _sync(cuda)
         if run:
-            times.append(time.perf_counter() - started)
+            inputs_times.append(middle - began)
+            weight_times.append(time.perf_counter() - middle)
     block.zero_grad(set_to_none=True)
-    return statistics.median(times)
+    has_weights = any(p.requires_grad for p in block.parameters())
+    return statistics.median(inputs_times), statistics.median(weight_times) if has_weights else 0.0
 
 
 def _peak_memory(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor] | None,

@@ -13,9 +13,10 @@ of the model in pipeline order, what one micro-batch costs::
                           input (0 when unknown)
     update                seconds of one optimizer step on the block's parameters (0 when
                           unknown)
-    weight_grad           seconds of the weight-gradient part of ``backward`` when the backward
-                          is split (``W``; the input-gradient part ``I`` is the rest), measured
-                          with :mod:`pipeweave.split_backward` (0 when unknown)
+    weight_grad           seconds of the weight-gradient half of a split backward (``W``) and
+    input_grad            of its input-gradient half (``I``), measured with
+                          :mod:`pipeweave.split_backward` (0 when unknown; together they usually
+                          exceed ``backward``: two passes instead of one)
 
 and optionally the measured point-to-point ``link`` (bandwidth in bytes/s, latency in s).
 
@@ -26,7 +27,8 @@ JSON form (``schema`` is checked on load; a newer schema is refused, not misread
      "link": {"bandwidth": 2.1e9, "latency": 4.5e-05},
      "blocks": [{"name": "embed", "forward": 1.2e-4, "backward": 2.0e-4, "output_bytes": 65536,
                  "activation_bytes": 65536, "parameter_bytes": 81920, "optimizer_bytes": 163840,
-                 "peak_memory_bytes": 0, "update": 3.1e-05, "weight_grad": 9.5e-05}, ...],
+                 "peak_memory_bytes": 0, "update": 3.1e-05, "weight_grad": 9.5e-05,
+                 "input_grad": 1.3e-04}, ...],
      "metadata": {...}}
 """
 
@@ -45,8 +47,9 @@ SCHEMA = "pipeweave.profile/1"
 """Schema tag written into every profile and required on load."""
 
 _BLOCK_NUMBERS = ("forward", "backward", "output_bytes", "activation_bytes", "parameter_bytes",
-                  "optimizer_bytes", "peak_memory_bytes", "update", "weight_grad")
-_OPTIONAL = frozenset({"optimizer_bytes", "peak_memory_bytes", "update", "weight_grad"})
+                  "optimizer_bytes", "peak_memory_bytes", "update", "weight_grad", "input_grad")
+_OPTIONAL = frozenset({"optimizer_bytes", "peak_memory_bytes", "update", "weight_grad",
+                       "input_grad"})
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class BlockProfile:
     peak_memory_bytes: float = 0.0
     update: float = 0.0
     weight_grad: float = 0.0
+    input_grad: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -4,7 +4,8 @@ The simulator times a schedule with these numbers::
 
     F of stage s             forward[s]          (a Slicer half, piece a/b: forward[s] / 2)
     B of stage s             backward[s]         (the whole backward)
-    I of stage s             backward[s] - weight_grad[s]   (input gradient, split backward)
+    I of stage s             input_grad[s], by default backward[s] - weight_grad[s]
+                                                 (input gradient, split backward)
     W of stage s             weight_grad[s]                  (weight gradient, split backward)
     activation s -> s+1      latency + transfer[s]   (half piece: latency + transfer[s] / 2)
     gradient   s+1 -> s      latency + transfer[s]   (the gradient has the activation's shape)
@@ -33,7 +34,7 @@ PerStage = float | Sequence[float]
 """One number for every stage, or one number per stage."""
 
 _PER_STAGE = ("forward", "backward", "activation_bytes", "update", "all_reduce", "average")
-_OPTIONAL_PER_STAGE = ("weight_grad",)
+_OPTIONAL_PER_STAGE = ("weight_grad", "input_grad")
 _PER_BOUNDARY = ("comm", "boundary_bytes")
 
 
@@ -49,6 +50,11 @@ class Costs:
             an ``I`` costs ``backward - weight_grad`` (zero-bubble schedules, Qi et al., ICLR
             2024, §2). ``None`` (default): half the backward, so the defaults F=1, B=2 give
             F = I = W = 1, the paper's idealised units. Must not exceed ``backward``.
+        input_grad: what an ``I`` costs, per stage. ``None`` (default): ``backward -
+            weight_grad``, a split that costs nothing extra. A measured profile gives it
+            (``BlockProfile.input_grad``): on a real device the two halves of a split backward
+            together usually take longer than one whole backward (two autograd passes, one call
+            per parameter-holding module in ``W``), and the simulator then sees that price.
         comm: transfer time of one activation (or gradient) across each boundary ``s -> s+1``;
             one number or ``stages - 1`` values (default 0). Leave it at 0 when you give
             ``boundary_bytes`` and ``bandwidth`` instead.
@@ -70,6 +76,7 @@ class Costs:
     forward: PerStage = 1.0
     backward: PerStage = 2.0
     weight_grad: PerStage | None = None
+    input_grad: PerStage | None = None
     comm: PerStage = 0.0
     boundary_bytes: PerStage | None = None
     bandwidth: float | None = None
@@ -130,6 +137,8 @@ class Costs:
         else:
             weight_grad = _expand("weight_grad", self.weight_grad, stages, "stage")
             _check_weight_grad(per_stage["backward"], weight_grad)
+        input_grad = (() if self.input_grad is None
+                      else _expand("input_grad", self.input_grad, stages, "stage"))
         if self.boundary_bytes is not None:
             assert self.bandwidth is not None
             sizes = _expand("boundary_bytes", self.boundary_bytes, stages - 1, "boundary")
@@ -137,7 +146,7 @@ class Costs:
         else:
             transfer = _expand("comm", self.comm, stages - 1, "boundary")
         return StageCosts(transfer=transfer, latency=self.latency, shared_cores=self.shared_cores,
-                          weight_grad=weight_grad, **per_stage)
+                          weight_grad=weight_grad, input_grad=input_grad, **per_stage)
 
     def to_json(self) -> dict[str, object]:
         """Plain JSON-able form (sequences as lists); ``weight_grad`` as the value simulated
@@ -166,15 +175,15 @@ class StageCosts:
     shared_cores: int | None = None
     weight_grad: tuple[float, ...] = ()
     """What a ``W`` costs per stage (empty: half the backward)."""
+    input_grad: tuple[float, ...] = ()
+    """What an ``I`` costs per stage (empty: the backward less its weight-gradient part)."""
 
     def __post_init__(self) -> None:
         if not self.weight_grad:
             object.__setattr__(self, "weight_grad", tuple(b / 2 for b in self.backward))
-
-    @property
-    def input_grad(self) -> tuple[float, ...]:
-        """What an ``I`` costs per stage: the backward less its weight-gradient part."""
-        return tuple(b - w for b, w in zip(self.backward, self.weight_grad))
+        if not self.input_grad:
+            object.__setattr__(self, "input_grad",
+                               tuple(b - w for b, w in zip(self.backward, self.weight_grad)))
 
     def comm(self, boundary: int, half: bool = False) -> float:
         """Time of one transfer across ``boundary`` (between stages ``boundary`` and ``+1``)."""

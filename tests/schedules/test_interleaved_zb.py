@@ -13,36 +13,12 @@ from pipeweave.ir import Action, Layout, Op, Schedule, lower, validate, walk
 from pipeweave.schedules import Shape, build_schedule, get_info
 from pipeweave.schedules.common import copies_schedule
 from pipeweave.schedules.interleaved_zb import interleaved_zb, interleaved_zb_order, megatron_passes
-
-
-def unit(_rank: int, action: Action) -> float:
-    return 1.0 if action.is_compute else 0.0
+from unit_timeline import held, timeline, unit
 
 
 def split_cost(_rank: int, action: Action) -> float:
     """``B = I + W`` so that interleaved-1f1b is timed on the same footing."""
     return 2.0 if action.op is Op.BACKWARD else unit(_rank, action)
-
-
-def timeline(schedule: Schedule) -> list[str]:
-    w = walk(schedule, unit)
-    rows = []
-    for rank, program in enumerate(schedule.programs):
-        cells = {int(w.start[rank][i]): str(a.with_(version=None))
-                 for i, a in enumerate(program) if a.is_compute}
-        rows.append(" ".join(f"{cells.get(t, '.'):<3}" for t in range(int(w.makespan))).rstrip())
-    return rows
-
-
-def held(program: tuple[Action, ...]) -> int:
-    alive = peak = 0
-    for action in program:
-        if action.op is Op.FORWARD:
-            alive += 1
-        elif action.op in (Op.BACKWARD_WEIGHT, Op.BACKWARD):
-            alive -= 1
-        peak = max(peak, alive)
-    return peak
 
 
 def build(stages: int, microbatches: int, chunks: int, name: str = "interleaved-zb",

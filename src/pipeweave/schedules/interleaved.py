@@ -71,7 +71,7 @@ def _min_microbatches(shape: Shape) -> int:
 def interleaved_1f1b(shape: Shape) -> Schedule:
     if shape.chunks == 1:
         return flush_schedule("interleaved-1f1b", shape, one_f_one_b_order)
-    _check(shape)
+    check_interleaved_shape("interleaved-1f1b", shape)
     layout = shape.layout()
     P, M = shape.stages, shape.microbatches
     programs: list[list[Action]] = []
@@ -91,16 +91,18 @@ def interleaved_1f1b(shape: Shape) -> Schedule:
     )
 
 
-def _check(shape: Shape) -> None:
+def check_interleaved_shape(name: str, shape: Shape) -> None:
+    """``name`` keeps Megatron's interleaved order: no per-stage replicas, and M a multiple of
+    P x width (micro-batches go in runs of P per chunk); ValueError naming the fix."""
     if shape.replicas is not None:
-        raise ValueError("interleaved-1f1b does not support per-stage replicas; use width for "
+        raise ValueError(f"{name} does not support per-stage replicas; use width for "
                          "data parallelism")
     per_copy, rest = divmod(shape.microbatches, shape.width)
     if rest or per_copy % shape.stages:
         step = shape.stages * shape.width
         fix = ((shape.microbatches + step - 1) // step) * step
         raise ValueError(
-            f"interleaved-1f1b needs microbatches (M={shape.microbatches}) to be a multiple of "
+            f"{name} needs microbatches (M={shape.microbatches}) to be a multiple of "
             f"stages x width (P={shape.stages} x {shape.width}): Megatron groups micro-batches in "
             f"runs of P per chunk; use M={fix} (or chunks=1)"
         )

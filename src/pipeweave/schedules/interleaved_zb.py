@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from ..ir import Op, Schedule
 from .common import Pass, copies_schedule, flush_schedule, one_f_one_b_order
-from .interleaved import interleaved_order
+from .interleaved import check_interleaved_shape, interleaved_order
 from .registry import Shape, register
 
 __all__ = ["interleaved_zb", "interleaved_zb_order", "megatron_passes"]
@@ -119,22 +119,9 @@ def interleaved_zb(shape: Shape) -> Schedule:
         # as interleaved-1f1b: plain 1f1b (interleaved_zb_order(P, M, 1) is ZB-H1's idea on it,
         # to register once the simulator and the runtime run I and W)
         return flush_schedule("interleaved-zb", shape, one_f_one_b_order)
-    _check(shape)
+    check_interleaved_shape("interleaved-zb", shape)
     chunks = shape.chunks
     return copies_schedule("interleaved-zb", shape, shape.layout(),
                            lambda P, M: interleaved_zb_order(P, M, chunks))
 
 
-def _check(shape: Shape) -> None:
-    if shape.replicas is not None:
-        raise ValueError("interleaved-zb does not support per-stage replicas; use width for "
-                         "data parallelism")
-    per_copy, rest = divmod(shape.microbatches, shape.width)
-    if rest or per_copy % shape.stages:
-        step = shape.stages * shape.width
-        fix = ((shape.microbatches + step - 1) // step) * step
-        raise ValueError(
-            f"interleaved-zb needs microbatches (M={shape.microbatches}) to be a multiple of "
-            f"stages x width (P={shape.stages} x {shape.width}): it keeps Megatron's interleaved "
-            f"order, which groups micro-batches in runs of P per chunk; use M={fix} (or chunks=1)"
-        )

@@ -101,10 +101,8 @@ class RankInterpreter:
             op = action.op
             if op is Op.FORWARD:
                 self._forward(action)
-            elif op is Op.BACKWARD:
+            elif op is Op.BACKWARD or op is Op.BACKWARD_INPUT:
                 self._backward(action, position)
-            elif op is Op.BACKWARD_INPUT:
-                self._backward_input(action)
             elif op is Op.BACKWARD_WEIGHT:
                 self._backward_weight(action, position)
             elif op is Op.SEND_ACT or op is Op.SEND_GRAD:
@@ -191,28 +189,17 @@ class RankInterpreter:
             self._values[ref(action)] = output
 
     def _backward(self, action: Action, position: int) -> None:
+        """``B``, or ``I`` (the input gradient, sent on by the ``SB`` that follows; ``W`` later)."""
         stage = self._stages(action)[action.stage]
         weights = self._weights(action)[action.stage]
         assert action.microbatch is not None
         grad_output = None if stage.is_last else self._input_of(action)
-        grad_input = stage.backward(
-            action.microbatch, action.pipeline, grad_output, batch_rows=self._batch_rows(),
-            recompute_module=lambda piece: weights.recompute_module(action, piece))
-        weights.after_backward(action, position)
-        if self.meter is not None:
-            self.meter.release(action.stage, action.microbatch, action.pipeline)
-        if grad_input is not None and action.stage > 0:
-            self._values[ref(action)] = grad_input
-
-    def _backward_input(self, action: Action) -> None:
-        """``I``: the input gradient, sent on (the schedule's ``SB`` follows); ``W`` later."""
-        stage = self._stages(action)[action.stage]
-        weights = self._weights(action)[action.stage]
-        assert action.microbatch is not None
-        grad_output = None if stage.is_last else self._input_of(action)
-        grad_input = stage.backward_input(
-            action.microbatch, action.pipeline, grad_output, batch_rows=self._batch_rows(),
-            recompute_module=lambda piece: weights.recompute_module(action, piece))
+        run = stage.backward if action.op is Op.BACKWARD else stage.backward_input
+        grad_input = run(action.microbatch, action.pipeline, grad_output,
+                         batch_rows=self._batch_rows(),
+                         recompute_module=lambda piece: weights.recompute_module(action, piece))
+        if action.op is Op.BACKWARD:
+            self._release(action, position)
         if grad_input is not None and action.stage > 0:
             self._values[ref(action)] = grad_input
 
@@ -220,6 +207,12 @@ class RankInterpreter:
         """``W``: the weight gradients; the activations are released here, not at ``I``."""
         assert action.microbatch is not None
         self._stages(action)[action.stage].backward_weight(action.microbatch, action.pipeline)
+        self._release(action, position)
+
+    def _release(self, action: Action, position: int) -> None:
+        """After a micro-batch's weight gradients: move them to the live weights, let go of
+        its versions and activations."""
+        assert action.microbatch is not None
         self._weights(action)[action.stage].after_backward(action, position)
         if self.meter is not None:
             self.meter.release(action.stage, action.microbatch, action.pipeline)

@@ -16,7 +16,7 @@ input-gradient chain again in ``W``). The micro-batch's activations count as sta
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -193,32 +193,43 @@ class StageRuntime:
         A forward that ran without a graph is recomputed first, with the module
         ``recompute_module(piece)`` gives (None: the stage's own, at the live weights).
         """
-        pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._stash]
-        if not pieces:
-            raise StageError(f"stage {self.stage} has no stashed forward for micro-batch {microbatch}")
         grads: list[Tensor] = []
-        offset = 0
-        for piece in pieces:
-            stash = self._stash.pop((microbatch, piece, pipeline))
+        for _, stash, output, part in self._unstashed(microbatch, pipeline, grad_output,
+                                                      batch_rows, recompute_module):
             self._stashed_bytes -= _nbytes(stash)
-            output = stash.output
-            if output is None:
-                replica = recompute_module(piece) if recompute_module is not None else None
-                output = self._recompute(stash, batch_rows, replica)
             if self.is_last:
                 output.backward()
             else:
-                assert grad_output is not None
-                part = grad_output.narrow(0, offset, stash.rows) if len(pieces) > 1 else grad_output
                 torch.autograd.backward(output, part)
-            offset += stash.rows
             if stash.inputs.requires_grad:
                 grad = stash.inputs.grad
                 grads.append(grad if grad is not None else torch.zeros_like(stash.inputs))
         self._recount()
-        if not grads:
-            return None
-        return grads[0] if len(grads) == 1 else torch.cat(grads)
+        return _joined(grads)
+
+    def _unstashed(self, microbatch: int, pipeline: int, grad_output: Tensor | None,
+                   batch_rows: int, recompute_module: Callable[[int], nn.Module | None] | None,
+                   ) -> Iterator[tuple[Key, _Stash, Tensor, Tensor | None]]:
+        """For each piece of the micro-batch: its stash (taken out), its output with a graph
+        (recomputed if the forward kept none) and its rows of ``grad_output`` (None on the last
+        stage: the output is the loss)."""
+        pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._stash]
+        if not pieces:
+            raise StageError(f"stage {self.stage} has no stashed forward for micro-batch {microbatch}")
+        offset = 0
+        for piece in pieces:
+            key = (microbatch, piece, pipeline)
+            stash = self._stash.pop(key)
+            output = stash.output
+            if output is None:
+                replica = recompute_module(piece) if recompute_module is not None else None
+                output = self._recompute(stash, batch_rows, replica)
+            part = None
+            if not self.is_last:
+                assert grad_output is not None
+                part = grad_output.narrow(0, offset, stash.rows) if len(pieces) > 1 else grad_output
+            offset += stash.rows
+            yield key, stash, output, part
 
     def _recompute(self, stash: _Stash, batch_rows: int, replica: nn.Module | None) -> Tensor:
         assert stash.rng_state is not None
@@ -242,28 +253,13 @@ class StageRuntime:
                        ) -> Tensor | None:
         """``I``: the gradient of the stage input only; what ``W`` needs is kept (module
         docstring). Arguments as for :meth:`backward`."""
-        pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._stash]
-        if not pieces:
-            raise StageError(f"stage {self.stage} has no stashed forward for micro-batch {microbatch}")
         grads: list[Tensor] = []
-        offset = 0
-        for piece in pieces:
-            stash = self._stash.pop((microbatch, piece, pipeline))  # its bytes count until W
-            output = stash.output
-            if output is None:
-                replica = recompute_module(piece) if recompute_module is not None else None
-                output = self._recompute(stash, batch_rows, replica)
-            part = None
-            if not self.is_last:
-                assert grad_output is not None
-                part = grad_output.narrow(0, offset, stash.rows) if len(pieces) > 1 else grad_output
-            offset += stash.rows
-            grad = self._input_gradient((microbatch, piece, pipeline), stash, output, part)
+        for key, stash, output, part in self._unstashed(microbatch, pipeline, grad_output,
+                                                        batch_rows, recompute_module):
+            grad = self._input_gradient(key, stash, output, part)  # its bytes count until W
             if grad is not None:
                 grads.append(grad)
-        if not grads:
-            return None
-        return grads[0] if len(grads) == 1 else torch.cat(grads)
+        return _joined(grads)
 
     def _input_gradient(self, key: Key, stash: _Stash, output: Tensor,
                         grad: Tensor | None) -> Tensor | None:
@@ -298,6 +294,13 @@ class StageRuntime:
     @property
     def in_flight(self) -> int:
         return len(self._stash) + len(self._pending)
+
+
+def _joined(grads: list[Tensor]) -> Tensor | None:
+    """The input gradient of a micro-batch from its pieces' (None: the stage input needs none)."""
+    if not grads:
+        return None
+    return grads[0] if len(grads) == 1 else torch.cat(grads)
 
 
 def _nbytes(stash: _Stash) -> int:

@@ -33,10 +33,10 @@ per rank, and what the simulator predicts for the pipeweave schedule:
 ``simulate(make_schedule(plan, steps), plan_costs(profile, plan.stages))`` with the profile
 of the same model measured at the start (one micro-batch, one thread, per-block forward,
 backward and weight-gradient times), its iteration time, its speed-up over ``1f1b``, and
-its held activations per rank against what each run measured. The runtime reports, per rank,
-the most micro-batches ONE of its stages held at once (F until W); the simulator's
-``peak_activations`` adds up a rank's chunks, so the table shows the simulator's per-stage
-count beside the runtime's and the JSON has both. Both sides must train: the first
+its held activations per rank against what each run measured: the most micro-batches whose
+activations a rank held at once over all its chunks (F until W, or B),
+``RankResult.peak_stashed_microbatches`` beside the simulator's ``peak_activations``. Both
+sides must train: the first
 iteration's loss agrees with the torch twin's and pipeweave 1f1b's (same weights and data
 before any update) and the loss goes down.
 
@@ -71,7 +71,6 @@ from vs_torch_pipelining import (  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed.pipelining as torch_pipelining  # noqa: E402
 
-from pipeweave.ir import Op, Schedule  # noqa: E402
 from pipeweave.planner.evaluate import plan_costs  # noqa: E402
 from pipeweave.profiler import Profile  # noqa: E402
 from pipeweave.profiler.measure import profile_builtin  # noqa: E402
@@ -157,25 +156,6 @@ def torch_side(case: Case, pair: Pair, ranks: int, steps: int) -> TorchSide:
                      steps=steps, lr=case.lr, chunks=pair.chunks, placement=pair.placement)
 
 
-def stage_peaks(schedule: Schedule) -> list[int]:
-    """Per rank, the most micro-batches one of its stages holds at once (held from F to its
-    B or W), which is what the runtime reports (``RankResult.peak_stashed_microbatches``);
-    the simulator's ``peak_activations`` is the rank's sum over its chunks."""
-    peaks = []
-    for program in schedule.programs:
-        held: dict[int, set[tuple[int | None, int]]] = {}
-        peak = 0
-        for action in program:
-            alive = held.setdefault(action.stage, set())
-            if action.op is Op.FORWARD:
-                alive.add((action.microbatch, action.pipeline))
-                peak = max(peak, len(alive))
-            elif action.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT):
-                alive.discard((action.microbatch, action.pipeline))
-        peaks.append(peak)
-    return peaks
-
-
 def simulated(case: Case, pair: Pair, ranks: int, steps: int, profile: Profile) -> dict[str, Any]:
     """The simulator's prediction for ``pair``'s pipeweave schedule, and its placement."""
     plan = plan_for(case, pair, ranks)
@@ -185,7 +165,6 @@ def simulated(case: Case, pair: Pair, ranks: int, steps: int, profile: Profile) 
             "samples_per_second": case.batch_size / result.iteration_time,
             "bubble_fraction": result.bubble_fraction,
             "peak_activations": list(result.peak_activations),
-            "peak_activations_per_stage": stage_peaks(schedule),
             "stage_ranks": [ranks_of[0] for ranks_of in schedule.layout.stage_ranks]}
 
 
@@ -391,11 +370,11 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     head = (f"{'case':<16} {'schedule':<16} {'torch Schedule..':<21} | {'pipeweave':>9} "
             f"{'torch':>9} {'vs torch':>8} {'vs 1f1b':>7} {'th x':>6} | {'sim ms':>7} "
-            f"{'meas ms':>7} {'sim x':>6} | {'held':>5} {'sim':>5} {'simR':>5} | "
+            f"{'meas ms':>7} {'sim x':>6} | {'held':>5} {'sim':>5} | "
             f"{'pw RSS MiB':>11} {'th RSS MiB':>11} | {'loss1':>7} {'lossK':>7} {'ok':>3}")
     lines = [head,
              " " * 57 + "samples/s (median of runs)" + " " * 12 + "pipeweave iteration      "
-             "activations/rank  peak per rank",
+             "activations/rank peak per rank",
              "-" * len(head)]
     notes = []
     for r in rows:
@@ -414,7 +393,6 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{num(sim.get('iteration_ms'), '.1f'):>7} {num(pw.get('iteration_ms'), '.1f'):>7} "
             f"{num(sim.get('speedup_vs_1f1b'), '.2f', 'x'):>6} | "
             f"{per_rank(pw.get('peak_stashed_microbatches')):>5} "
-            f"{per_rank(sim.get('peak_activations_per_stage')):>5} "
             f"{per_rank(sim.get('peak_activations'), 'g'):>5} | "
             f"{per_rank([b / mib for b in pw.get('peak_rss_bytes', [])]):>11} "
             f"{per_rank([b / mib for b in th.get('peak_rss_bytes', [])]):>11} | "
@@ -427,8 +405,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                          f"{sim['stage_ranks']}, torch on {r['torch_stage_ranks']}")
     lines += ["", "vs torch: pipeweave / the torch twin; vs 1f1b: pipeweave / pipeweave 1f1b; "
               "th x: torch / torch Schedule1F1B; sim x: simulated speed-up over 1f1b;",
-              "held: most micro-batches one stage of the rank held (runtime), sim: the same "
-              "simulated, simR: simulated, all chunks of the rank",
+              "held: most micro-batches a rank held activations of at once, all its chunks "
+              "(runtime), sim: the same simulated",
               "ok: first loss agrees with torch and pipeweave 1f1b, and the loss falls"]
     if notes:
         lines += ["", "notes:", *notes]

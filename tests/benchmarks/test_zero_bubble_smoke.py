@@ -26,7 +26,10 @@ def test_zero_bubble_benchmark_reports_every_pair(tmp_path: Path) -> None:
     # ZB-H1 holds P activations on every stage; the runtime counts what the simulator does.
     assert zb["pipeweave"]["peak_stashed_microbatches"] == [2, 2]
     assert zb["simulated"]["peak_activations"] == [2, 2]
-    assert zb["simulated"]["speedup_vs_1f1b"] > 1.0
+    # the prediction is the simulator's own ratio (with the profile's measured I and W, a
+    # split that costs more than it saves at P = 2 is predicted slower: no sign is assumed)
+    assert zb["simulated"]["speedup_vs_1f1b"] == pytest.approx(
+        one["simulated"]["iteration_ms"] / zb["simulated"]["iteration_ms"])
     assert zb["throughput_ratio_vs_pipeweave_1f1b"] == pytest.approx(
         zb["pipeweave"]["samples_per_second"] / one["pipeweave"]["samples_per_second"])
     # torch's ZB-V runs two stages per rank in a V: rank 0 holds the first and the last.

@@ -80,3 +80,19 @@ def test_distributed_llama_equals_local_and_hf() -> None:
     distributed = launch_local(job, deadline_s=240)
     assert_identical_runs(distributed, run_local(job))
     _assert_matches(distributed, hf_reference(job, "llama", sublayer=True), 4)
+
+
+def test_tied_gpt2_in_one_stage_resumes_from_its_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The tied weight is stored once (its first block's name) and restored into both uses."""
+    from pipeweave.runtime.checkpoint.options import CheckpointOptions
+
+    whole = hf_job("gpt2", sublayer=False, depth=1, tied=True, steps=3)
+    first = dataclasses.replace(whole, steps=2, checkpoint=CheckpointOptions(
+        directory=str(tmp_path)))
+    run_local(first)
+    resumed = run_local(dataclasses.replace(whole, checkpoint=CheckpointOptions(
+        resume=str(tmp_path))))
+    expected = merged_parameters(run_local(whole))
+    assert merged_parameters(resumed).keys() == expected.keys()
+    for name, value in expected.items():
+        assert relative_error(merged_parameters(resumed)[name], value) <= 1e-12, name

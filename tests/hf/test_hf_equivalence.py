@@ -42,6 +42,21 @@ def test_pipelined_equals_hf_training(family: str, schedule: str, sublayer: bool
                     job.plan.microbatches)
 
 
+@pytest.mark.parametrize(("depth", "plan_fields"), [
+    (2, {"schedule": "interleaved-1f1b", "chunks": 2}),
+    (2, {"schedule": "zb-h1"}),
+    (2, {"schedule": "1f1b", "recompute": (True, True)}),
+    (4, {"schedule": "1f1b"}),
+], ids=["interleaved", "zb-h1", "recompute", "4-ranks"])
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_more_synchronous_plans_equal_hf_training(family: str, depth: int,
+                                                  plan_fields: dict) -> None:  # type: ignore[type-arg]
+    job = hf_job(family, sublayer=True)
+    job = dataclasses.replace(job, plan=Plan.uniform(num_blocks(True), depth, microbatches=4,
+                                                     **plan_fields))
+    _assert_matches(run_local(job), hf_reference(job, family, sublayer=True), 4)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_first_loss_is_hfs_loss(family: str) -> None:
     """One micro-batch: the loss is the same float32 mean HF computes, bit for bit."""

@@ -46,7 +46,7 @@ def test_every_module_imports_in_any_order() -> None:
 LAYERS = {
     "host": 0, "ir": 0,
     "schedules": 1, "models": 1, "data": 1, "split_backward": 1,
-    "sim": 2, "profiler": 2,
+    "sim": 2, "profiler": 2, "hf": 2,
     "planner": 3, "report": 3,
     "avgpipe": 4,
     "runtime": 5,

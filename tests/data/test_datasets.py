@@ -17,7 +17,14 @@ def _equal(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Te
 
 
 def test_available() -> None:
-    assert available_datasets() == ["digits", "stdlib-bytes"]
+    assert available_datasets() == ["digits", "stdlib-bytes", "stdlib-bytes-labels"]
+
+
+def test_labels_variant_repeats_the_inputs_of_the_same_windows() -> None:
+    """Hugging Face's convention: targets are the inputs (its causal-LM loss shifts them)."""
+    x, y = next(build_dataset("stdlib-bytes-labels", batch_size=4, seq_len=32, seed=5))
+    shifted_x, _ = next(build_dataset("stdlib-bytes", batch_size=4, seq_len=32, seed=5))
+    assert torch.equal(x, y) and torch.equal(x, shifted_x) and x.dtype == torch.int64
 
 
 def test_stdlib_files_skip_tests_and_site_packages() -> None:

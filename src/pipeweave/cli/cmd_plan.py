@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models import available_models
+from .model_options import add_hf_config, chosen_model
 from ..planner import PlanRequest, PlanResult, Topology, available_methods, make_plan
 from ..profiler import Profile
 from ..profiler.measure import profile_builtin
@@ -44,6 +45,7 @@ def add_parser(subparsers: Any) -> None:
     source = parser.add_argument_group("what to plan (give --model, --profile or both)")
     source.add_argument("--model", choices=available_models(), default=None,
                         help="built-in model (profiled now unless --profile is given)")
+    add_hf_config(source)
     source.add_argument("--profile", type=Path, default=None,
                         help="profile JSON from `pipeweave profile`, or PipeDream's graph.txt")
     parser.add_argument("--ranks", type=int, required=True, help="workers to plan for")
@@ -93,25 +95,28 @@ def parse_bytes(text: str) -> float:
 
 
 def load_profile(args: argparse.Namespace) -> Profile:
-    if args.profile is None and args.model is None:
+    model, overrides = chosen_model(args)
+    if args.profile is None and model is None:
         raise ValueError("give --model NAME (profiled now) or --profile FILE")
     if args.profile is None:
         from ..profiler.colocated import needed_colocation
         from ..host import threads_per_rank
 
-        return profile_builtin(args.model, batch_size=args.batch_size, device=args.device,
+        assert model is not None
+        return profile_builtin(model, batch_size=args.batch_size, device=args.device,
                                threads=threads_per_rank(args.ranks) if args.device == "cpu" else None,
-                               colocated_ranks=needed_colocation(args.ranks, args.device))
+                               colocated_ranks=needed_colocation(args.ranks, args.device),
+                               overrides=overrides)
     profile = Profile.load(args.profile)
-    if args.model is not None:
+    if model is not None:
         from ..models import build_model
 
-        blocks = len(build_model(args.model).blocks)
-        if profile.num_blocks != blocks or profile.model != args.model:
+        blocks = len(build_model(model, **overrides).blocks)
+        if profile.num_blocks != blocks or profile.model != model:
             raise ValueError(
                 f"profile {args.profile} is of model {profile.model!r} with {profile.num_blocks} "
-                f"blocks but --model {args.model} has {blocks} blocks; profile this model with "
-                f"`pipeweave profile --model {args.model}`"
+                f"blocks but --model {model} has {blocks} blocks; profile this model with "
+                f"`pipeweave profile --model {model}`"
             )
     return profile
 

@@ -21,6 +21,7 @@ from ..profiler import Profile, read_pipedream_graph
 from ..profiler.link import measure_link
 from ..profiler.measure import profile_builtin
 from ..host import threads_per_rank
+from .model_options import add_hf_config, chosen_model
 
 __all__ = ["add_parser", "run", "format_profile"]
 
@@ -32,6 +33,7 @@ def add_parser(subparsers: Any) -> None:
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", choices=available_models(), help="built-in model to measure")
+    add_hf_config(source)
     source.add_argument("--pipedream-graph", type=Path, metavar="GRAPH_TXT",
                         help="import PipeDream's profile (graph.txt) instead of measuring")
     parser.add_argument("--batch-size", type=int, default=4, help="samples per profiled micro-batch")
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--pipedream-graph {args.pipedream_graph} does not exist")
         profile = read_pipedream_graph(args.pipedream_graph)
     else:
-        overrides: dict[str, Any] = {}
+        name, overrides = chosen_model(args)
+        assert name is not None  # argparse requires --model, --hf-config or --pipedream-graph
         if args.seq_len is not None:
             overrides["seq_len"] = args.seq_len
         if args.batch_size < 1:
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         threads = args.threads
         if threads is None and args.device == "cpu":
             threads = threads_per_rank(args.local_ranks)
-        profile = profile_builtin(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+        profile = profile_builtin(name, batch_size=args.batch_size, seq_len=args.seq_len,
                                   device=args.device, warmup=args.warmup, repeats=args.repeats,
                                   optimizer=args.optimizer, overrides=overrides,
                                   threads=threads, colocated_ranks=args.colocated_ranks)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..models import available_models
-from ..models.gpt import GPT_PRESETS
+from ..data import SEQUENCE_DATASETS
+from ..models import available_models, default_seq_len
 from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
 from ..runtime.checkpoint.options import CheckpointOptions
 from ..runtime.checkpoint.store import OUTPUT_SUBFOLDER
@@ -43,6 +43,7 @@ from . import train_avgpipe, train_failure
 from .options import parse_options
 from .train_outputs import write_outputs
 from .cmd_plan import parse_bytes
+from .model_options import add_hf_config, chosen_model
 
 __all__ = ["add_parser", "run"]
 
@@ -50,6 +51,7 @@ RUNS = Path("runs")
 LATEST = "latest"
 """Without ``--output-dir`` a run writes to ``runs/<date>-<time>-<schedule>/`` and
 ``runs/latest`` is a link to the newest run's folder."""
+DEFAULT_MODEL = "gpt-tiny"
 DEFAULT_SCHEDULE = "1f1b"
 DEFAULT_STAGES = 2
 DEFAULT_MICROBATCHES = 4
@@ -62,7 +64,9 @@ def add_parser(subparsers: Any) -> None:
         "train", help="train a model with a pipeline schedule on local ranks",
         description=__doc__,
     )
-    parser.add_argument("--model", default="gpt-tiny", choices=available_models())
+    parser.add_argument("--model", default=None, choices=available_models(),
+                        help=f"model to train (default {DEFAULT_MODEL})")
+    add_hf_config(parser)
     parser.add_argument("--schedule", default=None,
                         help=f"schedule name (see `pipeweave schedules`; default {DEFAULT_SCHEDULE})")
     parser.add_argument("--stages", type=int, default=None,
@@ -153,10 +157,11 @@ def build_job(args: argparse.Namespace) -> Job:
 
 def build_setup(args: argparse.Namespace) -> Setup:
     limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
-    overrides: dict[str, Any] = {}
+    name, overrides = chosen_model(args, default=DEFAULT_MODEL)
+    assert name is not None
     if args.seq_len is not None:
         overrides["seq_len"] = args.seq_len
-    model = BuiltinModel(args.model, seed=args.seed, dtype=args.dtype, overrides=overrides)
+    model = BuiltinModel(name, seed=args.seed, dtype=args.dtype, overrides=overrides)
     spec = model()
     if args.plan is not None:
         given = [f"--{name}" for name in PLAN_FLAGS if getattr(args, name) not in (None, [], False)]
@@ -182,8 +187,8 @@ def build_setup(args: argparse.Namespace) -> Setup:
                             schedule_options=parse_options(args.option))
     dataset = spec.dataset or "digits"
     seq_len = None
-    if dataset == "stdlib-bytes":
-        seq_len = args.seq_len if args.seq_len is not None else GPT_PRESETS[args.model].seq_len
+    if dataset in SEQUENCE_DATASETS:
+        seq_len = default_seq_len(name, **overrides)
     optimizer = optimizer_for(args, get_info(plan.schedule).default_optimizer)
     if args.prediction_backward is not None:
         plan = replace(plan, semantics=replace(plan.semantics, backward=args.prediction_backward))

@@ -239,11 +239,10 @@ def profile_real_run(run: RealRun, *, network: Network | None = None,
 
 
 def _seq_len(model: str, dataset: str | None) -> int | None:
-    from ..models.gpt import GPT_PRESETS
+    from ..data import SEQUENCE_DATASETS
+    from ..models import default_seq_len
 
-    if dataset != "stdlib-bytes" or model not in GPT_PRESETS:
-        return None
-    return GPT_PRESETS[model].seq_len
+    return default_seq_len(model) if dataset in SEQUENCE_DATASETS else None
 
 
 def _per_rank_max(log: Sequence[dict[str, Any]], key: str) -> tuple[float, ...]:

@@ -5,6 +5,6 @@ deterministic, resumable :class:`BatchStream` of ``(inputs, targets)``; see
 ``available_datasets()``.
 """
 
-from pipeweave.data.registry import BatchStream, available_datasets, build_dataset
+from pipeweave.data.registry import SEQUENCE_DATASETS, BatchStream, available_datasets, build_dataset
 
-__all__ = ["BatchStream", "available_datasets", "build_dataset"]
+__all__ = ["SEQUENCE_DATASETS", "BatchStream", "available_datasets", "build_dataset"]

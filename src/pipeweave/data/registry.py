@@ -10,6 +10,8 @@ Datasets (``available_datasets()``):
 
 * ``"stdlib-bytes"`` -- next-byte prediction on the Python stdlib sources; int64 ``[B, T]``
   inputs and targets (targets shifted by one).  ``seq_len`` defaults to 64.
+* ``"stdlib-bytes-labels"`` -- the same windows' first ``T`` bytes as both inputs and targets:
+  the labels convention of Hugging Face causal LMs, whose loss does the shift itself.
 * ``"digits"`` -- scikit-learn's 8x8 digits; float ``[B, 64]`` inputs, int64 ``[B]`` labels,
   reshuffled every epoch.
 """
@@ -24,12 +26,16 @@ from torch import Tensor
 from pipeweave.data.digits import load_digits_split
 from pipeweave.data.stdlib_corpus import corpus_split, load_stdlib_bytes, sample_lm_batch
 
-__all__ = ["DEFAULT_SEQ_LEN", "BatchStream", "available_datasets", "build_dataset"]
+__all__ = ["DEFAULT_SEQ_LEN", "SEQUENCE_DATASETS", "BatchStream", "available_datasets",
+           "build_dataset"]
 
 Batch = tuple[Tensor, Tensor]
 
 DEFAULT_SEQ_LEN = 64
 """``seq_len`` used for sequence datasets when none is given (``gpt-tiny``'s context)."""
+
+SEQUENCE_DATASETS = frozenset({"stdlib-bytes", "stdlib-bytes-labels"})
+"""Datasets whose samples are token sequences (they take ``seq_len``)."""
 
 _SPLITS = ("train", "test")
 
@@ -134,6 +140,19 @@ def _stdlib_bytes(
     return make_batch, t
 
 
+def _stdlib_bytes_labels(
+    *, batch_size: int, seq_len: int | None, seed: int, dtype: torch.dtype, split: str
+) -> tuple[Callable[[int], Batch], int]:
+    shifted, t = _stdlib_bytes(batch_size=batch_size, seq_len=seq_len, seed=seed, dtype=dtype,
+                               split=split)
+
+    def make_batch(index: int) -> Batch:
+        inputs, _ = shifted(index)
+        return inputs, inputs.clone()
+
+    return make_batch, t
+
+
 def _digits(
     *, batch_size: int, seq_len: int | None, seed: int, dtype: torch.dtype, split: str
 ) -> tuple[Callable[[int], Batch], int | None]:
@@ -162,7 +181,8 @@ def _digits(
     return make_batch, None
 
 
-_DATASETS = {"stdlib-bytes": _stdlib_bytes, "digits": _digits}
+_DATASETS = {"stdlib-bytes": _stdlib_bytes, "stdlib-bytes-labels": _stdlib_bytes_labels,
+             "digits": _digits}
 
 
 def available_datasets() -> list[str]:

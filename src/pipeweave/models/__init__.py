@@ -7,7 +7,8 @@ one-tensor-out blocks plus a batch-mean loss.  ``build_model(name)`` builds the 
 
 from pipeweave.models.cnn import CNNConfig, MLPConfig
 from pipeweave.models.gpt import GPTConfig
-from pipeweave.models.registry import LossFn, ModelSpec, available_models, build_model
+from pipeweave.models.registry import (LossFn, ModelSpec, available_models, build_model,
+                                      default_seq_len, register_model)
 
 __all__ = [
     "CNNConfig",
@@ -17,4 +18,6 @@ __all__ = [
     "ModelSpec",
     "available_models",
     "build_model",
+    "default_seq_len",
+    "register_model",
 ]

@@ -7,13 +7,19 @@ over micro-batches of size ``m`` out of a batch of ``B`` means summing ``loss * 
 
 Built-in models come from :func:`build_model`; users wrap their own with
 :meth:`ModelSpec.from_blocks`.
+
+Blocks may share a parameter object (tied word embeddings: the token embedding and the LM
+head). :attr:`ModelSpec.tied` lists every such group by global name; the runtime deep-copies
+each stage's blocks, so a group stays one parameter only while all its blocks sit in one stage,
+and the runtime refuses a plan that splits one (``runtime/execution/parts.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,7 +28,8 @@ from torch import Tensor, nn
 from pipeweave.models.cnn import CNNConfig, MLPConfig, classification_loss, cnn_blocks, mlp_blocks
 from pipeweave.models.gpt import GPT_PRESETS, GPTConfig, gpt_blocks, gpt_loss
 
-__all__ = ["LossFn", "ModelSpec", "available_models", "build_model"]
+__all__ = ["LossFn", "ModelSpec", "available_models", "build_model", "default_seq_len",
+           "register_model"]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 """``loss_fn(output, target) -> scalar``, a mean over the batch."""
@@ -47,6 +54,13 @@ class ModelSpec:
     dataset: str | None = None
     """Name of the default dataset for :func:`pipeweave.data.build_dataset`; ``None`` for
     user models that bring their own data."""
+
+    tied: tuple[tuple[str, ...], ...] = field(init=False, default=())
+    """Parameters shared by several blocks, found on construction: one group of global names
+    (``"<block index>.<name in the block>"``, block order) per shared parameter object, e.g.
+    ``(("0.wte.weight", "5.lm_head.weight"),)`` for tied word embeddings. Empty for most
+    models. A stage deep-copies its blocks, so a group stays ONE parameter only while all its
+    blocks are in one stage; the runtime refuses plans that split a group."""
 
     def __post_init__(self) -> None:
         # Accept any sequence, store tuples so the spec stays immutable.
@@ -73,6 +87,12 @@ class ModelSpec:
                 f"ModelSpec {self.name!r}: loss_fn={self.loss_fn!r} is not callable; pass "
                 f"a function (output, target) -> scalar mean loss"
             )
+        object.__setattr__(self, "tied", _shared_parameters(self.blocks))
+
+    def tied_blocks(self) -> tuple[tuple[int, ...], ...]:
+        """For each group in :attr:`tied`, the indices of the blocks that hold it."""
+        return tuple(tuple(sorted({int(name.partition(".")[0]) for name in group}))
+                     for group in self.tied)
 
     @classmethod
     def from_blocks(
@@ -113,6 +133,16 @@ class ModelSpec:
         return nn.Sequential(*self.blocks)
 
 
+def _shared_parameters(blocks: Sequence[nn.Module]) -> tuple[tuple[str, ...], ...]:
+    """Groups of global names of the parameter objects that more than one block holds."""
+    holders: dict[int, list[str]] = {}
+    for index, block in enumerate(blocks):
+        for name, parameter in block.named_parameters():  # each object once per block
+            holders.setdefault(id(parameter), []).append(f"{index}.{name}")
+    return tuple(tuple(names) for names in holders.values()
+                 if len({name.partition(".")[0] for name in names}) > 1)
+
+
 @dataclass(frozen=True)
 class _Entry:
     config: Any
@@ -131,9 +161,50 @@ _MODELS: dict[str, _Entry] = {
 }
 
 
+_PROVIDED: dict[str, str] = {
+    name: "pipeweave.hf.presets" for name in ("hf-gpt2", "hf-llama", "hf-qwen2", "hf-mistral")
+}
+"""Names built by a package above this one, and the module that registers them.
+
+``pipeweave.hf`` adapts Hugging Face models and imports :class:`ModelSpec` from here, so this
+layer cannot import it; the registering module is imported on the first use of one of its
+names instead (which also keeps ``transformers`` out of ``import pipeweave.models``)."""
+
+
+def register_model(name: str, *, config: Any, build: Callable[[Any], tuple[list[nn.Module], list[str]]],
+                   loss_fn: LossFn, dataset: str) -> None:
+    """Add a named model: ``config`` a frozen dataclass of its defaults (its fields are the
+    options :func:`build_model` accepts), ``build(config) -> (blocks, names)`` drawing any
+    random initialisation from the global torch RNG."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"register_model({name!r}): config={config!r} is not a dataclass "
+                        f"instance; pass the model's default config object")
+    if name in _MODELS:
+        raise ValueError(f"model {name!r} is already registered; choose another name")
+    _MODELS[name] = _Entry(config, build, loss_fn, dataset)
+
+
+def _entry(name: str) -> _Entry | None:
+    if name not in _MODELS and name in _PROVIDED:
+        importlib.import_module(_PROVIDED[name])  # registers its names
+        if name not in _MODELS:
+            raise RuntimeError(f"{_PROVIDED[name]} did not register model {name!r}")
+    return _MODELS.get(name)
+
+
 def available_models() -> list[str]:
     """Names accepted by :func:`build_model`, sorted."""
-    return sorted(_MODELS)
+    return sorted(set(_MODELS) | set(_PROVIDED))
+
+
+def default_seq_len(name: str, **overrides: Any) -> int | None:
+    """Tokens per sample for a sequence model's data (its config's ``seq_len`` after
+    ``overrides``); None for models without one."""
+    entry = _entry(name)
+    if entry is None:
+        raise ValueError(f"unknown model {name!r}; choose one of {available_models()}")
+    value = overrides.get("seq_len", getattr(entry.config, "seq_len", None))
+    return value if isinstance(value, int) else None
 
 
 def build_model(
@@ -145,11 +216,11 @@ def build_model(
 ) -> ModelSpec:
     """Build a named model with deterministic initialisation.
 
-    ``overrides`` replace fields of the preset's config (``GPTConfig``, ``MLPConfig`` or
-    ``CNNConfig``), e.g. ``build_model("gpt-tiny", n_layers=2, sublayer=False)``.  The weights
+    ``overrides`` replace fields of the preset's config (``GPTConfig``, ``MLPConfig``,
+    ``CNNConfig``, or ``pipeweave.hf.HFPreset`` for the ``hf-*`` models), e.g. ``build_model("gpt-tiny", n_layers=2, sublayer=False)``.  The weights
     depend only on ``name``, ``overrides`` and ``seed``; the global torch RNG is left untouched.
     """
-    entry = _MODELS.get(name)
+    entry = _entry(name)
     if entry is None:
         raise ValueError(f"unknown model {name!r}; choose one of {available_models()}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

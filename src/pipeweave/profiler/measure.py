@@ -381,9 +381,8 @@ def profile_builtin(
     over the ideal split ``ranks / cores``), which the planner applies when it simulates the
     ranks sharing the cores (``PlanRequest(shared_cores=...)``).
     """
-    from ..data import build_dataset
-    from ..models import build_model
-    from ..models.gpt import GPT_PRESETS
+    from ..data import SEQUENCE_DATASETS, build_dataset
+    from ..models import build_model, default_seq_len
     from .colocated import colocated_slowdown, sharing_overhead
 
     if colocated_ranks > 1 and device != "cpu":
@@ -391,8 +390,8 @@ def profile_builtin(
                          f"{device} every rank has its own device: leave it at 1")
     spec = build_model(name, seed=seed, **(overrides or {}))
     dataset = spec.dataset or "digits"
-    if dataset == "stdlib-bytes" and seq_len is None:
-        seq_len = (overrides or {}).get("seq_len", GPT_PRESETS[name].seq_len if name in GPT_PRESETS else None)
+    if dataset in SEQUENCE_DATASETS and seq_len is None:
+        seq_len = default_seq_len(name, **(overrides or {}))
     inputs, targets = next(iter(build_dataset(dataset, batch_size=batch_size, seq_len=seq_len,
                                               seed=seed)))
     profile = profile_model(spec, inputs, targets, device=device, warmup=warmup,

@@ -53,9 +53,13 @@ def new_session(options: CheckpointOptions | None,
 
 
 def model_parameters(spec: ModelSpec) -> dict[str, tuple[list[int], str]]:
-    """``"<block>.<name>" -> (shape, dtype)`` for every parameter of the model."""
+    """``"<block>.<name>" -> (shape, dtype)`` for every parameter of the model; a parameter
+    several blocks share (``spec.tied``, kept in one stage) once, under its first block's name,
+    as its stage names and stores it."""
+    later = {name for group in spec.tied for name in group[1:]}
     return {f"{index}.{name}": (list(p.shape), str(p.dtype).removeprefix("torch."))
-            for index, block in enumerate(spec.blocks) for name, p in block.named_parameters()}
+            for index, block in enumerate(spec.blocks) for name, p in block.named_parameters()
+            if f"{index}.{name}" not in later}
 
 
 def check_resume(job: Job, spec: ModelSpec, *, verify: bool = True) -> StoredCheckpoint | None:

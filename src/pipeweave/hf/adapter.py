@@ -1,0 +1,130 @@
+"""``blocks(model)``: a Hugging Face causal LM as a pipeweave :class:`ModelSpec`, no tracing.
+
+The model's structure is read from its attributes (``transformer.wte``/``h``/``ln_f`` for
+GPT-2; ``model.embed_tokens``/``layers``/``norm``/``rotary_emb`` for the Llama family) and its
+own submodules are wrapped in the blocks of :mod:`pipeweave.hf.layers`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from torch import nn
+
+from ..models import ModelSpec
+from .layers import (AttentionHalf, CausalContext, DecoderLayer, GPT2Embedding, Head, MLPHalf,
+                     MaskFunction, TokenEmbedding)
+from .loss import CausalLMLoss
+
+__all__ = ["SUPPORTED", "blocks", "family_of", "require_transformers"]
+
+SUPPORTED = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+             "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+"""Families the adapter knows (``config.model_type``) and the model class it takes."""
+
+_HALVES = {"gpt2": (("ln_1", "attn"), ("ln_2", "mlp"))}
+"""Each family's (norm, attention) and (norm, MLP) attribute names; the rest: Llama's."""
+_LLAMA_HALVES = (("input_layernorm", "self_attn"), ("post_attention_layernorm", "mlp"))
+
+
+def require_transformers() -> ModuleType:
+    """The ``transformers`` module, or an ImportError that says how to install it."""
+    try:
+        import transformers
+    except ImportError as error:
+        raise ImportError("pipeweave.hf needs the transformers package: pip install -e '.[hf]' "
+                          "(or pip install transformers)") from error
+    return transformers
+
+
+def family_of(model: Any) -> str:
+    """``"gpt2"``, ``"llama"``, ``"qwen2"`` or ``"mistral"``; TypeError for other models."""
+    transformers = require_transformers()
+    for family, class_name in SUPPORTED.items():
+        if isinstance(model, getattr(transformers, class_name)):
+            return family
+    raise TypeError(f"pipeweave.hf.blocks takes a {', '.join(SUPPORTED.values())} (decoder-only "
+                    f"causal LMs with an LM head); got {type(model).__name__}")
+
+
+def blocks(model: Any, *, sublayer: bool = False, name: str | None = None,
+           dataset: str | None = None) -> ModelSpec:
+    """The pipeline blocks of a ``transformers`` causal LM, wrapping its own modules.
+
+    Blocks: ``embed`` (token, and for GPT-2 position, embeddings), one ``layer<i>`` per decoder
+    layer (``sublayer=True``: ``layer<i>.attn`` and ``layer<i>.ffn``, its attention and MLP
+    halves, AutoPipe's granularity), and ``head`` (final norm and LM head). Only the hidden
+    state crosses a block boundary; each attention block recomputes position ids, the causal
+    mask and (Llama family) the rotary embedding from its shape, as the model's forward does.
+    ``loss_fn`` is the model's own causal-LM loss (:class:`~.loss.CausalLMLoss`): targets are
+    the input ids, as ``model(ids, labels=ids)`` takes them (dataset ``stdlib-bytes-labels``).
+
+    The blocks hold the model's modules, not copies: ``spec.sequential()`` is the model, and
+    training it trains the model. pipeweave's runtime, though, deep-copies each stage's blocks
+    into the rank that runs it. A parameter two blocks share therefore stays one parameter only
+    while both blocks sit in one stage; tied word embeddings (GPT-2 by default: ``wte`` and
+    ``lm_head`` are one weight) are listed in ``spec.tied``, and the runtime refuses a plan that
+    puts the embedding and the head on different stages rather than untie them silently. Build
+    the model with ``tie_word_embeddings=False`` to split it freely.
+
+    ``name`` defaults to ``"hf-<family>"``; ``dataset`` names the spec's default dataset (None:
+    the user brings their data).
+    """
+    if not isinstance(sublayer, bool):
+        raise TypeError(f"sublayer={sublayer!r}; pass True (attention and MLP blocks) or False")
+    family = family_of(model)
+    masking: Any = require_transformers().masking_utils
+    config: Any = model.config
+    if family == "gpt2":
+        if config.add_cross_attention:
+            raise ValueError("this GPT-2 has cross-attention (add_cross_attention=True), which "
+                             "needs encoder states a pipeline block cannot carry; use a "
+                             "decoder-only config")
+        base: Any = model.transformer
+        embed: nn.Module = GPT2Embedding(base.wte, base.wpe, base.drop)
+        layers, norm, rotary = list(base.h), base.ln_f, None
+    else:
+        base = model.model
+        embed = TokenEmbedding(base.embed_tokens)
+        layers, norm, rotary = list(base.layers), base.norm, base.rotary_emb
+    found: list[nn.Module] = [embed]
+    names = ["embed"]
+    for index, layer in enumerate(layers[: config.num_hidden_layers]):
+        context = CausalContext(config, _mask_function(family, config, index, masking), rotary)
+        if sublayer:
+            (norm1, attention), (norm2, mlp) = _HALVES.get(family, _LLAMA_HALVES)
+            found += [AttentionHalf(getattr(layer, norm1), getattr(layer, attention), context),
+                      MLPHalf(getattr(layer, norm2), getattr(layer, mlp))]
+            names += [f"layer{index}.attn", f"layer{index}.ffn"]
+        else:
+            found.append(DecoderLayer(layer, context))
+            names.append(f"layer{index}")
+    found.append(Head(norm, model.lm_head))
+    names.append("head")
+    return ModelSpec(name=name or f"hf-{family}", blocks=tuple(found),
+                     loss_fn=CausalLMLoss(_loss_function(model)),
+                     block_names=tuple(names), dataset=dataset)
+
+
+def _loss_function(model: Any) -> Any:
+    """``model.loss_function``; None (CausalLMLoss's default, the same ``ForCausalLM`` loss)
+    where the model names no loss type (GPT2LMHeadModel), which the property would log a
+    warning about before falling back to that loss."""
+    if hasattr(model, "_loss_function") or getattr(model, "loss_type", None) is not None:
+        return model.loss_function
+    return None
+
+
+def _mask_function(family: str, config: Any, index: int, masking: Any) -> MaskFunction:
+    """The mask HF's forward gives layer ``index``: sliding-window where the config says so
+    (Qwen2 per layer, ``layer_types``; Mistral for all layers, ``sliding_window``)."""
+    if family == "qwen2":
+        sliding = config.layer_types[index] == "sliding_attention"
+    elif family == "mistral":
+        sliding = config.sliding_window is not None
+    else:
+        sliding = False
+    function: MaskFunction = (masking.create_sliding_window_causal_mask if sliding
+                              else masking.create_causal_mask)
+    return function

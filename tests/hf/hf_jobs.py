@@ -1,0 +1,104 @@
+"""Hugging Face models for the adapter's tests, and a reference trained by HF's own forward.
+
+The models are built here from transformers' config classes (not by pipeweave's presets), and
+:func:`hf_reference` trains one with ``model(ids, labels=ids).loss`` and a ``torch.optim`` step,
+no pipeweave code: what the pipelined runs are checked against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pipeweave.runtime import BuiltinData, Job, OptimizerFactory, Plan
+
+SEQ = 16
+LAYERS = 2
+
+
+def hf_model(family: str, *, tied: bool = False, seed: int = 0,
+             dtype: torch.dtype = torch.float64, **config: Any) -> Any:
+    """A small random ``GPT2LMHeadModel`` / ``*ForCausalLM`` of ``family`` (no dropout)."""
+    import transformers
+
+    shape: dict[str, Any] = {"vocab_size": 256, "tie_word_embeddings": tied,
+                             "bos_token_id": None, "eos_token_id": None}
+    if family == "gpt2":
+        shape.update(n_positions=SEQ, n_embd=32, n_layer=LAYERS, n_head=2, n_inner=64,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        config_class, model_class = transformers.GPT2Config, transformers.GPT2LMHeadModel
+    else:
+        shape.update(hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ)
+        names = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
+        config_class = getattr(transformers, f"{names}Config")
+        model_class = getattr(transformers, f"{names}ForCausalLM")
+    shape.update(config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config_class(**shape))
+    return model.to(dtype)
+
+
+@dataclass(frozen=True)
+class HFFactory:
+    """Job model factory (picklable): :func:`hf_model` through ``pipeweave.hf.blocks``."""
+
+    family: str
+    sublayer: bool = False
+    tied: bool = False
+
+    def __call__(self) -> Any:
+        import pipeweave.hf
+
+        return pipeweave.hf.blocks(hf_model(self.family, tied=self.tied), sublayer=self.sublayer)
+
+
+def num_blocks(sublayer: bool) -> int:
+    return (2 if sublayer else 1) * LAYERS + 2
+
+
+def hf_job(family: str, *, sublayer: bool, schedule: str = "1f1b", depth: int = 2,
+           tied: bool = False, microbatches: int = 4, steps: int = 3) -> Job:
+    plan = Plan.uniform(num_blocks(sublayer), depth, schedule=schedule, microbatches=microbatches)
+    return Job(plan=plan, steps=steps, model=HFFactory(family, sublayer, tied),
+               data=BuiltinData("stdlib-bytes-labels", batch_size=2 * microbatches, seq_len=SEQ,
+                                dtype="float64"),
+               optimizer=OptimizerFactory("sgd", {"lr": 0.05, "momentum": 0.9}),
+               return_parameters=True)
+
+
+@dataclass(frozen=True)
+class HFReference:
+    losses: list[float]
+    parameters: dict[str, torch.Tensor]
+    """Final values, keyed by the pipeline's global names (``"<block>.<name>"``)."""
+
+
+def hf_reference(job: Job, family: str, *, sublayer: bool, tied: bool = False) -> HFReference:
+    """Train the HF model on the job's batches with its own loss and ``torch.optim.SGD``."""
+    import pipeweave.hf
+
+    model = hf_model(family, tied=tied)
+    # Name each HF parameter as the pipeline does, by the identity of the object the adapter's
+    # blocks hold (training below uses the model only).
+    spec = pipeweave.hf.blocks(model, sublayer=sublayer)
+    global_name: dict[int, str] = {}
+    for i, block in enumerate(spec.blocks):
+        for n, p in block.named_parameters():
+            global_name.setdefault(id(p), f"{i}.{n}")  # a tied weight: its first block's name
+    names = {name: global_name[id(p)] for name, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    batches = iter(job.data())
+    losses = []
+    model.train()
+    for _ in range(job.steps):
+        ids, labels = next(batches)
+        loss = model(ids, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return HFReference(losses, {names[n]: p.detach().clone() for n, p in model.named_parameters()})

@@ -80,3 +80,24 @@ def test_unsupported_architecture_is_refused(tmp_path: Path,
     assert "model_type 'bert' is not supported" in capsys.readouterr().err
     assert main(["train", "--hf-config", str(tmp_path / "missing.json"), *SMALL]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_without_transformers_an_hf_model_is_one_line_with_the_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A machine without the extra: the fix on one line, no traceback."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    from pipeweave.cli.main import main
+    from pipeweave.models import registry
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    for name in [m for m in sys.modules if m.startswith("pipeweave.hf")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(registry, "_MODELS", {k: v for k, v in registry._MODELS.items()
+                                              if not k.startswith("hf-")})
+    assert main(["train", "--model", "hf-gpt2", "--steps", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the transformers package: pip install -e '.[hf]'" in err
+    assert "Traceback" not in err and err.count("\n") == 1

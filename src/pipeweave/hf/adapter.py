@@ -28,13 +28,18 @@ _HALVES = {"gpt2": (("ln_1", "attn"), ("ln_2", "mlp"))}
 _LLAMA_HALVES = (("input_layernorm", "self_attn"), ("post_attention_layernorm", "mlp"))
 
 
+class TransformersMissing(ImportError, ValueError):
+    """``transformers`` is not installed: an ImportError, and a ValueError so that the command
+    line shows it as one line with the fix (a user's setup, not a bug)."""
+
+
 def require_transformers() -> ModuleType:
-    """The ``transformers`` module, or an ImportError that says how to install it."""
+    """The ``transformers`` module, or :class:`TransformersMissing` saying how to install it."""
     try:
         import transformers
     except ImportError as error:
-        raise ImportError("pipeweave.hf needs the transformers package: pip install -e '.[hf]' "
-                          "(or pip install transformers)") from error
+        raise TransformersMissing("pipeweave.hf needs the transformers package: pip install -e "
+                                  "'.[hf]' (or pip install transformers)") from error
     return transformers
 
 

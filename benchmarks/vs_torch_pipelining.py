@@ -95,6 +95,14 @@ CASES = {
     # 4 blocks of Linear(128)+ReLU on 8x8 digits: tiny compute, so per-action overhead shows.
     "mlp": Case("mlp digits", "mlp", {}, dataset="digits", seq_len=None, batch_size=64,
                 microbatches=4, lr=0.1),
+    # Hugging Face's GPT2LMHeadModel (pipeweave.hf, untied) at the "gpt" case's shape, split
+    # into attention and MLP halves: 10 blocks, HF's own loss. torch's side runs the same
+    # blocks through PipelineStage's manual API (no tracing).
+    "hf-gpt2": Case("HF GPT-2 d128 L4 T64", "hf-gpt2",
+                    {"d_model": 128, "n_layers": 4, "n_heads": 4, "d_ff": 512, "seq_len": 64,
+                     "sublayer": True},
+                    dataset="stdlib-bytes-labels", seq_len=64, batch_size=32, microbatches=4,
+                    lr=0.01),
     # For the smoke test (tests/benchmarks): 6 blocks of a d_model 32 GPT, seconds per run.
     "tiny": Case("gpt d32 L2 T16", "gpt-tiny",
                  {"d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64, "seq_len": 16},

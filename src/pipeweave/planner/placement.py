@@ -14,8 +14,8 @@ The placements enumerated here split every level's ``m_k`` components between th
 ``a_k`` pipeline positions times ``b_k`` replicas (``a_k b_k = m_k``, ``prod a_k = d``,
 ``prod b_k = w``). A rank's digit on level ``k`` (lowest first) is ``p_k + a_k q_k``, its
 pipeline digit ``p_k`` and replica digit ``q_k`` (their order inside a level changes no link);
-stage and replica are the mixed-radix numbers ``p_1 + a_1 (p_2 + a_2 (...))`` and likewise for ``q``, so
-consecutive stages sit as low in the hierarchy as the split allows. Two of them have names:
+stage and replica are the mixed-radix numbers ``p_1 + a_1 (p_2 + a_2 (...))`` and likewise
+for ``q``, so consecutive stages sit as low in the hierarchy as the split allows. Two of them have names:
 
 * ``pipeline-inner`` (WPipe's A): ``rank = replica * d + stage``, the pipeline on the lowest
   levels; this is the rank map pipeweave's runtime runs (:meth:`.Layout.data_parallel`: copy
@@ -241,7 +241,8 @@ def _level_between(topology: Topology, one: int, other: int) -> int:
     return highest
 
 
-def _priced(topology: Topology, table: Table, p2p: Sequence[float], reduce: Sequence[float], *, runtime: Table, chosen: Table, data_inner: Table
+def _priced(topology: Topology, table: Table, p2p: Sequence[float], reduce: Sequence[float],
+            *, runtime: Table, chosen: Table, data_inner: Table
             ) -> Placement:
     name = ("pipeline-inner" if table == runtime else
             "data-inner" if table == data_inner else "mixed")

@@ -50,7 +50,8 @@ from .registry import Shape, register
 __all__ = ["gpipe_grouped", "grouped_order"]
 
 
-def grouped_order(layout: Layout, rank: int, microbatches: Sequence[int]) -> list[tuple[Op, int, int]]:
+def grouped_order(layout: Layout, rank: int, microbatches: Sequence[int]
+                  ) -> list[tuple[Op, int, int]]:
     """Rank ``rank``'s passes of one iteration: ``(op, stage, micro-batch)``.
 
     Forwards group by group (stages in ascending order), then backwards from the last group

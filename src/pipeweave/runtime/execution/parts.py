@@ -102,6 +102,9 @@ class RankParts:
     """Parallel pipelines 1..N-1 (AvgPipe), each with its own copy of this rank's stages."""
     averagers: dict[int, ElasticAverager] = field(default_factory=dict)
     """Per stage, the reference model of the N parallel pipelines (AvgPipe)."""
+    tied_to: dict[str, str] = field(default_factory=dict)
+    """Global name of every later use of a tied parameter -> its first use's (``spec.tied``):
+    checkpoints store the weight once, under the first name, and restore every copy from it."""
 
     def pipeline(self, index: int) -> "RankParts":
         return self if index == 0 else self.others[index - 1]
@@ -121,6 +124,7 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
              for p in range(schedule.pipelines)]
     main = parts[0]
     main.others = parts[1:]
+    main.tied_to = {later: group[0] for group in spec.tied for later in group[1:]}
     if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
         semantics = job.plan.semantics
         for stage, runtime in main.stages.items():

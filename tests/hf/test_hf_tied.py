@@ -197,7 +197,7 @@ def test_checkpoint_stores_the_tie_once_and_resumes_into_both_copies(tmp_path: P
     first = dataclasses.replace(whole, steps=2, checkpoint=CheckpointOptions(
         directory=str(tmp_path)))
     run_local(first)
-    manifests = list(tmp_path.rglob("manifest.json"))
+    manifests = list(tmp_path.rglob("MANIFEST.json"))
     assert manifests
     for path in manifests:
         names = json.loads(path.read_text())["parameters"]

@@ -50,12 +50,33 @@ class HFFactory:
     sublayer: bool = False
     tied: bool = False
     layers: int = LAYERS
+    padding: bool = False
 
     def __call__(self) -> Any:
         import pipeweave.hf
 
         return pipeweave.hf.blocks(hf_model(self.family, tied=self.tied, layers=self.layers),
-                                   sublayer=self.sublayer)
+                                   sublayer=self.sublayer, padding=self.padding)
+
+
+@dataclass(frozen=True)
+class PaddedData:
+    """The byte corpus, left-padded: sample ``i`` of a batch keeps its last ``lengths[i]``
+    tokens. Inputs ``int64 [B, 2, T]`` (ids with ``pad`` at padding, HF's attention_mask),
+    labels the ids with ``-100`` at padding."""
+
+    batch_size: int
+    lengths: tuple[int, ...]
+    pad: int = 0
+
+    def __call__(self) -> Any:
+        source = BuiltinData("stdlib-bytes-labels", batch_size=self.batch_size, seq_len=SEQ,
+                             dtype="float64")
+        kept = torch.tensor(self.lengths)[:, None]
+        for ids, _ in source():
+            mask = (torch.arange(SEQ)[None, :] >= SEQ - kept).to(torch.int64)
+            ids = torch.where(mask.bool(), ids, self.pad)
+            yield torch.stack([ids, mask], 1), ids.masked_fill(mask == 0, -100)
 
 
 def num_blocks(sublayer: bool, layers: int = LAYERS) -> int:
@@ -99,7 +120,10 @@ def hf_reference(job: Job, family: str, *, sublayer: bool, tied: bool = False,
     model.train()
     for _ in range(job.steps):
         ids, labels = next(batches)
-        loss = model(ids, labels=labels).loss
+        mask = None
+        if ids.dim() == 3:  # PaddedData: ids and attention_mask
+            ids, mask = ids[:, 0], ids[:, 1]
+        loss = model(ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

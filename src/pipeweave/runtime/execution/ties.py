@@ -86,8 +86,10 @@ def split_ties(spec: ModelSpec, plan: Plan, schedule: Schedule) -> tuple[SplitTi
         if len(first_per_stage) > 1:
             stages = tuple(sorted(first_per_stage))
             tie = SplitTie(tuple(names), stages, tuple(first_per_stage[s] for s in stages))
-            _check_exact(spec, tie, schedule, stage_of)
+            _check_exact(spec, tie, schedule)
             found.append(tie)
+    for rank in range(schedule.num_ranks) if found else ():
+        TiedGradients(rank=rank, schedule=schedule, ties=found)  # raises if out of order
     return tuple(found)
 
 
@@ -102,8 +104,7 @@ def tie_groups(ties: Sequence[SplitTie], layout: Layout) -> list[tuple[int, ...]
     return groups
 
 
-def _check_exact(spec: ModelSpec, tie: SplitTie, schedule: Schedule,
-                 stage_of: dict[int, int]) -> None:
+def _check_exact(spec: ModelSpec, tie: SplitTie, schedule: Schedule) -> None:
     holders = set(tie.stages)
     blocks = ", ".join(f"{int(n.partition('.')[0])} ({spec.block_names[int(n.partition('.')[0])]})"
                        for n in tie.names)

@@ -5,7 +5,9 @@ the Hugging Face proofs are in tests/hf/test_hf_tied.py)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from torch import Tensor, nn
 
 from pipeweave.models import ModelSpec
 from pipeweave.runtime import Job, OptimizerFactory, Plan, run_local
+from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.execution.ties import split_ties, tie_groups
 from pipeweave.runtime.execution.parts import make_schedule
 from pipeweave.testing import merged_parameters, relative_error
@@ -70,8 +73,8 @@ def test_the_spec_lists_the_tie() -> None:
 
 @pytest.mark.parametrize("plan", [
     {"schedule": "1f1b"}, {"schedule": "gpipe", "depth": 4}, {"schedule": "zb-h1"},
-    {"schedule": "1f1b", "width": 2},
-], ids=["1f1b", "gpipe-4", "zb-h1", "width-2"])
+    {"schedule": "1f1b", "width": 2}, {"schedule": "avgpipe"},
+], ids=["1f1b", "gpipe-4", "zb-h1", "width-2", "avgpipe-1"])
 def test_both_copies_equal_plain_torch(plan: dict[str, object]) -> None:
     run = job(**plan)
     got = merged_parameters(run_local(run))
@@ -104,3 +107,20 @@ def test_unequal_replicas_are_refused() -> None:
     run = job(schedule="pipedream", replicas=(2, 1))
     with pytest.raises(ValueError, match=r"replicated \[1, 2\] times.*same number of replicas"):
         split_ties(run.model(), run.plan, make_schedule(run.plan, 1))
+
+
+def test_parallel_pipelines_keep_their_copies_identical(tmp_path: Path) -> None:
+    """AvgPipe, N = 2: each pipeline sums its own copies; averaging is linear, so every
+    pipeline's two copies (and the reference's) stay equal bit for bit. The checkpoints
+    compare every pipeline's copies' sha256 (and would refuse to complete otherwise)."""
+    run = dataclasses.replace(job(schedule="avgpipe", pipelines=2),
+                              checkpoint=CheckpointOptions(directory=str(tmp_path), every=1))
+    results = run_local(run)
+    manifests = list(tmp_path.rglob("MANIFEST.json"))
+    assert len(manifests) == run.steps
+    records = [json.loads(p.read_text()) for p in manifests[0].parent.glob("rank*.json")]
+    checked = [name for r in records for pipeline in r["tied"] for name in pipeline]
+    assert sorted(checked) == ["0.weight", "0.weight", "3.weight", "3.weight"]  # 2 pipelines
+    got = merged_parameters(results)
+    assert torch.equal(got["0.weight"], got["3.weight"])
+    assert not torch.equal(got["0.weight"], tied_model().blocks[0].weight)

@@ -465,7 +465,8 @@ class LocalTransport:
         self.apc = apc
         self._mail: dict[Action, Tensor] = {}
         self._contributions: dict[Hashable, dict[int, Tensor]] = {}
-        self._results: dict[Action, Tensor] = {}
+        self._collected: dict[Hashable, int] = {}
+        """Per all-reduce, how many ranks have taken the sum (the last one drops the entry)."""
 
     def endpoint(self, rank: int) -> "LocalEndpoint":
         return LocalEndpoint(self, rank)
@@ -518,6 +519,11 @@ class LocalEndpoint:
         total = contributions[ranks[0]].clone()
         for rank in ranks[1:]:
             total += contributions[rank]
+        collected = self.hub._collected.get(key, 0) + 1
+        if collected == len(ranks):  # everyone has its sum: keep no copies for the whole run
+            del self.hub._contributions[key], self.hub._collected[key]
+        else:
+            self.hub._collected[key] = collected
         return total
 
     def finish(self) -> None:

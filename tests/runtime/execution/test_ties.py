@@ -74,7 +74,9 @@ def test_the_spec_lists_the_tie() -> None:
 @pytest.mark.parametrize("plan", [
     {"schedule": "1f1b"}, {"schedule": "gpipe", "depth": 4}, {"schedule": "zb-h1"},
     {"schedule": "1f1b", "width": 2}, {"schedule": "avgpipe"},
-], ids=["1f1b", "gpipe-4", "zb-h1", "width-2", "avgpipe-1"])
+    {"schedule": "sliced-1f1b", "schedule_options": {"sliced": 2}},
+    {"schedule": "v-half", "chunks": 2},
+], ids=["1f1b", "gpipe-4", "zb-h1", "width-2", "avgpipe-1", "sliced", "v-half"])
 def test_both_copies_equal_plain_torch(plan: dict[str, object]) -> None:
     run = job(**plan)
     got = merged_parameters(run_local(run))

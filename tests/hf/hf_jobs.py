@@ -18,7 +18,7 @@ SEQ = 16
 LAYERS = 2
 
 
-def hf_model(family: str, *, tied: bool = False, seed: int = 0,
+def hf_model(family: str, *, tied: bool = False, seed: int = 0, layers: int = LAYERS,
              dtype: torch.dtype = torch.float64, **config: Any) -> Any:
     """A small random ``GPT2LMHeadModel`` / ``*ForCausalLM`` of ``family`` (no dropout)."""
     import transformers
@@ -26,11 +26,11 @@ def hf_model(family: str, *, tied: bool = False, seed: int = 0,
     shape: dict[str, Any] = {"vocab_size": 256, "tie_word_embeddings": tied,
                              "bos_token_id": None, "eos_token_id": None}
     if family == "gpt2":
-        shape.update(n_positions=SEQ, n_embd=32, n_layer=LAYERS, n_head=2, n_inner=64,
+        shape.update(n_positions=SEQ, n_embd=32, n_layer=layers, n_head=2, n_inner=64,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         config_class, model_class = transformers.GPT2Config, transformers.GPT2LMHeadModel
     else:
-        shape.update(hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+        shape.update(hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ)
         names = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
         config_class = getattr(transformers, f"{names}Config")
@@ -49,15 +49,38 @@ class HFFactory:
     family: str
     sublayer: bool = False
     tied: bool = False
+    layers: int = LAYERS
+    padding: bool = False
 
     def __call__(self) -> Any:
         import pipeweave.hf
 
-        return pipeweave.hf.blocks(hf_model(self.family, tied=self.tied), sublayer=self.sublayer)
+        return pipeweave.hf.blocks(hf_model(self.family, tied=self.tied, layers=self.layers),
+                                   sublayer=self.sublayer, padding=self.padding)
 
 
-def num_blocks(sublayer: bool) -> int:
-    return (2 if sublayer else 1) * LAYERS + 2
+@dataclass(frozen=True)
+class PaddedData:
+    """The byte corpus, left-padded: sample ``i`` of a batch keeps its last ``lengths[i]``
+    tokens. Inputs ``int64 [B, 2, T]`` (ids with ``pad`` at padding, HF's attention_mask),
+    labels the ids with ``-100`` at padding."""
+
+    batch_size: int
+    lengths: tuple[int, ...]
+    pad: int = 0
+
+    def __call__(self) -> Any:
+        source = BuiltinData("stdlib-bytes-labels", batch_size=self.batch_size, seq_len=SEQ,
+                             dtype="float64")
+        kept = torch.tensor(self.lengths)[:, None]
+        for ids, _ in source():
+            mask = (torch.arange(SEQ)[None, :] >= SEQ - kept).to(torch.int64)
+            ids = torch.where(mask.bool(), ids, self.pad)
+            yield torch.stack([ids, mask], 1), ids.masked_fill(mask == 0, -100)
+
+
+def num_blocks(sublayer: bool, layers: int = LAYERS) -> int:
+    return (2 if sublayer else 1) * layers + 2
 
 
 def hf_job(family: str, *, sublayer: bool, schedule: str = "1f1b", depth: int = 2,
@@ -77,11 +100,12 @@ class HFReference:
     """Final values, keyed by the pipeline's global names (``"<block>.<name>"``)."""
 
 
-def hf_reference(job: Job, family: str, *, sublayer: bool, tied: bool = False) -> HFReference:
+def hf_reference(job: Job, family: str, *, sublayer: bool, tied: bool = False,
+                 layers: int = LAYERS) -> HFReference:
     """Train the HF model on the job's batches with its own loss and ``torch.optim.SGD``."""
     import pipeweave.hf
 
-    model = hf_model(family, tied=tied)
+    model = hf_model(family, tied=tied, layers=layers)
     # Name each HF parameter as the pipeline does, by the identity of the object the adapter's
     # blocks hold (training below uses the model only).
     spec = pipeweave.hf.blocks(model, sublayer=sublayer)
@@ -96,7 +120,10 @@ def hf_reference(job: Job, family: str, *, sublayer: bool, tied: bool = False) -
     model.train()
     for _ in range(job.steps):
         ids, labels = next(batches)
-        loss = model(ids, labels=labels).loss
+        mask = None
+        if ids.dim() == 3:  # PaddedData: ids and attention_mask
+            ids, mask = ids[:, 0], ids[:, 1]
+        loss = model(ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -49,12 +49,21 @@ def test_profile_plan_and_train_from_a_config_file(tmp_path: Path,
     assert code == 0, capsys.readouterr().err
 
 
-def test_tied_config_split_over_stages_is_one_line(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_tied_config_trains_split_over_stages(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     config = _gpt2_config(tmp_path)  # GPT-2's default: tied word embeddings
-    assert main(["train", "--hf-config", config, *SMALL, "--output-dir", str(tmp_path)]) == 2
+    code = main(["train", "--hf-config", config, *SMALL, "--output-dir", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_tied_config_with_a_stale_schedule_is_one_line(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    config = _gpt2_config(tmp_path)
+    assert main(["train", "--hf-config", config, *SMALL, "--schedule", "pipedream",
+                 "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "ties 0.wte.weight and 3.lm_head.weight" in err
+    assert "schedule 'pipedream' runs the forward of micro-batch" in err
     assert "tie_word_embeddings=False" in err
 
 

@@ -75,19 +75,6 @@ def test_tied_gpt2_in_one_stage_sums_both_uses() -> None:
     _assert_matches(results, hf_reference(job, "gpt2", sublayer=True, tied=True), 4)
 
 
-@pytest.mark.parametrize("plan_fields", [{}, {"schedule": "interleaved-1f1b", "chunks": 2}])
-def test_tied_gpt2_split_across_stages_is_refused(plan_fields: dict) -> None:  # type: ignore[type-arg]
-    job = hf_job("gpt2", sublayer=True, tied=True)
-    blocks = num_blocks(True)
-    job = dataclasses.replace(job, plan=Plan.uniform(blocks, 2, microbatches=4, **plan_fields))
-    with pytest.raises(ValueError, match=(
-            r"model 'hf-gpt2' ties 0.wte.weight and 5.lm_head.weight .* blocks 0 \(embed\), "
-            r"5 \(head\) on stages 0, \d.*tie_word_embeddings=False, or use a plan with those "
-            r"blocks in one stage")) as refused:
-        run_local(job)
-    assert "\n" not in str(refused.value)
-
-
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_distributed_llama_equals_local_and_hf() -> None:

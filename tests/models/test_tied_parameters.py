@@ -1,4 +1,5 @@
-"""ModelSpec.tied: parameters several blocks share, and the runtime's refusal to split them."""
+"""ModelSpec.tied: parameters several blocks share; a plan may split them over stages where
+the schedule keeps the copies exact (runtime/execution/ties.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from torch import nn
 
 from pipeweave.models import ModelSpec
 from pipeweave.runtime import Plan
-from pipeweave.runtime.execution.parts import check_model_fits_plan
+from pipeweave.runtime.execution.parts import check_model_fits_plan, make_schedule
+from pipeweave.runtime.execution.ties import split_ties
 
 
 def _tied_spec() -> ModelSpec:
@@ -40,11 +42,19 @@ def test_a_plan_keeping_the_tie_in_one_stage_is_accepted() -> None:
 
 @pytest.mark.parametrize("plan", [Plan.uniform(4, 2), Plan.uniform(4, 4),
                                   Plan.uniform(4, 2, chunks=2, schedule="interleaved-1f1b")])
-def test_a_plan_splitting_the_tie_is_refused(plan: Plan) -> None:
+def test_a_synchronous_plan_splitting_the_tie_keeps_it(plan: Plan) -> None:
+    check_model_fits_plan(_tied_spec(), plan)
+    ties = split_ties(_tied_spec(), plan, make_schedule(plan, 2))
+    assert [(t.names, t.stages[0], t.stages[-1]) for t in ties] == [
+        (("0.weight", "3.weight"), 0, len(plan.stages) - 1)]
+
+
+def test_a_stale_schedule_splitting_the_tie_is_refused() -> None:
+    plan = Plan.uniform(4, 2, schedule="pipedream")
     with pytest.raises(ValueError, match=r"model 'tied' ties 0.weight and 3.weight .* blocks "
-                                         r"0 \(0\), 3 \(3\) on stages 0, \d.*"
+                                         r"0 \(0\), 3 \(3\) on stages 0, 1; schedule 'pipedream'.*"
                                          r"tie_word_embeddings=False"):
-        check_model_fits_plan(_tied_spec(), plan)
+        split_ties(_tied_spec(), plan, make_schedule(plan, 2))
 
 
 def test_deep_copying_one_stage_keeps_the_tie() -> None:

@@ -53,8 +53,8 @@ def family_of(model: Any) -> str:
                     f"causal LMs with an LM head); got {type(model).__name__}")
 
 
-def blocks(model: Any, *, sublayer: bool = False, name: str | None = None,
-           dataset: str | None = None) -> ModelSpec:
+def blocks(model: Any, *, sublayer: bool = False, padding: bool = False,
+           name: str | None = None, dataset: str | None = None) -> ModelSpec:
     """The pipeline blocks of a ``transformers`` causal LM, wrapping its own modules.
 
     Blocks: ``embed`` (token, and for GPT-2 position, embeddings), one ``layer<i>`` per decoder
@@ -65,19 +65,25 @@ def blocks(model: Any, *, sublayer: bool = False, name: str | None = None,
     ``loss_fn`` is the model's own causal-LM loss (:class:`~.loss.CausalLMLoss`): targets are
     the input ids, as ``model(ids, labels=ids)`` takes them (dataset ``stdlib-bytes-labels``).
 
+    ``padding=True``: the input is ``int64 [B, 2, T]``, the ids and HF's ``attention_mask``
+    stacked on dim 1, and the mask rides with the hidden state to every attention block
+    (:mod:`.layers`); pad positions' labels should be ``-100``.
+
     The blocks hold the model's modules, not copies: ``spec.sequential()`` is the model, and
     training it trains the model. pipeweave's runtime, though, deep-copies each stage's blocks
-    into the rank that runs it. A parameter two blocks share therefore stays one parameter only
-    while both blocks sit in one stage; tied word embeddings (GPT-2 by default: ``wte`` and
-    ``lm_head`` are one weight) are listed in ``spec.tied``, and the runtime refuses a plan that
-    puts the embedding and the head on different stages rather than untie them silently. Build
-    the model with ``tie_word_embeddings=False`` to split it freely.
+    into the rank that runs it. Tied word embeddings (GPT-2 by default: ``wte`` and
+    ``lm_head`` are one weight) are listed in ``spec.tied``; on different stages each holds a
+    copy, and the runtime sums the copies' gradients before every update, which keeps them one
+    parameter (``runtime/execution/ties.py``).
 
     ``name`` defaults to ``"hf-<family>"``; ``dataset`` names the spec's default dataset (None:
     the user brings their data).
     """
     if not isinstance(sublayer, bool):
         raise TypeError(f"sublayer={sublayer!r}; pass True (attention and MLP blocks) or False")
+    if not isinstance(padding, bool):
+        raise TypeError(f"padding={padding!r}; pass True (inputs carry an attention_mask) or "
+                        f"False")
     family = family_of(model)
     masking: Any = require_transformers().masking_utils
     config: Any = model.config
@@ -87,11 +93,11 @@ def blocks(model: Any, *, sublayer: bool = False, name: str | None = None,
                              "needs encoder states a pipeline block cannot carry; use a "
                              "decoder-only config")
         base: Any = model.transformer
-        embed: nn.Module = GPT2Embedding(base.wte, base.wpe, base.drop)
+        embed: nn.Module = GPT2Embedding(base.wte, base.wpe, base.drop, padding)
         layers, norm, rotary = list(base.h), base.ln_f, None
     else:
         base = model.model
-        embed = TokenEmbedding(base.embed_tokens)
+        embed = TokenEmbedding(base.embed_tokens, padding)
         layers, norm, rotary = list(base.layers), base.norm, base.rotary_emb
     found: list[nn.Module] = [embed]
     names = ["embed"]
@@ -99,13 +105,14 @@ def blocks(model: Any, *, sublayer: bool = False, name: str | None = None,
         context = CausalContext(config, _mask_function(family, config, index, masking), rotary)
         if sublayer:
             (norm1, attention), (norm2, mlp) = _HALVES.get(family, _LLAMA_HALVES)
-            found += [AttentionHalf(getattr(layer, norm1), getattr(layer, attention), context),
-                      MLPHalf(getattr(layer, norm2), getattr(layer, mlp))]
+            found += [AttentionHalf(getattr(layer, norm1), getattr(layer, attention), context,
+                                    padding),
+                      MLPHalf(getattr(layer, norm2), getattr(layer, mlp), padding)]
             names += [f"layer{index}.attn", f"layer{index}.ffn"]
         else:
-            found.append(DecoderLayer(layer, context))
+            found.append(DecoderLayer(layer, context, padding))
             names.append(f"layer{index}")
-    found.append(Head(norm, model.lm_head))
+    found.append(Head(norm, model.lm_head, padding))
     names.append("head")
     return ModelSpec(name=name or f"hf-{family}", blocks=tuple(found),
                      loss_fn=CausalLMLoss(_loss_function(model)),

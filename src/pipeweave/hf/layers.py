@@ -13,6 +13,15 @@ with the same functions, arguments and dtypes as HF's forward: the numbers are t
       -> Head (final norm, LM head) -> logits [B, T, V]
 
 Every block holds the model's own submodules (no copies): training the blocks trains the model.
+
+**Padding mask** (``padding=True``). The input is ``int64 [B, 2, T]``: the token ids and HF's
+``attention_mask`` (1 for a token, 0 for padding). The mask rides with the hidden state as
+one extra feature, ``[B, T, d + 1]`` (0.0 or 1.0, exact in any float dtype), so it crosses
+every stage boundary in the one tensor a block passes on; each attention block hands it to
+the mask function as HF's forward does (``attention_mask=``), the head drops it. Its gradient
+is zero and goes back with the hidden state's::
+
+    int64 [B, 2, T] -> embed -> [B, T, d | mask] -> ... -> head -> logits [B, T, V]
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["AttentionHalf", "CausalContext", "DecoderLayer", "GPT2Embedding", "Head",
-           "MLPHalf", "TokenEmbedding"]
+           "MLPHalf", "TokenEmbedding", "join_padding", "split_padding"]
 
 MaskFunction = Callable[..., Any]
 """``transformers.masking_utils.create_causal_mask`` or its sliding-window sibling."""
@@ -39,6 +48,26 @@ def _check_ids(ids: Tensor, limit: int | None, what: str) -> None:
                          f"feed sequences of at most {limit} tokens (e.g. --seq-len {limit})")
 
 
+def split_padding(carried: Tensor) -> tuple[Tensor, Tensor]:
+    """``[B, T, d + 1]`` -> the hidden state ``[B, T, d]`` and HF's int64 ``attention_mask``
+    ``[B, T]`` (module docstring)."""
+    return carried[..., :-1], carried[..., -1].round().to(torch.int64)
+
+
+def join_padding(hidden: Tensor, mask: Tensor) -> Tensor:
+    """The hidden state with the padding mask as its last feature."""
+    return torch.cat([hidden, mask.to(hidden.dtype).unsqueeze(-1)], dim=-1)
+
+
+def _check_padded(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """``[B, 2, T]`` -> ids and attention mask (ValueError naming the fix otherwise)."""
+    if ids.dim() != 3 or ids.shape[1] != 2 or ids.dtype != torch.int64:
+        raise ValueError(f"with padding=True the embedding block expects int64 [batch, 2, seq]: "
+                         f"token ids and attention_mask stacked on dim 1 (torch.stack([ids, "
+                         f"mask], 1)); got dtype={ids.dtype} shape={tuple(ids.shape)}")
+    return ids[:, 0], ids[:, 1]
+
+
 def position_ids(hidden: Tensor) -> Tensor:
     """``[1, T]`` positions ``0..T-1``, as HF's forward makes them without a cache."""
     return torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
@@ -47,28 +76,35 @@ def position_ids(hidden: Tensor) -> Tensor:
 class GPT2Embedding(nn.Module):
     """GPT-2's token plus learned position embedding, then dropout: ``[B, T]`` -> ``[B, T, d]``."""
 
-    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module) -> None:
+    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module,
+                 padding: bool = False) -> None:
         super().__init__()
-        self.wte, self.wpe, self.drop = wte, wpe, drop
+        self.wte, self.wpe, self.drop, self.padding = wte, wpe, drop, padding
 
     def forward(self, ids: Tensor) -> Tensor:
+        mask = None
+        if self.padding:
+            ids, mask = _check_padded(ids)
         _check_ids(ids, self.wpe.num_embeddings, "n_positions")
         hidden = self.wte(ids) + self.wpe(position_ids(ids))  # [B, T, d] + [1, T, d]
         out: Tensor = self.drop(hidden)
-        return out
+        return out if mask is None else join_padding(out, mask)
 
 
 class TokenEmbedding(nn.Module):
     """The Llama family's token embedding (positions enter as rotary, inside attention)."""
 
-    def __init__(self, embed_tokens: nn.Embedding) -> None:
+    def __init__(self, embed_tokens: nn.Embedding, padding: bool = False) -> None:
         super().__init__()
-        self.embed_tokens = embed_tokens
+        self.embed_tokens, self.padding = embed_tokens, padding
 
     def forward(self, ids: Tensor) -> Tensor:
+        mask = None
+        if self.padding:
+            ids, mask = _check_padded(ids)
         _check_ids(ids, None, "")
         out: Tensor = self.embed_tokens(ids)
-        return out
+        return out if mask is None else join_padding(out, mask)
 
 
 class CausalContext(nn.Module):
@@ -83,11 +119,12 @@ class CausalContext(nn.Module):
         super().__init__()
         self.config, self.mask, self.rotary = config, mask, rotary
 
-    def forward(self, hidden: Tensor) -> dict[str, Any]:
+    def forward(self, hidden: Tensor, padding: Tensor | None = None) -> dict[str, Any]:
+        """``padding``: HF's 2-d ``attention_mask`` (None: no padding)."""
         positions = position_ids(hidden)
         inputs: dict[str, Any] = {
             "attention_mask": self.mask(config=self.config, inputs_embeds=hidden,
-                                        attention_mask=None, past_key_values=None,
+                                        attention_mask=padding, past_key_values=None,
                                         position_ids=positions),
             "position_ids": positions,
         }
@@ -99,49 +136,63 @@ class CausalContext(nn.Module):
 class DecoderLayer(nn.Module):
     """One whole decoder layer, run by its own ``forward``."""
 
-    def __init__(self, layer: nn.Module, context: CausalContext) -> None:
+    def __init__(self, layer: nn.Module, context: CausalContext, padding: bool = False) -> None:
         super().__init__()
-        self.layer, self.context = layer, context
+        self.layer, self.context, self.padding = layer, context, padding
 
     def forward(self, hidden: Tensor) -> Tensor:
-        out: Tensor = self.layer(hidden, **self.context(hidden))
-        return out
+        if not self.padding:
+            out: Tensor = self.layer(hidden, **self.context(hidden))
+            return out
+        hidden, mask = split_padding(hidden)
+        return join_padding(self.layer(hidden, **self.context(hidden, mask)), mask)
 
 
 class AttentionHalf(nn.Module):
     """A pre-norm layer's first half: ``h + attention(norm(h))`` (GPT-2's ``ln_1``/``attn``,
     the Llama family's ``input_layernorm``/``self_attn``), wired as the layer's forward."""
 
-    def __init__(self, norm: nn.Module, attention: nn.Module, context: CausalContext) -> None:
+    def __init__(self, norm: nn.Module, attention: nn.Module, context: CausalContext,
+                 padding: bool = False) -> None:
         super().__init__()
         self.norm, self.attention, self.context = norm, attention, context
+        self.padding = padding
 
     def forward(self, hidden: Tensor) -> Tensor:
-        attended, _ = self.attention(self.norm(hidden), **self.context(hidden))
-        out: Tensor = hidden + attended
-        return out
+        if not self.padding:
+            attended, _ = self.attention(self.norm(hidden), **self.context(hidden))
+            out: Tensor = hidden + attended
+            return out
+        hidden, mask = split_padding(hidden)
+        attended, _ = self.attention(self.norm(hidden), **self.context(hidden, mask))
+        return join_padding(hidden + attended, mask)
 
 
 class MLPHalf(nn.Module):
     """A pre-norm layer's second half: ``h + mlp(norm(h))`` (GPT-2's ``ln_2``/``mlp``, the
     Llama family's ``post_attention_layernorm``/``mlp``)."""
 
-    def __init__(self, norm: nn.Module, mlp: nn.Module) -> None:
+    def __init__(self, norm: nn.Module, mlp: nn.Module, padding: bool = False) -> None:
         super().__init__()
-        self.norm, self.mlp = norm, mlp
+        self.norm, self.mlp, self.padding = norm, mlp, padding
 
     def forward(self, hidden: Tensor) -> Tensor:
-        out: Tensor = hidden + self.mlp(self.norm(hidden))
-        return out
+        if not self.padding:
+            out: Tensor = hidden + self.mlp(self.norm(hidden))
+            return out
+        hidden, mask = split_padding(hidden)
+        return join_padding(hidden + self.mlp(self.norm(hidden)), mask)
 
 
 class Head(nn.Module):
     """The final norm and the LM head: ``[B, T, d]`` -> logits ``[B, T, V]``."""
 
-    def __init__(self, norm: nn.Module, lm_head: nn.Module) -> None:
+    def __init__(self, norm: nn.Module, lm_head: nn.Module, padding: bool = False) -> None:
         super().__init__()
-        self.norm, self.lm_head = norm, lm_head
+        self.norm, self.lm_head, self.padding = norm, lm_head, padding
 
     def forward(self, hidden: Tensor) -> Tensor:
+        if self.padding:
+            hidden, _ = split_padding(hidden)
         out: Tensor = self.lm_head(self.norm(hidden))
         return out

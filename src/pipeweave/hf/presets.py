@@ -62,7 +62,9 @@ class HFPreset:
     """Split each decoder layer into its attention and MLP halves (AutoPipe's granularity)."""
 
     tie_word_embeddings: bool = False
-    """Share the embedding and LM-head weight (then every plan must keep both in one stage)."""
+    """Share the embedding and LM-head weight; on different stages each holds a copy, kept one
+    parameter by summing their gradients (``runtime/execution/ties.py``; schedules that would
+    show the copies different weight versions are refused)."""
 
     attention: str = "sdpa"
     """transformers' attention implementation, one of :data:`ATTENTION`."""

@@ -11,8 +11,8 @@ pipeline stage::
 
 The architecture follows nanoGPT (pre-LayerNorm residual blocks, GELU MLP, learned position
 embeddings, GPT-2 initialisation).  Unlike nanoGPT the token embedding and the output projection
-are *not* tied: tied weights would live on the first and the last pipeline stage at once, which
-needs a cross-stage gradient all-reduce that this reference model should not require.
+are *not* tied, so that this reference model's stages share nothing (the runtime can keep a tie
+across stages, ``runtime/execution/ties.py``; the Hugging Face models use it).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ Built-in models come from :func:`build_model`; users wrap their own with
 
 Blocks may share a parameter object (tied word embeddings: the token embedding and the LM
 head). :attr:`ModelSpec.tied` lists every such group by global name; the runtime deep-copies
-each stage's blocks, so a group stays one parameter only while all its blocks sit in one stage,
-and the runtime refuses a plan that splits one (``runtime/execution/parts.py``).
+each stage's blocks, so a group split over stages becomes a copy per holding stage, which the
+runtime keeps one logical parameter by summing the copies' gradients before every update
+(``runtime/execution/ties.py``).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class ModelSpec:
     """Parameters shared by several blocks, found on construction: one group of global names
     (``"<block index>.<name in the block>"``, block order) per shared parameter object, e.g.
     ``(("0.wte.weight", "5.lm_head.weight"),)`` for tied word embeddings. Empty for most
-    models. A stage deep-copies its blocks, so a group stays ONE parameter only while all its
-    blocks are in one stage; the runtime refuses plans that split a group."""
+    models. A stage deep-copies its blocks, so a group split over stages has a copy per holding
+    stage; the runtime sums the copies' gradients before each update, which keeps them one
+    logical parameter (``runtime/execution/ties.py``)."""
 
     def __post_init__(self) -> None:
         # Accept any sequence, store tuples so the spec stays immutable.

@@ -90,7 +90,8 @@ def _restore_pipelines(shards: _Shards, done: Sequence[Action], pipelines: int,
     for index in range(pipelines):
         pipeline = parts.pipeline(index)
         for stage_id, stage in pipeline.stages.items():
-            names = {param: name for name, param in
+            # a copy of a tied parameter is restored from its first use's stored weight
+            names = {param: parts.tied_to.get(name, name) for name, param in
                      global_names(stage.module.named_parameters(), stage.block_range[0])}
             with torch.no_grad():
                 for param, name in names.items():

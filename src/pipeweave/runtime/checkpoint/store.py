@@ -135,6 +135,23 @@ def write_shard(folder: Path, rank: int, payload: Mapping[str, Any], record: Map
     return full
 
 
+def _check_tied_copies(folder: Path, records: list[dict[str, Any]]) -> None:
+    """Every copy of a tied parameter split over stages (``record["tied"]``, per parallel
+    pipeline: name -> the first use's name and the copy's sha256) holds the same bytes: the
+    checkpoint stores the weight once, so copies that drifted apart must not pass silently."""
+    for pipeline in range(max((len(r.get("tied", [])) for r in records), default=0)):
+        seen: dict[str, tuple[str, str]] = {}
+        for record in records:
+            held = record["tied"][pipeline] if pipeline < len(record.get("tied", [])) else {}
+            for name, info in held.items():
+                first = seen.setdefault(info["of"], (name, info["sha256"]))
+                if first[1] != info["sha256"]:
+                    raise CheckpointError(
+                        f"checkpoint {folder}: the copies {first[0]} and {name} of tied parameter "
+                        f"{info['of']} differ (pipeline {pipeline}); they must stay identical, "
+                        f"which is a bug in pipeweave's tied-gradient sum: please report it")
+
+
 def finalize(folder: Path, world_size: int) -> bool:
     """Write the manifest if every rank's record is present; move ``latest`` forward.
 
@@ -152,6 +169,7 @@ def finalize(folder: Path, world_size: int) -> bool:
         if record["common"] != first["common"] or record["step"] != first["step"]:
             raise CheckpointError(f"ranks disagree on what checkpoint {folder} is; records "
                                   f"rank0.json and rank{record['rank']}.json differ")
+    _check_tied_copies(folder, records)
     parameters: dict[str, dict[str, Any]] = {}
     for record in records:
         for name, info in record["parameters"].items():

@@ -8,6 +8,7 @@ rank's next optimizer step waits until the staging copy is done (see :mod:`.reco
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -156,6 +157,9 @@ class CheckpointWriter:
         optimizer_state: list[dict[str, dict[str, Any]]] = [{} for _ in pipelines]
         reference: dict[str, Tensor] = {}
         blocks: set[int] = set()
+        tied_firsts = set(self.parts.tied_to.values())
+        copies: list[dict[str, str]] = [{} for _ in pipelines]
+        """sha256 of every use of a tied parameter held here: finalize checks they agree."""
         for stage_id, stage in self.parts.stages.items():
             for pipeline in pipelines:
                 weights = pipeline.weights[stage_id]
@@ -170,6 +174,10 @@ class CheckpointWriter:
                 optimizer = pipeline.optimizers[stage_id]
                 for name, param in global_names(module.named_parameters(),
                                                 stage.block_range[0]):
+                    if name in self.parts.tied_to or name in tied_firsts:
+                        copies[index][name] = _digest(param)
+                    if name in self.parts.tied_to:
+                        continue  # a copy of a tied parameter: stored once, by its first use
                     parameters[index][name] = param.detach()
                     state = optimizer.state.get(param)
                     if state:
@@ -199,6 +207,8 @@ class CheckpointWriter:
             "has_losses": bool(losses[0]["microbatch"].numel()),
             "parameters": {n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
                            for n, t in parameters[0].items()},
+            "tied": [{name: {"of": self.parts.tied_to.get(name, name), "sha256": digest}
+                      for name, digest in held.items()} for held in copies],
             "common": {
                 "plan": self.job.plan.to_json(), "schedule": self.schedule.name,
                 "seed": self.job.seed, "steps_total": self.job.steps,
@@ -222,6 +232,12 @@ class CheckpointWriter:
             self._raise_failed()
         else:
             self._futures = []
+
+
+def _digest(param: Tensor) -> str:
+    """sha256 of a parameter's bytes (copies of a tied parameter must be equal bit for bit)."""
+    flat = param.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
 def _bind(function: Callable[[int], None], value: int) -> Callable[[], None]:

@@ -22,7 +22,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from torch import Tensor
 
@@ -117,7 +117,7 @@ class DelayedTransport:
     def prefetch(self, message: Action, src: int) -> None:
         self.inner.prefetch(message, src)
 
-    def all_reduce(self, key: Action, flat: Tensor, ranks: Sequence[int]) -> Waiting:
+    def all_reduce(self, key: Hashable, flat: Tensor, ranks: Sequence[int]) -> Waiting:
         return (yield from self.inner.all_reduce(key, flat, ranks))
 
     def finish(self) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -62,7 +62,10 @@ class Transport(Protocol):
 
     def prefetch(self, message: Action, src: int) -> None: ...
 
-    def all_reduce(self, key: Action, flat: Tensor, ranks: Sequence[int]) -> Waiting: ...
+    def all_reduce(self, key: Hashable, flat: Tensor, ranks: Sequence[int]) -> Waiting:
+        """The sum of ``flat`` over ``ranks`` (in their order); ``key`` names the collective
+        (an ``AR`` action, or any other hashable the ranks agree on)."""
+        ...
 
     def finish(self) -> None: ...
 
@@ -421,7 +424,7 @@ class DistTransport:
 
         return _unpack(buffer, shape, dtype, receive_rest)
 
-    def all_reduce(self, key: Action, flat: Tensor, ranks: Sequence[int]) -> Waiting:
+    def all_reduce(self, key: Hashable, flat: Tensor, ranks: Sequence[int]) -> Waiting:
         group = self._groups[tuple(ranks)]
         gathered = [torch.empty_like(flat) for _ in ranks]
         work = dist.all_gather(gathered, flat, group=group, async_op=True)
@@ -461,8 +464,9 @@ class LocalTransport:
     def __init__(self, *, apc: bool = False) -> None:
         self.apc = apc
         self._mail: dict[Action, Tensor] = {}
-        self._contributions: dict[Action, dict[int, Tensor]] = {}
-        self._results: dict[Action, Tensor] = {}
+        self._contributions: dict[Hashable, dict[int, Tensor]] = {}
+        self._collected: dict[Hashable, int] = {}
+        """Per all-reduce, how many ranks have taken the sum (the last one drops the entry)."""
 
     def endpoint(self, rank: int) -> "LocalEndpoint":
         return LocalEndpoint(self, rank)
@@ -507,7 +511,7 @@ class LocalEndpoint:
     def prefetch(self, message: Action, src: int) -> None:
         return None
 
-    def all_reduce(self, key: Action, flat: Tensor, ranks: Sequence[int]) -> Waiting:
+    def all_reduce(self, key: Hashable, flat: Tensor, ranks: Sequence[int]) -> Waiting:
         contributions = self.hub._contributions.setdefault(key, {})
         contributions[self.rank] = flat.clone()
         while len(contributions) < len(ranks):
@@ -515,6 +519,11 @@ class LocalEndpoint:
         total = contributions[ranks[0]].clone()
         for rank in ranks[1:]:
             total += contributions[rank]
+        collected = self.hub._collected.get(key, 0) + 1
+        if collected == len(ranks):  # everyone has its sum: keep no copies for the whole run
+            del self.hub._contributions[key], self.hub._collected[key]
+        else:
+            self.hub._collected[key] = collected
         return total
 
     def finish(self) -> None:

@@ -17,7 +17,7 @@ both executors), and every rank scales its own gradients.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -68,8 +68,13 @@ class GradientClipper:
     """One rank's share of the clipping (module docstring)."""
 
     def __init__(self, *, rank: int, schedule: Schedule, max_norm: float,
-                 stages: Mapping[int, StageRuntime]) -> None:
+                 stages: Mapping[int, StageRuntime], duplicates: Sequence[Tensor] = ()) -> None:
+        """``duplicates``: copies of a tied parameter besides its first use's
+        (:meth:`.ties.TiedGradients.duplicates`), left out of the norm: the shared weight's
+        gradient counts once, as in
+        the model where it is one parameter."""
         self.rank = rank
+        self._duplicates = {id(p) for p in duplicates}
         self.max_norm = max_norm
         self.stages = stages
         self.ranks = tuple(range(schedule.num_ranks))
@@ -92,7 +97,7 @@ class GradientClipper:
         """Sum the squares with every rank, then scale this rank's gradients."""
         squares = torch.zeros(1, dtype=torch.float64)
         for stage in self.counted:
-            grads = self._grads(stage)
+            grads = self._grads(stage, counted=True)
             if grads:
                 squares += torch.stack([g.double().pow(2).sum() for g in grads]).sum()
         total = squares
@@ -107,5 +112,7 @@ class GradientClipper:
             if grads:
                 torch._foreach_mul_(grads, coefficient)
 
-    def _grads(self, stage: int) -> list[Tensor]:
-        return [p.grad for p in self.stages[stage].module.parameters() if p.grad is not None]
+    def _grads(self, stage: int, *, counted: bool = False) -> list[Tensor]:
+        """The stage's gradients (``counted``: those the norm adds up)."""
+        return [p.grad for p in self.stages[stage].module.parameters() if p.grad is not None
+                and not (counted and id(p) in self._duplicates)]

@@ -25,6 +25,7 @@ from .stage import StageRuntime
 from ..observation.timeline import Recorder
 from ..communication.transport import Transport
 from .clipping import GradientClipper
+from .ties import TiedGradients
 from .weights import StageWeights
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class RankInterpreter:
         after: Mapping[int, Callable[[], None]] | None = None,
         meter: ActivationMeter | None = None,
         clipper: GradientClipper | None = None,
+        ties: TiedGradients | None = None,
     ) -> None:
         """``parts``: the rank's stages, optimizers, weight versions and, for AvgPipe, its
         further parallel pipelines and reference models (:func:`.parts.build_rank`);
@@ -60,7 +62,9 @@ class RankInterpreter:
         ``after``: ``position -> hook`` run right after that action (checkpoints, fault
         injection); ``meter``: counts the activation bytes kept between forwards and backwards
         (:mod:`..observation.memory`; the online advance controller's memory reading);
-        ``clipper``: clips the global gradient norm before each iteration's first update."""
+        ``clipper``: clips the global gradient norm before each iteration's first update;
+        ``ties``: sums the gradients of a tied parameter's copies on several stages before
+        their updates (:mod:`.ties`)."""
         if not schedule.lowered:
             raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
         self.rank = rank
@@ -72,6 +76,7 @@ class RankInterpreter:
         self.transport = transport
         self.meter = meter
         self.clipper = clipper
+        self.ties = ties if ties is not None and ties.at else None
         self.data = data
         self.recorder = recorder
         self.on_step = on_step
@@ -87,6 +92,7 @@ class RankInterpreter:
         receives = [p for p, a in enumerate(self.program)
                     if p >= self.start and a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
         after = self.after
+        ties = self.ties
         texts = [str(action) for action in self.program] if self.recorder else []
         next_receive = 0
         window_moved = True
@@ -98,6 +104,8 @@ class RankInterpreter:
                     self.transport.prefetch(*routes[upcoming])
                 window_moved = False
             start = self.recorder.now() if self.recorder else 0.0
+            if ties is not None and position in ties.at:  # before the AR / U it precedes
+                yield from ties.reduce(position, self._modules, self.transport)
             op = action.op
             if op is Op.FORWARD:
                 self._forward(action)
@@ -260,6 +268,9 @@ class RankInterpreter:
     # -- per-pipeline parts (AvgPipe's parallel pipelines; pipeline 0 is the common case) ---
     def _stages(self, action: Action) -> Mapping[int, StageRuntime]:
         return self.parts.pipeline(action.pipeline).stages
+
+    def _modules(self, pipeline: int) -> Mapping[int, torch.nn.Module]:
+        return {s: stage.module for s, stage in self.parts.pipeline(pipeline).stages.items()}
 
     def _optimizers(self, action: Action) -> Mapping[int, torch.optim.Optimizer]:
         return self.parts.pipeline(action.pipeline).optimizers

@@ -25,8 +25,7 @@ from .elastic_averaging import ElasticAverager
 from .stage import HeldActivations, StageRuntime
 from .weights import StageWeights
 
-__all__ = ["RankParts", "build_rank", "make_schedule", "check_model_fits_plan",
-           "check_ties_in_one_stage", "preflight"]
+__all__ = ["RankParts", "build_rank", "make_schedule", "check_model_fits_plan", "preflight"]
 
 def make_schedule(plan: Plan, steps: int) -> Schedule:
     """The lowered schedule for ``steps`` iterations of ``plan``."""
@@ -48,25 +47,6 @@ def check_model_fits_plan(spec: ModelSpec, plan: Plan) -> None:
             f"{len(spec.blocks)}; make the plan for this model (e.g. Plan.uniform("
             f"{len(spec.blocks)}, depth))"
         )
-    check_ties_in_one_stage(spec, plan)
-
-
-def check_ties_in_one_stage(spec: ModelSpec, plan: Plan) -> None:
-    """Refuse a plan that puts the blocks sharing a parameter (``spec.tied``) on different
-    stages: each stage deep-copies its blocks, which would silently untie them, and no stage
-    yet sums a tied parameter's gradients with another's."""
-    stage_of = {block: stage for stage, (start, end) in enumerate(plan.stages)
-                for block in range(start, end)}
-    for names, holders in zip(spec.tied, spec.tied_blocks()):
-        stages = sorted({stage_of[block] for block in holders})
-        if len(stages) > 1:
-            blocks = ", ".join(f"{b} ({spec.block_names[b]})" for b in holders)
-            raise ValueError(
-                f"model {spec.name!r} ties {' and '.join(names)} (one parameter, e.g. tied word "
-                f"embeddings) but the plan puts blocks {blocks} on stages "
-                f"{', '.join(map(str, stages))}, where they would become separate parameters "
-                f"(pipeweave cannot yet keep a tie across stages); build the model with "
-                f"tie_word_embeddings=False, or use a plan with those blocks in one stage")
 
 
 def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor) -> None:
@@ -122,6 +102,9 @@ class RankParts:
     """Parallel pipelines 1..N-1 (AvgPipe), each with its own copy of this rank's stages."""
     averagers: dict[int, ElasticAverager] = field(default_factory=dict)
     """Per stage, the reference model of the N parallel pipelines (AvgPipe)."""
+    tied_to: dict[str, str] = field(default_factory=dict)
+    """Global name of every later use of a tied parameter -> its first use's (``spec.tied``):
+    checkpoints store the weight once, under the first name, and restore every copy from it."""
 
     def pipeline(self, index: int) -> "RankParts":
         return self if index == 0 else self.others[index - 1]
@@ -141,6 +124,7 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
              for p in range(schedule.pipelines)]
     main = parts[0]
     main.others = parts[1:]
+    main.tied_to = {later: group[0] for group in spec.tied for later in group[1:]}
     if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
         semantics = job.plan.semantics
         for stage, runtime in main.stages.items():

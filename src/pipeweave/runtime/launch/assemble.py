@@ -21,6 +21,7 @@ from ..execution.interpreter import RankInterpreter
 from ..execution.microbatches import MicrobatchSource
 from ..execution.parts import RankParts, build_rank
 from ..execution.stage import StageRuntime
+from ..execution.ties import TiedGradients
 from ..observation.memory import ActivationMeter
 from ..observation.results import RankResult, collect_result
 from ..observation.timeline import Recorder
@@ -59,10 +60,13 @@ class AssembledRank:
         whole = program is None or program is self.prepared.schedule
         program = self.prepared.schedule if program is None else program
         hooks = combine_hooks(self.recovery.hooks if whole else {}, self.extra_hooks(program))
+        ties = (TiedGradients(rank=self.rank, schedule=program, ties=self.prepared.ties)
+                if self.prepared.ties else None)
         return RankInterpreter(rank=self.rank, schedule=program, parts=self.parts,
                                transport=self.transport, data=self.data, recorder=self.recorder,
                                on_step=self.on_step, start=self.recovery.start if whole else 0,
-                               after=hooks, meter=meter, clipper=self.clipper if whole else None)
+                               after=hooks, meter=meter, clipper=self.clipper if whole else None,
+                               ties=ties)
 
     def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None, final: bool = True) -> RankResult:
         """What the rank reports; ``final`` False: a failed run's partial result (no
@@ -97,6 +101,9 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
                             first_batch=recovery.first_batch)
     clipper = None
     if job.clip_grad_norm is not None:
+        ties = TiedGradients(rank=rank, schedule=prepared.schedule, ties=prepared.ties)
         clipper = GradientClipper(rank=rank, schedule=prepared.schedule,
-                                  max_norm=job.clip_grad_norm, stages=parts.stages)
+                                  max_norm=job.clip_grad_norm, stages=parts.stages,
+                                  duplicates=ties.duplicates(
+                                      {s: stage.module for s, stage in parts.stages.items()}))
     return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper)

@@ -1,7 +1,8 @@
 """Validate once: everything about a job that can be checked before any rank starts.
 
 :func:`prepare` builds the run's lowered schedule, runs one sample through the stages
-(shape mismatches between stages), checks AvgPipe's online advance, whether the schedule can
+(shape mismatches between stages), checks that a tie split over stages can be kept exact
+(:mod:`..execution.ties`), AvgPipe's online advance, whether the schedule can
 checkpoint and clip gradients, and the checkpoint to resume (it fits the model, optimizer, data stream and
 number of pipelines; its checksums), and decides the run's :class:`Session`. It returns a
 :class:`PreparedJob`: immutable, picklable, what the executors and every rank receive, so no
@@ -21,6 +22,7 @@ from ..checkpoint.boundaries import check_checkpointable
 from ..checkpoint.resume import Session, check_resume, new_session
 from ..execution.clipping import check_clippable
 from ..execution.parts import make_schedule, preflight
+from ..execution.ties import SplitTie, split_ties
 from ..job import Job
 
 __all__ = ["PreparedJob", "prepare", "prepared"]
@@ -37,6 +39,9 @@ class PreparedJob:
     """The run's id and the checkpoint folder it resumes (None: no checkpoint options)."""
     first_step: int = 0
     """Steps already done (the resumed checkpoint's step; 0 for a fresh run)."""
+    ties: tuple[SplitTie, ...] = ()
+    """Parameters the plan splits over stages, kept one by summing their copies' gradients
+    (:mod:`..execution.ties`)."""
 
 
 def prepare(job: Job, *, spec: ModelSpec | None = None,
@@ -50,6 +55,7 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     spec = job.model() if spec is None else spec
     inputs, _ = next(iter(job.data()))
     preflight(spec, job.plan, inputs)
+    ties = split_ties(spec, job.plan, schedule)
     check_advance(job, spec)
     check_checkpointable(job, schedule)
     if job.clip_grad_norm is not None:
@@ -60,7 +66,7 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
         check_clippable(schedule, job.clip_grad_norm)
     stored = check_resume(job, spec, verify=verify_checksums)
     session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
-    return PreparedJob(job, schedule, session, stored.step if stored is not None else 0)
+    return PreparedJob(job, schedule, session, stored.step if stored is not None else 0, ties)
 
 
 def prepared(job: Job | PreparedJob) -> PreparedJob:

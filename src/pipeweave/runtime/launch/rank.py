@@ -20,6 +20,7 @@ from ..advance.online import OnlineAdvance, run_rank_windows
 from ..checkpoint.resume import Session
 from ..communication.delay import delayed_transport
 from ..communication.transport import DistTransport
+from ..execution.ties import tie_groups
 from ..observation.progress import StepProgress
 from ..observation.results import RankResult, attach_partial
 from .assemble import assemble_rank
@@ -59,7 +60,8 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
     try:
         transport = DistTransport(rank, device, timeout, apc=job.apc)
         transport.make_groups([*schedule.layout.stage_ranks,
-                               *([range(world_size)] if job.clip_grad_norm is not None else [])])
+                               *([range(world_size)] if job.clip_grad_norm is not None else []),
+                               *tie_groups(prepared.ties, schedule.layout)])
         transport.track_deliveries(schedule)
         assembled = assemble_rank(prepared, rank, device=device,
                                   transport=delayed_transport(transport, rank),  # usually none

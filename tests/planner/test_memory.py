@@ -67,6 +67,17 @@ def test_model_state_by_optimizer() -> None:
     assert adam.total == 16 * W + adam.weight_versions + adam.activations + adam.buffers
 
 
+def test_measured_optimizer_state_is_used_for_the_profiled_optimizer() -> None:
+    # The profiler measured the state of the optimizer it ran (metadata "optimizer"); another
+    # optimizer's state is counted from the parameters.
+    plan = Plan.uniform(2, 2, schedule="1f1b", microbatches=4)
+    measured = Profile(tuple(BlockProfile(f"b{i}", 1.0, 2.0, O, A, W, optimizer_bytes=2 * W + 8)
+                             for i in range(2)), batch_size=1, metadata={"optimizer": "adam"})
+    assert predicted_memory(measured, plan, batch_size=4)[0].optimizer_state == 2 * W + 8
+    assert predicted_memory(measured, plan, batch_size=4,
+                            optimizer="sgd-momentum")[0].optimizer_state == W
+
+
 def test_synchronous_schedules_keep_no_weight_copies() -> None:
     for name in ("gpipe", "1f1b"):
         assert all(r.weight_versions == 0 for r in memory(Plan.uniform(3, 3, schedule=name,

@@ -7,8 +7,10 @@ parallel pipelines), with ``|w_s|`` the parameter bytes of stage ``s``::
 
     parameters       N * sum |w_s|                 (+ sum |w_s| for AvgPipe's reference model)
     gradients        N * sum |w_s|                 (one .grad per parameter, accumulated)
-    optimizer_state  N * k * sum |w_s|             k = 0 SGD, 1 SGD+momentum/RMSprop/Adagrad,
-                                                    2 Adam/AdamW (their two moments)
+    optimizer_state  N * sum (state of s)          the profile's measured optimizer_bytes when
+                                                    it was profiled with this optimizer, else
+                                                    k |w_s|: k = 0 SGD, 1 SGD+momentum/RMSprop/
+                                                    Adagrad, 2 Adam/AdamW (their two moments)
     weight_versions  sum (copies_s * |w_s|)        module replicas holding other versions
                                                     (stashing, 2BW, vertical sync, WPipe's G0,
                                                     PipeOptim's predictions)
@@ -42,8 +44,8 @@ from ..sim import Costs
 from ..sim.metrics import peak_activations, weight_versions
 from .plan import Plan
 
-__all__ = ["RankMemory", "predicted_memory", "OPTIMIZER_STATE", "stage_activation_bytes",
-           "weight_copies"]
+__all__ = ["RankMemory", "predicted_memory", "OPTIMIZER_STATE", "optimizer_state_bytes",
+           "stage_activation_bytes", "weight_copies"]
 
 OPTIMIZER_STATE: dict[str, int] = {
     "sgd": 0, "sgd-momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2,
@@ -103,7 +105,7 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
     _, activations = peak_activations(schedule, Costs(activation_bytes=held).resolve(len(held)))
     copies = weight_copies(schedule, keep_predicted=plan.semantics.backward == "graph")
     averages = any(a[0] is Op.AVERAGE for program in schedule.programs for a in program)
-    state = OPTIMIZER_STATE[optimizer]
+    state = optimizer_state_bytes(profile, plan, optimizer)
     n = schedule.pipelines
     ranks = []
     for rank in range(schedule.num_ranks):
@@ -112,12 +114,21 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
         ranks.append(RankMemory(
             parameters=n * own + (own if averages else 0.0),
             gradients=n * own,
-            optimizer_state=n * state * own,
+            optimizer_state=n * sum(state[s] for s in hosted),
             weight_versions=sum(copies[s] * weights[s] for s in hosted),
             activations=activations[rank],
             buffers=n * sum(_boundary_bytes(profile, plan, s, scale) for s in hosted),
         ))
     return ranks
+
+
+def optimizer_state_bytes(profile: Profile, plan: Plan, optimizer: str) -> list[float]:
+    """Per stage: the optimizer's state bytes, as measured by the profiler when it profiled
+    with ``optimizer`` (Adam's moments plus its per-tensor step counters), else counted."""
+    measured = profile.metadata.get("optimizer") == optimizer
+    per_block = [b.optimizer_bytes if measured else OPTIMIZER_STATE[optimizer] * b.parameter_bytes
+                 for b in profile.blocks]
+    return [sum(per_block[a:e]) for a, e in plan.stages]
 
 
 def stage_activation_bytes(profile: Profile, plan: Plan, scale: float = 1.0) -> list[float]:

@@ -133,16 +133,17 @@ def optimizer_state_bytes(profile: Profile, plan: Plan, optimizer: str) -> list[
 
 def stage_activation_bytes(profile: Profile, plan: Plan, scale: float = 1.0) -> list[float]:
     """Bytes one micro-batch leaves on each stage from its forward to its backward: the
-    blocks' saved tensors and the stage's output (the root its backward starts from), or,
-    for a recomputed stage, only its input."""
+    blocks' saved tensors and the stage's output (the root its backward starts from; on the
+    last stage that is the loss, a scalar), or, for a recomputed stage, only its input."""
     blocks = profile.blocks
+    last = len(plan.stages) - 1
     held = []
     for stage, (start, end) in enumerate(plan.stages):
+        output = blocks[end - 1].output_bytes if stage < last else 0.0
         if plan.recompute_stage(stage):
             held.append(scale * _input_bytes(profile, start))
         else:
-            held.append(scale * (sum(b.activation_bytes for b in blocks[start:end])
-                                 + blocks[end - 1].output_bytes))
+            held.append(scale * (sum(b.activation_bytes for b in blocks[start:end]) + output))
     return held
 
 

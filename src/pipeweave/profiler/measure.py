@@ -7,7 +7,10 @@ For block ``i`` (its input ``x_i`` is the output of blocks ``0..i-1`` on the sam
                (the last block: loss_fn(output, targets).backward(), so the loss is in it)
     output_bytes        bytes of the output tensor
     activation_bytes    bytes autograd saves for the backward (saved-tensor hooks; each
-                        storage counted once), i.e. what a stage stashes per micro-batch
+                        storage counted once; the block's parameters and buffers left out:
+                        a layer saves its weight for the backward, but that is the one
+                        copy a rank holds anyway, not a per-micro-batch cost), i.e. what a
+                        stage stashes per micro-batch
     parameter_bytes     bytes of the block's parameters
     optimizer_bytes     bytes of the optimizer state after one step on a deep copy
     update              seconds of one optimizer step on that copy (median of `repeats`
@@ -196,6 +199,8 @@ def measure_block(
     saved = output_bytes = 0
     record: list[int] = []
     run = 0
+    weights = frozenset(t.untyped_storage().data_ptr()
+                        for t in (*block.parameters(), *block.buffers()))
 
     def more() -> bool:
         if run < warmup + repeats:
@@ -209,7 +214,7 @@ def measure_block(
         block.zero_grad(set_to_none=True)
         _sync(cuda)
         started = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(*_counter(record)):
+        with torch.autograd.graph.saved_tensors_hooks(*_counter(record, weights)):
             out = block(x)
             loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
         _sync(cuda)
@@ -248,14 +253,16 @@ def _leaf(inputs: Tensor) -> Tensor:
     return x.requires_grad_(True) if x.is_floating_point() else x
 
 
-def _counter(record: list[int]) -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]:
-    """Saved-tensor hooks adding each saved storage's bytes to ``record`` once."""
+def _counter(record: list[int], excluded: frozenset[int] = frozenset()
+             ) -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]:
+    """Saved-tensor hooks adding each saved storage's bytes to ``record`` once, except the
+    storages in ``excluded`` (the block's parameters and buffers, by data pointer)."""
     seen: set[tuple[int, int]] = set()
 
     def pack(tensor: Tensor) -> Tensor:
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        if key not in seen:
+        if key[0] not in excluded and key not in seen:
             seen.add(key)
             record.append(storage.nbytes())
         return tensor

@@ -11,6 +11,9 @@ of the model in pipeline order, what one micro-batch costs::
     optimizer_bytes       the optimizer's state for those weights (Adam: 2x parameters)
     peak_memory_bytes     most memory the block's forward+backward allocated above its
                           input (0 when unknown)
+    pending_bytes         bytes a split backward keeps from its input-gradient half to its
+                          weight-gradient half besides the activations (the gradients of the
+                          parameter-holding modules' outputs; 0 when unknown)
     update                seconds of one optimizer step on the block's parameters (0 when
                           unknown)
     weight_grad           seconds of the weight-gradient half of a split backward (``W``) and
@@ -47,9 +50,10 @@ SCHEMA = "pipeweave.profile/1"
 """Schema tag written into every profile and required on load."""
 
 _BLOCK_NUMBERS = ("forward", "backward", "output_bytes", "activation_bytes", "parameter_bytes",
-                  "optimizer_bytes", "peak_memory_bytes", "update", "weight_grad", "input_grad")
+                  "optimizer_bytes", "peak_memory_bytes", "update", "weight_grad", "input_grad",
+                  "pending_bytes")
 _OPTIONAL = frozenset({"optimizer_bytes", "peak_memory_bytes", "update", "weight_grad",
-                       "input_grad"})
+                       "input_grad", "pending_bytes"})
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class BlockProfile:
     update: float = 0.0
     weight_grad: float = 0.0
     input_grad: float = 0.0
+    pending_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

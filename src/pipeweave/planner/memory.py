@@ -26,7 +26,8 @@ and the parts that do, taken at the moment of the rank's peak, found by walking 
                      profile's saved bytes plus the stage's output (a recomputed or
                      predicted forward: its input only), scaled to the plan's micro-batch;
                      split backwards keep them until their W, with the output gradients
-                     the W needs (``pending_bytes``)
+                     the W needs (``pending_bytes``, from the I) and the parameter
+                     holders' outputs autograd does not save (``recorded_bytes``, from the F)
     workspace        the running backward's own tensors: the largest of its blocks'
                      ``peak_memory_bytes`` less what the block keeps (saved tensors, output,
                      gradients), plus what a recomputing backward rebuilds
@@ -113,9 +114,12 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
     scale = _scale(profile, batch_size // plan.microbatches)
     weights = [sum(b.parameter_bytes for b in profile.blocks[a:e]) for a, e in plan.stages]
     held = stage_activation_bytes(profile, plan, scale)
+    split = {a[1] for program in schedule.programs for a in program if a[0] is Op.BACKWARD_INPUT}
     stages = [StageBytes(gradients=weights[s], activations=held[s],
                          inputs=scale * _input_bytes(profile, a),
-                         pending=scale * sum(b.pending_bytes for b in profile.blocks[a:e]),
+                         pending=scale * _pending_bytes(profile, plan, s) if s in split else 0.0,
+                         recorded=(scale * sum(b.recorded_bytes for b in profile.blocks[a:e])
+                                   if s in split else 0.0),
                          workspace=scale * _workspace(profile, a, e))
               for s, (a, e) in enumerate(plan.stages)]
     recompute = [plan.recompute_stage(s) for s in range(len(plan.stages))]
@@ -197,6 +201,14 @@ def _stashes_live(schedule: Schedule, stage: int) -> bool:
                     if at_live and updated:
                         return True
     return False
+
+
+def _pending_bytes(profile: Profile, plan: Plan, stage: int) -> float:
+    """What a split backward keeps from its I to its W: the output gradients its parameter
+    holders' weight gradients need, and the gradient it received (none on the last stage)."""
+    start, end = plan.stages[stage]
+    received = profile.blocks[end - 1].output_bytes if stage < len(plan.stages) - 1 else 0.0
+    return received + sum(b.pending_bytes for b in profile.blocks[start:end])
 
 
 def _workspace(profile: Profile, start: int, end: int) -> float:

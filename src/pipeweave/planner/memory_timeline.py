@@ -2,10 +2,12 @@
 
 What changes over an iteration, per stage ``s`` of the rank and per micro-batch::
 
-    F            + a_s   held until its B (or W): the saved tensors and the output, or only
-                         the input i_s when the forward keeps no graph (recomputation; a
-                         forward on predicted weights that the backward recomputes, PipeOptim
-                         and SpecTrain's default); a Slicer half holds half
+    F            + a_s   held until its B (or W): the saved tensors and the output (on a
+                         stage that splits its backward, also r_s, the parameter holders'
+                         outputs autograd does not save), or only the input i_s when the
+                         forward keeps no graph (recomputation; a forward on predicted
+                         weights that the backward recomputes, PipeOptim and SpecTrain's
+                         default); a Slicer half holds half
     B / I        + x_s   while it runs: the backward's own tensors (gradients of the stage's
                          intermediate values), plus the rebuilt a_s when it recomputes
                  + g_s   the weight gradients appear at the first B (or W) after an update
@@ -46,6 +48,9 @@ class StageBytes:
     """i_s: held instead when the forward keeps no graph (the stage's input)."""
     pending: float = 0.0
     """p_s: held from a split backward's I to its W besides a_s."""
+    recorded: float = 0.0
+    """r_s: held from a forward that keeps its graph to its B or W besides a_s, on a stage
+    that splits its backward."""
     workspace: float = 0.0
     """x_s: the backward's own tensors while it runs."""
 
@@ -91,9 +96,9 @@ def _walk(program: Sequence[tuple[object, ...]], stages: Sequence[StageBytes],
         if op is _F:
             share = 0.5 if piece else 1.0
             kept = (cost.inputs if (stage, microbatch, piece, pipeline) in graphless
-                    else cost.activations)
+                    else cost.activations + cost.recorded)
             held[key] = held.get(key, 0.0) + share * kept
-            rebuilt[key] = rebuilt.get(key, 0.0) + share * (cost.activations - kept)
+            rebuilt[key] = rebuilt.get(key, 0.0) + share * max(0.0, cost.activations - kept)
             activations += share * kept
         elif op in GRADIENT_OPS or op is _W:
             if op is not _I and (stage, pipeline) not in with_gradients:

@@ -21,6 +21,9 @@ For block ``i`` (its input ``x_i`` is the output of blocks ``0..i-1`` on the sam
     pending_bytes       bytes a split backward keeps from its I to its W besides the
                         activations: the gradients of the parameter-holding modules' outputs
                         (:mod:`pipeweave.split_backward`)
+    recorded_bytes      bytes a split-backward stage keeps from the forward to W besides
+                        activation_bytes: the parameter-holding modules' outputs that autograd
+                        does not save itself (e.g. a projection feeding a residual add)
 
 On CUDA every timed region is bracketed by ``torch.cuda.synchronize()`` so kernels are
 counted where they run, not where they are queued.
@@ -232,7 +235,8 @@ def measure_block(
         run += 1
     parameters = sum(tensor_bytes(p) for p in block.parameters())
     optimizer_bytes, update = _optimizer_step(block, inputs, loss_fn, targets, optimizer, repeats)
-    input_grad, weight_grad, pending = _split_times(block, inputs, loss_fn, targets, repeats)
+    input_grad, weight_grad, pending, recorded = _split_times(block, inputs, loss_fn, targets,
+                                                              repeats)
     spread = _spread([f + b for f, b in zip(forward_times, backward_times)])
     return BlockProfile(
         name=name,
@@ -247,6 +251,7 @@ def measure_block(
         input_grad=input_grad,
         peak_memory_bytes=_peak_memory(block, inputs, loss_fn, targets),
         pending_bytes=pending,
+        recorded_bytes=recorded,
     ), spread
 
 
@@ -315,21 +320,28 @@ def _optimizer_step(block: nn.Module, inputs: Tensor,
 
 def _split_times(block: nn.Module, inputs: Tensor,
                  loss_fn: Callable[[Tensor, Tensor], Tensor] | None, targets: Tensor | None,
-                 repeats: int) -> tuple[float, float, int]:
+                 repeats: int) -> tuple[float, float, int, int]:
     """Median times of the two halves of a split backward (``I``, ``W``,
-    :mod:`pipeweave.split_backward`) over ``repeats`` runs after one warm-up, and the bytes of
-    output gradients held from ``I`` to ``W``; ``I`` of a block without parameters is its
+    :mod:`pipeweave.split_backward`) over ``repeats`` runs after one warm-up, the bytes of
+    output gradients held from ``I`` to ``W`` and of the recorded outputs that autograd does
+    not save (held from the forward to ``W``); ``I`` of a block without parameters is its
     whole backward and its ``W`` 0."""
     cuda = inputs.device.type == "cuda"
     inputs_times, weight_times = [], []
     for run in range(repeats + 1):
         x = _leaf(inputs)
-        with recording(block) as recorded:
+        saved: set[int] = set()
+        with recording(block) as recorded, torch.autograd.graph.saved_tensors_hooks(
+                *_storages(saved)):
             out = block(x)
-        loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
+            loss = (loss_fn(out, targets) if loss_fn is not None and targets is not None
+                    else None)
         start = loss if loss is not None else out
         if not start.requires_grad:
-            return 0.0, 0.0, 0
+            return 0.0, 0.0, 0, 0
+        unsaved = {r.output.untyped_storage().data_ptr(): r.output.untyped_storage().nbytes()
+                   for r in recorded
+                   if r.output.untyped_storage().data_ptr() not in saved}
         _sync(cuda)
         began = time.perf_counter()
         _, pending = input_gradient(block, x, start, None if loss is not None
@@ -345,7 +357,20 @@ def _split_times(block: nn.Module, inputs: Tensor,
     block.zero_grad(set_to_none=True)
     has_weights = any(p.requires_grad for p in block.parameters())
     return (statistics.median(inputs_times),
-            statistics.median(weight_times) if has_weights else 0.0, held)
+            statistics.median(weight_times) if has_weights else 0.0, held, sum(unsaved.values()))
+
+
+def _storages(found: set[int]) -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]:
+    """Saved-tensor hooks adding each saved tensor's storage (data pointer) to ``found``."""
+
+    def pack(tensor: Tensor) -> Tensor:
+        found.add(tensor.untyped_storage().data_ptr())
+        return tensor
+
+    def unpack(tensor: Tensor) -> Tensor:
+        return tensor
+
+    return pack, unpack
 
 
 def _peak_memory(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor] | None,

@@ -14,6 +14,9 @@ of the model in pipeline order, what one micro-batch costs::
     pending_bytes         bytes a split backward keeps from its input-gradient half to its
                           weight-gradient half besides the activations (the gradients of the
                           parameter-holding modules' outputs; 0 when unknown)
+    recorded_bytes        bytes a split backward keeps from the forward to its weight-gradient
+                          half besides ``activation_bytes`` (those outputs, where autograd
+                          does not save them itself; 0 when unknown)
     update                seconds of one optimizer step on the block's parameters (0 when
                           unknown)
     weight_grad           seconds of the weight-gradient half of a split backward (``W``) and
@@ -51,9 +54,9 @@ SCHEMA = "pipeweave.profile/1"
 
 _BLOCK_NUMBERS = ("forward", "backward", "output_bytes", "activation_bytes", "parameter_bytes",
                   "optimizer_bytes", "peak_memory_bytes", "update", "weight_grad", "input_grad",
-                  "pending_bytes")
+                  "pending_bytes", "recorded_bytes")
 _OPTIONAL = frozenset({"optimizer_bytes", "peak_memory_bytes", "update", "weight_grad",
-                       "input_grad", "pending_bytes"})
+                       "input_grad", "pending_bytes", "recorded_bytes"})
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class BlockProfile:
     weight_grad: float = 0.0
     input_grad: float = 0.0
     pending_bytes: float = 0.0
+    recorded_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

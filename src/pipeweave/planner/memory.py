@@ -14,8 +14,6 @@ change during a run::
     weight_versions  sum (copies_s * |w_s|)        module replicas holding other versions
                                                     (stashing, 2BW, vertical sync, WPipe's G0,
                                                     PipeOptim's predictions)
-    buffers          per hosted stage, one received activation (its input) and one received
-                     gradient (its output's), in flight between a receive and their use
 
 and the parts that do, taken at the moment of the rank's peak, found by walking its program
 (:mod:`.memory_timeline`)::
@@ -28,6 +26,9 @@ and the parts that do, taken at the moment of the rank's peak, found by walking 
                      split backwards keep them until their W, with the output gradients
                      the W needs (``pending_bytes``, from the I) and the parameter
                      holders' outputs autograd does not save (``recorded_bytes``, from the F)
+    buffers          messages in flight: received activations and gradients from when the
+                     receive is posted (the runtime posts two ahead) to their use, sent input
+                     gradients until a later receive proves them delivered
     workspace        the running backward's own tensors: the largest of its blocks'
                      ``peak_memory_bytes`` less what the block keeps (saved tensors, output,
                      gradients), plus what a recomputing backward rebuilds
@@ -120,7 +121,10 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
                          pending=scale * _pending_bytes(profile, plan, s) if s in split else 0.0,
                          recorded=(scale * sum(b.recorded_bytes for b in profile.blocks[a:e])
                                    if s in split else 0.0),
-                         workspace=scale * _workspace(profile, a, e))
+                         workspace=scale * _workspace(profile, a, e),
+                         received=scale * _input_bytes(profile, a) if s > 0 else 0.0,
+                         sent=(scale * profile.blocks[e - 1].output_bytes
+                               if s < len(plan.stages) - 1 else 0.0))
               for s, (a, e) in enumerate(plan.stages)]
     recompute = [plan.recompute_stage(s) for s in range(len(plan.stages))]
     graphless = graphless_forwards(schedule, recompute=recompute,
@@ -140,7 +144,7 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
             optimizer_state=n * sum(state[s] for s in hosted),
             weight_versions=sum(copies[s] * weights[s] for s in hosted),
             activations=moment.activations,
-            buffers=n * sum(_boundary_bytes(profile, plan, s, scale) for s in hosted),
+            buffers=moment.buffers,
             workspace=moment.workspace,
         ))
     return ranks
@@ -221,13 +225,6 @@ def _workspace(profile: Profile, start: int, end: int) -> float:
 
 def _input_bytes(profile: Profile, start: int) -> float:
     return profile.input_bytes if start == 0 else profile.blocks[start - 1].output_bytes
-
-
-def _boundary_bytes(profile: Profile, plan: Plan, stage: int, scale: float) -> float:
-    start, end = plan.stages[stage]
-    received = _input_bytes(profile, start) if stage > 0 else 0.0
-    gradient = profile.blocks[end - 1].output_bytes if stage < len(plan.stages) - 1 else 0.0
-    return scale * (received + gradient)
 
 
 def _scale(profile: Profile, microbatch_rows: int) -> float:

@@ -206,3 +206,30 @@ def test_activations_alone_match_the_simulator_peak() -> None:
         expected = simulate(schedule, Costs(activation_bytes=held)).peak_activation_bytes
         got = [r.activations for r in predicted_memory(bare, plan, batch_size=4)]
         assert got == expected, info.name
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_prediction_is_within_10_percent_of_the_measured_peak_on_gpt_tiny() -> None:
+    # The oracle is the allocator: every rank's peak of live tensor bytes, measured by the
+    # run itself (Job.track_allocations), against the prediction from the profile and plan.
+    from pipeweave.models import default_seq_len
+    from pipeweave.profiler.measure import profile_builtin
+    from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, launch_local
+
+    batch, microbatches = 16, 4
+    measured_profile = profile_builtin("gpt-tiny", batch_size=batch // microbatches, warmup=0,
+                                       repeats=1, optimizer="adam")
+    for schedule in ("1f1b", "gpipe"):
+        plan = Plan.uniform(measured_profile.num_blocks, 2, schedule=schedule,
+                            microbatches=microbatches)
+        job = Job(plan=plan, steps=2, model=BuiltinModel("gpt-tiny"),
+                  data=BuiltinData("stdlib-bytes", batch_size=batch,
+                                   seq_len=default_seq_len("gpt-tiny")),
+                  optimizer=OptimizerFactory("adam"), track_allocations=True,
+                  record_timeline=False, timeout_s=120.0)
+        measured = [r.peak_allocated_bytes for r in sorted(launch_local(job), key=lambda r: r.rank)]
+        predicted = [r.total for r in predicted_memory(measured_profile, plan, batch_size=batch)]
+        assert all(m > 0 for m in measured), measured
+        errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
+        assert max(errors) < 0.10, (schedule, predicted, measured)

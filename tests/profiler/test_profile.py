@@ -30,7 +30,7 @@ def test_round_trip_through_json(tmp_path: Path) -> None:
                                  "output_bytes": 4096.0, "activation_bytes": 4096.0,
                                  "parameter_bytes": 1024.0, "optimizer_bytes": 2048.0,
                                  "peak_memory_bytes": 9000.0, "update": 0.0, "weight_grad": 0.0,
-                                 "input_grad": 0.0}
+                                 "input_grad": 0.0, "pending_bytes": 0.0, "recorded_bytes": 0.0}
     assert Profile.load(path) == profile
 
 

@@ -163,7 +163,7 @@ def stage_activation_bytes(profile: Profile, plan: Plan, scale: float = 1.0) -> 
     """Bytes one micro-batch leaves on each stage from its forward to its backward: the
     blocks' saved tensors and the stage's output (the root its backward starts from; on the
     last stage that is the loss, a scalar), or, for a recomputed stage, only its input."""
-    blocks = profile.blocks
+    blocks, stash = profile.blocks, profile.stash_bytes
     last = len(plan.stages) - 1
     held = []
     for stage, (start, end) in enumerate(plan.stages):
@@ -171,7 +171,7 @@ def stage_activation_bytes(profile: Profile, plan: Plan, scale: float = 1.0) -> 
         if plan.recompute_stage(stage):
             held.append(scale * _input_bytes(profile, start))
         else:
-            held.append(scale * (sum(b.activation_bytes for b in blocks[start:end]) + output))
+            held.append(scale * (sum(stash[start:end]) + output))
     return held
 
 
@@ -217,9 +217,13 @@ def _pending_bytes(profile: Profile, plan: Plan, stage: int) -> float:
 
 def _workspace(profile: Profile, start: int, end: int) -> float:
     """The largest transient of the stage's blocks' backwards: a block's measured peak less
-    what it keeps (saved tensors, output, weight gradients), 0 where the peak is unknown."""
-    return max((max(0.0, b.peak_memory_bytes - b.activation_bytes - b.output_bytes
-                    - b.parameter_bytes) for b in profile.blocks[start:end]
+    what it keeps (saved tensors, output, weight gradients), 0 where the peak is unknown or
+    only estimated (CPU profiles written before the profiler measured it)."""
+    if profile.metadata.get("peak_memory") == "estimated":
+        return 0.0
+    stash = profile.stash_bytes
+    return max((max(0.0, b.peak_memory_bytes - stash[i] - b.output_bytes - b.parameter_bytes)
+                for i, b in enumerate(profile.blocks[start:end], start)
                 if b.peak_memory_bytes > 0), default=0.0)
 
 

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from ..models import ModelSpec
 from ..split_backward import input_gradient, recording, weight_gradient
 from ..host import machine_cores
-from .profile import BlockProfile, Profile
+from .profile import EXCLUDED, BlockProfile, Profile
 
 __all__ = ["profile_model", "profile_block", "profile_builtin", "tensor_bytes", "OPTIMIZERS"]
 
@@ -121,7 +121,7 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
         metadata={"warmup": warmup, "repeats": repeats, "statistic": "median",
                   "optimizer": optimizer, "torch": torch.__version__,
                   "threads": torch.get_num_threads(), "cores": machine_cores(),
-                  "peak_memory": "measured",
+                  "peak_memory": "measured", "activation_bytes": EXCLUDED,
                   "spread": spreads, "warnings": unalike_twins(profiles, signatures)},
     )
 

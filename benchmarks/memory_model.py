@@ -6,8 +6,9 @@ Run::
         [--quick] [--schedules 1f1b gpipe ...] [--steps 3]
         [--json-out benchmarks/results/memory_model.json]
 
-gpt-tiny on 2 ranks, batch 16 in 4 micro-batches, Adam, every registered schedule with its
-default options and chunks (``--quick``: 1f1b, gpipe, pipedream, zb-h1). The model is
+gpt-tiny on 2 ranks, batch 16 in 4 micro-batches, Adam (SpecTrain: SGD with momentum 0.9, the
+optimizer it predicts with), every registered schedule with its default options and chunks
+(``--quick``: 1f1b, gpipe, pipedream, zb-h1). The model is
 profiled once at the micro-batch size (4 samples); each schedule then trains ``--steps``
 steps on real processes with ``Job.track_allocations``, which measures each rank's peak
 bytes of live tensors at torch's allocator (runtime/observation/allocations.py), and
@@ -36,6 +37,10 @@ from pipeweave.schedules import available_schedules, get_info
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "memory_model.json"
 MODEL, RANKS, BATCH, MICROBATCHES, OPTIMIZER = "gpt-tiny", 2, 16, 4, "adam"
 QUICK = ("1f1b", "gpipe", "pipedream", "zb-h1")
+OWN_OPTIMIZER = {"spectrain": (OptimizerFactory("sgd", {"lr": 1e-3, "momentum": 0.9}),
+                               "sgd-momentum")}
+"""Schedules that need another optimizer (SpecTrain predicts with SGD's momentum buffer): the
+runtime's factory and the memory model's name for it."""
 
 
 def plan_for(schedule: str, blocks: int) -> Plan:
@@ -44,11 +49,11 @@ def plan_for(schedule: str, blocks: int) -> Plan:
                         microbatches=MICROBATCHES)
 
 
-def measure(plan: Plan, steps: int) -> list[dict[str, Any]]:
+def measure(plan: Plan, steps: int, optimizer: OptimizerFactory) -> list[dict[str, Any]]:
     seq_len = default_seq_len(MODEL)
     job = Job(plan=plan, steps=steps, model=BuiltinModel(MODEL),
               data=BuiltinData("stdlib-bytes", batch_size=BATCH, seq_len=seq_len, seed=0),
-              optimizer=OptimizerFactory(OPTIMIZER), track_allocations=True,
+              optimizer=optimizer, track_allocations=True,
               record_timeline=False, timeout_s=120.0)
     return [{"allocated": r.peak_allocated_bytes, "rss": r.peak_memory_bytes,
              "weight_copies": r.peak_weight_copies, "stashed": r.peak_stashed_microbatches}
@@ -72,14 +77,15 @@ def main() -> dict[str, Any]:
     print(f"{'schedule':<18}{'rank':>5}{'predicted MB':>14}{'measured MB':>13}{'error':>9}")
     for name in names:
         plan = plan_for(name, profile.num_blocks)
+        factory, optimizer = OWN_OPTIMIZER.get(name, (OptimizerFactory(OPTIMIZER), OPTIMIZER))
         started = time.perf_counter()
         try:
-            measured = measure(plan, args.steps)
+            measured = measure(plan, args.steps, factory)
         except Exception as error:  # a schedule that cannot run here is reported, not fatal
             rows.append({"schedule": name, "status": f"failed: {error}"})
             print(f"{name:<18} failed: {str(error).splitlines()[0]}")
             continue
-        predicted = predicted_memory(profile, plan, batch_size=BATCH, optimizer=OPTIMIZER)
+        predicted = predicted_memory(profile, plan, batch_size=BATCH, optimizer=optimizer)
         ranks = []
         for rank, (p, m) in enumerate(zip(predicted, measured)):
             error = (p.total - m["allocated"]) / m["allocated"]
@@ -89,7 +95,8 @@ def main() -> dict[str, Any]:
                           "runtime_stashed_microbatches": m["stashed"]})
             print(f"{name if rank == 0 else '':<18}{rank:>5}{p.total / 1e6:>14.3f}"
                   f"{m['allocated'] / 1e6:>13.3f}{100 * error:>+8.1f}%")
-        rows.append({"schedule": name, "status": "ok", "chunks": plan.chunks, "ranks": ranks,
+        rows.append({"schedule": name, "status": "ok", "chunks": plan.chunks,
+                     "optimizer": optimizer, "ranks": ranks,
                      "seconds": time.perf_counter() - started})
     errors = [abs(r["error"]) for row in rows if row["status"] == "ok" for r in row["ranks"]]
     result = {"model": MODEL, "ranks": RANKS, "batch_size": BATCH, "microbatches": MICROBATCHES,

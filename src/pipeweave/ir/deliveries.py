@@ -10,10 +10,14 @@ from .actions import Action, Op
 from .deps import dependencies, producer_rank, receiver, ref
 from .schedule import Schedule
 
-__all__ = ["delivery_proofs"]
+__all__ = ["delivery_proofs", "every_delivery_proof", "message_positions", "Positions"]
+
+Positions = tuple[dict[Action, int], dict[Action, int]]
+"""Where every message is sent and where it is received (program positions), by :func:`ref`."""
 
 
-def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action, ...]]:
+def delivery_proofs(schedule: Schedule, rank: int,
+                    positions: Positions | None = None) -> dict[Action, tuple[Action, ...]]:
     """For each message ``rank`` receives, the messages it sent that have surely arrived by then.
 
     A sent tensor must stay alive until its transfer is done, and asking does not work:
@@ -29,17 +33,10 @@ def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action,
 
     Returns ``received message -> sends (as :func:`ref` identities) delivered once it is in``;
     every send of ``rank`` appears at most once, at the earliest receive that proves it.
+    ``positions``: :func:`message_positions` of ``schedule``, when already at hand.
     """
     layout = schedule.layout
-    sent_at: dict[Action, int] = {}
-    received_at: dict[Action, int] = {}
-    for program in schedule.programs:
-        for position, action in enumerate(program):
-            if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
-                sent_at[ref(action)] = position
-            elif action.op is Op.RECV_ACT or action.op is Op.RECV_GRAD:
-                (message,) = dependencies(action, layout, lowered=True)
-                received_at[message] = position
+    sent_at, received_at = positions if positions is not None else message_positions(schedule)
     # This rank's sends per destination, in the order the destination receives them.
     outgoing: dict[int, list[tuple[int, Action]]] = {}
     for action in schedule.programs[rank]:
@@ -63,3 +60,23 @@ def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action,
             proofs[message] = tuple(sent for _, sent in sends[first:last])
             proven[src] = last
     return proofs
+
+
+def every_delivery_proof(schedule: Schedule) -> list[dict[Action, tuple[Action, ...]]]:
+    """:func:`delivery_proofs` of every rank, the message positions found once."""
+    positions = message_positions(schedule)
+    return [delivery_proofs(schedule, rank, positions) for rank in range(schedule.num_ranks)]
+
+
+def message_positions(schedule: Schedule) -> Positions:
+    """Where each message is sent and received, in its sender's and receiver's programs."""
+    sent_at: dict[Action, int] = {}
+    received_at: dict[Action, int] = {}
+    for program in schedule.programs:
+        for position, action in enumerate(program):
+            if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
+                sent_at[ref(action)] = position
+            elif action.op is Op.RECV_ACT or action.op is Op.RECV_GRAD:
+                (message,) = dependencies(action, schedule.layout, lowered=True)
+                received_at[message] = position
+    return sent_at, received_at

@@ -91,7 +91,9 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
     ``batch_size / microbatches`` of them; the profile's bytes are scaled from its own
     ``batch_size``). ``optimizer``: a name of :data:`OPTIMIZER_STATE`. ``iterations``: how
     many iterations of the schedule to lay out (default: 1 for a flush schedule, whose
-    iterations repeat, 4 for an asynchronous one, enough to reach its steady state).
+    iterations repeat; for an asynchronous one the fewest, at least 3, that hold ``2 x depth``
+    micro-batches: its steady state, and as many copies and activations as any longer run).
+    Linear in the schedule's length: a few seconds for 64 ranks x 128 micro-batches.
     """
     if profile.num_blocks != plan.num_blocks:
         raise ValueError(f"the profile has {profile.num_blocks} blocks but the plan covers "
@@ -105,7 +107,8 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
         raise ValueError(f"batch_size {batch_size} is not divisible by microbatches="
                          f"{plan.microbatches}; give a multiple of {plan.microbatches}")
     if iterations is None:
-        iterations = 1 if get_info(plan.schedule).synchronous else 4
+        iterations = 1 if get_info(plan.schedule).synchronous else max(
+            3, -(-2 * plan.depth // plan.microbatches))
     # lowered, as the runtime runs it: an I directly followed by its W is one B there
     schedule = lower(build_schedule(plan.schedule, plan.shape(iterations)))
     if schedule.num_stages != len(plan.stages):
@@ -178,33 +181,35 @@ def stage_activation_bytes(profile: Profile, plan: Plan, scale: float = 1.0) -> 
 def weight_copies(schedule: Schedule, *, keep_predicted: bool = False) -> list[int]:
     """Per stage: weight sets held besides the live parameters (module docstring)."""
     versions = weight_versions(schedule, keep_predicted=keep_predicted)
-    return [v - 1 + (1 if _stashes_live(schedule, s) else 0) for s, v in enumerate(versions)]
+    stashing = _stashes_live(schedule)
+    return [v - 1 + (1 if s in stashing else 0) for s, v in enumerate(versions)]
 
 
-def _stashes_live(schedule: Schedule, stage: int) -> bool:
-    """Whether some forward of ``stage`` runs at the live version and an update of the stage
+def _stashes_live(schedule: Schedule) -> set[int]:
+    """The stages where some forward runs at the live version and an update of the stage
     comes before its backward (so the runtime copies the live weights for it)."""
+    found: set[int] = set()
     for program in schedule.programs:
-        live: dict[int, int] = {}
-        # (micro-batch, piece, pipeline) -> [ran at the live version, an update came since]
-        pending: dict[tuple[int | None, int, int], list[bool]] = {}
-        for op, s, microbatch, piece, version, lookahead, pipeline in program:
-            if s != stage:
-                continue
-            now = live.setdefault(pipeline, 0)
+        live: dict[tuple[int, int], int] = {}
+        # per (stage, pipeline): (micro-batch, piece) -> ran at the live version; and the
+        # forwards an update has passed since
+        pending: dict[tuple[int, int], dict[tuple[int | None, int], bool]] = {}
+        passed: dict[tuple[int, int], set[tuple[int | None, int]]] = {}
+        for op, stage, microbatch, piece, version, lookahead, pipeline in program:
+            where = (stage, pipeline)
+            now = live.setdefault(where, 0)
+            waiting = pending.setdefault(where, {})
             if op is Op.STEP:
-                live[pipeline] = version if version is not None else now + 1
-                for key, state in pending.items():
-                    if key[2] == pipeline:
-                        state[1] = True
+                live[where] = version if version is not None else now + 1
+                passed[where] = set(waiting)
             elif op is Op.FORWARD and not lookahead:
-                pending[(microbatch, piece, pipeline)] = [version is None or version == now, False]
+                waiting[(microbatch, piece)] = version is None or version == now
             elif op in GRADIENT_OPS:
-                for key in [k for k in pending if k[0] == microbatch and k[2] == pipeline]:
-                    at_live, updated = pending.pop(key)
-                    if at_live and updated:
-                        return True
-    return False
+                for key in [k for k in ((microbatch, 0), (microbatch, 1), (microbatch, 2))
+                            if k in waiting]:
+                    if waiting.pop(key) and key in passed.get(where, ()):
+                        found.add(stage)
+    return found
 
 
 def _pending_bytes(profile: Profile, plan: Plan, stage: int) -> float:

@@ -33,11 +33,11 @@ that moment (``sim.metrics.peak_activations`` is the same walk for ``a_s`` alone
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..ir import GRADIENT_OPS, Op, Schedule, dependencies, ref
-from ..ir.deliveries import delivery_proofs
+from ..ir import GRADIENT_OPS, Action, Op, Schedule, dependencies, ref
+from ..ir.deliveries import every_delivery_proof
 
 __all__ = ["StageBytes", "PeakMoment", "peak_moments", "graphless_forwards", "PREFETCH"]
 
@@ -93,11 +93,13 @@ def peak_moments(schedule: Schedule, stages: Sequence[StageBytes],
                  ) -> list[PeakMoment]:
     """Per rank, the parts at the peak of the walk (module docstring); ``graphless``: the
     forwards ``(stage, micro-batch, piece, pipeline)`` that keep no graph."""
-    return [_walk(program, stages, graphless, _in_flight(schedule, rank, stages))
+    proofs = every_delivery_proof(schedule)
+    return [_walk(program, stages, graphless, _in_flight(schedule, rank, stages, proofs[rank]))
             for rank, program in enumerate(schedule.programs)]
 
 
-def _in_flight(schedule: Schedule, rank: int, stages: Sequence[StageBytes]) -> list[float]:
+def _in_flight(schedule: Schedule, rank: int, stages: Sequence[StageBytes],
+               proofs: Mapping[Action, tuple[Action, ...]]) -> list[float]:
     """Bytes of messages in flight while each action of ``rank``'s program runs."""
     program = schedule.programs[rank]
     size = {Op.RECV_ACT: lambda s: stages[s].received, Op.RECV_GRAD: lambda s: stages[s].sent,
@@ -106,7 +108,6 @@ def _in_flight(schedule: Schedule, rank: int, stages: Sequence[StageBytes]) -> l
     consumer: dict[int, int] = {}  # receive position -> the compute action that uses it
     waiting: dict[tuple[object, ...], int] = {}
     released_at: dict[object, int] = {}  # sent message -> the receive that proves it arrived
-    proofs = delivery_proofs(schedule, rank)
     for position, action in enumerate(program):
         key = (action.stage, action.microbatch, action.piece, action.pipeline)
         if action.op in (Op.RECV_ACT, Op.RECV_GRAD):

@@ -11,6 +11,7 @@ the planner (or the plan) does not import torch.
 
 from .autopipe import AutoPipeSearch, autopipe_search, cooldown_violation
 from .evaluate import Evaluator, Network, plan_costs
+from .memory import RankMemory, predicted_memory
 from .partition import Bounds, min_max_partition, uniform_partition
 from .plan import Plan
 from .pipedream import PipeDreamSolution, allreduce_time, noam, pipedream_partition
@@ -24,5 +25,5 @@ __all__ = [
     "register_method", "MethodInfo", "Topology", "Level", "Bounds", "min_max_partition",
     "uniform_partition", "pipedream_partition", "PipeDreamSolution", "allreduce_time", "noam",
     "autopipe_search", "AutoPipeSearch", "cooldown_violation", "Evaluator", "Network",
-    "plan_costs", "balance",
+    "plan_costs", "balance", "RankMemory", "predicted_memory",
 ]

@@ -70,8 +70,14 @@ class Transport(Protocol):
 def message_tag(message: Action) -> int:
     """A point-to-point tag unique among the messages that can be in flight between two ranks.
 
-    Packs (micro-batch mod 4096, piece, direction, stage, pipeline mod 16) below 2**31.
+    Packs (micro-batch mod 4096, piece, direction, stage, pipeline mod 16) below
+    ``_CHECK_TAGS``; the state of a global check (``C``/``V``: version mod 4096, direction,
+    stage) above it, below 2**29.
     """
+    if message.op is Op.CHECK or message.op is Op.VALIDATE:
+        assert message.version is not None
+        direction = 0 if message.op is Op.CHECK else 1
+        return _CHECK_TAGS + ((message.version % 4096) * 2 + direction) * 1024 + message.stage
     assert message.microbatch is not None
     direction = 0 if message.op is Op.SEND_ACT else 1
     if message.stage >= 1024:
@@ -79,6 +85,10 @@ def message_tag(message: Action) -> int:
     tag = (message.microbatch % 4096) * 3 + message.piece
     tag = (tag * 2 + direction) * 1024 + message.stage
     return tag * 16 + message.pipeline % 16
+
+
+_CHECK_TAGS = 4096 * 3 * 2 * 1024 * 16
+"""First tag of a global check's messages: above every micro-batch message's tag."""
 
 
 def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action, ...]]:
@@ -134,7 +144,7 @@ def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action,
 
 
 _HEADER_BIT = 1 << 30
-_REST_BIT = 1 << 29  # message_tag() stays below 2**29 (at most 402,653,183): both bits are free
+_REST_BIT = 1 << 29  # message_tag() stays below 2**29 (at most 411,040,767): both bits are free
 _HEADER_LEN = 10  # dtype code, ndim, up to 8 dims
 _HEADER_BYTES = _HEADER_LEN * 8
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -323,6 +333,9 @@ class DistTransport:
         else:
             parts.append((tensor.contiguous(), tag))
         self.bytes_sent += _nbytes([t for t, _ in parts])
+        earlier = self._in_flight.pop(message, None)
+        if earlier is not None:  # sent again (a global check undid what made it): the first
+            self._settle(message, earlier)  # copy was received and dropped by now
         send = _Send(parts, dst)
         if self.send_thread:
             if self._sender is None:

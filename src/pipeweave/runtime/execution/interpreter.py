@@ -25,6 +25,7 @@ from .stage import StageRuntime
 from ..observation.timeline import Recorder
 from ..communication.transport import Transport
 from .clipping import GradientClipper
+from .global_check import GlobalCheck
 from .weights import StageWeights
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class RankInterpreter:
         after: Mapping[int, Callable[[], None]] | None = None,
         meter: ActivationMeter | None = None,
         clipper: GradientClipper | None = None,
+        check: GlobalCheck | None = None,
     ) -> None:
         """``parts``: the rank's stages, optimizers, weight versions and, for AvgPipe, its
         further parallel pipelines and reference models (:func:`.parts.build_rank`);
@@ -60,7 +62,10 @@ class RankInterpreter:
         ``after``: ``position -> hook`` run right after that action (checkpoints, fault
         injection); ``meter``: counts the activation bytes kept between forwards and backwards
         (:mod:`..observation.memory`; the online advance controller's memory reading);
-        ``clipper``: clips the global gradient norm before each iteration's first update."""
+        ``clipper``: clips the global gradient norm before each iteration's first update;
+        ``check``: runs the ``C`` and ``V`` actions of a checked schedule (zb-h2's
+        ``post_validation``, :mod:`.global_check`), redoing the forwards that ran on an
+        update the check undid."""
         if not schedule.lowered:
             raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
         self.rank = rank
@@ -72,6 +77,10 @@ class RankInterpreter:
         self.transport = transport
         self.meter = meter
         self.clipper = clipper
+        self.check = check
+        if check is not None and start != 0:
+            raise ValueError("a run with a global check (post_validation) cannot start in the "
+                             "middle of its program; resume is not supported for it")
         self.data = data
         self.recorder = recorder
         self.on_step = on_step
@@ -88,9 +97,13 @@ class RankInterpreter:
                     if p >= self.start and a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
         after = self.after
         texts = [str(action) for action in self.program] if self.recorder else []
+        redo = _Redo(self.schedule, self.rank) if self.check is not None else None
         next_receive = 0
         window_moved = True
-        for position, action in enumerate(self.program[self.start:], self.start):
+        position = self.start - 1
+        while position + 1 < len(self.program):
+            position += 1
+            action = self.program[position]
             # Post the next receives early so transfers overlap compute. The window only moves,
             # and a receive only becomes postable (its kind's header known), at a receive.
             if window_moved:
@@ -119,6 +132,19 @@ class RankInterpreter:
                 if self.clipper is not None and position in self.clipper.at:
                     yield from self.clipper.clip(action, self.transport)
                 self._step(action, position)
+            elif op is Op.CHECK:
+                assert self.check is not None, "a checked schedule needs its GlobalCheck"
+                yield from self.check.check(action, self.transport)
+            elif op is Op.VALIDATE:
+                assert self.check is not None and redo is not None
+                restart = yield from self._validate(action, position, redo, routes)
+                if restart is not None:
+                    self.executed = restart  # the next action's position (progress, for the
+                    position = restart - 1   # single-process executor's deadlock watch)
+                    next_receive = next((i for i, p in enumerate(receives) if p >= restart),
+                                        len(receives))
+                    window_moved = True
+                    continue
             elif op is Op.AVERAGE:
                 self._average(action)
             if self.recorder:
@@ -127,6 +153,39 @@ class RankInterpreter:
             if position in after:
                 after[position]()
         self.transport.finish()
+
+    def _validate(self, action: Action, position: int, redo: "_Redo",
+                  routes: dict[int, tuple[Action, int]]) -> Generator[None, None, int | None]:
+        """``V``: the complete state; where it undoes the update, redo the update, drop what
+        the forwards since the update made, receive and drop the messages the previous stage
+        sent from its own undone forwards, and return the position to run again from (the
+        first action after the update). ``V`` runs once: redone, it passes."""
+        check = self.check
+        assert check is not None
+        if position in redo.validated:
+            return None
+        redo.validated.add(position)
+        yield from check.receive_complete(action, self.transport)
+        update = redo.update_of.get(position)
+        if update is None or not check.needs_redo(action):  # validated before its update
+            check.pass_on(action, self.transport)
+            return None
+        for earlier in self.program[update + 1:position]:
+            self._forget(earlier)
+        for stale in redo.stale[position]:
+            yield from self.transport.recv(*routes[stale])
+        check.pass_on(action, self.transport)
+        return update + 1
+
+    def _forget(self, action: Action) -> None:
+        """Drop what ``action`` (a forward or its message, about to run again) left behind."""
+        self._values.pop(ref(action), None)
+        if action.op is Op.FORWARD:
+            assert action.microbatch is not None
+            self._stages(action)[action.stage].forget((action.microbatch, action.piece,
+                                                       action.pipeline))
+            if self.meter is not None:
+                self.meter.release(action.stage, action.microbatch, action.pipeline)
 
     def _routes(self) -> dict[int, tuple[Action, int]]:
         """``position -> (message, peer rank)`` for every send and receive of the program.
@@ -237,13 +296,14 @@ class RankInterpreter:
         weights = self._weights(action)[action.stage]
         weights.before_step(position)
         stage = self._stages(action)[action.stage]
-        if stage.update_scale != 1.0:
-            grads = [p.grad for p in stage.module.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, stage.update_scale)
-        averager = self.averagers.get(action.stage)
-        if averager is not None:
-            averager.before_step(action.pipeline, stage.module)
-        optimizer.step()
+        if self.check is None or self.check.before_step(action):
+            if stage.update_scale != 1.0:
+                grads = [p.grad for p in stage.module.parameters() if p.grad is not None]
+                torch._foreach_mul_(grads, stage.update_scale)
+            averager = self.averagers.get(action.stage)
+            if averager is not None:
+                averager.before_step(action.pipeline, stage.module)
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         weights.after_step()
         if self.on_step is not None and action.pipeline == 0:
@@ -266,3 +326,45 @@ class RankInterpreter:
 
     def _weights(self, action: Action) -> Mapping[int, StageWeights]:
         return self.parts.pipeline(action.pipeline).weights
+
+
+class _Redo:
+    """Where a ``V`` after its update sends the interpreter back to, and what it drains.
+
+    ``update_of``: ``V``'s position -> its update's position (a ``V`` before its update is
+    absent). ``stale``: ``V``'s position -> positions of this rank's later receives of
+    messages that the previous stage sent between its own update and ``V``: when the check
+    undoes the update, the previous stage sends them again, so the first copies are received
+    and dropped before this rank lets the previous stage know (it then resends).
+    """
+
+    def __init__(self, schedule: Schedule, rank: int) -> None:
+        self.validated: set[int] = set()
+        self.update_of: dict[int, int] = {}
+        self.stale: dict[int, list[int]] = {}
+        speculative: set[Action] = set()  # messages sent between an update and its V
+        for program in schedule.programs:
+            for update, valid in _update_and_validation(program).items():
+                speculative.update(ref(a) for a in program[update + 1:valid]
+                                   if a.op is Op.SEND_ACT)
+        program = schedule.programs[rank]
+        for update, valid in _update_and_validation(program).items():
+            self.update_of[valid] = update
+            version = program[valid].version
+            self.stale[valid] = [
+                p for p in range(valid + 1, len(program))
+                if program[p].op is Op.RECV_ACT
+                and dependencies(program[p], schedule.layout, lowered=True)[0] in speculative
+                and (program[p].microbatch or 0) // schedule.microbatches == version]
+
+
+def _update_and_validation(program: tuple[Action, ...]) -> dict[int, int]:
+    """Position of each update -> position of its ``V`` when the ``V`` comes after it."""
+    updates = {(a.stage, a.version): p for p, a in enumerate(program) if a.op is Op.STEP}
+    pairs = {}
+    for position, action in enumerate(program):
+        if action.op is Op.VALIDATE:
+            update = updates.get((action.stage, action.version))
+            if update is not None and update < position:
+                pairs[update] = position
+    return pairs

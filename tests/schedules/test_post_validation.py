@@ -106,3 +106,15 @@ def test_option_values_and_shapes_refused_with_the_fix() -> None:
         build_schedule("zb-h2", stages=2, microbatches=4, width=2, post_validation=True)
     with pytest.raises(ValueError, match=r"accepts: none"):
         build_schedule("zb-h1", stages=2, microbatches=4, post_validation=True)
+
+
+def test_grid_valid_lowered_and_deadlock_free() -> None:
+    for p, m, k, post in itertools.product((1, 2, 3, 4, 5), (1, 2, 3, 5, 8), (1, 2, 3),
+                                           (False, True)):
+        s = zb_h2(p, m, k, post)
+        validate(s)
+        lowered = lower(s)
+        validate(lowered)
+        assert simulate(lowered).makespan == simulate(s).makespan, (p, m, k, post)
+        checks = [a for _, _, a in s.actions() if a.op in (Op.CHECK, Op.VALIDATE)]
+        assert len(checks) == 2 * p * k

@@ -91,6 +91,19 @@ def test_a_clipped_step_is_undone_and_redone_as_the_flushed_schedule_does(depth:
     assert any(relative_error(unclipped[n], v) > 1e-6 for n, v in expected.items())
 
 
+def test_redone_forwards_draw_the_same_dropout() -> None:
+    """With dropout, a redone forward draws the masks the flushed run drew (the random
+    generators go back to where they were after the update)."""
+    def dropout(post: bool | None) -> Job:
+        job = zb_h2(2, post=post, clip=MAX_NORM)
+        return dataclasses.replace(job, model=dataclasses.replace(
+            job.model, overrides={**job.model.overrides, "dropout": 0.1}))  # type: ignore[attr-defined]
+
+    checked = run_local(dropout(True))
+    assert checked[0].undone_updates
+    assert_same_parameters(checked, run_local(dropout(None)))
+
+
 def test_the_check_before_the_update_gives_the_same_result() -> None:
     before = run_local(zb_h2(2, post=False, clip=MAX_NORM))
     assert_same_parameters(before, run_local(zb_h2(2, post=None, clip=MAX_NORM)))

@@ -132,6 +132,8 @@ class RankInterpreter:
                 if self.clipper is not None and position in self.clipper.at:
                     yield from self.clipper.clip(action, self.transport)
                 self._step(action, position)
+                if redo is not None and position in redo.restart_rng:
+                    redo.restart_rng[position] = _rng_state()
             elif op is Op.CHECK:
                 assert self.check is not None, "a checked schedule needs its GlobalCheck"
                 yield from self.check.check(action, self.transport)
@@ -175,6 +177,7 @@ class RankInterpreter:
         for stale in redo.stale[position]:
             yield from self.transport.recv(*routes[stale])
         check.pass_on(action, self.transport)
+        _set_rng_state(redo.restart_rng[update])  # the forwards draw the same dropout again
         return update + 1
 
     def _forget(self, action: Action) -> None:
@@ -341,6 +344,8 @@ class _Redo:
     def __init__(self, schedule: Schedule, rank: int) -> None:
         self.validated: set[int] = set()
         self.update_of: dict[int, int] = {}
+        self.restart_rng: dict[int, tuple[Tensor, ...]] = {}
+        """Update's position -> the random generators' state right after it."""
         self.stale: dict[int, list[int]] = {}
         speculative: set[Action] = set()  # messages sent between an update and its V
         for program in schedule.programs:
@@ -350,6 +355,7 @@ class _Redo:
         program = schedule.programs[rank]
         for update, valid in _update_and_validation(program).items():
             self.update_of[valid] = update
+            self.restart_rng[update] = ()
             version = program[valid].version
             self.stale[valid] = [
                 p for p in range(valid + 1, len(program))
@@ -368,3 +374,16 @@ def _update_and_validation(program: tuple[Action, ...]) -> dict[int, int]:
             if update is not None and update < position:
                 pairs[update] = position
     return pairs
+
+
+def _rng_state() -> tuple[Tensor, ...]:
+    """CPU's random generator state, and the current CUDA device's when CUDA is in use."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.get_rng_state(), torch.cuda.get_rng_state()
+    return (torch.get_rng_state(),)
+
+
+def _set_rng_state(state: tuple[Tensor, ...]) -> None:
+    torch.set_rng_state(state[0])
+    if len(state) > 1:
+        torch.cuda.set_rng_state(state[1])

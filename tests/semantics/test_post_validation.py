@@ -188,3 +188,12 @@ def test_distributed_undo_and_redo_equal_local(depth: int) -> None:
     assert [r.redone_updates for r in distributed] == [r.redone_updates for r in local]
     assert distributed[0].undone_updates == [1, 3]
     assert_same_parameters(distributed, run_local(zb_h2(depth, post=None, clip=MAX_NORM)))
+
+
+def test_with_apc_the_check_state_travels_in_full_precision() -> None:
+    """APC rounds activations and gradients to fp16 on the wire, never the check's norm: the
+    clipping decisions and norms are those of the flushed run with APC."""
+    checked = run_local(dataclasses.replace(zb_h2(2, post=True, clip=MAX_NORM), apc=True))
+    flushed = run_local(dataclasses.replace(zb_h2(2, post=None, clip=MAX_NORM), apc=True))
+    assert checked[0].grad_norms == flushed[0].grad_norms
+    assert_same_parameters(checked, flushed)

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...ir import Action, Op, Schedule, dependencies, ref
+from ...ir import CHECK_OPS, Action, Op, Schedule, dependencies, ref
 from ...ir.deps import producer_rank, receiver
 from .apc import MODE_FULL, MODE_HALF, Encoded, decode, encode
 
@@ -178,9 +178,10 @@ _META_BYTES = 16
 _COMPRESSIBLE = (torch.float32, torch.float64)
 
 
-def _compressed(dtype: torch.dtype, apc: bool) -> bool:
-    """Whether a channel of ``dtype`` uses the APC wire format (other dtypes go as they are)."""
-    return apc and dtype in _COMPRESSIBLE
+def _compressed(dtype: torch.dtype, apc: bool, message: Action) -> bool:
+    """Whether a channel of ``dtype`` uses the APC wire format (other dtypes go as they are,
+    and so does a global check's state: APC is for activations and gradients)."""
+    return apc and dtype in _COMPRESSIBLE and message.op not in CHECK_OPS
 
 
 def _wire_sizes(shape: torch.Size, dtype: torch.dtype) -> tuple[int, int]:
@@ -325,7 +326,7 @@ class DistTransport:
             self._sent_header.add(kind)
         else:
             parts = []
-        if _compressed(tensor.dtype, self.apc):
+        if _compressed(tensor.dtype, self.apc, message):
             first, rest = _pack(tensor)
             parts.append((first, tag))
             if rest is not None:
@@ -390,7 +391,7 @@ class DistTransport:
     def _post(self, message: Action, src: int) -> tuple[dist.Work, Tensor]:
         """Post the receive of ``message`` (its first part, if compressed): work and buffer."""
         shape, dtype = self._shape(message, src)
-        if _compressed(dtype, self.apc):
+        if _compressed(dtype, self.apc, message):
             first, rest = _wire_sizes(shape, dtype)
             buffer = torch.empty(first + rest, dtype=torch.uint8, device=self.device)
             target = buffer[:first]
@@ -425,7 +426,7 @@ class DistTransport:
     def _decompress(self, message: Action, src: int, buffer: Tensor) -> Tensor:
         """The received tensor, from the buffer of its first part (see :func:`_unpack`)."""
         shape, dtype = self._shapes[_kind(message, src, self.rank)]
-        if not _compressed(dtype, self.apc):
+        if not _compressed(dtype, self.apc, message):
             return buffer
 
         def receive_rest(rest: Tensor) -> None:
@@ -496,7 +497,7 @@ class LocalEndpoint:
         if kind not in self._sent_header:
             self._sent_header.add(kind)
             self.bytes_sent += _HEADER_BYTES
-        if not _compressed(tensor.dtype, self.hub.apc):
+        if not _compressed(tensor.dtype, self.hub.apc, message):
             self.bytes_sent += _nbytes([tensor])
             self.hub._mail[message] = tensor.clone()
             return

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ...ir import Action, Op, Schedule
+from ...ir import Action, Op, Schedule, dependencies, ref
 from ..communication.transport import Transport
 from .clipping import EPSILON
 from .stage import StageRuntime
 
-__all__ = ["GlobalCheck", "has_global_check"]
+__all__ = ["GlobalCheck", "RedoPlan", "has_global_check", "rng_state", "set_rng_state"]
 
 
 def has_global_check(schedule: Schedule) -> bool:
@@ -203,3 +203,65 @@ def _grads(stage: StageRuntime) -> list[Tensor]:
 
 def _clone(grad: Tensor | None) -> Tensor | None:
     return None if grad is None else grad.detach().clone()
+
+
+class RedoPlan:
+    """Where a ``V`` after its update sends the interpreter back to, and what it drains.
+
+    ``update_of``: ``V``'s position -> its update's position (a ``V`` before its update is
+    absent). ``stale``: ``V``'s position -> positions of this rank's later receives of
+    messages that the previous stage sent between its own update and ``V``: when the check
+    undoes the update, the previous stage sends them again, so the first copies are received
+    and dropped before this rank lets the previous stage know (it then resends). The redo
+    cannot deadlock: a drain waits only for sends the previous stage makes before its own
+    ``V`` (forwards, fed by the stages before it), which wait for nothing downstream; and
+    since every copy is dropped before the resend starts, the two copies of a message never
+    meet in a mailbox or a tag.
+    """
+
+    def __init__(self, schedule: Schedule, rank: int) -> None:
+        self.validated: set[int] = set()
+        self.update_of: dict[int, int] = {}
+        self.restart_rng: dict[int, tuple[Tensor, ...]] = {}
+        """Update's position -> the random generators' state right after it."""
+        self.stale: dict[int, list[int]] = {}
+        speculative: set[Action] = set()  # messages sent between an update and its V
+        for program in schedule.programs:
+            for update, valid in _update_and_validation(program).items():
+                speculative.update(ref(a) for a in program[update + 1:valid]
+                                   if a.op is Op.SEND_ACT)
+        program = schedule.programs[rank]
+        for update, valid in _update_and_validation(program).items():
+            self.update_of[valid] = update
+            self.restart_rng[update] = ()
+            version = program[valid].version
+            self.stale[valid] = [
+                p for p in range(valid + 1, len(program))
+                if program[p].op is Op.RECV_ACT
+                and dependencies(program[p], schedule.layout, lowered=True)[0] in speculative
+                and (program[p].microbatch or 0) // schedule.microbatches == version]
+
+
+def _update_and_validation(program: tuple[Action, ...]) -> dict[int, int]:
+    """Position of each update -> position of its ``V`` when the ``V`` comes after it."""
+    updates = {(a.stage, a.version): p for p, a in enumerate(program) if a.op is Op.STEP}
+    pairs = {}
+    for position, action in enumerate(program):
+        if action.op is Op.VALIDATE:
+            update = updates.get((action.stage, action.version))
+            if update is not None and update < position:
+                pairs[update] = position
+    return pairs
+
+
+def rng_state() -> tuple[Tensor, ...]:
+    """CPU's random generator state, and the current CUDA device's when CUDA is in use."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.get_rng_state(), torch.cuda.get_rng_state()
+    return (torch.get_rng_state(),)
+
+
+def set_rng_state(state: tuple[Tensor, ...]) -> None:
+    torch.set_rng_state(state[0])
+    if len(state) > 1:
+        torch.cuda.set_rng_state(state[1])

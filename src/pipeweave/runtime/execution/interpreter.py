@@ -25,7 +25,7 @@ from .stage import StageRuntime
 from ..observation.timeline import Recorder
 from ..communication.transport import Transport
 from .clipping import GradientClipper
-from .global_check import GlobalCheck
+from .global_check import GlobalCheck, RedoPlan, rng_state, set_rng_state
 from .weights import StageWeights
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class RankInterpreter:
                     if p >= self.start and a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
         after = self.after
         texts = [str(action) for action in self.program] if self.recorder else []
-        redo = _Redo(self.schedule, self.rank) if self.check is not None else None
+        redo = RedoPlan(self.schedule, self.rank) if self.check is not None else None
         next_receive = 0
         window_moved = True
         position = self.start - 1
@@ -133,7 +133,7 @@ class RankInterpreter:
                     yield from self.clipper.clip(action, self.transport)
                 self._step(action, position)
                 if redo is not None and position in redo.restart_rng:
-                    redo.restart_rng[position] = _rng_state()
+                    redo.restart_rng[position] = rng_state()
             elif op is Op.CHECK:
                 assert self.check is not None, "a checked schedule needs its GlobalCheck"
                 yield from self.check.check(action, self.transport)
@@ -156,7 +156,7 @@ class RankInterpreter:
                 after[position]()
         self.transport.finish()
 
-    def _validate(self, action: Action, position: int, redo: "_Redo",
+    def _validate(self, action: Action, position: int, redo: RedoPlan,
                   routes: dict[int, tuple[Action, int]]) -> Generator[None, None, int | None]:
         """``V``: the complete state; where it undoes the update, redo the update, drop what
         the forwards since the update made, receive and drop the messages the previous stage
@@ -177,7 +177,7 @@ class RankInterpreter:
         for stale in redo.stale[position]:
             yield from self.transport.recv(*routes[stale])
         check.pass_on(action, self.transport)
-        _set_rng_state(redo.restart_rng[update])  # the forwards draw the same dropout again
+        set_rng_state(redo.restart_rng[update])  # the forwards draw the same dropout again
         return update + 1
 
     def _forget(self, action: Action) -> None:
@@ -330,60 +330,3 @@ class RankInterpreter:
     def _weights(self, action: Action) -> Mapping[int, StageWeights]:
         return self.parts.pipeline(action.pipeline).weights
 
-
-class _Redo:
-    """Where a ``V`` after its update sends the interpreter back to, and what it drains.
-
-    ``update_of``: ``V``'s position -> its update's position (a ``V`` before its update is
-    absent). ``stale``: ``V``'s position -> positions of this rank's later receives of
-    messages that the previous stage sent between its own update and ``V``: when the check
-    undoes the update, the previous stage sends them again, so the first copies are received
-    and dropped before this rank lets the previous stage know (it then resends).
-    """
-
-    def __init__(self, schedule: Schedule, rank: int) -> None:
-        self.validated: set[int] = set()
-        self.update_of: dict[int, int] = {}
-        self.restart_rng: dict[int, tuple[Tensor, ...]] = {}
-        """Update's position -> the random generators' state right after it."""
-        self.stale: dict[int, list[int]] = {}
-        speculative: set[Action] = set()  # messages sent between an update and its V
-        for program in schedule.programs:
-            for update, valid in _update_and_validation(program).items():
-                speculative.update(ref(a) for a in program[update + 1:valid]
-                                   if a.op is Op.SEND_ACT)
-        program = schedule.programs[rank]
-        for update, valid in _update_and_validation(program).items():
-            self.update_of[valid] = update
-            self.restart_rng[update] = ()
-            version = program[valid].version
-            self.stale[valid] = [
-                p for p in range(valid + 1, len(program))
-                if program[p].op is Op.RECV_ACT
-                and dependencies(program[p], schedule.layout, lowered=True)[0] in speculative
-                and (program[p].microbatch or 0) // schedule.microbatches == version]
-
-
-def _update_and_validation(program: tuple[Action, ...]) -> dict[int, int]:
-    """Position of each update -> position of its ``V`` when the ``V`` comes after it."""
-    updates = {(a.stage, a.version): p for p, a in enumerate(program) if a.op is Op.STEP}
-    pairs = {}
-    for position, action in enumerate(program):
-        if action.op is Op.VALIDATE:
-            update = updates.get((action.stage, action.version))
-            if update is not None and update < position:
-                pairs[update] = position
-    return pairs
-
-
-def _rng_state() -> tuple[Tensor, ...]:
-    """CPU's random generator state, and the current CUDA device's when CUDA is in use."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.get_rng_state(), torch.cuda.get_rng_state()
-    return (torch.get_rng_state(),)
-
-
-def _set_rng_state(state: tuple[Tensor, ...]) -> None:
-    torch.set_rng_state(state[0])
-    if len(state) > 1:
-        torch.cuda.set_rng_state(state[1])

@@ -27,7 +27,7 @@ def _resumed(job, folder: Path):  # type: ignore[no-untyped-def]
 
 SYNC = [("gpipe", 1, {}), ("1f1b", 1, {}), ("interleaved-1f1b", 2, {}),
         ("sliced-1f1b", 1, {"schedule_options": {"sliced": 2}}),
-        ("zb-h1", 1, {}), ("zb-h2", 1, {}), ("zbv", 2, {})]
+        ("zb-h1", 1, {}), ("zb-h2", 1, {}), ("zbv", 2, {}), ("dualpipev", 2, {})]
 
 
 @pytest.mark.parametrize(("schedule", "chunks", "fields"), SYNC, ids=[s[0] for s in SYNC])

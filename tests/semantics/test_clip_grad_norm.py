@@ -36,7 +36,8 @@ def clipped_reference(job):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2),
-                                             ("zb-h1", 1), ("zb-h2", 1)])
+                                             ("zb-h1", 1), ("zb-h2", 1),
+                                             ("dualpipev", 2)])
 def test_clipped_pipeline_equals_clipped_whole_model(schedule: str, chunks: int) -> None:
     job = dataclasses.replace(gpt_job(depth=2, schedule=schedule, chunks=chunks, steps=3,
                                       plan_fields={"width": 2} if schedule == "1f1b" else None),

@@ -93,7 +93,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX",
                         help="clip the global gradient norm of every update to MAX, across all "
                              "stages, as torch.nn.utils.clip_grad_norm_ on the whole model "
-                             "(synchronous schedules; default: no clipping)")
+                             "(synchronous schedules; default: no clipping); with zb-h2 and "
+                             "--option post_validation=true the check runs after the step and "
+                             "undoes it when it clips, so iterations still overlap")
     parser.add_argument("--optimizer-impl", default="auto", choices=list(IMPLEMENTATIONS),
                         help="how torch runs the step: fused kernels where torch has them for "
                              "the optimizer and device (auto), or forced fused / foreach / loop")

@@ -4,8 +4,10 @@ An action is one thing one rank does: a forward (``F``) or backward (``B``) of o
 micro-batch on one stage — or the backward split in two (zero-bubble schedules): its
 input-gradient part (``I``, what the previous stage waits for) and its weight-gradient part
 (``W``, which can run later and fill a bubble) — a point-to-point send/receive of an activation or gradient,
-an optimizer step (``U``), a gradient all-reduce among a stage's replicas (``AR``) or an
-elastic-averaging exchange with a reference model (``AV``).
+an optimizer step (``U``), a gradient all-reduce among a stage's replicas (``AR``), an
+elastic-averaging exchange with a reference model (``AV``), or one of the two halves of a
+global gradient check across the stages (``C``, ``V``: :mod:`pipeweave.ir.deps`; zb-h2's
+optimizer post-validation, Qi et al. 2024 §4).
 
 Text form (parses back with :func:`parse_action`)::
 
@@ -20,6 +22,10 @@ Text form (parses back with :func:`parse_action`)::
                RF on the consuming stage); SB / RB likewise for gradients
     0U@2       optimizer step on stage 0 that produces weight version 2
     0AR@2      all-reduce of stage 0's gradients among its replicas, before update 2
+    1C@2       stage 1 adds its gradients' squared norm and NaN flag to the partial state from
+               stage 0 and passes it on to stage 2 (the check before update 2)
+    1V@2       stage 1 receives the complete state of update 2's check from stage 2, passes it
+               to stage 0, and validates its update 2 (keep it, redo it clipped, or undo it)
     3F1#1      stage 3, forward of micro-batch 1 of parallel pipeline 1 (AvgPipe)
 """
 
@@ -30,7 +36,7 @@ import re
 from typing import Any, NamedTuple
 
 __all__ = ["Op", "Action", "parse_action", "COMPUTE_OPS", "COMM_OPS", "GRADIENT_OPS",
-           "WEIGHT_GRADIENT_OPS"]
+           "WEIGHT_GRADIENT_OPS", "CHECK_OPS"]
 
 
 class Op(str, enum.Enum):
@@ -47,6 +53,8 @@ class Op(str, enum.Enum):
     STEP = "U"
     ALL_REDUCE = "AR"
     AVERAGE = "AV"
+    CHECK = "C"
+    VALIDATE = "V"
 
     def __str__(self) -> str:
         return self.value
@@ -58,6 +66,9 @@ GRADIENT_OPS = frozenset({Op.BACKWARD, Op.BACKWARD_INPUT})
 WEIGHT_GRADIENT_OPS = frozenset({Op.BACKWARD, Op.BACKWARD_WEIGHT})
 """The ops that produce a micro-batch's weight gradients (what an update consumes)."""
 COMM_OPS = frozenset({Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD})
+CHECK_OPS = frozenset({Op.CHECK, Op.VALIDATE})
+"""The global gradient check: ``C`` passes the partial state down the stages, ``V`` the complete
+state back up (each tagged with the update it checks)."""
 _PER_MICROBATCH = COMPUTE_OPS | COMM_OPS
 _PIECES = {"": 0, "a": 1, "b": 2}
 _PIECE_LETTERS = {v: k for k, v in _PIECES.items()}
@@ -85,7 +96,8 @@ class Action(_Fields):
         piece: 0 for a whole micro-batch, 1/2 for its first/second half (Slicer).
         version: for ``F`` the weight version it uses, for ``B`` the version it must match
             (the stashed one), ``I`` and ``W`` as ``B`` (they differentiate the same forward),
-            for ``U``/``AR``/``AV`` the version the update produces.
+            for ``U``/``AR``/``AV`` the version the update produces, for ``C``/``V`` the
+            version of the update they check.
         lookahead: for ``F``, how many updates ahead of its ``version`` the runtime predicts
             the weights (0: no prediction). PipeOptim and SpecTrain tag the number of updates
             between the forward and its backward (PipeOptim's ``s``, exact); PipeOptim's
@@ -150,7 +162,7 @@ class Action(_Fields):
 
 
 _PATTERN = re.compile(
-    r"^(?P<stage>\d+)(?P<op>SF|RF|SB|RB|AR|AV|F|B|I|W|U)(?P<mb>\d+)?(?P<piece>[ab])?"
+    r"^(?P<stage>\d+)(?P<op>SF|RF|SB|RB|AR|AV|F|B|I|W|U|C|V)(?P<mb>\d+)?(?P<piece>[ab])?"
     r"(?:@(?P<version>\d+))?(?:~(?P<lookahead>\d+))?(?:#(?P<pipeline>\d+))?$"
 )
 

@@ -24,6 +24,16 @@ stashed activation), and ``W`` its ``I``; they always run on the same rank (repl
 micro-batch's forward and backward to one replica), so that is program order, checked by
 the validator.
 
+A global gradient check (zb-h2's optimizer post-validation, :mod:`pipeweave.schedules.global_check`)
+is a chain down the stages and back, one small state per update ``v``::
+
+    C(s)@v    <- C(s-1)@v                    the partial state of stages 0..s-1
+    V(s)@v    <- V(s+1)@v                    the complete state, coming back
+    V(S-1)@v  <- C(S-1)@v                    the last stage completes it
+
+The state is a few numbers that the runtime sends beside the pipeline's messages, so lowering
+inserts no send/receive for it; the walk charges a cross-rank edge the link's latency.
+
 Once a schedule is lowered, a cross-rank producer is replaced by the local receive
 (``F(s,j,h) <- RF(s,j,h)``). Program order on one rank is implicit and not listed here;
 weight versions (``U`` before the ``F`` that uses it) are same-rank program order too.
@@ -103,13 +113,19 @@ def dependencies(action: Action, layout: Layout, *, lowered: bool = False) -> tu
         return (Action(_SF, s - 1, j, h, pipeline=p),)
     if op is _RB:
         return (_new(Action, (_SB, s + 1, j, 0, None, 0, p)),)
+    if op is _C:
+        return () if s == 0 else (Action(_C, s - 1, version=action.version, pipeline=p),)
+    if op is _V:
+        if s == len(layout.stage_ranks) - 1:
+            return (Action(_C, s, version=action.version, pipeline=p),)
+        return (Action(_V, s + 1, version=action.version, pipeline=p),)
     return ()
 
 
 _new = tuple.__new__
-_F, _B, _I, _SF, _RF, _SB, _RB = (
+_F, _B, _I, _SF, _RF, _SB, _RB, _C, _V = (
     Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD,
-    Op.RECV_GRAD
+    Op.RECV_GRAD, Op.CHECK, Op.VALIDATE
 )
 
 

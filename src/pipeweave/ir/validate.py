@@ -26,14 +26,22 @@ cells marked ``>x<``):
    updates of the stage and before the next (asynchronous schedules define which update a
    gradient joins by this same program order, :mod:`.updates`);
 6. liveness — a unit-cost walk finishes (no deadlock); in a lowered schedule every send has
-   exactly one receive.
+   exactly one receive;
+7. global check (``C``/``V``, :mod:`pipeweave.schedules.global_check`), when a schedule has
+   one — each stage sits on one rank, and for every update ``U(s)@v`` of the stage there is
+   exactly one ``C(s)@v`` and one ``V(s)@v`` on its rank; the ``C`` comes after every weight
+   gradient the update consumes and before the update; the ``V`` comes after the ``C`` and
+   either before the update (the check completes first) or after it, with nothing between
+   the update and the ``V`` but forwards of the next iteration and their messages (what the
+   runtime redoes when the check undoes the update: no gradient, update or check of the
+   stage's can be among them), and before the stage's next ``C``.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from .actions import GRADIENT_OPS, WEIGHT_GRADIENT_OPS, Action, Op
+from .actions import CHECK_OPS, GRADIENT_OPS, WEIGHT_GRADIENT_OPS, Action, Op
 from .deps import dependencies, ref
 from .schedule import Schedule, render_grid
 from .walk import Location, ScheduleError, index_actions, walk
@@ -50,6 +58,8 @@ def validate(schedule: Schedule) -> None:
     _check_versions(schedule)
     if schedule.synchronous:
         _check_updates(schedule)
+    if any(a.op in CHECK_OPS for _, _, a in schedule.actions()):
+        _check_global_check(schedule)
     _check_liveness(schedule, index)
 
 
@@ -234,3 +244,72 @@ def _check_liveness(schedule: Schedule, index: dict[Action, Location]) -> None:
     if result.deadlocked:
         stuck = ", ".join(f"rank {r}: {schedule.programs[r][p]}" for r, p in result.stuck)
         raise _fail(schedule, f"deadlock: no rank can proceed ({stuck})", result.stuck)
+
+
+_SPECULATIVE = frozenset({Op.FORWARD, Op.SEND_ACT, Op.RECV_ACT})
+"""What may run between an update and its post-validation (redone if the check undoes it)."""
+
+
+def _check_global_check(schedule: Schedule) -> None:
+    """Rule 7 (module docstring)."""
+    layout = schedule.layout
+    if any(len(ranks) != 1 for ranks in layout.stage_ranks):
+        raise _fail(schedule, "a global check (C, V) needs every stage on one rank (no "
+                    "replicas, width 1)", [])
+    for rank, program in enumerate(schedule.programs):
+        where: dict[tuple[Op, int, int | None], int] = {}
+        for position, action in enumerate(program):
+            if action.op in CHECK_OPS or action.op is Op.STEP:
+                key = (action.op, action.stage, action.version)
+                if key in where:
+                    raise _fail(schedule, f"{action} appears twice on rank {rank}",
+                                [(rank, where[key]), (rank, position)])
+                where[key] = position
+        for (op, stage, version), step in where.items():
+            if op is not Op.STEP:
+                continue
+            check = where.get((Op.CHECK, stage, version))
+            valid = where.get((Op.VALIDATE, stage, version))
+            update = program[step]
+            if check is None or valid is None:
+                raise _fail(schedule, f"{update} has no {'C' if check is None else 'V'}@{version} "
+                            f"of stage {stage} on rank {rank}; a checked schedule checks every "
+                            "update", [(rank, step)])
+            _check_one_global_check(schedule, rank, program, check, step, valid)
+        for (op, stage, version), position in where.items():
+            if op in CHECK_OPS and (Op.STEP, stage, version) not in where:
+                raise _fail(schedule, f"{program[position]} checks an update the stage never "
+                            "makes", [(rank, position)])
+
+
+def _check_one_global_check(schedule: Schedule, rank: int, program: tuple[Action, ...],
+                            check: int, step: int, valid: int) -> None:
+    update = program[step]
+    stage, version = update.stage, update.version
+    assert version is not None
+    for position, action in enumerate(program):
+        if (action.op in WEIGHT_GRADIENT_OPS and action.stage == stage
+                and action.microbatch is not None
+                and action.microbatch // schedule.microbatches == version - 1 and position > check):
+            raise _fail(schedule, f"{action} runs after {program[check]}: the check must see every "
+                        "gradient its update consumes", [(rank, position), (rank, check)])
+    if not check < step:
+        raise _fail(schedule, f"{program[check]} must come before {update}",
+                    [(rank, check), (rank, step)])
+    if not check < valid:
+        raise _fail(schedule, f"{program[valid]} must come after {program[check]} (the state "
+                    "goes down the stages and back)", [(rank, check), (rank, valid)])
+    if valid > step:
+        for position in range(step + 1, valid):
+            action = program[position]
+            if action.op not in _SPECULATIVE or action.microbatch is None or (
+                    action.microbatch // schedule.microbatches != version):
+                raise _fail(schedule, f"{action} runs between {update} and its validation "
+                            f"{program[valid]}; only forwards of iteration {version} (and their "
+                            "messages) may, since a failed check redoes them",
+                            [(rank, position), (rank, valid)])
+    following = [p for p, a in enumerate(program)
+                 if a.op is Op.CHECK and a.stage == stage and a.version == version + 1]
+    if following and following[0] < valid:
+        raise _fail(schedule, f"{program[valid]} must come before the next check "
+                    f"{program[following[0]]}", [(rank, valid), (rank, following[0])])

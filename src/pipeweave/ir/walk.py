@@ -17,7 +17,7 @@ from collections.abc import Callable
 from itertools import repeat
 from dataclasses import dataclass
 
-from .actions import Action, Op
+from .actions import CHECK_OPS, Action, Op
 from .deps import collective_key, dependencies, ref
 from .schedule import Schedule, render_grid
 
@@ -60,7 +60,7 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
     """Map each per-micro-batch action's :func:`ref` identity to its location.
 
     Duplicates are an error. Updates and collectives are per rank (each replica steps its own
-    copy) and are not indexed.
+    copy) and are not indexed; the halves of a global check (``C``, ``V``) are, by version.
     """
     # Built in bulk (this runs once per simulation over every action); the key is
     # ref(action), inlined. A duplicate shows up as a smaller dict than the number of keys,
@@ -79,6 +79,10 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
         ]
         index.update(zip(keys, zip(repeat(rank), positions)))
         total += len(keys)
+        for position, action in enumerate(program):  # a global check's halves, by version
+            if action[0] in CHECK_OPS:
+                index[action.with_(lookahead=0)] = (rank, position)
+                total += 1
     if len(index) != total:
         _raise_duplicate(schedule)
     return index
@@ -87,7 +91,7 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
 def _raise_duplicate(schedule: Schedule) -> None:
     seen: dict[Action, Location] = {}
     for rank, position, action in schedule.actions():
-        if action.microbatch is None:
+        if action.microbatch is None and action.op not in CHECK_OPS:
             continue
         key = ref(action)
         if key in seen:

@@ -39,7 +39,7 @@ _CATEGORY = {
     Op.FORWARD: "forward", Op.BACKWARD: "backward", Op.BACKWARD_INPUT: "backward",
     Op.BACKWARD_WEIGHT: "backward", Op.SEND_ACT: "send", Op.SEND_GRAD: "send",
     Op.RECV_ACT: "recv", Op.RECV_GRAD: "recv", Op.STEP: "update", Op.ALL_REDUCE: "allreduce",
-    Op.AVERAGE: "average",
+    Op.AVERAGE: "average", Op.CHECK: "check", Op.VALIDATE: "check",
 }
 
 
@@ -94,7 +94,7 @@ _WORDS = {
     Op.BACKWARD_WEIGHT: "weight gradient", Op.SEND_ACT: "send activation",
     Op.RECV_ACT: "receive activation", Op.SEND_GRAD: "send gradient",
     Op.RECV_GRAD: "receive gradient", Op.STEP: "update", Op.ALL_REDUCE: "all-reduce",
-    Op.AVERAGE: "average",
+    Op.AVERAGE: "average", Op.CHECK: "gradient check", Op.VALIDATE: "validate update",
 }
 
 

@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401
     avgpipe,
+    dualpipev,
     gpipe,
     gpipe_grouped,
     interleaved,

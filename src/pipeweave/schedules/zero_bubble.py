@@ -45,14 +45,18 @@ bubble in the steady state (75 for K=3 above, against ZB-H1's 81).
 What this is and is not: each iteration is the paper's ZB-H2 layout followed, on every
 stage, by that stage's update once its last ``W`` has run (:func:`.common.flush_schedule`);
 the semantics stay synchronous (every ``W`` of iteration ``k`` runs before update ``k+1`` of
-its stage, and iteration ``k+1`` uses the updated weights). The paper's cross-iteration ZB-H2
-adds "optimizer post-validation" (§4, bypassing optimizer synchronisations): real training
-checks every stage's gradients together before a step (global gradient-norm clipping, the
-NaN/Inf check of mixed precision), an all-stage synchronisation that puts the flush back;
-the paper lets each stage step on a partially reduced state and rolls the step back if the
-completed check fails. pipeweave has no cross-stage check before a step, so the tiling above
-needs no post-validation; a global clip added later would bring back the flush (the
-parallelogram's two triangles) unless it were post-validated as in the paper.
+its stage, and iteration ``k+1`` uses the updated weights). Real training checks every
+stage's gradients together before a step (global gradient-norm clipping, ``--clip-grad-norm``;
+the NaN/Inf check of mixed precision): an all-stage synchronisation that puts the flush back
+(the parallelogram's two triangles). The option ``post_validation`` writes that check into
+the schedule (:mod:`.global_check`): ``post_validation=false`` checks before every update
+(the flush, as the runtime's all-stage clipping without the option does it, now visible to
+the simulator), ``post_validation=true`` is the paper's optimizer post-validation (§4): each
+stage steps optimistically on the partially reduced state, runs its next warm-up forwards,
+and validates when the complete state comes back up the pipeline, undoing and redoing the
+step (and the forwards that ran on it) only when the check clips or finds a NaN. At equal
+costs, P=4, M=8, K=3: 75 with post-validation (the tiling above), 81 with the check before
+the update.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from collections.abc import Sequence
 
 from ..ir import Op, Schedule
 from .common import flush_schedule
+from .global_check import with_global_check
 from .registry import Shape, register
 
 __all__ = ["zb_h1", "zb_h2", "split_order", "zb_h1_order", "zb_h2_order"]
@@ -116,8 +121,18 @@ def zb_h1(shape: Shape) -> Schedule:
 @register("zb-h2",
           description="zero bubble H2: 2P-1 warm-up forwards, W's deferred into a parallelogram "
                       "that tiles across iterations (no steady-state bubble); up to 2P-1 "
-                      "activations",
-          paper=f"{_PAPER}, §2.2 (ZB-H2, without optimizer post-validation)", synchronous=True)
+                      "activations; post_validation=true: the global gradient check after the "
+                      "step (the paper's optimizer post-validation), false: before it (a flush)",
+          paper=f"{_PAPER}, §2.2 (ZB-H2), §4 (optimizer post-validation)", synchronous=True,
+          options=("post_validation",))
 def zb_h2(shape: Shape) -> Schedule:
     _one_chunk("zb-h2", shape)
-    return flush_schedule("zb-h2", shape, zb_h2_order)
+    schedule = flush_schedule("zb-h2", shape, zb_h2_order)
+    post = shape.options.get("post_validation")
+    if post is None:
+        return schedule
+    if not isinstance(post, bool):
+        raise ValueError(f"zb-h2 option post_validation={post!r} must be true (check the "
+                         f"gradients after the step, the paper's post-validation) or false "
+                         f"(before it); e.g. --option post_validation=true")
+    return with_global_check(schedule, post=post)

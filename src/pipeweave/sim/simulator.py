@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
-from ..ir import Action, Op, Schedule, ScheduleError, render_grid, walk
+from ..ir import CHECK_OPS, Action, Op, Schedule, ScheduleError, render_grid, walk
 from ..ir.walk import DelayFn, DurationFn, Location, index_actions
 from . import metrics
 from .costs import Costs, StageCosts
@@ -227,6 +227,8 @@ def _delay_fn(costs: StageCosts) -> DelayFn | None:
     latency, transfer = costs.latency, costs.transfer
 
     def delay(producer: Action, _from_rank: int, consumer: Action, _to_rank: int) -> float:
+        if producer[0] in CHECK_OPS:  # a global check's state: a few numbers
+            return latency
         # boundary between stages b and b+1; the gradient crosses it the other way
         t = transfer[min(producer[1], consumer[1])]
         return latency + (t * 0.5 if producer[3] else t)

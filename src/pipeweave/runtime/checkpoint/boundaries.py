@@ -99,6 +99,12 @@ def check_checkpointable(job: Job, schedule: Schedule,
             f"schedules of their own, and checkpoints are positions in the whole run's "
             f"schedule. Fix the advance (--advance K, or --option advance=K), or run without "
             f"--checkpoint-dir/--checkpoint-every/--resume")
+    if any(a.op is Op.CHECK for program in schedule.programs for a in program):
+        raise ValueError(
+            f"checkpoint/resume with a global gradient check in the schedule ({schedule.name!r} "
+            f"with post_validation) is not supported yet: an update is final only once the "
+            f"check has come back, inside the next iteration. Drop --option post_validation "
+            f"(or run without --checkpoint-dir/--checkpoint-every/--resume)")
     ranks = range(schedule.num_ranks) if ranks is None else ranks
     for rank in ranks:
         iteration_boundaries(schedule, rank)

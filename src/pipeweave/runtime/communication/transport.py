@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...ir import Action, Op, Schedule
+from ...ir import CHECK_OPS, Action, Op, Schedule
 from ...ir.deliveries import delivery_proofs
 from .apc import MODE_FULL, MODE_HALF, Encoded, decode, encode
 
@@ -73,8 +73,14 @@ class Transport(Protocol):
 def message_tag(message: Action) -> int:
     """A point-to-point tag unique among the messages that can be in flight between two ranks.
 
-    Packs (micro-batch mod 4096, piece, direction, stage, pipeline mod 16) below 2**31.
+    Packs (micro-batch mod 4096, piece, direction, stage, pipeline mod 16) below
+    ``_CHECK_TAGS``; the state of a global check (``C``/``V``: version mod 4096, direction,
+    stage) above it, below 2**29.
     """
+    if message.op is Op.CHECK or message.op is Op.VALIDATE:
+        assert message.version is not None
+        direction = 0 if message.op is Op.CHECK else 1
+        return _CHECK_TAGS + ((message.version % 4096) * 2 + direction) * 1024 + message.stage
     assert message.microbatch is not None
     direction = 0 if message.op is Op.SEND_ACT else 1
     if message.stage >= 1024:
@@ -84,8 +90,12 @@ def message_tag(message: Action) -> int:
     return tag * 16 + message.pipeline % 16
 
 
+_CHECK_TAGS = 4096 * 3 * 2 * 1024 * 16
+"""First tag of a global check's messages: above every micro-batch message's tag."""
+
+
 _HEADER_BIT = 1 << 30
-_REST_BIT = 1 << 29  # message_tag() stays below 2**29 (at most 402,653,183): both bits are free
+_REST_BIT = 1 << 29  # message_tag() stays below 2**29 (at most 411,040,767): both bits are free
 _HEADER_LEN = 10  # dtype code, ndim, up to 8 dims
 _HEADER_BYTES = _HEADER_LEN * 8
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -119,9 +129,10 @@ _META_BYTES = 16
 _COMPRESSIBLE = (torch.float32, torch.float64)
 
 
-def _compressed(dtype: torch.dtype, apc: bool) -> bool:
-    """Whether a channel of ``dtype`` uses the APC wire format (other dtypes go as they are)."""
-    return apc and dtype in _COMPRESSIBLE
+def _compressed(dtype: torch.dtype, apc: bool, message: Action) -> bool:
+    """Whether a channel of ``dtype`` uses the APC wire format (other dtypes go as they are,
+    and so does a global check's state: APC is for activations and gradients)."""
+    return apc and dtype in _COMPRESSIBLE and message.op not in CHECK_OPS
 
 
 def _wire_sizes(shape: torch.Size, dtype: torch.dtype) -> tuple[int, int]:
@@ -266,7 +277,7 @@ class DistTransport:
             self._sent_header.add(kind)
         else:
             parts = []
-        if _compressed(tensor.dtype, self.apc):
+        if _compressed(tensor.dtype, self.apc, message):
             first, rest = _pack(tensor)
             parts.append((first, tag))
             if rest is not None:
@@ -274,6 +285,9 @@ class DistTransport:
         else:
             parts.append((tensor.contiguous(), tag))
         self.bytes_sent += _nbytes([t for t, _ in parts])
+        earlier = self._in_flight.pop(message, None)
+        if earlier is not None:  # sent again (a global check undid what made it): the first
+            self._settle(message, earlier)  # copy was received and dropped by now
         send = _Send(parts, dst)
         if self.send_thread:
             if self._sender is None:
@@ -328,7 +342,7 @@ class DistTransport:
     def _post(self, message: Action, src: int) -> tuple[dist.Work, Tensor]:
         """Post the receive of ``message`` (its first part, if compressed): work and buffer."""
         shape, dtype = self._shape(message, src)
-        if _compressed(dtype, self.apc):
+        if _compressed(dtype, self.apc, message):
             first, rest = _wire_sizes(shape, dtype)
             buffer = torch.empty(first + rest, dtype=torch.uint8, device=self.device)
             target = buffer[:first]
@@ -363,7 +377,7 @@ class DistTransport:
     def _decompress(self, message: Action, src: int, buffer: Tensor) -> Tensor:
         """The received tensor, from the buffer of its first part (see :func:`_unpack`)."""
         shape, dtype = self._shapes[_kind(message, src, self.rank)]
-        if not _compressed(dtype, self.apc):
+        if not _compressed(dtype, self.apc, message):
             return buffer
 
         def receive_rest(rest: Tensor) -> None:
@@ -435,7 +449,7 @@ class LocalEndpoint:
         if kind not in self._sent_header:
             self._sent_header.add(kind)
             self.bytes_sent += _HEADER_BYTES
-        if not _compressed(tensor.dtype, self.hub.apc):
+        if not _compressed(tensor.dtype, self.hub.apc, message):
             self.bytes_sent += _nbytes([tensor])
             self.hub._mail[message] = tensor.clone()
             return

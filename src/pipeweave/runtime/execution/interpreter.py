@@ -26,6 +26,7 @@ from ..observation.timeline import Recorder
 from ..communication.transport import Transport
 from .clipping import GradientClipper
 from .ties import TiedGradients
+from .global_check import GlobalCheck, RedoPlan, rng_state, set_rng_state
 from .weights import StageWeights
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class RankInterpreter:
         meter: ActivationMeter | None = None,
         clipper: GradientClipper | None = None,
         ties: TiedGradients | None = None,
+        check: GlobalCheck | None = None,
     ) -> None:
         """``parts``: the rank's stages, optimizers, weight versions and, for AvgPipe, its
         further parallel pipelines and reference models (:func:`.parts.build_rank`);
@@ -64,7 +66,10 @@ class RankInterpreter:
         (:mod:`..observation.memory`; the online advance controller's memory reading);
         ``clipper``: clips the global gradient norm before each iteration's first update;
         ``ties``: sums the gradients of a tied parameter's copies on several stages before
-        their updates (:mod:`.ties`)."""
+        their updates (:mod:`.ties`);
+        ``check``: runs the ``C`` and ``V`` actions of a checked schedule (zb-h2's
+        ``post_validation``, :mod:`.global_check`), redoing the forwards that ran on an
+        update the check undid."""
         if not schedule.lowered:
             raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
         self.rank = rank
@@ -77,6 +82,10 @@ class RankInterpreter:
         self.meter = meter
         self.clipper = clipper
         self.ties = ties if ties is not None and ties.at else None
+        self.check = check
+        if check is not None and start != 0:
+            raise ValueError("a run with a global check (post_validation) cannot start in the "
+                             "middle of its program; resume is not supported for it")
         self.data = data
         self.recorder = recorder
         self.on_step = on_step
@@ -94,9 +103,13 @@ class RankInterpreter:
         after = self.after
         ties = self.ties
         texts = [str(action) for action in self.program] if self.recorder else []
+        redo = RedoPlan(self.schedule, self.rank) if self.check is not None else None
         next_receive = 0
         window_moved = True
-        for position, action in enumerate(self.program[self.start:], self.start):
+        position = self.start - 1
+        while position + 1 < len(self.program):
+            position += 1
+            action = self.program[position]
             # Post the next receives early so transfers overlap compute. The window only moves,
             # and a receive only becomes postable (its kind's header known), at a receive.
             if window_moved:
@@ -127,6 +140,21 @@ class RankInterpreter:
                 if self.clipper is not None and position in self.clipper.at:
                     yield from self.clipper.clip(action, self.transport)
                 self._step(action, position)
+                if redo is not None and position in redo.restart_rng:
+                    redo.restart_rng[position] = rng_state()
+            elif op is Op.CHECK:
+                assert self.check is not None, "a checked schedule needs its GlobalCheck"
+                yield from self.check.check(action, self.transport)
+            elif op is Op.VALIDATE:
+                assert self.check is not None and redo is not None
+                restart = yield from self._validate(action, position, redo, routes)
+                if restart is not None:
+                    self.executed = restart  # the next action's position (progress, for the
+                    position = restart - 1   # single-process executor's deadlock watch)
+                    next_receive = next((i for i, p in enumerate(receives) if p >= restart),
+                                        len(receives))
+                    window_moved = True
+                    continue
             elif op is Op.AVERAGE:
                 self._average(action)
             if self.recorder:
@@ -135,6 +163,40 @@ class RankInterpreter:
             if position in after:
                 after[position]()
         self.transport.finish()
+
+    def _validate(self, action: Action, position: int, redo: RedoPlan,
+                  routes: dict[int, tuple[Action, int]]) -> Generator[None, None, int | None]:
+        """``V``: the complete state; where it undoes the update, redo the update, drop what
+        the forwards since the update made, receive and drop the messages the previous stage
+        sent from its own undone forwards, and return the position to run again from (the
+        first action after the update). ``V`` runs once: redone, it passes."""
+        check = self.check
+        assert check is not None
+        if position in redo.validated:
+            return None
+        redo.validated.add(position)
+        yield from check.receive_complete(action, self.transport)
+        update = redo.update_of.get(position)
+        if update is None or not check.needs_redo(action):  # validated before its update
+            check.pass_on(action, self.transport)
+            return None
+        for earlier in self.program[update + 1:position]:
+            self._forget(earlier)
+        for stale in redo.stale[position]:
+            yield from self.transport.recv(*routes[stale])
+        check.pass_on(action, self.transport)
+        set_rng_state(redo.restart_rng[update])  # the forwards draw the same dropout again
+        return update + 1
+
+    def _forget(self, action: Action) -> None:
+        """Drop what ``action`` (a forward or its message, about to run again) left behind."""
+        self._values.pop(ref(action), None)
+        if action.op is Op.FORWARD:
+            assert action.microbatch is not None
+            self._stages(action)[action.stage].forget((action.microbatch, action.piece,
+                                                       action.pipeline))
+            if self.meter is not None:
+                self.meter.release(action.stage, action.microbatch, action.pipeline)
 
     def _routes(self) -> dict[int, tuple[Action, int]]:
         """``position -> (message, peer rank)`` for every send and receive of the program.
@@ -245,13 +307,14 @@ class RankInterpreter:
         weights = self._weights(action)[action.stage]
         weights.before_step(position)
         stage = self._stages(action)[action.stage]
-        if stage.update_scale != 1.0:
-            grads = [p.grad for p in stage.module.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, stage.update_scale)
-        averager = self.averagers.get(action.stage)
-        if averager is not None:
-            averager.before_step(action.pipeline, stage.module)
-        optimizer.step()
+        if self.check is None or self.check.before_step(action):
+            if stage.update_scale != 1.0:
+                grads = [p.grad for p in stage.module.parameters() if p.grad is not None]
+                torch._foreach_mul_(grads, stage.update_scale)
+            averager = self.averagers.get(action.stage)
+            if averager is not None:
+                averager.before_step(action.pipeline, stage.module)
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         weights.after_step()
         if self.on_step is not None and action.pipeline == 0:
@@ -277,3 +340,4 @@ class RankInterpreter:
 
     def _weights(self, action: Action) -> Mapping[int, StageWeights]:
         return self.parts.pipeline(action.pipeline).weights
+

@@ -170,6 +170,16 @@ class StageRuntime:
         self.losses[key[0]] = self.losses.get(key[0], 0.0) + value
         return self._for_backward(loss)
 
+    def forget(self, key: Key) -> None:
+        """Drop what the forward of ``key`` kept (and its loss): it runs again (a global
+        check undid the update it ran on, :mod:`.global_check`)."""
+        stash = self._stash.pop(key, None)
+        if stash is not None:
+            self._stashed_bytes -= _nbytes(stash)
+        if self.is_last:
+            self.losses.pop(key[0], None)
+        self._recount()
+
     def _keep(self, key: Key, stash: _Stash) -> None:
         self._stash[key] = stash
         self._stashed_bytes += _nbytes(stash)

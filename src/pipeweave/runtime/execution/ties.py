@@ -39,7 +39,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ...ir import WEIGHT_GRADIENT_OPS, Action, Op, Schedule
+from ...ir import CHECK_OPS, WEIGHT_GRADIENT_OPS, Action, Op, Schedule
 from ...ir.layout import Layout
 from ...models import ModelSpec
 from ...planner.plan import Plan
@@ -113,6 +113,11 @@ def _check_exact(spec: ModelSpec, tie: SplitTie, schedule: Schedule) -> None:
              f"{', '.join(map(str, tie.stages))}")
     fix = ("use a synchronous schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, ...) or 2bw, a plan "
            "with those blocks in one stage, or build the model untied (tie_word_embeddings=False)")
+    if any(a.op in CHECK_OPS for program in schedule.programs for a in program):
+        raise ValueError(f"{where}; schedule {schedule.name!r} checks the gradients globally "
+                         f"after an optimistic update (post_validation), which does not sum a "
+                         f"tie's copies yet; drop post_validation (a flushed zb-h2 keeps the tie "
+                         f"exact), or {fix}")
     replicas = {schedule.layout.replicas(s) for s in tie.stages}
     if len(replicas) > 1:
         raise ValueError(f"{where}, replicated {sorted(replicas)} times: the copies' gradients are "

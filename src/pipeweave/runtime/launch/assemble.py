@@ -17,6 +17,7 @@ from ..checkpoint.recovery import RankRecovery
 from ..checkpoint.resume import Session
 from ..communication.transport import Transport
 from ..execution.clipping import GradientClipper
+from ..execution.global_check import GlobalCheck, has_global_check
 from ..execution.interpreter import RankInterpreter
 from ..execution.microbatches import MicrobatchSource
 from ..execution.parts import RankParts, build_rank
@@ -47,6 +48,9 @@ class AssembledRank:
     """Hooks for a program besides the checkpoints' (fault injection in distributed runs)."""
     clipper: GradientClipper | None = None
     """Global gradient-norm clipping (``Job.clip_grad_norm``)."""
+    check: GlobalCheck | None = None
+    """The global check of a checked schedule (zb-h2's ``post_validation``), which clips
+    instead of the clipper."""
 
     def start_timeline(self, origin: float) -> None:
         """Record the timeline from now on, its zero at ``origin`` (``time.time()``)."""
@@ -66,7 +70,7 @@ class AssembledRank:
                                transport=self.transport, data=self.data, recorder=self.recorder,
                                on_step=self.on_step, start=self.recovery.start if whole else 0,
                                after=hooks, meter=meter, clipper=self.clipper if whole else None,
-                               ties=ties)
+                               ties=ties, check=self.check if whole else None)
 
     def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None, final: bool = True) -> RankResult:
         """What the rank reports; ``final`` False: a failed run's partial result (no
@@ -79,6 +83,10 @@ class AssembledRank:
         result.checkpoint_stall_s = self.recovery.stall_s
         if self.clipper is not None:
             result.grad_norms = list(self.clipper.norms)
+        if self.check is not None:
+            result.grad_norms = list(self.check.norms)
+            result.redone_updates = list(self.check.redone)
+            result.undone_updates = list(self.check.undone)
         result.bytes_sent = self.transport.bytes_sent
         if online is not None:
             result.advance_per_step, result.advance_log = online.advance_per_step, online.log
@@ -99,11 +107,15 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
     data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,
                             pipelines=job.plan.pipelines, device=device,
                             first_batch=recovery.first_batch)
-    clipper = None
-    if job.clip_grad_norm is not None:
+    clipper = check = None
+    if has_global_check(prepared.schedule):
+        check = GlobalCheck(rank=rank, schedule=prepared.schedule, max_norm=job.clip_grad_norm,
+                            stages=parts.stages, optimizers=parts.optimizers)
+    elif job.clip_grad_norm is not None:
         ties = TiedGradients(rank=rank, schedule=prepared.schedule, ties=prepared.ties)
         clipper = GradientClipper(rank=rank, schedule=prepared.schedule,
                                   max_norm=job.clip_grad_norm, stages=parts.stages,
                                   duplicates=ties.duplicates(
                                       {s: stage.module for s, stage in parts.stages.items()}))
-    return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper)
+    return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper,
+                         check=check)

@@ -77,7 +77,14 @@ class RankResult:
     """AvgPipe with the online advance controller: the advance each step ran with."""
     grad_norms: list[float] = field(default_factory=list)
     """With ``Job.clip_grad_norm``: the global gradient norm before clipping, per iteration
-    (the same on every rank)."""
+    (the same on every rank); with a global check (zb-h2 ``post_validation``), also without
+    clipping (NaN where a gradient was not finite)."""
+    redone_updates: list[int] = field(default_factory=list)
+    """With a global check after the update (zb-h2 ``post_validation=true``): the updates this
+    rank redid clipped, or skipped for a non-finite gradient, by version."""
+    undone_updates: list[int] = field(default_factory=list)
+    """Of ``redone_updates``, those the rank had made optimistically (on the partial check)
+    and restored (parameters and optimizer state as captured before the step) first."""
     advance_log: list[dict[str, Any]] = field(default_factory=list)
     """AvgPipe's online controller, per measured step: the time and memory all ranks agreed on
     and the decision (see runtime/advance/online.py); the same on every rank."""

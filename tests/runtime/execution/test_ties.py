@@ -126,3 +126,10 @@ def test_parallel_pipelines_keep_their_copies_identical(tmp_path: Path) -> None:
     got = merged_parameters(results)
     assert torch.equal(got["0.weight"], got["3.weight"])
     assert not torch.equal(got["0.weight"], tied_model().blocks[0].weight)
+
+
+def test_post_validation_is_refused() -> None:
+    """zb-h2's optimistic update checks the copies' gradients before any sum: refused."""
+    run = job(schedule="zb-h2", schedule_options={"post_validation": True})
+    with pytest.raises(ValueError, match=r"post_validation.*drop post_validation"):
+        split_ties(run.model(), run.plan, make_schedule(run.plan, 1))

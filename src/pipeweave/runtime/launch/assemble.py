@@ -21,7 +21,7 @@ from ..execution.interpreter import RankInterpreter
 from ..execution.microbatches import MicrobatchSource
 from ..execution.parts import RankParts, build_rank
 from ..execution.stage import StageRuntime
-from ..observation.memory import ActivationMeter
+from ..observation.memory import ActivationMeter, state_bytes
 from ..observation.results import RankResult, collect_result
 from ..observation.timeline import Recorder
 from .prepare import PreparedJob
@@ -46,6 +46,8 @@ class AssembledRank:
     """Hooks for a program besides the checkpoints' (fault injection in distributed runs)."""
     clipper: GradientClipper | None = None
     """Global gradient-norm clipping (``Job.clip_grad_norm``)."""
+    meter: ActivationMeter | None = None
+    """Counts the activation bytes held over the whole run (``Job.count_activations``)."""
 
     def start_timeline(self, origin: float) -> None:
         """Record the timeline from now on, its zero at ``origin`` (``time.time()``)."""
@@ -58,6 +60,8 @@ class AssembledRank:
         resume point with the checkpoint hooks; a window's program starts at 0 without them)."""
         whole = program is None or program is self.prepared.schedule
         program = self.prepared.schedule if program is None else program
+        if meter is None and whole:
+            meter = self.meter
         hooks = combine_hooks(self.recovery.hooks if whole else {}, self.extra_hooks(program))
         return RankInterpreter(rank=self.rank, schedule=program, parts=self.parts,
                                transport=self.transport, data=self.data, recorder=self.recorder,
@@ -76,6 +80,9 @@ class AssembledRank:
         if self.clipper is not None:
             result.grad_norms = list(self.clipper.norms)
         result.bytes_sent = self.transport.bytes_sent
+        if self.meter is not None:
+            result.peak_activation_bytes = self.meter.peak
+            result.state_bytes = state_bytes(self.parts)
         if online is not None:
             result.advance_per_step, result.advance_log = online.advance_per_step, online.log
         return result
@@ -99,4 +106,6 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
     if job.clip_grad_norm is not None:
         clipper = GradientClipper(rank=rank, schedule=prepared.schedule,
                                   max_norm=job.clip_grad_norm, stages=parts.stages)
-    return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper)
+    meter = ActivationMeter() if job.count_activations else None
+    return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper,
+                         meter=meter)

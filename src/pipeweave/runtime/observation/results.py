@@ -36,6 +36,12 @@ class RankResult:
     """Weighted loss per micro-batch (ranks hosting the last stage)."""
     records: list[tuple[int, str, float, float]] = field(default_factory=list)
     peak_memory_bytes: int = 0
+    peak_activation_bytes: int = 0
+    """With ``Job.count_activations``: most activation bytes the rank held at once between
+    forwards and backwards (:class:`~.memory.ActivationMeter`; 0 when not counted)."""
+    state_bytes: int = 0
+    """With ``Job.count_activations``: parameters + gradients + optimizer state the rank holds
+    at the end (:func:`~.memory.state_bytes`; 0 when not counted)."""
     peak_stashed_microbatches: int = 0
     """Most micro-batches whose activations the rank held at once, over all its stages (a
     split backward's from its F until its W); the simulator's ``peak_activations``."""

@@ -218,3 +218,40 @@ def test_apc_compresses_the_float32_residual_stream_under_bf16_mixed() -> None:
     plain = sum(r.bytes_sent for r in run_local(job))
     compressed = sum(r.bytes_sent for r in run_local(dataclasses.replace(job, apc=True)))
     assert compressed < 0.6 * plain
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("precision", "stored"), [("bf16-mixed", "float32"), ("bf16", "bfloat16")])
+def test_checkpoint_holds_the_master_weights_and_resumes_exactly(precision: str, stored: str,
+                                                                  tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """bf16-mixed checkpoints the float32 master weights (and float32 optimizer state); bf16
+    its bfloat16 ones; either resumes bit for bit."""
+    import json
+
+    from pipeweave.runtime.checkpoint.options import CheckpointOptions
+    from pipeweave.runtime.checkpoint.store import MANIFEST, complete_checkpoints
+
+    job = mixed(gpt_job(depth=2, dtype="float32", optimizer="adam", steps=4), precision)
+    straight = run_local(job)
+    run_local(dataclasses.replace(job, checkpoint=CheckpointOptions(directory=str(tmp_path),
+                                                                    every=2)))
+    after2 = complete_checkpoints(tmp_path)[0]
+    manifest = json.loads((after2 / MANIFEST).read_text())
+    assert {p["dtype"] for p in manifest["parameters"].values()} == {stored}
+    resumed = run_local(dataclasses.replace(job, checkpoint=CheckpointOptions(resume=str(after2))))
+    a, b = merged_parameters(resumed), merged_parameters(straight)
+    assert all(torch.equal(a[n], b[n]) for n in b)
+    assert iteration_losses(resumed, M)[2:] == iteration_losses(straight, M)[2:]
+
+
+def test_bf16_checkpoint_refused_by_a_float32_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pipeweave.runtime.checkpoint.options import CheckpointOptions
+    from pipeweave.runtime.checkpoint.store import CheckpointError
+
+    job = mixed(gpt_job(depth=2, dtype="float32", optimizer="adam", steps=2), "bf16")
+    run_local(dataclasses.replace(job, checkpoint=CheckpointOptions(directory=str(tmp_path))))
+    again = dataclasses.replace(job, precision="full", steps=4,
+                                checkpoint=CheckpointOptions(resume=str(tmp_path)))
+    with pytest.raises(CheckpointError, match="bfloat16.* there but float32"):
+        run_local(again)

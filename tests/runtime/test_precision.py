@@ -120,7 +120,7 @@ LOSS_TOLERANCE = 0.02
 """Largest |bf16-mixed loss - float32 loss| allowed at any of the 50 steps, in nats. bfloat16
 keeps 8 significant bits (relative rounding 2**-9 = 0.2 %) in every matmul's inputs and
 output; on losses of 2.5 to 5.5 nats that is up to ~0.01 per step, and the two runs'
-weights drift apart slowly over the steps. Measured: at most 0.004 (docs/precision.md)."""
+weights drift apart slowly over the steps. Measured: at most 0.002 (docs/precision.md)."""
 
 
 @pytest.mark.timeout(300)

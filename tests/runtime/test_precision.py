@@ -15,6 +15,7 @@ import torch
 from pipeweave.host import threads_per_rank
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, run_local
 from pipeweave.runtime.launch.processes import launch_local
+from pipeweave.schedules import available_schedules
 from pipeweave.testing import assert_identical_runs, iteration_losses, merged_parameters
 
 from runtime_jobs import gpt_job
@@ -153,8 +154,6 @@ def test_memory_per_rank_lower_with_bfloat16() -> None:
 
 
 # -- every schedule --------------------------------------------------------------------------------
-
-from pipeweave.schedules import available_schedules  # noqa: E402
 
 CHUNKS = {"interleaved-1f1b": 2, "wpipe": 2, "zbv": 2, "v-half": 2, "v-min": 2,
           "interleaved-zb": 2}

@@ -351,6 +351,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mib(counted: int) -> str:
+    """Counted bytes in MiB; "-" where nothing was counted (AvgPipe's online advance counts
+    per window, see its log)."""
+    return f"{counted / 2**20:.2f}" if counted else "-"
+
+
 def format_summary(summary: TrainSummary, directory: Path) -> str:
     lines = [
         f"schedule {summary.schedule}  ranks {summary.world_size}  steps {summary.steps}  "
@@ -367,8 +373,8 @@ def format_summary(summary: TrainSummary, directory: Path) -> str:
     state = summary.state_bytes or [0] * len(summary.peak_memory_bytes)
     for rank, (memory, stashed, held, kept) in enumerate(zip(
             summary.peak_memory_bytes, summary.peak_stashed_microbatches, counted, state)):
-        lines.append(f"{rank:>6} {memory / 2**20:>18.1f} {stashed:>27} {held / 2**20:>18.2f} "
-                     f"{kept / 2**20:>12.2f}")
+        lines.append(f"{rank:>6} {memory / 2**20:>18.1f} {stashed:>27} {_mib(held):>18} "
+                     f"{_mib(kept):>12}")
     lines.extend(train_avgpipe.summary_lines(summary))
     lines.append(f"outputs in {directory}/ (metrics.jsonl, metrics.csv, summary.json, trace.json, loss.png)")
     return "\n".join(lines)

@@ -254,3 +254,19 @@ def test_bf16_checkpoint_refused_by_a_float32_run(tmp_path) -> None:  # type: ig
                                 checkpoint=CheckpointOptions(resume=str(tmp_path)))
     with pytest.raises(CheckpointError, match="bfloat16.* there but float32"):
         run_local(again)
+
+
+@pytest.mark.parametrize("model", ["hf-llama", "hf-gpt2"])
+def test_hugging_face_model_bf16_mixed_equals_torch_autocast(model: str) -> None:
+    """Rotary embeddings, masks and HF's shifted loss cross the stages under autocast too."""
+    pytest.importorskip("transformers")
+    spec = BuiltinModel(model)()
+    job = Job(plan=Plan.uniform(len(spec.blocks), 2, schedule="1f1b", microbatches=M), steps=2,
+              model=BuiltinModel(model), data=BuiltinData(spec.dataset or "stdlib-bytes",
+                                                          batch_size=2 * M, seq_len=16),
+              optimizer=OptimizerFactory("adam", {"lr": 1e-3}), return_parameters=True,
+              precision="bf16-mixed")
+    got = merged_parameters(run_local(job))
+    _, want = autocast_reference(job)
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[n], want[n]) for n in want)

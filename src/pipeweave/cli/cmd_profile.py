@@ -21,6 +21,7 @@ from ..profiler import Profile, read_pipedream_graph
 from ..profiler.link import measure_link
 from ..profiler.measure import profile_builtin
 from ..host import threads_per_rank
+from ..precision import PRECISIONS
 from .model_options import add_hf_config, chosen_model
 
 __all__ = ["add_parser", "run", "format_profile"]
@@ -53,6 +54,10 @@ def add_parser(subparsers: Any) -> None:
                              "model on this machine (CPU) and record the sharing overhead the "
                              "planner applies to ranks sharing the cores: give the local rank "
                              "count when the ranks will outnumber the cores")
+    parser.add_argument("--precision", default="full", metavar="{" + ",".join(PRECISIONS) + "}",
+                        help="measure as pipeweave train --precision will run: bf16-mixed "
+                             "under autocast (bfloat16 times and activation bytes, float32 "
+                             "weights), bf16 on bfloat16 copies (default full)")
     parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
                         help="optimizer whose state size is measured")
     parser.add_argument("--no-link", action="store_true",
@@ -85,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         profile = profile_builtin(name, batch_size=args.batch_size, seq_len=args.seq_len,
                                   device=args.device, warmup=args.warmup, repeats=args.repeats,
                                   optimizer=args.optimizer, overrides=overrides,
-                                  threads=threads, colocated_ranks=args.colocated_ranks)
+                                  threads=threads, colocated_ranks=args.colocated_ranks,
+                                  precision=args.precision)
         if not args.no_link:
             profile = profile.with_link(measure_link(device=args.device))
     if args.json_out is not None:
@@ -104,8 +110,10 @@ def run(args: argparse.Namespace) -> int:
 
 def format_profile(profile: Profile) -> str:
     """A table: one row per block, times in ms and sizes in KiB."""
+    precision = profile.metadata.get("precision", "full")
     lines = [f"{profile.model}: {profile.num_blocks} blocks, batch {profile.batch_size}, "
-             f"device {profile.device} ({profile.source})",
+             f"device {profile.device} ({profile.source})"
+             + (f", precision {precision}" if precision != "full" else ""),
              f"{'block':>22} {'fwd ms':>9} {'bwd ms':>9} {'out KiB':>10} {'act KiB':>10} "
              f"{'param KiB':>10} {'optim KiB':>10}"]
     for b in profile.blocks:

@@ -32,8 +32,9 @@ from ..models import available_models, default_seq_len
 from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
 from ..runtime.checkpoint.options import CheckpointOptions
 from ..runtime.checkpoint.store import OUTPUT_SUBFOLDER
-from ..runtime.job import IMPLEMENTATIONS
+from ..runtime.job import DTYPES, IMPLEMENTATIONS
 from ..models import ModelSpec
+from ..precision import PRECISIONS, check_precision
 from ..runtime.launch.prepare import prepare
 from ..runtime.launch.processes import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.launch.single_process import run_local
@@ -112,7 +113,14 @@ def add_parser(subparsers: Any) -> None:
                              "between ranks as fp16 with a power-of-two scaler (WPipe; about half "
                              "the bytes, relative error <= 2**-11)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                        help="the model's dtype: its parameters, gradients and optimizer state "
+                             "(the master weights under --precision bf16-mixed)")
+    parser.add_argument("--precision", default="full", metavar="{" + ",".join(PRECISIONS) + "}",
+                        help="full (default): everything in --dtype; bf16-mixed: float32 master "
+                             "weights and optimizer state, every stage's forward and loss under "
+                             "torch.autocast(bfloat16); bf16: parameters, optimizer state and "
+                             "activations in bfloat16. fp16 is refused (see docs/precision.md)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--executor", default="processes", choices=["processes", "local"],
                         help="real processes (default) or the single-process executor")
@@ -159,6 +167,7 @@ def build_job(args: argparse.Namespace) -> Job:
 
 def build_setup(args: argparse.Namespace) -> Setup:
     limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
+    check_precision(args.precision, dtype=DTYPES[args.dtype], apc=args.apc)
     name, overrides = chosen_model(args, default=DEFAULT_MODEL)
     assert name is not None
     if args.seq_len is not None:
@@ -201,7 +210,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
                          dtype=args.dtype),
         optimizer=optimizer, seed=args.seed, device=args.device, advance=advance,
         timeout_s=args.timeout, progress=not args.no_progress, apc=args.apc,
-        clip_grad_norm=args.clip_grad_norm,
+        clip_grad_norm=args.clip_grad_norm, precision=args.precision, count_activations=True,
     )
     return Setup(job, spec, limit)
 
@@ -332,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
                         batch_size=args.batch_size, microbatches=job.plan.microbatches,
                         pipelines=job.plan.pipelines, first_step=first_step,
                         advance=train_avgpipe.fixed_advance(job),
-                        memory_limit=setup.memory_limit)
+                        memory_limit=setup.memory_limit, precision=job.precision)
     write_outputs(args.output_dir, job, summary, results, tensorboard=args.tensorboard)
     print(format_summary(summary, args.output_dir))
     if job.checkpoint is not None and job.checkpoint.directory is not None:
@@ -344,6 +353,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mib(counted: int) -> str:
+    """Counted bytes in MiB; "-" where nothing was counted (AvgPipe's online advance counts
+    per window, see its log)."""
+    return f"{counted / 2**20:.2f}" if counted else "-"
+
+
 def format_summary(summary: TrainSummary, directory: Path) -> str:
     lines = [
         f"schedule {summary.schedule}  ranks {summary.world_size}  steps {summary.steps}  "
@@ -352,11 +367,16 @@ def format_summary(summary: TrainSummary, directory: Path) -> str:
         f"{'final loss':>24}  {summary.final_loss:.4f}",
         f"{'measured bubble fraction':>24}  {summary.bubble_fraction:.3f}",
         f"{'wall time (s)':>24}  {summary.wall_seconds:.2f}",
-        f"{'rank':>6} {'peak memory (MiB)':>18} {'peak stashed micro-batches':>27}",
+        f"{'precision':>24}  {summary.precision}",
+        f"{'rank':>6} {'peak memory (MiB)':>18} {'peak stashed micro-batches':>27} "
+        f"{'activations (MiB)':>18} {'state (MiB)':>12}",
     ]
-    for rank, (memory, stashed) in enumerate(zip(summary.peak_memory_bytes,
-                                                 summary.peak_stashed_microbatches)):
-        lines.append(f"{rank:>6} {memory / 2**20:>18.1f} {stashed:>27}")
+    counted = summary.peak_activation_bytes or [0] * len(summary.peak_memory_bytes)
+    state = summary.state_bytes or [0] * len(summary.peak_memory_bytes)
+    for rank, (memory, stashed, held, kept) in enumerate(zip(
+            summary.peak_memory_bytes, summary.peak_stashed_microbatches, counted, state)):
+        lines.append(f"{rank:>6} {memory / 2**20:>18.1f} {stashed:>27} {_mib(held):>18} "
+                     f"{_mib(kept):>12}")
     lines.extend(train_avgpipe.summary_lines(summary))
     lines.append(f"outputs in {directory}/ (metrics.jsonl, metrics.csv, summary.json, trace.json, loss.png)")
     return "\n".join(lines)

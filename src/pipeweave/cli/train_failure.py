@@ -101,7 +101,8 @@ def _write_partial(args: argparse.Namespace, job: Job, results: list[RankResult]
         return 0
     summary = summarize(results, schedule=job.plan.schedule, steps=done,
                         batch_size=args.batch_size, microbatches=job.plan.microbatches,
-                        pipelines=job.plan.pipelines, first_step=first_step)
+                        pipelines=job.plan.pipelines, first_step=first_step,
+                        precision=job.precision)
     losses = summary.losses[:done]
     summary = dataclasses.replace(summary, losses=losses, final_loss=losses[-1],
                                   status=status, error=error)

@@ -27,6 +27,11 @@ For block ``i`` (its input ``x_i`` is the output of blocks ``0..i-1`` on the sam
 
 On CUDA every timed region is bracketed by ``torch.cuda.synchronize()`` so kernels are
 counted where they run, not where they are queued.
+
+``precision`` (:mod:`pipeweave.precision`) measures what the runtime will run: ``bf16-mixed``
+runs every block's forward (and the last block's loss) under ``torch.autocast(bfloat16)``, so
+times, activation and output bytes are autocast's while parameters and optimizer state stay
+float32; ``bf16`` measures bfloat16 copies of the blocks on bfloat16 inputs.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec
+from ..precision import cast_input, cast_module, check_precision, compute
 from ..split_backward import input_gradient, recording, weight_gradient
 from ..host import machine_cores
 from .profile import EXCLUDED, BlockProfile, Profile
@@ -70,27 +76,60 @@ def profile_model(
     repeats: int = 5,
     optimizer: str = "adam",
     threads: int | None = None,
+    precision: str = "full",
 ) -> Profile:
     """Profile every block of ``spec`` on one micro-batch ``inputs`` (module docstring).
 
     ``targets`` lets the last block's backward start from the model's loss; without them it
     starts from a gradient of ones. ``threads`` sets torch's intra-op threads while measuring
-    (on CPU give what one rank will use: cores / ranks per machine).
+    (on CPU give what one rank will use: cores / ranks per machine); ``precision`` as the run
+    will use it (module docstring).
     """
+    check_precision(precision, dtype=next((p.dtype for b in spec.blocks for p in b.parameters()
+                                           if p.is_floating_point()), torch.float32))
     if threads is None:
-        return _profile_model(spec, inputs, targets, device, warmup, repeats, optimizer)
+        return _profile_model(spec, inputs, targets, device, warmup, repeats, optimizer,
+                              precision)
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _profile_model(spec, inputs, targets, device, warmup, repeats, optimizer)
+        return _profile_model(spec, inputs, targets, device, warmup, repeats, optimizer,
+                              precision)
     finally:
         torch.set_num_threads(previous)
 
 
+class _Autocast(nn.Module):
+    """A block whose forward runs under the precision's autocast (``bf16-mixed``)."""
+
+    def __init__(self, block: nn.Module, precision: str) -> None:
+        super().__init__()
+        self.block = block
+        self.precision = precision
+
+    def forward(self, x: Tensor) -> Tensor:
+        with compute(self.precision, x.device.type):
+            out: Tensor = self.block(x)
+        return out
+
+
+def _in_precision(block: nn.Module, precision: str) -> nn.Module:
+    block = cast_module(block, precision)
+    return _Autocast(block, precision) if precision == "bf16-mixed" else block
+
+
+def _loss_in_precision(loss_fn: Callable[[Tensor, Tensor], Tensor],
+                       precision: str) -> Callable[[Tensor, Tensor], Tensor]:
+    def loss(output: Tensor, target: Tensor) -> Tensor:
+        with compute(precision, output.device.type):
+            return loss_fn(output, target)
+    return loss
+
+
 def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, device: str,
-                   warmup: int, repeats: int, optimizer: str) -> Profile:
+                   warmup: int, repeats: int, optimizer: str, precision: str) -> Profile:
     if warmup < 0 or repeats < 1:
         raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
     if optimizer not in OPTIMIZERS:
@@ -102,23 +141,27 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     target = torch.device(device)
-    blocks = [copy.deepcopy(block).to(target).train() for block in spec.blocks]
-    x = inputs.to(target)
-    y = targets.to(target) if targets is not None else None
+    blocks = [_in_precision(copy.deepcopy(block).to(target).train(), precision)
+              for block in spec.blocks]
+    x = cast_input(inputs.to(target), precision)
+    y = cast_input(targets.to(target), precision) if targets is not None else None
+    model_loss = _loss_in_precision(spec.loss_fn, precision)
     profiles, spreads, signatures = [], {}, []
     for index, (name, block) in enumerate(zip(spec.block_names, blocks)):
-        loss_fn = spec.loss_fn if index == len(blocks) - 1 and y is not None else None
+        loss_fn = model_loss if index == len(blocks) - 1 and y is not None else None
         profiled, spreads[name] = measure_block(block, x, name=name, loss_fn=loss_fn, targets=y,
                                                 warmup=warmup, repeats=repeats,
                                                 optimizer=optimizer)
         profiles.append(profiled)
         with torch.no_grad():
             x_in, x = x, block(x)
-        signatures.append(_signature(block, x_in, x, last=loss_fn is not None))
+        signatures.append(_signature(getattr(block, "block", block), x_in, x,
+                                     last=loss_fn is not None))
     return Profile(
         blocks=tuple(profiles), model=spec.name, batch_size=int(inputs.shape[0]),
-        device=_device_name(target), source="measured", input_bytes=float(tensor_bytes(inputs)),
-        metadata={"warmup": warmup, "repeats": repeats, "statistic": "median",
+        device=_device_name(target), source="measured",
+        input_bytes=float(tensor_bytes(cast_input(inputs, precision))),
+        metadata={"precision": precision, "warmup": warmup, "repeats": repeats, "statistic": "median",
                   "optimizer": optimizer, "torch": torch.__version__,
                   "threads": torch.get_num_threads(), "cores": machine_cores(),
                   "peak_memory": "measured", "activation_bytes": EXCLUDED,
@@ -431,6 +474,7 @@ def profile_builtin(
     overrides: dict[str, Any] | None = None,
     threads: int | None = None,
     colocated_ranks: int = 1,
+    precision: str = "full",
 ) -> Profile:
     """Profile a registered model (``pipeweave.models.build_model``) on one batch of its
     default dataset; ``batch_size`` should be the micro-batch size you will train with.
@@ -442,7 +486,8 @@ def profile_builtin(
     times stay as measured; ``metadata`` records ``colocated_ranks``, ``cores``,
     ``colocated_slowdown`` (the ratio of the step times) and ``sharing_overhead`` (that ratio
     over the ideal split ``ranks / cores``), which the planner applies when it simulates the
-    ranks sharing the cores (``PlanRequest(shared_cores=...)``).
+    ranks sharing the cores (``PlanRequest(shared_cores=...)``). ``precision``: as the run
+    will train (module docstring; the co-located steps are timed in full precision only).
     """
     from ..data import SEQUENCE_DATASETS, build_dataset
     from ..models import build_model, default_seq_len
@@ -451,6 +496,10 @@ def profile_builtin(
     if colocated_ranks > 1 and device != "cpu":
         raise ValueError(f"colocated_ranks={colocated_ranks} models ranks sharing CPU cores; on "
                          f"{device} every rank has its own device: leave it at 1")
+    if colocated_ranks > 1 and precision != "full":
+        raise ValueError(f"colocated_ranks={colocated_ranks} times whole steps in full precision "
+                         f"only, not --precision {precision}; profile with --colocated-ranks 1, "
+                         f"or with --precision full")
     spec = build_model(name, seed=seed, **(overrides or {}))
     dataset = spec.dataset or "digits"
     if dataset in SEQUENCE_DATASETS and seq_len is None:
@@ -458,7 +507,8 @@ def profile_builtin(
     inputs, targets = next(iter(build_dataset(dataset, batch_size=batch_size, seq_len=seq_len,
                                               seed=seed)))
     profile = profile_model(spec, inputs, targets, device=device, warmup=warmup,
-                            repeats=repeats, optimizer=optimizer, threads=threads)
+                            repeats=repeats, optimizer=optimizer, threads=threads,
+                            precision=precision)
     if colocated_ranks == 1:
         return profile
     slowdown = colocated_slowdown(spec, inputs, targets, ranks=colocated_ranks,

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import ModelSpec, build_model
+from ..precision import check_precision
 from .advance.options import AdvanceOptions
 from .checkpoint.options import CheckpointOptions
 from ..planner.plan import Plan
@@ -166,6 +167,15 @@ class Job:
             allocator (``RankResult.peak_allocated_bytes``; on CPU through torch's profiler,
             which slows the run: for short measuring runs); see
             :mod:`pipeweave.runtime.observation.allocations`. Distributed runs only.
+        precision: ``"full"`` (everything in the model's dtype), ``"bf16-mixed"`` (float32
+            master weights, gradients and optimizer state; every stage's forward and loss under
+            ``torch.autocast(bfloat16)``) or ``"bf16"`` (parameters, optimizer state and
+            activations in bfloat16); fp16 is refused with the reason. See
+            :mod:`pipeweave.precision` and docs/precision.md.
+        count_activations: count the activation bytes each rank holds between forwards and
+            backwards (:class:`~.observation.memory.ActivationMeter`) and report the peak and
+            the model state bytes per rank (``RankResult.peak_activation_bytes``,
+            ``state_bytes``): the same on CPU and GPU, unlike the process's peak memory.
     """
 
     plan: Plan
@@ -184,6 +194,8 @@ class Job:
     advance: AdvanceOptions | None = None
     clip_grad_norm: float | None = None
     track_allocations: bool = False
+    precision: str = "full"
+    count_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -194,6 +206,8 @@ class Job:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not isinstance(self.apc, bool):
             raise TypeError(f"apc must be True or False, got {self.apc!r}")
+        dtype = DTYPES.get(getattr(self.model, "dtype", "float32"), torch.float32)
+        check_precision(self.precision, dtype=dtype, apc=self.apc)
 
 
 def take(stream: Iterable[Batch], count: int) -> Iterator[Batch]:

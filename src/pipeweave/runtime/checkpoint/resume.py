@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ...models import ModelSpec
+from ...precision import parameter_dtype
 from .options import AUTO, CheckpointOptions
 from .store import CheckpointError, StoredCheckpoint, find_resume, resolve
 from ..job import Job
@@ -52,12 +53,18 @@ def new_session(options: CheckpointOptions | None,
     return Session(uuid.uuid4().hex[:8], None if resume is None else str(resume.folder))
 
 
-def model_parameters(spec: ModelSpec) -> dict[str, tuple[list[int], str]]:
-    """``"<block>.<name>" -> (shape, dtype)`` for every parameter of the model; a parameter
+def model_parameters(spec: ModelSpec, precision: str = "full") -> dict[str, tuple[list[int], str]]:
+    """``"<block>.<name>" -> (shape, dtype)`` for every parameter of the model as the stages
+    hold it in ``precision`` (:func:`pipeweave.precision.parameter_dtype`); a parameter
     several blocks share (``spec.tied``, kept in one stage) once, under its first block's name,
     as its stage names and stores it."""
     later = {name for group in spec.tied for name in group[1:]}
-    return {f"{index}.{name}": (list(p.shape), str(p.dtype).removeprefix("torch."))
+
+    def dtype(p: nn.Parameter) -> str:
+        stored = parameter_dtype(precision, p.dtype) if p.is_floating_point() else p.dtype
+        return str(stored).removeprefix("torch.")
+
+    return {f"{index}.{name}": (list(p.shape), dtype(p))
             for index, block in enumerate(spec.blocks) for name, p in block.named_parameters()
             if f"{index}.{name}" not in later}
 
@@ -69,7 +76,7 @@ def check_resume(job: Job, spec: ModelSpec, *, verify: bool = True) -> StoredChe
     if folder is None:
         return None
     stored = StoredCheckpoint(folder, verify=verify)
-    _check_fits(stored, model_parameters(spec), job)
+    _check_fits(stored, model_parameters(spec, job.precision), job)
     # What the ranks would find only after starting: the optimizer's type (built here on a
     # stand-in parameter) and the data stream's description.
     check_optimizer(stored, type(job.optimizer([nn.Parameter(torch.zeros(1))])).__name__)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ...ir import Op, Schedule, lower
 from ...ir.updates import update_sizes
 from ...models import ModelSpec
+from ...precision import cast_module, compute
 from ...schedules import build_schedule
 from ..job import Job
 from ...planner.plan import Plan
@@ -49,11 +50,13 @@ def check_model_fits_plan(spec: ModelSpec, plan: Plan) -> None:
         )
 
 
-def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor) -> None:
+def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor, *, precision: str = "full") -> None:
     """Run one sample through the stages in order, before any process starts.
 
     A stage that cannot take its predecessor's output (a shape or dtype mismatch between
-    stages) is reported with both stages' block ranges and the shape that was passed.
+    stages) is reported with both stages' block ranges and the shape that was passed. With
+    ``bf16-mixed`` it runs under autocast as the stages will (``bf16`` casts the stages' own
+    copies only, so it runs in the model's dtype here).
     """
     check_model_fits_plan(spec, plan)
     if inputs.shape[0] % plan.microbatches:
@@ -66,7 +69,7 @@ def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor) -> None:
         block.eval()  # no running-statistics updates, no dropout
     try:
         x = inputs[:1]
-        with torch.no_grad():
+        with torch.no_grad(), compute(precision, x.device.type):
             for index, (start, end) in enumerate(plan.stages):
                 for block_index in range(start, end):
                     try:
@@ -147,7 +150,8 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
     backward = job.plan.semantics.backward_mode
     for stage in schedule.layout.stages_of(rank):
         start, end = job.plan.stages[stage]
-        module = nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end]))).to(device)
+        module = cast_module(nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end]))).to(device),
+                             job.precision)
         stages[stage] = StageRuntime(
             stage=stage, blocks=module, block_range=(start, end), is_first=stage == 0,
             is_last=stage == last, loss_fn=spec.loss_fn, recompute=job.plan.recompute_stage(stage),
@@ -155,7 +159,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
             update_scale=last_size / sizes[(stage, pipeline)],
             split_backward=any(a.op is Op.BACKWARD_INPUT and a.stage == stage
                                for a in schedule.programs[rank]),
-            held=held,
+            held=held, precision=job.precision,
         )
         optimizers[stage] = job.optimizer(module.parameters())
         weights[stage] = StageWeights(

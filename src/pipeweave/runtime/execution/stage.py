@@ -12,6 +12,12 @@ rows of the incoming gradient and concatenates the input gradients.
 (:mod:`pipeweave.split_backward`: stock autograd, no weight gradient in ``I``, nothing of the
 input-gradient chain again in ``W``). The micro-batch's activations count as stashed until its
 ``W``.
+
+**Precision** (:mod:`pipeweave.precision`): with ``bf16-mixed`` the forward, the loss and
+the recomputed forward run under ``torch.autocast(bfloat16)`` on the input's device (the split
+backward's recording inside it, so ``W`` back-propagates through the same casts); what the stage
+returns is what autocast produced, and its gradient comes back in that dtype. With ``bf16`` the
+first stage's floating inputs and the last stage's floating targets are cast to bfloat16.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ...precision import cast_input, compute
 from ...split_backward import (PendingWeights, RecordedOutput, input_gradient, recording,
                                weight_gradient)
 
@@ -87,12 +94,14 @@ class StageRuntime:
         update_scale: float = 1.0,
         split_backward: bool = False,
         held: HeldActivations | None = None,
+        precision: str = "full",
     ) -> None:
         """``loss_scale``: ``M / K`` (M micro-batches per batch, K per update of the last
         stage), what the batch-weighted loss is multiplied by before its backward;
         ``update_scale``: ``K / K_s``, what this stage's summed gradients are multiplied by
         before its step (module docstring); ``split_backward``: the schedule runs this
-        stage's backwards as ``I`` and ``W`` (the forward records what ``W`` needs)."""
+        stage's backwards as ``I`` and ``W`` (the forward records what ``W`` needs);
+        ``precision``: one of :data:`pipeweave.precision.PRECISIONS` (module docstring)."""
         self.stage = stage
         self.module = blocks
         self.block_range = block_range
@@ -103,6 +112,7 @@ class StageRuntime:
         self.loss_scale = loss_scale
         self.update_scale = update_scale
         self.split_backward = split_backward
+        self.precision = precision
         self._stash: dict[Key, _Stash] = {}
         self._pending: dict[Key, _Pending] = {}
         """Split backwards between their ``I`` and ``W``."""
@@ -129,35 +139,45 @@ class StageRuntime:
         the stage's recomputation setting).
         """
         keep = not self.recompute if keep_graph is None else keep_graph
+        if self.is_first:
+            inputs = cast_input(inputs, self.precision)
+        if target is not None:
+            target = cast_input(target, self.precision)
         if not self.is_first and inputs.is_floating_point() and not inputs.requires_grad:
             inputs = inputs.detach().requires_grad_(True)
         rng = None if keep else torch.get_rng_state()
-        recorded: list[RecordedOutput] | None = None
-        try:
-            if keep and self.split_backward:
-                with recording(self._module(replica)) as recorded:
-                    output = self._run(inputs, replica)
-            elif keep:
-                output = self._run(inputs, replica)
-            else:
-                with torch.no_grad():
-                    output = self._run(inputs, replica)
-        except Exception as error:  # name the stage, its blocks and the input it got
-            raise StageError(
-                f"stage {self.stage} (blocks {self.block_range[0]}..{self.block_range[1] - 1}) "
-                f"failed in forward on input of shape {tuple(inputs.shape)} dtype {inputs.dtype}: "
-                f"{error}"
-            ) from error
         rows = inputs.shape[0]
+        with compute(self.precision, inputs.device.type):  # the loss too, as torch's AMP says
+            try:
+                output, recorded = self._forward_graph(inputs, replica, keep)
+            except Exception as error:  # name the stage, its blocks and the input it got
+                raise StageError(
+                    f"stage {self.stage} (blocks {self.block_range[0]}..{self.block_range[1] - 1}) "
+                    f"failed in forward on input of shape {tuple(inputs.shape)} dtype "
+                    f"{inputs.dtype}: {error}"
+                ) from error
+            if self.is_last:
+                if target is None:
+                    raise StageError(f"last stage {self.stage} got no target for micro-batch "
+                                     f"{key[0]}")
+                loss = self._loss(output, target, rows, batch_rows, key)
         if self.is_last:
-            if target is None:
-                raise StageError(f"last stage {self.stage} got no target for micro-batch {key[0]}")
-            loss = self._loss(output, target, rows, batch_rows, key)
             self._keep(key, _Stash(inputs, loss if keep else None, rng, rows, target, replica,
                                    recorded))
             return None
         self._keep(key, _Stash(inputs, output if keep else None, rng, rows, None, replica, recorded))
         return output.detach()
+
+    def _forward_graph(self, inputs: Tensor, replica: nn.Module | None,
+                       keep: bool) -> tuple[Tensor, list[RecordedOutput] | None]:
+        """The stage's output, with a graph if ``keep`` (recording for a split backward)."""
+        if keep and self.split_backward:
+            with recording(self._module(replica)) as recorded:
+                return self._run(inputs, replica), recorded
+        if keep:
+            return self._run(inputs, replica), None
+        with torch.no_grad():
+            return self._run(inputs, replica), None
 
     def _loss(self, output: Tensor, target: Tensor, rows: int, batch_rows: int, key: Key) -> Tensor:
         loss = self.loss_fn(output, target) * (rows / batch_rows)
@@ -243,7 +263,7 @@ class StageRuntime:
 
     def _recompute(self, stash: _Stash, batch_rows: int, replica: nn.Module | None) -> Tensor:
         assert stash.rng_state is not None
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), compute(self.precision, stash.inputs.device.type):
             torch.set_rng_state(stash.rng_state)
             if self.split_backward:
                 with recording(self._module(replica)) as stash.recorded:
@@ -251,10 +271,11 @@ class StageRuntime:
                 stash.module = replica
             else:
                 output = self._run(stash.inputs, replica)
-        if not self.is_last:
-            return output
-        assert stash.target is not None
-        return self._for_backward(self.loss_fn(output, stash.target) * (stash.rows / batch_rows))
+            if not self.is_last:
+                return output
+            assert stash.target is not None
+            return self._for_backward(self.loss_fn(output, stash.target)
+                                      * (stash.rows / batch_rows))
 
     # -- split backward (I, then W) ---------------------------------------------------------
     def backward_input(self, microbatch: int, pipeline: int, grad_output: Tensor | None, *,

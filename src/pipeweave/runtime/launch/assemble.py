@@ -23,7 +23,7 @@ from ..execution.microbatches import MicrobatchSource
 from ..execution.parts import RankParts, build_rank
 from ..execution.stage import StageRuntime
 from ..execution.ties import TiedGradients
-from ..observation.memory import ActivationMeter
+from ..observation.memory import ActivationMeter, state_bytes
 from ..observation.results import RankResult, collect_result
 from ..observation.timeline import Recorder
 from .prepare import PreparedJob
@@ -51,6 +51,8 @@ class AssembledRank:
     check: GlobalCheck | None = None
     """The global check of a checked schedule (zb-h2's ``post_validation``), which clips
     instead of the clipper."""
+    meter: ActivationMeter | None = None
+    """Counts the activation bytes held over the whole run (``Job.count_activations``)."""
 
     def start_timeline(self, origin: float) -> None:
         """Record the timeline from now on, its zero at ``origin`` (``time.time()``)."""
@@ -63,6 +65,8 @@ class AssembledRank:
         resume point with the checkpoint hooks; a window's program starts at 0 without them)."""
         whole = program is None or program is self.prepared.schedule
         program = self.prepared.schedule if program is None else program
+        if meter is None and whole:
+            meter = self.meter
         hooks = combine_hooks(self.recovery.hooks if whole else {}, self.extra_hooks(program))
         ties = (TiedGradients(rank=self.rank, schedule=program, ties=self.prepared.ties)
                 if self.prepared.ties else None)
@@ -88,6 +92,9 @@ class AssembledRank:
             result.redone_updates = list(self.check.redone)
             result.undone_updates = list(self.check.undone)
         result.bytes_sent = self.transport.bytes_sent
+        if self.meter is not None:
+            result.peak_activation_bytes = self.meter.peak
+            result.state_bytes = state_bytes(self.parts)
         if online is not None:
             result.advance_per_step, result.advance_log = online.advance_per_step, online.log
         return result
@@ -117,5 +124,6 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
                                   max_norm=job.clip_grad_norm, stages=parts.stages,
                                   duplicates=ties.duplicates(
                                       {s: stage.module for s, stage in parts.stages.items()}))
+    meter = ActivationMeter() if job.count_activations else None
     return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper,
-                         check=check)
+                         check=check, meter=meter)

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ...ir import Schedule
 from ...models import ModelSpec
+from ...precision import check_precision
 from ..advance.online import check_advance
 from ..checkpoint.boundaries import check_checkpointable
 from ..checkpoint.resume import Session, check_resume, new_session
@@ -53,8 +56,9 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     """
     schedule = make_schedule(job.plan, job.steps)
     spec = job.model() if spec is None else spec
+    check_precision(job.precision, dtype=_model_dtype(spec), apc=job.apc)
     inputs, _ = next(iter(job.data()))
-    preflight(spec, job.plan, inputs)
+    preflight(spec, job.plan, inputs, precision=job.precision)
     ties = split_ties(spec, job.plan, schedule)
     check_advance(job, spec)
     check_checkpointable(job, schedule)
@@ -67,6 +71,15 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     stored = check_resume(job, spec, verify=verify_checksums)
     session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
     return PreparedJob(job, schedule, session, stored.step if stored is not None else 0, ties)
+
+
+def _model_dtype(spec: ModelSpec) -> torch.dtype:
+    """The dtype of the model's floating parameters (float32 if it has none)."""
+    for block in spec.blocks:
+        for param in block.parameters():
+            if param.is_floating_point():
+                return param.dtype
+    return torch.float32
 
 
 def prepared(job: Job | PreparedJob) -> PreparedJob:

@@ -42,6 +42,12 @@ class RankResult:
     """With ``Job.track_allocations``: most bytes of live tensors from the rank's model
     construction to the end of the run, measured at the allocator (observation/allocations.py);
     0 otherwise."""
+    peak_activation_bytes: int = 0
+    """With ``Job.count_activations``: most activation bytes the rank held at once between
+    forwards and backwards (:class:`~.memory.ActivationMeter`; 0 when not counted)."""
+    state_bytes: int = 0
+    """With ``Job.count_activations``: parameters + gradients + optimizer state the rank holds
+    at the end (:func:`~.memory.state_bytes`; 0 when not counted)."""
     peak_stashed_microbatches: int = 0
     """Most micro-batches whose activations the rank held at once, over all its stages (a
     split backward's from its F until its W); the simulator's ``peak_activations``."""

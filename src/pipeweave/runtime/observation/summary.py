@@ -5,6 +5,8 @@
 * pipeline efficiency — busy F/B time over all ranks / (ranks x wall time of the same window);
 * bubble fraction — 1 - efficiency;
 * peak memory — per rank: CUDA ``max_memory_allocated`` on GPU, peak RSS on CPU;
+* counted memory — per rank, with ``Job.count_activations``: the peak activation bytes held
+  between forwards and backwards and the model state bytes (the same on CPU and GPU);
 * bytes sent — per rank: activations and gradients sent point-to-point (``RankResult.bytes_sent``);
 * AvgPipe — the advance per step, the online controller's log (time and counted memory per
   measured step, its decisions) and the memory limit (runtime/advance/online.py).
@@ -51,6 +53,13 @@ class TrainSummary:
     """AvgPipe's online controller, per measured step: time, memory, decision."""
     memory_limit: float | None = None
     """The memory limit per device the run was given (``--memory-limit``), if any."""
+    peak_activation_bytes: list[int] = field(default_factory=list)
+    """Per rank: most activation bytes held at once, counted (``Job.count_activations``;
+    zeros when not counted)."""
+    state_bytes: list[int] = field(default_factory=list)
+    """Per rank: parameters + gradients + optimizer state, counted (as above)."""
+    precision: str = "full"
+    """``full``, ``bf16-mixed`` or ``bf16`` (pipeweave.precision)."""
     status: str = "completed"
     """``completed``, ``failed`` (a rank raised; the summary covers the steps every rank
     finished) or ``interrupted`` (Ctrl-C)."""
@@ -93,10 +102,11 @@ def iteration_end_times(records: Sequence[Record], microbatches: int, steps: int
 
 def summarize(results: Sequence[RankResult], *, schedule: str, steps: int, batch_size: int,
               microbatches: int, pipelines: int = 1, first_step: int = 0,
-              advance: int | None = None, memory_limit: float | None = None) -> TrainSummary:
+              advance: int | None = None, memory_limit: float | None = None,
+              precision: str = "full") -> TrainSummary:
     """``first_step``: steps a resumed run restored from its checkpoint (not timed here);
     ``advance``: AvgPipe's fixed advance (the online controller's choices come with the
-    results); ``memory_limit``: recorded as given."""
+    results); ``memory_limit`` and ``precision``: recorded as given."""
     records = [r for result in results for r in result.records]
     ends = iteration_end_times(records, microbatches, steps)
     first_start = min((s for _, _, s, _ in records), default=0.0)
@@ -126,6 +136,8 @@ def summarize(results: Sequence[RankResult], *, schedule: str, steps: int, batch
         advance_per_step=_advance_per_step(results, advance, steps),
         advance_log=next((r.advance_log for r in results if r.advance_log), []),
         memory_limit=memory_limit,
+        peak_activation_bytes=[r.peak_activation_bytes for r in results],
+        state_bytes=[r.state_bytes for r in results], precision=precision,
     )
 
 

@@ -18,7 +18,7 @@ from .. import __version__
 
 __all__ = ["COMMANDS", "build_parser", "main", "HelpFormatter"]
 
-COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan", "tune"]
+COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan", "tune", "auto"]
 """Sub-commands, in help order; each is the module ``pipeweave.cli.cmd_<name>``."""
 
 

@@ -1,0 +1,186 @@
+"""Predicted peak memory per rank of a plan: model state, weight versions, activations, buffers.
+
+Everything is read off the profile and the schedule the plan builds (one representation: the
+same action lists the simulator times and the runtime runs), never off per-schedule formulas.
+For a rank hosting stages ``S`` (its chunks, the V's two halves, a replica, in each of ``N``
+parallel pipelines), with ``|w_s|`` the parameter bytes of stage ``s``::
+
+    parameters       N * sum |w_s|                 (+ sum |w_s| for AvgPipe's reference model)
+    gradients        N * sum |w_s|                 (one .grad per parameter, accumulated)
+    optimizer_state  N * k * sum |w_s|             k = 0 SGD, 1 SGD+momentum/RMSprop/Adagrad,
+                                                    2 Adam/AdamW (their two moments)
+    weight_versions  sum (copies_s * |w_s|)        module replicas holding other versions
+                                                    (stashing, 2BW, vertical sync, WPipe's G0,
+                                                    PipeOptim's predictions)
+    activations      peak over the rank's program of the bytes held between a forward and
+                     its backward (``sim.metrics.peak_activations``: a split backward holds
+                     them until its W, a Slicer half counts half); per micro-batch and stage
+                     the profile's saved bytes plus the stage's output, scaled to the plan's
+                     micro-batch; a recomputed stage keeps only its input
+    buffers          per hosted stage, one received activation (its input) and one received
+                     gradient (its output's), in flight between a receive and their use
+
+``copies_s`` is what :mod:`pipeweave.runtime.execution.weights` allocates: the simulator's
+weight versions of the stage (live + every older version still named + transient
+predictions, ``sim.metrics.weight_versions``) less the live one, plus one where a forward at
+the live version has an update of the stage before its backward: the runtime runs that
+forward on a copy (autograd keeps the tensors it ran on; the update is in place).
+
+The total is the sum of the parts' peaks, an upper bound of the peak of their sum that is
+tight whenever the activation peak falls after the first backward (every schedule with a
+steady state); ``docs/memory.md`` compares it with measured peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..ir import GRADIENT_OPS, Op, Schedule
+from ..profiler import Profile
+from ..schedules import build_schedule, get_info
+from ..sim import Costs
+from ..sim.metrics import peak_activations, weight_versions
+from .plan import Plan
+
+__all__ = ["RankMemory", "predicted_memory", "OPTIMIZER_STATE", "stage_activation_bytes",
+           "weight_copies"]
+
+OPTIMIZER_STATE: dict[str, int] = {
+    "sgd": 0, "sgd-momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2,
+}
+"""State tensors per parameter of each optimizer (torch.optim): plain SGD keeps none, SGD
+with momentum one buffer, RMSprop its square average, Adagrad its sum, Adam and AdamW their
+first and second moments."""
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Predicted peak bytes of one rank, by kind (module docstring)."""
+
+    parameters: float
+    gradients: float
+    optimizer_state: float
+    weight_versions: float
+    activations: float
+    buffers: float
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer: str = "adam",
+                     iterations: int | None = None) -> list[RankMemory]:
+    """Peak memory of every rank of ``plan`` (rank order), per kind (module docstring).
+
+    ``batch_size``: samples per iteration and pipeline (the plan's micro-batch holds
+    ``batch_size / microbatches`` of them; the profile's bytes are scaled from its own
+    ``batch_size``). ``optimizer``: a name of :data:`OPTIMIZER_STATE`. ``iterations``: how
+    many iterations of the schedule to lay out (default: 1 for a flush schedule, whose
+    iterations repeat, 4 for an asynchronous one, enough to reach its steady state).
+    """
+    if profile.num_blocks != plan.num_blocks:
+        raise ValueError(f"the profile has {profile.num_blocks} blocks but the plan covers "
+                         f"{plan.num_blocks}; profile the model the plan was made for")
+    if optimizer not in OPTIMIZER_STATE:
+        raise ValueError(f"optimizer {optimizer!r} has no known state size; choose one of "
+                         f"{', '.join(sorted(OPTIMIZER_STATE))}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if batch_size % plan.microbatches:
+        raise ValueError(f"batch_size {batch_size} is not divisible by microbatches="
+                         f"{plan.microbatches}; give a multiple of {plan.microbatches}")
+    if iterations is None:
+        iterations = 1 if get_info(plan.schedule).synchronous else 4
+    schedule = build_schedule(plan.schedule, plan.shape(iterations))
+    if schedule.num_stages != len(plan.stages):
+        raise ValueError(f"schedule {plan.schedule!r} lays out {schedule.num_stages} stages but "
+                         f"the plan has {len(plan.stages)}; set the plan's chunks to "
+                         f"{schedule.num_stages // plan.depth}")
+    scale = _scale(profile, batch_size // plan.microbatches)
+    weights = [sum(b.parameter_bytes for b in profile.blocks[a:e]) for a, e in plan.stages]
+    held = stage_activation_bytes(profile, plan, scale)
+    _, activations = peak_activations(schedule, Costs(activation_bytes=held).resolve(len(held)))
+    copies = weight_copies(schedule, keep_predicted=plan.semantics.backward == "graph")
+    averages = any(a[0] is Op.AVERAGE for program in schedule.programs for a in program)
+    state = OPTIMIZER_STATE[optimizer]
+    n = schedule.pipelines
+    ranks = []
+    for rank in range(schedule.num_ranks):
+        hosted = schedule.layout.stages_of(rank)
+        own = sum(weights[s] for s in hosted)
+        ranks.append(RankMemory(
+            parameters=n * own + (own if averages else 0.0),
+            gradients=n * own,
+            optimizer_state=n * state * own,
+            weight_versions=sum(copies[s] * weights[s] for s in hosted),
+            activations=activations[rank],
+            buffers=n * sum(_boundary_bytes(profile, plan, s, scale) for s in hosted),
+        ))
+    return ranks
+
+
+def stage_activation_bytes(profile: Profile, plan: Plan, scale: float = 1.0) -> list[float]:
+    """Bytes one micro-batch leaves on each stage from its forward to its backward: the
+    blocks' saved tensors and the stage's output (the root its backward starts from), or,
+    for a recomputed stage, only its input."""
+    blocks = profile.blocks
+    held = []
+    for stage, (start, end) in enumerate(plan.stages):
+        if plan.recompute_stage(stage):
+            held.append(scale * _input_bytes(profile, start))
+        else:
+            held.append(scale * (sum(b.activation_bytes for b in blocks[start:end])
+                                 + blocks[end - 1].output_bytes))
+    return held
+
+
+def weight_copies(schedule: Schedule, *, keep_predicted: bool = False) -> list[int]:
+    """Per stage: weight sets held besides the live parameters (module docstring)."""
+    versions = weight_versions(schedule, keep_predicted=keep_predicted)
+    return [v - 1 + (1 if _stashes_live(schedule, s) else 0) for s, v in enumerate(versions)]
+
+
+def _stashes_live(schedule: Schedule, stage: int) -> bool:
+    """Whether some forward of ``stage`` runs at the live version and an update of the stage
+    comes before its backward (so the runtime copies the live weights for it)."""
+    for program in schedule.programs:
+        live: dict[int, int] = {}
+        # (micro-batch, piece, pipeline) -> [ran at the live version, an update came since]
+        pending: dict[tuple[int | None, int, int], list[bool]] = {}
+        for op, s, microbatch, piece, version, lookahead, pipeline in program:
+            if s != stage:
+                continue
+            now = live.setdefault(pipeline, 0)
+            if op is Op.STEP:
+                live[pipeline] = version if version is not None else now + 1
+                for key, state in pending.items():
+                    if key[2] == pipeline:
+                        state[1] = True
+            elif op is Op.FORWARD and not lookahead:
+                pending[(microbatch, piece, pipeline)] = [version is None or version == now, False]
+            elif op in GRADIENT_OPS:
+                for key in [k for k in pending if k[0] == microbatch and k[2] == pipeline]:
+                    at_live, updated = pending.pop(key)
+                    if at_live and updated:
+                        return True
+    return False
+
+
+def _input_bytes(profile: Profile, start: int) -> float:
+    return profile.input_bytes if start == 0 else profile.blocks[start - 1].output_bytes
+
+
+def _boundary_bytes(profile: Profile, plan: Plan, stage: int, scale: float) -> float:
+    start, end = plan.stages[stage]
+    received = _input_bytes(profile, start) if stage > 0 else 0.0
+    gradient = profile.blocks[end - 1].output_bytes if stage < len(plan.stages) - 1 else 0.0
+    return scale * (received + gradient)
+
+
+def _scale(profile: Profile, microbatch_rows: int) -> float:
+    """Factor from the profile's micro-batch to the plan's (1 when the profile's is unknown)."""
+    if profile.batch_size is None:
+        return 1.0
+    return microbatch_rows / profile.batch_size
+

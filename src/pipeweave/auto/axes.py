@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..planner.registry import available_methods
+from ..planner import available_methods
 from ..schedules import available_schedules, get_info
 from .capabilities import supports_chunks, supports_pipelines, supports_width
 from .problem import AutoProblem, Candidate

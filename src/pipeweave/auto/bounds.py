@@ -9,7 +9,7 @@ flush, the simulated makespan) lasts at least as long as the busiest rank's work
 and rank ``r`` of a one-chunk pipeline cannot start before the first micro-batch has crossed
 the stages in front of it: ``head(r) = sum over s < r of (F_s + transfer_s) / 2`` (halved,
 since the Slicer forwards half micro-batches). With ``c`` shared cores the whole work of all
-ranks needs at least ``total / c``. Before a candidate is partitioned only averages are known:
+ranks' compute (not their all-reduces) needs at least ``total / c``. Before a candidate is partitioned only averages are known:
 the work of one pipeline copy spread over its ``d`` ranks, and the heaviest block on one rank.
 
 Asynchronous schedules are timed over a steady-state window of several iterations, which
@@ -62,13 +62,15 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
     layout = plan.layout()
     table = costs.resolve(len(plan.stages))
     work = [0.0] * layout.num_ranks
+    compute = 0.0  # what shares the cores: F, B (I, W) and U, not the all-reduce
     for s, ranks in enumerate(layout.stage_ranks):
         per_replica = plan.pipelines * -(-plan.microbatches // len(ranks))
         split = table.input_grad[s] + table.weight_grad[s]
-        each = (per_replica * (table.forward[s] + min(table.backward[s], split))
-                + plan.pipelines * (table.update[s] + table.all_reduce[s]))
+        busy = (per_replica * (table.forward[s] + min(table.backward[s], split))
+                + plan.pipelines * table.update[s])
         for r in ranks:
-            work[r] += each
+            work[r] += busy + plan.pipelines * table.all_reduce[s]
+            compute += busy
     bound = max(work)
     if plan.chunks == 1:
         head = 0.0
@@ -79,5 +81,5 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
                 head += (table.forward[s] + table.transfer[s]) / 2 + table.latency
     cores = problem.shared_cores
     if cores is not None and cores < layout.num_ranks:
-        bound = max(bound, sum(work) / cores)
+        bound = max(bound, compute / cores)
     return bound if math.isfinite(bound) else 0.0

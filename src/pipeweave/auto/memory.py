@@ -1,48 +1,36 @@
 """Predicted peak memory per rank: the one place the search asks the memory model.
 
-Until the memory model lands this is its simplest form: per rank, for every stage it holds,
-parameters, their gradients, the optimizer state, one more copy of the parameters per extra
-weight version the simulator counts, and the most activation bytes the simulator saw held at
-once (``SimulationResult.peak_activation_bytes``, which already reflects recomputation through
-the costs).
+:func:`rank_memory` is :func:`pipeweave.planner.memory.predicted_memory`'s total per rank
+(parameters, gradients, optimizer state, weight versions, held activations, buffers in
+flight). :func:`static_memory` is the part that needs no schedule (parameters, gradients and
+optimizer state), a lower bound of it that prunes before anything is built.
 """
 
 from __future__ import annotations
 
+from ..planner.memory import OPTIMIZER_STATE, predicted_memory
 from ..planner.plan import Plan
-from ..sim import SimulationResult
 from .problem import AutoProblem
 
 __all__ = ["rank_memory", "static_memory"]
 
 
 def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
-    """Per rank, what does not depend on the schedule's timing (a lower bound of the peak):
-    parameters, gradients and optimizer state of the stages it holds, one version each."""
+    """Per rank: ``N * (2 + k) * |w|`` of the stages it hosts (``k`` optimizer tensors per
+    parameter), at most the model's prediction for every schedule."""
     blocks = problem.profile.blocks
     layout = plan.layout()
-    out = []
-    for rank in range(layout.num_ranks):
-        total = 0.0
-        for s in layout.stages_of(rank):
-            a, e = plan.stages[s]
-            total += sum(2 * b.parameter_bytes + b.optimizer_bytes for b in blocks[a:e])
-        out.append(total * plan.pipelines)
+    factor = plan.pipelines * (2 + OPTIMIZER_STATE[problem.optimizer])
+    out = [0.0] * layout.num_ranks
+    for (a, e), ranks in zip(plan.stages, layout.stage_ranks):
+        weights = sum(b.parameter_bytes for b in blocks[a:e])
+        for r in ranks:
+            out[r] += factor * weights
     return out
 
 
-def rank_memory(problem: AutoProblem, plan: Plan, simulation: SimulationResult) -> list[float]:
+def rank_memory(problem: AutoProblem, plan: Plan) -> list[float]:
     """Predicted peak bytes of every rank (module docstring)."""
-    blocks = problem.profile.blocks
-    layout = plan.layout()
-    fixed = static_memory(problem, plan)
-    out = []
-    for rank in range(layout.num_ranks):
-        versions = 0.0
-        for s in layout.stages_of(rank):
-            a, e = plan.stages[s]
-            extra = max(simulation.weight_versions[s] - 1, 0)
-            versions += extra * sum(b.parameter_bytes for b in blocks[a:e])
-        out.append(fixed[rank] + versions * plan.pipelines
-                   + simulation.peak_activation_bytes[rank])
-    return out
+    ranks = predicted_memory(problem.profile, plan, batch_size=problem.batch,
+                             optimizer=problem.optimizer)
+    return [r.total for r in ranks]

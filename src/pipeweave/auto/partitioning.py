@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..planner.registry import get_method
+from ..planner import get_method
 from ..planner.result import Partition, PlanRequest
 from ..profiler import Profile
 from .problem import AutoProblem, Candidate

@@ -127,7 +127,7 @@ def predict(candidate: Candidate, profile: Profile, problem: AutoProblem) -> Pre
     costs = candidate_costs(candidate, plan, profile, problem)
     schedule = build_schedule(plan.schedule, plan.shape(simulated_iterations(plan.schedule)))
     result: SimulationResult = simulate(schedule, costs)
-    memory = rank_memory(problem, plan, result)
+    memory = rank_memory(problem, plan)
     samples = problem.batch * plan.pipelines
     return Prediction(
         candidate=candidate, plan=plan, iteration_time=result.iteration_time,

@@ -40,6 +40,9 @@ class AutoProblem:
         topology: hierarchical levels (default: one level at the profile's link).
         shared_cores: the ranks share this many CPU cores (``Costs.shared_cores``).
         optimizer: the optimizer whose state the memory model counts.
+        extra_profiles: the same model profiled at other micro-batch sizes; the block times
+            at a candidate's micro-batch are interpolated between them
+            (:mod:`pipeweave.auto.scaling`).
         schedules, methods, microbatches, pipelines, depths, recompute, apc: restrict an axis
             to these values (``None``: the axis's own values, :mod:`pipeweave.auto.axes`).
     """
@@ -52,6 +55,7 @@ class AutoProblem:
     topology: Topology | None = None
     shared_cores: int | None = None
     optimizer: str = "adam"
+    extra_profiles: tuple[Profile, ...] = ()
     schedules: tuple[str, ...] | None = None
     methods: tuple[str, ...] | None = None
     microbatches: tuple[int, ...] | None = None
@@ -69,10 +73,22 @@ class AutoProblem:
                              "use sync (synchronous schedules only) or any (asynchronous too)")
         if self.memory_limit is not None and not self.memory_limit > 0:
             raise ValueError(f"--memory-limit must be > 0 bytes, got {self.memory_limit!r}")
+        from ..planner.memory import OPTIMIZER_STATE
+
+        if self.optimizer not in OPTIMIZER_STATE:
+            raise ValueError(f"optimizer {self.optimizer!r} has no known state size; choose one "
+                             f"of {', '.join(sorted(OPTIMIZER_STATE))}")
         if self.profile.batch_size is None:
             raise ValueError(f"profile of {self.profile.model!r} has no batch_size (samples per "
                              "micro-batch); auto scales the block costs to each candidate's "
                              "micro-batch from it: set it in the profile JSON")
+        for other in self.extra_profiles:
+            if other.num_blocks != self.profile.num_blocks or other.batch_size is None:
+                raise ValueError(
+                    f"the profiles to interpolate between must be of the same model with a "
+                    f"batch_size each; got {other.model!r} ({other.num_blocks} blocks, batch_size "
+                    f"{other.batch_size}) beside {self.profile.model!r} "
+                    f"({self.profile.num_blocks} blocks)")
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or
                                             not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):

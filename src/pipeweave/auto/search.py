@@ -125,7 +125,8 @@ class _Search:
     def profile(self, candidate: Candidate) -> Profile:
         size = self.problem.batch // candidate.microbatches
         if size not in self.profiles:
-            self.profiles[size] = scaled_profile(self.problem.profile, size)
+            self.profiles[size] = scaled_profile(self.problem.profile, size,
+                                                 self.problem.extra_profiles)
         return self.profiles[size]
 
     def complete(self, candidate: Candidate) -> tuple[Candidate, Plan, Profile]:

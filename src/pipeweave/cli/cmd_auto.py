@@ -48,8 +48,11 @@ def add_parser(subparsers: Any) -> None:
     source.add_argument("--model", choices=available_models(), default=None,
                         help="built-in model (profiled now unless --profile is given)")
     add_hf_config(source)
-    source.add_argument("--profile", type=Path, default=None,
-                        help="profile JSON from `pipeweave profile` (or PipeDream's graph.txt)")
+    source.add_argument("--profile", type=Path, action="append", default=None,
+                        help="profile JSON from `pipeweave profile` (or PipeDream's graph.txt); "
+                             "repeat it with profiles of the same model at other micro-batch "
+                             "sizes to interpolate the times between them (the first is the "
+                             "reference)")
     parser.add_argument("--ranks", type=int, required=True, help="workers to plan for")
     parser.add_argument("--topology", default=None, metavar="MxB[,MxB...]",
                         help="hierarchical levels, lowest first: machines x bandwidth (bytes/s), "
@@ -113,17 +116,23 @@ def _say(text: str) -> None:
     print(f"auto: {text}", file=sys.stderr, flush=True)
 
 
-def _profile(args: argparse.Namespace) -> Profile:
-    if args.profile is None:
-        model, _ = chosen_model(args)
-        micro = DEFAULT_MICROBATCH if args.batch_size is None else \
-            max(1, args.batch_size // (2 * args.ranks))
-        _say(f"profiling {model} at {micro} samples per micro-batch ...")
+def _profiles(args: argparse.Namespace) -> list[Profile]:
+    """The given profiles, or the model profiled at the default plan's micro-batch and at a
+    quarter of it (the times between are interpolated, :mod:`pipeweave.auto.scaling`)."""
+    if args.profile is not None:
+        return [load_profile(argparse.Namespace(**{**vars(args), "profile": path}))
+                for path in args.profile]
+    model, _ = chosen_model(args)
+    micro = DEFAULT_MICROBATCH if args.batch_size is None else \
+        max(1, args.batch_size // (2 * args.ranks))
+    profiles = []
+    for size in sorted({micro, max(1, micro // 4)}, reverse=True):
+        _say(f"profiling {model} at {size} samples per micro-batch ...")
         started = time.perf_counter()
-        profile = load_profile(argparse.Namespace(**{**vars(args), "batch_size": micro}))
-        _say(f"profiled {profile.num_blocks} blocks in {time.perf_counter() - started:.1f} s")
-        return profile
-    return load_profile(argparse.Namespace(**{**vars(args), "batch_size": None}))
+        profiles.append(load_profile(argparse.Namespace(**{**vars(args), "batch_size": size})))
+        _say(f"profiled {profiles[-1].num_blocks} blocks in "
+             f"{time.perf_counter() - started:.1f} s")
+    return profiles
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -140,9 +149,9 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    profile = _profile(args)
+    profile, *others = _profiles(args)
     problem = AutoProblem(
-        profile=profile, ranks=args.ranks, batch_size=args.batch_size,
+        profile=profile, extra_profiles=tuple(others), ranks=args.ranks, batch_size=args.batch_size,
         memory_limit=parse_bytes(args.memory_limit) if args.memory_limit is not None else None,
         semantics=args.semantics,
         topology=Topology.parse(args.topology) if args.topology is not None else None,
@@ -255,7 +264,7 @@ def _shape(p: Prediction) -> str:
 
 
 def format_table(result: SearchResult, top: int) -> str:
-    rows = [("#", "schedule", "split (blocks per stage)", "M", "N", "dxw", "recomp", "apc",
+    rows: list[tuple[str, ...]] = [("#", "schedule", "split (blocks per stage)", "M", "N", "dxw", "recomp", "apc",
              "samples/s", "peak MiB per rank", "bubble")]
 
     def row(label: str, p: Prediction) -> tuple[str, ...]:

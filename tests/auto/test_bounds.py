@@ -1,0 +1,39 @@
+"""The pruning bounds never exceed the simulated iteration time (so pruning never loses the
+optimum), with links and all-reduces priced, on a two-level topology, with shared cores."""
+
+from __future__ import annotations
+
+import pytest
+
+from auto_fixtures import small_profile
+from pipeweave.auto import AutoProblem, enumerate_candidates
+from pipeweave.auto.bounds import plan_bound, shape_bound
+from pipeweave.auto.predict import candidate_costs, predict
+from pipeweave.auto.search import _Search, _valid_shape
+from pipeweave.planner.topology import Topology
+from pipeweave.profiler import LinkProfile
+from pipeweave.schedules import get_info
+
+
+@pytest.mark.parametrize("shared_cores", [None, 2])
+def test_bounds_are_below_the_simulated_time(shared_cores: int | None) -> None:
+    profile = small_profile(7, blocks=8, link=LinkProfile(2e8, 2e-5))
+    problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
+                          shared_cores=shared_cores, methods=("uniform", "time", "pipedream"),
+                          microbatches=(4, 8, 16), pipelines=(1, 2))
+    state = _Search(problem, lambda _text: None)
+    checked = 0
+    for candidate in enumerate_candidates(problem):
+        if not _valid_shape(candidate, problem) or not get_info(candidate.schedule).synchronous:
+            continue
+        try:
+            done, plan, scaled = state.complete(candidate)
+            prediction = predict(done, scaled, problem)
+        except ValueError:
+            continue
+        costs = candidate_costs(done, plan, scaled, problem)
+        time = prediction.iteration_time
+        assert shape_bound(candidate, scaled, problem, 1e9) <= time * (1 + 1e-9), candidate
+        assert plan_bound(plan, costs, problem) <= time * (1 + 1e-9), candidate
+        checked += 1
+    assert checked > 100

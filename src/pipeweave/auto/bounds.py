@@ -6,11 +6,25 @@ flush, the simulated makespan) lasts at least as long as the busiest rank's work
     work(r) = sum over the stages s on r of  n_s * (F_s + min(B_s, I_s + W_s)) + U_s + AR_s
     n_s     = N * ceil(M / replicas of s)    (micro-batches one replica of s runs)
 
-and rank ``r`` of a one-chunk pipeline cannot start before the first micro-batch has crossed
-the stages in front of it: ``head(r) = sum over s < r of (F_s + transfer_s) / 2`` (halved,
-since the Slicer forwards half micro-batches). With ``c`` shared cores the whole work of all
-ranks' compute (not their all-reduces) needs at least ``total / c``. Before a candidate is partitioned only averages are known:
-the work of one pipeline copy spread over its ``d`` ranks, and the heaviest block on one rank.
+Rank ``r`` of a one-chunk pipeline cannot start before the first micro-batch has crossed
+the stages in front of it, ``head(r) = sum over s < r of (F_s / 2 + transfer_s / 2 +
+latency)`` (halved: the Slicer forwards half micro-batches), and after its last gradient
+action (``B``, or ``I`` in a split backward: all its ``n_r`` forwards and gradients are done by
+then) that micro-batch's gradient still has to cross the stages in front of it, ``tail(r) =
+sum over s < r of (g_s + latency)`` with ``g = min(B, I)``::
+
+    iteration >= max over r of  head(r) + max(work(r), n_r * (F_r + g_r) + tail(r))
+
+With ``c`` shared cores the ranks' compute (not their all-reduces) needs at least
+``total / c``. Before a candidate is partitioned only the model's totals are known: the work
+of one copy spread over its ``d`` ranks, the heaviest block on one rank, and the same
+head-and-tail bound minimised over every split of the model into ``d`` stages: with
+per-micro-batch cost ``C = sum of (F + g)`` and ``alpha`` the smallest ratio of a block's
+chain cost ``F/2 + g`` to ``F + g``, stages ``c_0, c_1, ...`` (``S_r`` the cost before stage
+``r``) need ``max_r alpha S_r + n c_r``, which no real split beats and the continuous split
+that makes every term equal attains::
+
+    T = alpha C / (1 - (1 - alpha / n)^d)         (n C / d as n grows; n C at d = 1)
 
 Asynchronous schedules are timed over a steady-state window of several iterations, which
 these bounds do not cover, so they are never pruned on time (only on memory).
@@ -38,6 +52,21 @@ def _block_work(profile: Profile, recompute: bool) -> list[float]:
     return out
 
 
+def _fill_bound(profile: Profile, recompute: bool, n: int, depth: int) -> float:
+    """``alpha C / (1 - (1 - alpha/n)^d)`` (module docstring)."""
+    per_block, chain = [], []
+    for b in profile.blocks:
+        gradient = min(b.backward, b.input_grad) if b.input_grad > 0 else b.backward / 2
+        gradient = min(gradient, b.backward) + (b.forward if recompute else 0.0)
+        per_block.append(b.forward + gradient)
+        chain.append(b.forward / 2 + gradient)
+    total = sum(per_block)
+    if total <= 0:
+        return 0.0
+    alpha = min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0)
+    return alpha * total / (1.0 - (1.0 - alpha / n) ** depth)
+
+
 def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
                 fastest_link: float) -> float:
     """A lower bound before partitioning (``profile`` scaled to the micro-batch)."""
@@ -51,6 +80,9 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
     may_replicate = candidate.width == 1 and candidate.chunks == 1
     if not may_replicate:
         bound = max(bound, per_replica * max(work))
+    if candidate.chunks == 1 and not may_replicate:
+        bound = max(bound, _fill_bound(profile, candidate.recompute, per_replica,
+                                       candidate.depth))
     if problem.shared_cores is not None and problem.shared_cores < problem.ranks:
         total = candidate.pipelines * candidate.microbatches * sum(work) + update * candidate.width
         bound = max(bound, total / problem.shared_cores)
@@ -73,12 +105,16 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
             compute += busy
     bound = max(work)
     if plan.chunks == 1:
-        head = 0.0
+        head = tail = 0.0
         for s, ranks in enumerate(layout.stage_ranks):
+            gradient = min(table.backward[s], table.input_grad[s])
+            per_replica = plan.pipelines * -(-plan.microbatches // len(ranks))
             for r in ranks:
-                bound = max(bound, head + work[r])
+                bound = max(bound, head + work[r],
+                            head + per_replica * (table.forward[s] + gradient) + tail)
             if s < len(table.transfer):
                 head += (table.forward[s] + table.transfer[s]) / 2 + table.latency
+                tail += gradient + table.latency
     cores = problem.shared_cores
     if cores is not None and cores < layout.num_ranks:
         bound = max(bound, compute / cores)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..planner.memory import OPTIMIZER_STATE, predicted_memory
 from ..planner.plan import Plan
+from .copies import one_copy_plan
 from .problem import AutoProblem
 
 __all__ = ["rank_memory", "static_memory"]
@@ -29,8 +30,15 @@ def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
     return out
 
 
-def rank_memory(problem: AutoProblem, plan: Plan) -> list[float]:
-    """Predicted peak bytes of every rank (module docstring)."""
+def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> list[float]:
+    """Predicted peak bytes of every rank (module docstring); ``one_copy``: the plan's
+    data-parallel copies are identical (:mod:`pipeweave.auto.copies`), so copy 0 is asked
+    and its ranks' numbers repeat for every copy."""
+    if one_copy:
+        ranks = predicted_memory(problem.profile, one_copy_plan(plan),
+                                 batch_size=problem.batch // plan.width,
+                                 optimizer=problem.optimizer)
+        return [r.total for r in ranks] * plan.width
     ranks = predicted_memory(problem.profile, plan, batch_size=problem.batch,
                              optimizer=problem.optimizer)
     return [r.total for r in ranks]

@@ -28,6 +28,7 @@ from ..profiler import Profile
 from ..schedules import build_schedule, get_info
 from ..sim import Costs, SimulationResult, simulate
 from .links import default_topology, layout_network
+from .copies import copies_independent, one_copy_schedule
 from .memory import rank_memory
 from .problem import AutoProblem, Candidate
 
@@ -121,13 +122,24 @@ def with_options(candidate: Candidate, profile: Profile, problem: AutoProblem) -
     return replace(candidate, options=options)
 
 
+def _one_copy_suffices(plan: Plan, problem: AutoProblem) -> bool:
+    """Copy 0 alone times like the whole plan (:mod:`pipeweave.auto.copies`)."""
+    cores = problem.shared_cores
+    return (plan.width > 1 and plan.microbatches % plan.width == 0
+            and (cores is None or cores >= plan.world_size)
+            and copies_independent(plan.schedule, plan.chunks, plan.pipelines))
+
+
 def predict(candidate: Candidate, profile: Profile, problem: AutoProblem) -> Prediction:
     """Simulate ``candidate`` (partitioned, options filled) and ask the memory model."""
     plan = candidate_plan(candidate, problem)
     costs = candidate_costs(candidate, plan, profile, problem)
-    schedule = build_schedule(plan.schedule, plan.shape(simulated_iterations(plan.schedule)))
+    iterations = simulated_iterations(plan.schedule)
+    one_copy = _one_copy_suffices(plan, problem)
+    schedule = one_copy_schedule(plan, iterations) if one_copy else \
+        build_schedule(plan.schedule, plan.shape(iterations))
     result: SimulationResult = simulate(schedule, costs)
-    memory = rank_memory(problem, plan)
+    memory = rank_memory(problem, plan, one_copy=one_copy)
     samples = problem.batch * plan.pipelines
     return Prediction(
         candidate=candidate, plan=plan, iteration_time=result.iteration_time,

@@ -187,8 +187,10 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     valid = [c for c in candidates if _valid_shape(c, problem)]
     state.invalid += considered - len(valid)
     link = _fastest_link(problem)
+    # best bound per sample first: the first simulations set a high bar for the rest
     keyed = sorted(((shape_bound(c, state.profile(c), problem, link), _simplicity(c), i, c)
-                    for i, c in enumerate(valid)), key=lambda e: e[:3])
+                    for i, c in enumerate(valid)),
+                   key=lambda e: (e[0] / e[3].pipelines, e[1], e[2]))
     ranked: list[Prediction] = []
     over: list[Prediction] = []
     best = 0.0  # samples/s of the best candidate that fits

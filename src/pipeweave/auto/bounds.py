@@ -33,6 +33,7 @@ these bounds do not cover, so they are never pruned on time (only on memory).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..planner.pipedream import allreduce_time
 from ..planner.plan import Plan
@@ -43,48 +44,72 @@ from .problem import AutoProblem, Candidate
 __all__ = ["shape_bound", "plan_bound"]
 
 
-def _block_work(profile: Profile, recompute: bool) -> list[float]:
-    out = []
+@dataclass(frozen=True)
+class _Totals:
+    """What the shape bound needs from a (scaled) profile, summed once."""
+
+    work: float      # sum over blocks of F + min(B, I + W)  (+ F when recomputed)
+    heaviest: float  # the largest of those
+    update: float
+    parameters: float
+    chain_total: float  # sum of F + g   (g = min(B, I), + F when recomputed)
+    alpha: float        # min over blocks of (F/2 + g) / (F + g)
+
+
+_TOTALS: dict[tuple[int, bool], tuple[Profile, _Totals]] = {}
+
+
+def _totals(profile: Profile, recompute: bool) -> _Totals:
+    key = (id(profile), recompute)
+    cached = _TOTALS.get(key)
+    if cached is not None and cached[0] is profile:
+        return cached[1]
+    work, per_block, chain = [], [], []
     for b in profile.blocks:
         split = (b.input_grad + b.weight_grad) if b.input_grad > 0 and b.weight_grad > 0 \
             else b.backward
-        out.append(b.forward + min(b.backward, split) + (b.forward if recompute else 0.0))
-    return out
-
-
-def _fill_bound(profile: Profile, recompute: bool, n: int, depth: int) -> float:
-    """``alpha C / (1 - (1 - alpha/n)^d)`` (module docstring)."""
-    per_block, chain = [], []
-    for b in profile.blocks:
+        extra = b.forward if recompute else 0.0
+        work.append(b.forward + min(b.backward, split) + extra)
         gradient = min(b.backward, b.input_grad) if b.input_grad > 0 else b.backward / 2
-        gradient = min(gradient, b.backward) + (b.forward if recompute else 0.0)
+        gradient = min(gradient, b.backward) + extra
         per_block.append(b.forward + gradient)
         chain.append(b.forward / 2 + gradient)
-    total = sum(per_block)
-    if total <= 0:
+    totals = _Totals(
+        work=sum(work), heaviest=max(work), update=sum(b.update for b in profile.blocks),
+        parameters=sum(b.parameter_bytes for b in profile.blocks), chain_total=sum(per_block),
+        alpha=min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0))
+    if len(_TOTALS) > 256:
+        _TOTALS.clear()
+    _TOTALS[key] = (profile, totals)
+    return totals
+
+
+def _fill_bound(totals: _Totals, n: int, depth: int) -> float:
+    """``alpha C / (1 - (1 - alpha/n)^d)`` (module docstring)."""
+    if totals.chain_total <= 0:
         return 0.0
-    alpha = min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0)
-    return alpha * total / (1.0 - (1.0 - alpha / n) ** depth)
+    alpha = totals.alpha
+    return alpha * totals.chain_total / (1.0 - (1.0 - alpha / n) ** depth)
 
 
 def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
                 fastest_link: float) -> float:
     """A lower bound before partitioning (``profile`` scaled to the micro-batch)."""
-    work = _block_work(profile, candidate.recompute)
+    totals = _totals(profile, candidate.recompute)
     per_replica = candidate.pipelines * -(-candidate.microbatches // candidate.width)
-    update = sum(b.update for b in profile.blocks) * candidate.pipelines
-    params = sum(b.parameter_bytes for b in profile.blocks)
-    reduce = allreduce_time(params, candidate.width, fastest_link) * candidate.pipelines
-    copy = per_replica * sum(work) + update + reduce
+    update = totals.update * candidate.pipelines
+    reduce = allreduce_time(totals.parameters, candidate.width, fastest_link) \
+        * candidate.pipelines
+    copy = per_replica * totals.work + update + reduce
     bound = copy / candidate.depth
     may_replicate = candidate.width == 1 and candidate.chunks == 1
     if not may_replicate:
-        bound = max(bound, per_replica * max(work))
+        bound = max(bound, per_replica * totals.heaviest)
     if candidate.chunks == 1 and not may_replicate:
-        bound = max(bound, _fill_bound(profile, candidate.recompute, per_replica,
-                                       candidate.depth))
+        bound = max(bound, _fill_bound(totals, per_replica, candidate.depth))
     if problem.shared_cores is not None and problem.shared_cores < problem.ranks:
-        total = candidate.pipelines * candidate.microbatches * sum(work) + update * candidate.width
+        total = candidate.pipelines * candidate.microbatches * totals.work \
+            + update * candidate.width
         bound = max(bound, total / problem.shared_cores)
     return bound
 

@@ -43,6 +43,10 @@ class AutoProblem:
         extra_profiles: the same model profiled at other micro-batch sizes; the block times
             at a candidate's micro-batch are interpolated between them
             (:mod:`pipeweave.auto.scaling`).
+        time_limit: seconds the search may take; when they are spent the candidates not yet
+            examined are left out (counted as ``unexamined``) and the best found so far wins.
+            Candidates are examined best bound first, so what is left had the weakest bounds.
+            ``None``: search everything.
         schedules, methods, microbatches, pipelines, depths, recompute, apc: restrict an axis
             to these values (``None``: the axis's own values, :mod:`pipeweave.auto.axes`).
     """
@@ -56,6 +60,7 @@ class AutoProblem:
     shared_cores: int | None = None
     optimizer: str = "adam"
     extra_profiles: tuple[Profile, ...] = ()
+    time_limit: float | None = None
     schedules: tuple[str, ...] | None = None
     methods: tuple[str, ...] | None = None
     microbatches: tuple[int, ...] | None = None
@@ -71,6 +76,8 @@ class AutoProblem:
         if self.semantics not in SEMANTICS:
             raise ValueError(f"--semantics {self.semantics!r} is not one of {list(SEMANTICS)}; "
                              "use sync (synchronous schedules only) or any (asynchronous too)")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"--time-limit must be > 0 seconds, got {self.time_limit!r}")
         if self.memory_limit is not None and not self.memory_limit > 0:
             raise ValueError(f"--memory-limit must be > 0 bytes, got {self.memory_limit!r}")
         from ..planner.memory import OPTIMIZER_STATE

@@ -55,7 +55,8 @@ class SearchResult:
         considered: candidates enumerated; ``invalid`` of them were refused by the schedule
             or plan validation, ``pruned`` by a bound, ``simulated`` were simulated, and
             ``duplicates`` turned out to be a plan already simulated (two partition methods
-            often agree): they share its prediction and are ranked once.
+            often agree): they share its prediction and are ranked once; ``unexamined``
+            were left when ``time_limit`` ran out.
         pruned_time, pruned_memory: the pruned ones by the reason.
         seconds: wall time of the search.
     """
@@ -71,6 +72,7 @@ class SearchResult:
     simulated: int
     duplicates: int
     seconds: float
+    unexamined: int = 0
 
     @property
     def pruned(self) -> int:
@@ -195,7 +197,14 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     over: list[Prediction] = []
     best = 0.0  # samples/s of the best candidate that fits
     last_report = time.perf_counter()
+    unexamined = 0
     for position, (bound, _, _, candidate) in enumerate(keyed):
+        if problem.time_limit is not None and ranked and \
+                time.perf_counter() - started > problem.time_limit:
+            unexamined = len(keyed) - position
+            say(f"--time-limit {problem.time_limit:g} s spent: {unexamined} candidates left "
+                "unexamined (the weakest bounds)")
+            break
         samples = problem.batch * candidate.pipelines
         if _cannot_beat(samples, bound, best, candidate):
             state.pruned_time += 1
@@ -240,7 +249,8 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     return SearchResult(problem=problem, ranked=tuple(ranked), over_limit=tuple(over),
                         default=default, considered=considered, invalid=state.invalid,
                         pruned_time=state.pruned_time, pruned_memory=state.pruned_memory,
-                        simulated=state.simulated, duplicates=state.duplicates, seconds=time.perf_counter() - started)
+                        simulated=state.simulated, duplicates=state.duplicates,
+                        seconds=time.perf_counter() - started, unexamined=unexamined)
 
 
 def _cannot_beat(samples: float, bound: float, best: float, candidate: Candidate) -> bool:

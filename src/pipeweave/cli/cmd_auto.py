@@ -83,6 +83,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--shared-cores", default="auto", metavar="N|auto|none",
                         help="the ranks share N CPU cores (as in `pipeweave plan`); auto: a CPU "
                              "profile's cores when the ranks outnumber them; none: a device each")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="stop examining candidates after this long and take the best so "
+                             "far (candidates go best bound first; the rest are counted as "
+                             "unexamined); default: search everything")
     parser.add_argument("--out", type=Path, default=Path("auto-plan.json"),
                         help="write the winner's plan here (for pipeweave train --plan)")
     parser.add_argument("--plot", type=Path, default=Path("auto-pareto.png"),
@@ -156,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         semantics=args.semantics,
         topology=Topology.parse(args.topology) if args.topology is not None else None,
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
-        optimizer=args.optimizer, schedules=_names(args.schedules),
+        optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
         methods=_names(args.methods), microbatches=_counts(args.microbatches))
     _say(f"searching {profile.model} ({profile.num_blocks} blocks) on {args.ranks} ranks, "
          f"batch {problem.batch} ...")
@@ -238,6 +242,7 @@ def report_json(result: SearchResult, top: int) -> dict[str, Any]:
         "considered": result.considered, "invalid": result.invalid, "pruned": result.pruned,
         "pruned_time": result.pruned_time, "pruned_memory": result.pruned_memory,
         "simulated": result.simulated, "duplicates": result.duplicates,
+        "unexamined": result.unexamined,
         "over_memory_limit": len(result.over_limit), "search_seconds": result.seconds,
         "table": [prediction_json(p) for p in result.ranked[:top]],
     }
@@ -287,7 +292,9 @@ def format_table(result: SearchResult, top: int) -> str:
     counts = (f"{result.considered} candidates considered: {result.invalid} invalid, "
               f"{result.pruned} pruned ({result.pruned_time} by time, {result.pruned_memory} by "
               f"memory), {result.simulated} simulated ({result.duplicates} duplicates, "
-              f"{len(result.over_limit)} over the memory limit) in {result.seconds:.2f} s")
+              f"{len(result.over_limit)} over the memory limit)"
+              + (f", {result.unexamined} left unexamined by --time-limit" if result.unexamined
+                 else "") + f" in {result.seconds:.2f} s")
     winner, default = result.winner, result.default
     lines = [head, *lines, counts]
     if default is not None:

@@ -35,6 +35,22 @@ def test_sizes_of_a_two_block_mlp() -> None:
     assert profile.metadata["statistic"] == "median" and profile.metadata["repeats"] == 3
 
 
+def test_memory_sizes_of_a_two_block_mlp() -> None:
+    inputs, targets = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
+    fc, head = profile_model(mlp(), inputs, targets, warmup=0, repeats=1, threads=1).blocks
+    # the Linear saves its input (5x8) and its weight; the ReLU its output (5x16). The weight
+    # is the block's own parameter, held once whatever the micro-batches: not counted.
+    assert fc.activation_bytes == 5 * 8 * 4 + 5 * 16 * 4
+    # a split backward keeps the gradient of each parameter holder's output from I to W, and
+    # that output itself from the forward where autograd does not save it (the ReLU saves its
+    # own result, the loss's log-softmax its own): the Linear outputs, 5x16 and 5x3 floats
+    assert (fc.pending_bytes, fc.recorded_bytes) == (5 * 16 * 4, 5 * 16 * 4)
+    assert (head.pending_bytes, head.recorded_bytes) == (5 * 3 * 4, 5 * 3 * 4)
+    # measured at the CPU allocator: at least what the block keeps plus its weight gradients
+    for block in (fc, head):
+        assert block.peak_memory_bytes >= block.activation_bytes + block.parameter_bytes
+
+
 def test_threads_are_restored_and_sgd_state() -> None:
     before = torch.get_num_threads()
     profile = profile_model(mlp(), torch.randn(4, 8), None, warmup=0, repeats=1, optimizer="sgd",

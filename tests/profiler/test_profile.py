@@ -30,7 +30,7 @@ def test_round_trip_through_json(tmp_path: Path) -> None:
                                  "output_bytes": 4096.0, "activation_bytes": 4096.0,
                                  "parameter_bytes": 1024.0, "optimizer_bytes": 2048.0,
                                  "peak_memory_bytes": 9000.0, "update": 0.0, "weight_grad": 0.0,
-                                 "input_grad": 0.0}
+                                 "input_grad": 0.0, "pending_bytes": 0.0, "recorded_bytes": 0.0}
     assert Profile.load(path) == profile
 
 
@@ -86,3 +86,16 @@ def test_a_profile_without_weight_grad_still_loads(tmp_path: Path) -> None:
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
     assert all(block.weight_grad == block.input_grad == 0.0 for block in Profile.load(path).blocks)
+
+
+def test_stash_bytes_leave_out_parameters_of_profiles_written_before() -> None:
+    # Profiles written before the profiler left the blocks' own weights out of
+    # activation_bytes (metadata has peak_memory, not activation_bytes) get them subtracted;
+    # new ones and hand-built ones are taken as they are.
+    blocks = (BlockProfile("a", 1.0, 2.0, 10.0, 500.0, 200.0),
+              BlockProfile("b", 1.0, 2.0, 10.0, 100.0, 300.0))
+    old = Profile(blocks, metadata={"peak_memory": "estimated"})
+    new = Profile(blocks, metadata={"peak_memory": "measured",
+                                    "activation_bytes": "parameters excluded"})
+    assert old.stash_bytes == (300.0, 0.0)
+    assert new.stash_bytes == Profile(blocks).stash_bytes == (500.0, 100.0)

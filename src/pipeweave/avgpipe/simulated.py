@@ -118,13 +118,13 @@ class SimulatedModel:
                        activation_bytes=self.stash_bytes(profile))
 
     def stash_bytes(self, profile: Profile) -> list[float]:
-        """What a stage keeps per micro-batch: the profile's ``activation_bytes`` less the
-        block's parameters. The profiler counts every storage autograd saves, and a Linear or
-        convolution saves its own weight for the backward; that storage *is* the parameter
-        (counted in ``F_mod``), so counting it per held micro-batch would inflate ``F_dat``
-        by ``held x weights`` (and make it affine, not linear, in the micro-batch size)."""
-        return [sum(max(b.activation_bytes - b.parameter_bytes, 0.0) for b in profile.blocks[a:e])
-                for a, e in self.bounds]
+        """What a stage keeps per micro-batch: the profile's ``stash_bytes``, i.e. what autograd
+        saves without the block's own parameters. A Linear or convolution saves its weight
+        for the backward; that storage *is* the parameter (counted in ``F_mod``), so counting
+        it per held micro-batch would inflate ``F_dat`` by ``held x weights`` (and make it
+        affine, not linear, in the micro-batch size)."""
+        stash = profile.stash_bytes
+        return [sum(stash[a:e]) for a, e in self.bounds]
 
     def model_bytes(self, profile: Profile, pipelines: int) -> list[float]:
         """``F_mod`` per rank: ``N`` x (weights + gradients + optimizer state)."""

@@ -3,47 +3,60 @@
 Everything is read off the profile and the schedule the plan builds (one representation: the
 same action lists the simulator times and the runtime runs), never off per-schedule formulas.
 For a rank hosting stages ``S`` (its chunks, the V's two halves, a replica, in each of ``N``
-parallel pipelines), with ``|w_s|`` the parameter bytes of stage ``s``::
+parallel pipelines), with ``|w_s|`` the parameter bytes of stage ``s``, the parts that do not
+change during a run::
 
     parameters       N * sum |w_s|                 (+ sum |w_s| for AvgPipe's reference model)
-    gradients        N * sum |w_s|                 (one .grad per parameter, accumulated)
-    optimizer_state  N * k * sum |w_s|             k = 0 SGD, 1 SGD+momentum/RMSprop/Adagrad,
-                                                    2 Adam/AdamW (their two moments)
+    optimizer_state  N * sum (state of s)          the profile's measured optimizer_bytes when
+                                                    it was profiled with this optimizer, else
+                                                    k |w_s|: k = 0 SGD, 1 SGD+momentum/RMSprop/
+                                                    Adagrad, 2 Adam/AdamW (their two moments)
     weight_versions  sum (copies_s * |w_s|)        module replicas holding other versions
                                                     (stashing, 2BW, vertical sync, WPipe's G0,
                                                     PipeOptim's predictions)
-    activations      peak over the rank's program of the bytes held between a forward and
-                     its backward (``sim.metrics.peak_activations``: a split backward holds
-                     them until its W, a Slicer half counts half); per micro-batch and stage
-                     the profile's saved bytes plus the stage's output, scaled to the plan's
-                     micro-batch; a recomputed stage keeps only its input
-    buffers          per hosted stage, one received activation (its input) and one received
-                     gradient (its output's), in flight between a receive and their use
+
+and the parts that do, taken at the moment of the rank's peak, found by walking its program
+(:mod:`.memory_timeline`)::
+
+    gradients        the weight gradients present (from the first backward after an update
+                     to the next update)
+    activations      what forwards left for their backwards: per micro-batch and stage the
+                     profile's saved bytes plus the stage's output (a recomputed or
+                     predicted forward: its input only), scaled to the plan's micro-batch;
+                     split backwards keep them until their W, with the output gradients
+                     the W needs (``pending_bytes``, from the I) and the parameter
+                     holders' outputs autograd does not save (``recorded_bytes``, from the F)
+    buffers          messages in flight: received activations and gradients from when the
+                     receive is posted (the runtime posts two ahead) to their use, sent input
+                     gradients until a later receive proves them delivered
+    workspace        the running backward's own tensors: the largest of its blocks'
+                     ``peak_memory_bytes`` less what the block keeps (saved tensors, output,
+                     gradients), plus what a recomputing backward rebuilds
 
 ``copies_s`` is what :mod:`pipeweave.runtime.execution.weights` allocates: the simulator's
 weight versions of the stage (live + every older version still named + transient
 predictions, ``sim.metrics.weight_versions``) less the live one, plus one where a forward at
 the live version has an update of the stage before its backward: the runtime runs that
-forward on a copy (autograd keeps the tensors it ran on; the update is in place).
+forward on a copy (autograd keeps the tensors it ran on; the update is in place). The
+runtime builds replicas once and keeps them, so the peak count holds for the whole run.
 
-The total is the sum of the parts' peaks, an upper bound of the peak of their sum that is
-tight whenever the activation peak falls after the first backward (every schedule with a
-steady state); ``docs/memory.md`` compares it with measured peaks.
+``docs/memory.md`` compares the total with the peak of live tensor bytes measured at the
+allocator (``Job.track_allocations``) for every schedule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..ir import GRADIENT_OPS, Op, Schedule
+from ..ir import GRADIENT_OPS, Op, Schedule, lower
 from ..profiler import Profile
 from ..schedules import build_schedule, get_info
-from ..sim import Costs
-from ..sim.metrics import peak_activations, weight_versions
+from ..sim.metrics import weight_versions
+from .memory_timeline import StageBytes, graphless_forwards, peak_moments
 from .plan import Plan
 
-__all__ = ["RankMemory", "predicted_memory", "OPTIMIZER_STATE", "stage_activation_bytes",
-           "weight_copies"]
+__all__ = ["RankMemory", "predicted_memory", "OPTIMIZER_STATE", "optimizer_state_bytes",
+           "stage_activation_bytes", "weight_copies"]
 
 OPTIMIZER_STATE: dict[str, int] = {
     "sgd": 0, "sgd-momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2,
@@ -63,6 +76,7 @@ class RankMemory:
     weight_versions: float
     activations: float
     buffers: float
+    workspace: float = 0.0
 
     @property
     def total(self) -> float:
@@ -92,7 +106,8 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
                          f"{plan.microbatches}; give a multiple of {plan.microbatches}")
     if iterations is None:
         iterations = 1 if get_info(plan.schedule).synchronous else 4
-    schedule = build_schedule(plan.schedule, plan.shape(iterations))
+    # lowered, as the runtime runs it: an I directly followed by its W is one B there
+    schedule = lower(build_schedule(plan.schedule, plan.shape(iterations)))
     if schedule.num_stages != len(plan.stages):
         raise ValueError(f"schedule {plan.schedule!r} lays out {schedule.num_stages} stages but "
                          f"the plan has {len(plan.stages)}; set the plan's chunks to "
@@ -100,38 +115,63 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
     scale = _scale(profile, batch_size // plan.microbatches)
     weights = [sum(b.parameter_bytes for b in profile.blocks[a:e]) for a, e in plan.stages]
     held = stage_activation_bytes(profile, plan, scale)
-    _, activations = peak_activations(schedule, Costs(activation_bytes=held).resolve(len(held)))
+    split = {a[1] for program in schedule.programs for a in program if a[0] is Op.BACKWARD_INPUT}
+    stages = [StageBytes(gradients=weights[s], activations=held[s],
+                         inputs=scale * _input_bytes(profile, a),
+                         pending=scale * _pending_bytes(profile, plan, s) if s in split else 0.0,
+                         recorded=(scale * sum(b.recorded_bytes for b in profile.blocks[a:e])
+                                   if s in split else 0.0),
+                         workspace=scale * _workspace(profile, a, e),
+                         received=scale * _input_bytes(profile, a) if s > 0 else 0.0,
+                         sent=(scale * profile.blocks[e - 1].output_bytes
+                               if s < len(plan.stages) - 1 else 0.0))
+              for s, (a, e) in enumerate(plan.stages)]
+    recompute = [plan.recompute_stage(s) for s in range(len(plan.stages))]
+    graphless = graphless_forwards(schedule, recompute=recompute,
+                                   backward=plan.semantics.backward or "recompute")
+    moments = peak_moments(schedule, stages, graphless)
     copies = weight_copies(schedule, keep_predicted=plan.semantics.backward == "graph")
     averages = any(a[0] is Op.AVERAGE for program in schedule.programs for a in program)
-    state = OPTIMIZER_STATE[optimizer]
+    state = optimizer_state_bytes(profile, plan, optimizer)
     n = schedule.pipelines
     ranks = []
-    for rank in range(schedule.num_ranks):
+    for rank, moment in enumerate(moments):
         hosted = schedule.layout.stages_of(rank)
         own = sum(weights[s] for s in hosted)
         ranks.append(RankMemory(
             parameters=n * own + (own if averages else 0.0),
-            gradients=n * own,
-            optimizer_state=n * state * own,
+            gradients=moment.gradients,
+            optimizer_state=n * sum(state[s] for s in hosted),
             weight_versions=sum(copies[s] * weights[s] for s in hosted),
-            activations=activations[rank],
-            buffers=n * sum(_boundary_bytes(profile, plan, s, scale) for s in hosted),
+            activations=moment.activations,
+            buffers=moment.buffers,
+            workspace=moment.workspace,
         ))
     return ranks
 
 
+def optimizer_state_bytes(profile: Profile, plan: Plan, optimizer: str) -> list[float]:
+    """Per stage: the optimizer's state bytes, as measured by the profiler when it profiled
+    with ``optimizer`` (Adam's moments plus its per-tensor step counters), else counted."""
+    measured = profile.metadata.get("optimizer") == optimizer
+    per_block = [b.optimizer_bytes if measured else OPTIMIZER_STATE[optimizer] * b.parameter_bytes
+                 for b in profile.blocks]
+    return [sum(per_block[a:e]) for a, e in plan.stages]
+
+
 def stage_activation_bytes(profile: Profile, plan: Plan, scale: float = 1.0) -> list[float]:
     """Bytes one micro-batch leaves on each stage from its forward to its backward: the
-    blocks' saved tensors and the stage's output (the root its backward starts from), or,
-    for a recomputed stage, only its input."""
-    blocks = profile.blocks
+    blocks' saved tensors and the stage's output (the root its backward starts from; on the
+    last stage that is the loss, a scalar), or, for a recomputed stage, only its input."""
+    blocks, stash = profile.blocks, profile.stash_bytes
+    last = len(plan.stages) - 1
     held = []
     for stage, (start, end) in enumerate(plan.stages):
+        output = blocks[end - 1].output_bytes if stage < last else 0.0
         if plan.recompute_stage(stage):
             held.append(scale * _input_bytes(profile, start))
         else:
-            held.append(scale * (sum(b.activation_bytes for b in blocks[start:end])
-                                 + blocks[end - 1].output_bytes))
+            held.append(scale * (sum(stash[start:end]) + output))
     return held
 
 
@@ -167,15 +207,28 @@ def _stashes_live(schedule: Schedule, stage: int) -> bool:
     return False
 
 
+def _pending_bytes(profile: Profile, plan: Plan, stage: int) -> float:
+    """What a split backward keeps from its I to its W: the output gradients its parameter
+    holders' weight gradients need, and the gradient it received (none on the last stage)."""
+    start, end = plan.stages[stage]
+    received = profile.blocks[end - 1].output_bytes if stage < len(plan.stages) - 1 else 0.0
+    return received + sum(b.pending_bytes for b in profile.blocks[start:end])
+
+
+def _workspace(profile: Profile, start: int, end: int) -> float:
+    """The largest transient of the stage's blocks' backwards: a block's measured peak less
+    what it keeps (saved tensors, output, weight gradients), 0 where the peak is unknown or
+    only estimated (CPU profiles written before the profiler measured it)."""
+    if profile.metadata.get("peak_memory") == "estimated":
+        return 0.0
+    stash = profile.stash_bytes
+    return max((max(0.0, b.peak_memory_bytes - stash[i] - b.output_bytes - b.parameter_bytes)
+                for i, b in enumerate(profile.blocks[start:end], start)
+                if b.peak_memory_bytes > 0), default=0.0)
+
+
 def _input_bytes(profile: Profile, start: int) -> float:
     return profile.input_bytes if start == 0 else profile.blocks[start - 1].output_bytes
-
-
-def _boundary_bytes(profile: Profile, plan: Plan, stage: int, scale: float) -> float:
-    start, end = plan.stages[stage]
-    received = _input_bytes(profile, start) if stage > 0 else 0.0
-    gradient = profile.blocks[end - 1].output_bytes if stage < len(plan.stages) - 1 else 0.0
-    return scale * (received + gradient)
 
 
 def _scale(profile: Profile, microbatch_rows: int) -> float:

@@ -7,14 +7,23 @@ For block ``i`` (its input ``x_i`` is the output of blocks ``0..i-1`` on the sam
                (the last block: loss_fn(output, targets).backward(), so the loss is in it)
     output_bytes        bytes of the output tensor
     activation_bytes    bytes autograd saves for the backward (saved-tensor hooks; each
-                        storage counted once), i.e. what a stage stashes per micro-batch
+                        storage counted once; the block's parameters and buffers left out:
+                        a layer saves its weight for the backward, but that is the one
+                        copy a rank holds anyway, not a per-micro-batch cost), i.e. what a
+                        stage stashes per micro-batch
     parameter_bytes     bytes of the block's parameters
     optimizer_bytes     bytes of the optimizer state after one step on a deep copy
     update              seconds of one optimizer step on that copy (median of `repeats`
                         steps after the first, which allocates the state)
-    peak_memory_bytes   CUDA: most memory allocated during forward+backward above what was
-                        allocated before it; CPU: the estimate activation + 2 x output +
-                        parameter (their gradients) + input bytes (metadata says which)
+    peak_memory_bytes   most memory allocated during forward+backward above what was
+                        allocated before it (CUDA: the allocator's peak; CPU: torch's CPU
+                        allocator as the profiler reports it, profile_memory=True)
+    pending_bytes       bytes a split backward keeps from its I to its W besides the
+                        activations: the gradients of the parameter-holding modules' outputs
+                        (:mod:`pipeweave.split_backward`)
+    recorded_bytes      bytes a split-backward stage keeps from the forward to W besides
+                        activation_bytes: the parameter-holding modules' outputs that autograd
+                        does not save itself (e.g. a projection feeding a residual add)
 
 On CUDA every timed region is bracketed by ``torch.cuda.synchronize()`` so kernels are
 counted where they run, not where they are queued.
@@ -35,7 +44,7 @@ from torch import Tensor, nn
 from ..models import ModelSpec
 from ..split_backward import input_gradient, recording, weight_gradient
 from ..host import machine_cores
-from .profile import BlockProfile, Profile
+from .profile import EXCLUDED, BlockProfile, Profile
 
 __all__ = ["profile_model", "profile_block", "profile_builtin", "tensor_bytes", "OPTIMIZERS"]
 
@@ -112,7 +121,7 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
         metadata={"warmup": warmup, "repeats": repeats, "statistic": "median",
                   "optimizer": optimizer, "torch": torch.__version__,
                   "threads": torch.get_num_threads(), "cores": machine_cores(),
-                  "peak_memory": "measured" if device == "cuda" else "estimated",
+                  "peak_memory": "measured", "activation_bytes": EXCLUDED,
                   "spread": spreads, "warnings": unalike_twins(profiles, signatures)},
     )
 
@@ -196,6 +205,8 @@ def measure_block(
     saved = output_bytes = 0
     record: list[int] = []
     run = 0
+    weights = frozenset(t.untyped_storage().data_ptr()
+                        for t in (*block.parameters(), *block.buffers()))
 
     def more() -> bool:
         if run < warmup + repeats:
@@ -209,7 +220,7 @@ def measure_block(
         block.zero_grad(set_to_none=True)
         _sync(cuda)
         started = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(*_counter(record)):
+        with torch.autograd.graph.saved_tensors_hooks(*_counter(record, weights)):
             out = block(x)
             loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
         _sync(cuda)
@@ -224,7 +235,8 @@ def measure_block(
         run += 1
     parameters = sum(tensor_bytes(p) for p in block.parameters())
     optimizer_bytes, update = _optimizer_step(block, inputs, loss_fn, targets, optimizer, repeats)
-    input_grad, weight_grad = _split_times(block, inputs, loss_fn, targets, repeats)
+    input_grad, weight_grad, pending, recorded = _split_times(block, inputs, loss_fn, targets,
+                                                              repeats)
     spread = _spread([f + b for f, b in zip(forward_times, backward_times)])
     return BlockProfile(
         name=name,
@@ -237,8 +249,9 @@ def measure_block(
         update=update,
         weight_grad=weight_grad,
         input_grad=input_grad,
-        peak_memory_bytes=_peak_memory(block, inputs, loss_fn, targets) if cuda else
-        saved + 2 * output_bytes + parameters + (tensor_bytes(inputs) if inputs.is_floating_point() else 0),
+        peak_memory_bytes=_peak_memory(block, inputs, loss_fn, targets),
+        pending_bytes=pending,
+        recorded_bytes=recorded,
     ), spread
 
 
@@ -248,14 +261,16 @@ def _leaf(inputs: Tensor) -> Tensor:
     return x.requires_grad_(True) if x.is_floating_point() else x
 
 
-def _counter(record: list[int]) -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]:
-    """Saved-tensor hooks adding each saved storage's bytes to ``record`` once."""
+def _counter(record: list[int], excluded: frozenset[int] = frozenset()
+             ) -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]:
+    """Saved-tensor hooks adding each saved storage's bytes to ``record`` once, except the
+    storages in ``excluded`` (the block's parameters and buffers, by data pointer)."""
     seen: set[tuple[int, int]] = set()
 
     def pack(tensor: Tensor) -> Tensor:
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        if key not in seen:
+        if key[0] not in excluded and key not in seen:
             seen.add(key)
             record.append(storage.nbytes())
         return tensor
@@ -305,26 +320,35 @@ def _optimizer_step(block: nn.Module, inputs: Tensor,
 
 def _split_times(block: nn.Module, inputs: Tensor,
                  loss_fn: Callable[[Tensor, Tensor], Tensor] | None, targets: Tensor | None,
-                 repeats: int) -> tuple[float, float]:
+                 repeats: int) -> tuple[float, float, int, int]:
     """Median times of the two halves of a split backward (``I``, ``W``,
-    :mod:`pipeweave.split_backward`) over ``repeats`` runs after one warm-up; ``I`` of a block
-    without parameters is its whole backward and its ``W`` 0."""
+    :mod:`pipeweave.split_backward`) over ``repeats`` runs after one warm-up, the bytes of
+    output gradients held from ``I`` to ``W`` and of the recorded outputs that autograd does
+    not save (held from the forward to ``W``); ``I`` of a block without parameters is its
+    whole backward and its ``W`` 0."""
     cuda = inputs.device.type == "cuda"
     inputs_times, weight_times = [], []
     for run in range(repeats + 1):
         x = _leaf(inputs)
-        with recording(block) as recorded:
+        saved: set[int] = set()
+        with recording(block) as recorded, torch.autograd.graph.saved_tensors_hooks(
+                *_storages(saved)):
             out = block(x)
-        loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
+            loss = (loss_fn(out, targets) if loss_fn is not None and targets is not None
+                    else None)
         start = loss if loss is not None else out
         if not start.requires_grad:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0, 0
+        unsaved = {r.output.untyped_storage().data_ptr(): r.output.untyped_storage().nbytes()
+                   for r in recorded
+                   if r.output.untyped_storage().data_ptr() not in saved}
         _sync(cuda)
         began = time.perf_counter()
         _, pending = input_gradient(block, x, start, None if loss is not None
                                     else torch.ones_like(out), recorded)
         _sync(cuda)
         middle = time.perf_counter()
+        held = sum(tensor_bytes(gradient) for _, gradient, _ in pending.parts)
         weight_gradient(pending)
         _sync(cuda)
         if run:
@@ -332,21 +356,60 @@ def _split_times(block: nn.Module, inputs: Tensor,
             weight_times.append(time.perf_counter() - middle)
     block.zero_grad(set_to_none=True)
     has_weights = any(p.requires_grad for p in block.parameters())
-    return statistics.median(inputs_times), statistics.median(weight_times) if has_weights else 0.0
+    return (statistics.median(inputs_times),
+            statistics.median(weight_times) if has_weights else 0.0, held, sum(unsaved.values()))
+
+
+def _storages(found: set[int]) -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]:
+    """Saved-tensor hooks adding each saved tensor's storage (data pointer) to ``found``."""
+
+    def pack(tensor: Tensor) -> Tensor:
+        found.add(tensor.untyped_storage().data_ptr())
+        return tensor
+
+    def unpack(tensor: Tensor) -> Tensor:
+        return tensor
+
+    return pack, unpack
 
 
 def _peak_memory(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
                  targets: Tensor | None) -> int:
     block.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = block(_leaf(inputs))
-    _backward(out, loss_fn(out, targets) if loss_fn is not None and targets is not None else None)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    if inputs.device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        _forward_backward(block, inputs, loss_fn, targets)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                    profile_memory=True) as profiler:
+            _forward_backward(block, inputs, loss_fn, targets)
+        peak = _allocated_peak(profiler)
     block.zero_grad(set_to_none=True)
     return max(0, int(peak))
+
+
+def _forward_backward(block: nn.Module, inputs: Tensor,
+                      loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
+                      targets: Tensor | None) -> None:
+    out = block(_leaf(inputs))
+    _backward(out, loss_fn(out, targets) if loss_fn is not None and targets is not None else None)
+
+
+def _allocated_peak(profiler: torch.profiler.profile) -> int:
+    """Most bytes alive at once from the CPU allocator's events of a memory-profiling run."""
+    results = profiler.profiler.kineto_results if profiler.profiler is not None else None
+    events = [] if results is None else results.events()
+    changes = sorted(((e.start_ns(), e.nbytes()) for e in events  # type: ignore[attr-defined]
+                      if e.name() == "[memory]"), key=lambda change: change[0])
+    alive = peak = 0
+    for _, nbytes in changes:
+        alive += nbytes
+        peak = max(peak, alive)
+    return peak
 
 
 def _device_name(device: torch.device) -> str:

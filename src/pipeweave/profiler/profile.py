@@ -11,6 +11,12 @@ of the model in pipeline order, what one micro-batch costs::
     optimizer_bytes       the optimizer's state for those weights (Adam: 2x parameters)
     peak_memory_bytes     most memory the block's forward+backward allocated above its
                           input (0 when unknown)
+    pending_bytes         bytes a split backward keeps from its input-gradient half to its
+                          weight-gradient half besides the activations (the gradients of the
+                          parameter-holding modules' outputs; 0 when unknown)
+    recorded_bytes        bytes a split backward keeps from the forward to its weight-gradient
+                          half besides ``activation_bytes`` (those outputs, where autograd
+                          does not save them itself; 0 when unknown)
     update                seconds of one optimizer step on the block's parameters (0 when
                           unknown)
     weight_grad           seconds of the weight-gradient half of a split backward (``W``) and
@@ -46,10 +52,15 @@ __all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile"]
 SCHEMA = "pipeweave.profile/1"
 """Schema tag written into every profile and required on load."""
 
+EXCLUDED = "parameters excluded"
+"""``metadata["activation_bytes"]`` of a measured profile whose activation bytes leave out the
+blocks' own parameters (every profile measured since; see :attr:`Profile.stash_bytes`)."""
+
 _BLOCK_NUMBERS = ("forward", "backward", "output_bytes", "activation_bytes", "parameter_bytes",
-                  "optimizer_bytes", "peak_memory_bytes", "update", "weight_grad", "input_grad")
+                  "optimizer_bytes", "peak_memory_bytes", "update", "weight_grad", "input_grad",
+                  "pending_bytes", "recorded_bytes")
 _OPTIONAL = frozenset({"optimizer_bytes", "peak_memory_bytes", "update", "weight_grad",
-                       "input_grad"})
+                       "input_grad", "pending_bytes", "recorded_bytes"})
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,8 @@ class BlockProfile:
     update: float = 0.0
     weight_grad: float = 0.0
     input_grad: float = 0.0
+    pending_bytes: float = 0.0
+    recorded_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -166,6 +179,19 @@ class Profile:
     @property
     def parameter_bytes(self) -> tuple[float, ...]:
         return tuple(b.parameter_bytes for b in self.blocks)
+
+    @property
+    def stash_bytes(self) -> tuple[float, ...]:
+        """Per block, what one micro-batch leaves for its backward: ``activation_bytes``, less
+        the block's parameters in a profile that pipeweave's profiler wrote before it left
+        them out (its metadata has ``peak_memory`` but not ``activation_bytes:
+        "parameters excluded"``): a Linear saves its own weight, a storage held once, not per
+        micro-batch. Profiles built by hand or imported are taken as they are."""
+        written_before = ("peak_memory" in self.metadata
+                          and self.metadata.get("activation_bytes") != EXCLUDED)
+        if not written_before:
+            return tuple(b.activation_bytes for b in self.blocks)
+        return tuple(max(b.activation_bytes - b.parameter_bytes, 0.0) for b in self.blocks)
 
     def with_link(self, link: LinkProfile | None) -> "Profile":
         return replace(self, link=link)

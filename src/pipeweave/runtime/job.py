@@ -162,6 +162,10 @@ class Job:
         clip_grad_norm: clip the global gradient norm of every update to this value, as
             ``torch.nn.utils.clip_grad_norm_`` on the whole model would (None: no clipping);
             synchronous schedules, see :mod:`pipeweave.runtime.execution.clipping`.
+        track_allocations: measure the peak bytes of live tensors on every rank at the
+            allocator (``RankResult.peak_allocated_bytes``; on CPU through torch's profiler,
+            which slows the run: for short measuring runs); see
+            :mod:`pipeweave.runtime.observation.allocations`. Distributed runs only.
     """
 
     plan: Plan
@@ -179,6 +183,7 @@ class Job:
     apc: bool = False
     advance: AdvanceOptions | None = None
     clip_grad_norm: float | None = None
+    track_allocations: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1:

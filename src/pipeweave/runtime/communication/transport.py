@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...ir import Action, Op, Schedule, dependencies, ref
-from ...ir.deps import producer_rank, receiver
+from ...ir import Action, Op, Schedule
+from ...ir.deliveries import delivery_proofs
 from .apc import MODE_FULL, MODE_HALF, Encoded, decode, encode
 
 __all__ = ["Transport", "DistTransport", "LocalTransport", "message_tag", "PeerTimeout",
@@ -79,58 +79,6 @@ def message_tag(message: Action) -> int:
     tag = (message.microbatch % 4096) * 3 + message.piece
     tag = (tag * 2 + direction) * 1024 + message.stage
     return tag * 16 + message.pipeline % 16
-
-
-def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action, ...]]:
-    """For each message ``rank`` receives, the messages it sent that have surely arrived by then.
-
-    A sent tensor must stay alive until its transfer is done, and asking does not work:
-    gloo's send ``Work.is_completed()`` stays False until someone calls ``wait()``. Waiting on
-    an old send at an arbitrary point could deadlock, since schedules are proven deadlock-free
-    (``ir/validate.py``) on the premise that sends never block. The schedule itself gives
-    the proof instead: programs run in order and a receive blocks until its data is there, so
-    when rank B sends message m (position p of B's program) every receive before p on B has
-    completed; once A receives m, each of A's sends that B receives before p has arrived::
-
-        A:  SF0 ──────────────► ... RB0   (RB0 arrives: SF0 arrived, release its buffer)
-        B:        RF0  F0  B0  SB0 ──┘
-
-    Returns ``received message -> sends (as :func:`ref` identities) delivered once it is in``;
-    every send of ``rank`` appears at most once, at the earliest receive that proves it.
-    """
-    layout = schedule.layout
-    sent_at: dict[Action, int] = {}
-    received_at: dict[Action, int] = {}
-    for program in schedule.programs:
-        for position, action in enumerate(program):
-            if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
-                sent_at[ref(action)] = position
-            elif action.op is Op.RECV_ACT or action.op is Op.RECV_GRAD:
-                (message,) = dependencies(action, layout, lowered=True)
-                received_at[message] = position
-    # This rank's sends per destination, in the order the destination receives them.
-    outgoing: dict[int, list[tuple[int, Action]]] = {}
-    for action in schedule.programs[rank]:
-        if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
-            _, dst = receiver(action, layout)
-            outgoing.setdefault(dst, []).append((received_at[ref(action)], ref(action)))
-    for sends in outgoing.values():
-        sends.sort()
-    proven = dict.fromkeys(outgoing, 0)  # per destination: sends[:proven] are known delivered
-    proofs: dict[Action, tuple[Action, ...]] = {}
-    for action in schedule.programs[rank]:
-        if action.op is not Op.RECV_ACT and action.op is not Op.RECV_GRAD:
-            continue
-        (message,) = dependencies(action, layout, lowered=True)
-        src = producer_rank(message, layout)
-        sends = outgoing.get(src, [])
-        first = last = proven.get(src, 0)
-        while last < len(sends) and sends[last][0] < sent_at[message]:
-            last += 1
-        if last > first:
-            proofs[message] = tuple(sent for _, sent in sends[first:last])
-            proven[src] = last
-    return proofs
 
 
 _HEADER_BIT = 1 << 30

@@ -21,6 +21,7 @@ from ..checkpoint.resume import Session
 from ..communication.delay import delayed_transport
 from ..communication.transport import DistTransport
 from ..observation.progress import StepProgress
+from ..observation.allocations import AllocationTracker
 from ..observation.results import RankResult, attach_partial
 from .assemble import assemble_rank
 from .faults import injected_fault_hooks
@@ -61,6 +62,9 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
         transport.make_groups([*schedule.layout.stage_ranks,
                                *([range(world_size)] if job.clip_grad_norm is not None else [])])
         transport.track_deliveries(schedule)
+        tracker = AllocationTracker(device) if job.track_allocations else None
+        if tracker is not None:
+            tracker.__enter__()
         assembled = assemble_rank(prepared, rank, device=device,
                                   transport=delayed_transport(transport, rank),  # usually none
                                   session=_agreed(prepared.session))
@@ -85,7 +89,11 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
         assembled.recovery.close()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        if tracker is not None:
+            tracker.__exit__(None, None, None)
         result = assembled.result(wall=time.time() - origin, device=device, online=online)
+        if tracker is not None:
+            result.peak_allocated_bytes = tracker.peak
         if progress is not None:
             progress.close()
         if not gather:

@@ -48,6 +48,10 @@ def run_local(job: Job | PreparedJob) -> list[RankResult]:
 
 def _run(given: Job | PreparedJob) -> list[RankResult]:
     job = given if isinstance(given, Job) else given.job
+    if job.track_allocations:
+        raise ValueError("track_allocations measures each rank's tensors in its own process; "
+                         "the single-process executor runs every rank in one: launch the job "
+                         "with launch_local (--executor processes)")
     torch.manual_seed(job.seed)
     spec = job.model()
     prepared = given if isinstance(given, PreparedJob) else prepare(job, spec=spec)

@@ -36,6 +36,12 @@ class RankResult:
     """Weighted loss per micro-batch (ranks hosting the last stage)."""
     records: list[tuple[int, str, float, float]] = field(default_factory=list)
     peak_memory_bytes: int = 0
+    """CUDA: ``max_memory_allocated``; CPU: the process's peak RSS (interpreter and libraries
+    included)."""
+    peak_allocated_bytes: int = 0
+    """With ``Job.track_allocations``: most bytes of live tensors from the rank's model
+    construction to the end of the run, measured at the allocator (observation/allocations.py);
+    0 otherwise."""
     peak_stashed_microbatches: int = 0
     """Most micro-batches whose activations the rank held at once, over all its stages (a
     split backward's from its F until its W); the simulator's ``peak_activations``."""

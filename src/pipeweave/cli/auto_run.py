@@ -4,14 +4,16 @@ The same path as ``pipeweave train --plan FILE`` (a :class:`~pipeweave.runtime.J
 built-in model and its dataset, launched with ``launch_local``: one process per rank, gloo over
 loopback). Measured iteration time: the median gap between consecutive iteration ends on the
 runtime's own timeline, the first iteration (warm-up) left out, as
-``benchmarks/simulator_fidelity.py`` measures it. Measured peak memory: the runtime's counted
-peak per rank (state + activations, ``runtime/observation/memory.py``).
+``benchmarks/simulator_fidelity.py`` measures it. Measured peak memory: a second, short run
+with ``Job.track_allocations`` (the most bytes of live tensors per rank at the allocator, what
+the memory model predicts, docs/memory.md; tracking slows a CPU run, so it is not timed). The
+process's peak RSS (interpreter and libraries included) is reported beside it.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..data import SEQUENCE_DATASETS
@@ -29,12 +31,15 @@ class Measured:
 
     iteration_time: float
     peak_memory_bytes: list[int]
+    """Per rank: most bytes of live tensors (``RankResult.peak_allocated_bytes``)."""
     samples_per_second: float
+    peak_rss_bytes: list[int]
 
     def to_json(self) -> dict[str, Any]:
         return {"iteration_time": self.iteration_time,
                 "peak_memory_bytes": list(self.peak_memory_bytes),
-                "samples_per_second": self.samples_per_second}
+                "samples_per_second": self.samples_per_second,
+                "peak_rss_bytes": list(self.peak_rss_bytes)}
 
 
 def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bool = False,
@@ -59,6 +64,9 @@ def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bo
                         microbatches=plan.microbatches, pipelines=plan.pipelines)
     ends = summary.iteration_end_s
     gaps = [b - a for a, b in zip(ends, ends[1:])][1:]
+    tracked = launch_local(replace(job, steps=min(steps, 4), track_allocations=True),
+                           deadline_s=timeout_s * 4)
     return Measured(iteration_time=statistics.median(gaps),
-                    peak_memory_bytes=list(summary.peak_memory_bytes),
-                    samples_per_second=summary.samples_per_second)
+                    peak_memory_bytes=[r.peak_allocated_bytes for r in tracked],
+                    samples_per_second=summary.samples_per_second,
+                    peak_rss_bytes=list(summary.peak_memory_bytes))

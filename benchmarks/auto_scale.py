@@ -13,7 +13,9 @@ temporary file and searched by the command itself (``pipeweave auto --profile FI
 --topology ... --json``) on a two-level topology (8 GPUs per machine on NVLink-class links,
 128 machines on 10 Gb/s-class Ethernet). Prints the wall time (the issue asks for under 60 s
 on this machine) and the candidate counts: considered, invalid, pruned (by time, by memory),
-simulated, duplicates; and the winner.
+simulated, duplicates, and unexamined: ``--time-limit`` (default 45 s; ``0``: none) stops the
+search there and takes the best so far, the candidates not reached (the weakest bounds, since
+they go best bound first) counted as unexamined; and the winner.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--topology", default="8x1.2e10,128x1.25e9")
     parser.add_argument("--memory-limit", default="80GB")
+    parser.add_argument("--time-limit", type=float, default=45.0,
+                        help="seconds the search may take (0: search everything)")
     parser.add_argument("--quick", action="store_true",
                         help="200 blocks on 64 ranks (8x1.2e10,8x1.25e9): checks the script runs")
     parser.add_argument("--json-out", type=Path, default=None)
@@ -73,6 +77,8 @@ def main() -> None:
                    "--memory-limit", args.memory_limit, "--shared-cores", "none", "--json",
                    "--top", "5", "--out", str(Path(folder) / "plan.json"),
                    "--plot", str(Path(folder) / "front.png")]
+        if args.time_limit > 0:
+            command += ["--time-limit", str(args.time_limit)]
         print("$ pipeweave " + " ".join(command[3:]), flush=True)
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
@@ -83,7 +89,7 @@ def main() -> None:
     winner = report["winner"]
     counts = {key: report[key] for key in ("considered", "invalid", "pruned", "pruned_time",
                                            "pruned_memory", "simulated", "duplicates",
-                                           "over_memory_limit")}
+                                           "unexamined", "over_memory_limit")}
     print(f"{args.blocks} blocks on {args.ranks} ranks ({args.topology}): {seconds:.1f} s wall "
           f"(search {report['search_seconds']:.1f} s), under 60 s: {seconds < 60}")
     print("  ".join(f"{key} {value}" for key, value in counts.items()))
@@ -96,7 +102,8 @@ def main() -> None:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps({
             "blocks": args.blocks, "ranks": args.ranks, "topology": args.topology,
-            "memory_limit": args.memory_limit, "wall_seconds": seconds,
+            "memory_limit": args.memory_limit, "time_limit": args.time_limit,
+            "wall_seconds": seconds,
             "search_seconds": report["search_seconds"], **counts,
             "winner": {k: v for k, v in winner.items() if k != "plan"}}, indent=2) + "\n")
 

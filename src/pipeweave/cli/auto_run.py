@@ -12,7 +12,11 @@ process's peak RSS (interpreter and libraries included) is reported beside it.
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +27,21 @@ from ..runtime.observation.summary import summarize
 from ..schedules import get_info
 
 __all__ = ["Measured", "measure_plan"]
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send what the rank processes print (torch's profiler notes) to stderr, so that stdout
+    keeps only the command's own output (``--json``: one object)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @dataclass(frozen=True)
@@ -59,13 +78,14 @@ def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bo
               data=BuiltinData(dataset, batch_size=batch_size, seq_len=seq_len, seed=seed),
               optimizer=OptimizerFactory(name, {"lr": 1e-3, **kwargs}), seed=seed,
               timeout_s=timeout_s, progress=False, apc=apc)
-    results = launch_local(job, deadline_s=timeout_s * 4)
+    with _stdout_to_stderr():
+        results = launch_local(job, deadline_s=timeout_s * 4)
+        tracked = launch_local(replace(job, steps=min(steps, 4), track_allocations=True),
+                               deadline_s=timeout_s * 4)
     summary = summarize(results, schedule=plan.schedule, steps=steps, batch_size=batch_size,
                         microbatches=plan.microbatches, pipelines=plan.pipelines)
     ends = summary.iteration_end_s
     gaps = [b - a for a, b in zip(ends, ends[1:])][1:]
-    tracked = launch_local(replace(job, steps=min(steps, 4), track_allocations=True),
-                           deadline_s=timeout_s * 4)
     return Measured(iteration_time=statistics.median(gaps),
                     peak_memory_bytes=[r.peak_allocated_bytes for r in tracked],
                     samples_per_second=summary.samples_per_second,

@@ -3,7 +3,8 @@
 A candidate is on the front when no other is both at least as fast (predicted samples/s) and
 at most as large (predicted peak memory of its fullest rank), and strictly better in one: the
 front is the best speed each memory budget can buy. Reading the plot: every simulated
-candidate is a grey dot, the front a line, the winner a star, the default plan (1F1B, uniform)
+candidate (and the default plan, always predicted) is a grey dot; pruned candidates were
+never simulated, so they are not drawn; the front a line, the winner a star, the default plan (1F1B, uniform)
 a square, and ``--memory-limit`` a vertical line; candidates right of it were never chosen.
 """
 

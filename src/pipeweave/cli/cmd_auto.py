@@ -168,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
     winner = result.winner  # a clear error when nothing fits
     args.out.parent.mkdir(parents=True, exist_ok=True)
     winner.plan.save(args.out)
-    plot = plot_pareto(list(result.ranked) + list(result.over_limit), args.plot, winner=winner,
+    shown = list(result.ranked) + list(result.over_limit)
+    if result.default is not None:
+        shown.append(result.default)  # always predicted, so always on the plot
+    plot = plot_pareto(shown, args.plot, winner=winner,
                        default=result.default, memory_limit=problem.memory_limit,
                        title=f"pipeweave auto: {profile.model} on {args.ranks} ranks")
     report = report_json(result, args.top)

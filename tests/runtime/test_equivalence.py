@@ -13,7 +13,9 @@ from pipeweave.testing import assert_identical_runs, assert_matches_reference, r
 from runtime_jobs import gpt_job, mlp_job
 
 REGISTERED = {info.name for info in available_schedules()}
-SYNC = [s for s in ("gpipe", "1f1b", "interleaved-1f1b", "sliced-1f1b") if s in REGISTERED]
+SYNC = [s for s in ("gpipe", "1f1b", "interleaved-1f1b", "sliced-1f1b", "gpipe-grouped")
+        if s in REGISTERED]
+CHUNKED = {"interleaved-1f1b": 2, "gpipe-grouped": 2}
 
 
 def _plan_fields(schedule: str) -> dict:
@@ -24,7 +26,7 @@ def _plan_fields(schedule: str) -> dict:
 @pytest.mark.parametrize("depth", [2, 3])
 @pytest.mark.parametrize("recompute", [False, True])
 def test_local_matches_reference_float64(schedule: str, depth: int, recompute: bool) -> None:
-    chunks = 2 if schedule == "interleaved-1f1b" else 1
+    chunks = CHUNKED.get(schedule, 1)
     if chunks * depth > 6:
         pytest.skip("model has 6 blocks")
     microbatches = 2 * depth if schedule == "interleaved-1f1b" else 4
@@ -39,7 +41,7 @@ def test_local_matches_reference_float64(schedule: str, depth: int, recompute: b
 
 @pytest.mark.parametrize("schedule", SYNC)
 def test_data_parallel_width_matches_reference(schedule: str) -> None:
-    chunks = 2 if schedule == "interleaved-1f1b" else 1
+    chunks = CHUNKED.get(schedule, 1)
     job = gpt_job(depth=2, schedule=schedule, chunks=chunks, microbatches=4,
                   plan_fields={"width": 2, **_plan_fields(schedule)})
     assert job.plan.world_size == 4
@@ -73,9 +75,10 @@ def test_distributed_equals_local_and_reference(job) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("schedule", [s for s in SYNC if s in ("interleaved-1f1b", "sliced-1f1b")])
+@pytest.mark.parametrize("schedule", [s for s in SYNC
+                                      if s in ("interleaved-1f1b", "sliced-1f1b", "gpipe-grouped")])
 def test_distributed_chunked_and_sliced(schedule: str) -> None:
-    chunks = 2 if schedule == "interleaved-1f1b" else 1
+    chunks = CHUNKED.get(schedule, 1)
     job = gpt_job(depth=2, schedule=schedule, chunks=chunks, plan_fields=_plan_fields(schedule))
     distributed = launch_local(job, deadline_s=200)
     assert_matches_reference(distributed, reference_run(job), microbatches=4, tolerance=1e-10)

@@ -19,7 +19,7 @@ from pipeweave.ir import GRADIENT_OPS, Op, lower, validate
 from pipeweave.schedules import Shape, available_schedules, build_schedule, get_info
 from pipeweave.sim import Costs, simulate
 
-CHUNKS = {"interleaved-1f1b": 2, "wpipe": 2, "zbv": 2, "v-half": 2, "v-min": 2,
+CHUNKS = {"interleaved-1f1b": 2, "wpipe": 2, "gpipe-grouped": 2, "zbv": 2, "v-half": 2, "v-min": 2,
           "interleaved-zb": 2}
 PIPELINES = {"avgpipe": 2}
 STAGES = (1, 2, 3, 4, 5)
@@ -46,7 +46,7 @@ def build(name: str, p: int, m: int, k: int):  # type: ignore[no-untyped-def]
 def test_every_builtin_schedule_is_registered() -> None:
     assert set(NAMES) >= {"gpipe", "1f1b", "interleaved-1f1b", "pipedream", "2bw", "pipeoptim",
                           "spectrain", "wpipe", "avgpipe", "sliced-1f1b", "zb-h1", "zb-h2",
-                          "zbv", "v-half", "v-min", "interleaved-zb"}
+                          "zbv", "v-half", "v-min", "interleaved-zb", "gpipe-grouped"}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -31,7 +31,7 @@ from pipeweave.testing import merged_parameters, relative_error
 M, STEPS = 2, 3
 PER_MICROBATCH = {"pipedream", "pipeoptim", "spectrain"}
 STALE_GROUP = {"2bw": "all", "wpipe": "first"}  # gradient taken at the previous version
-CHUNKS = {"wpipe": 2, "interleaved-1f1b": 2}
+CHUNKS = {"wpipe": 2, "interleaved-1f1b": 2, "gpipe-grouped": 2}
 
 OPTIMIZERS = {
     "sgd": ("sgd", {"lr": 0.1}),

@@ -13,7 +13,7 @@ from pipeweave.schedules import available_schedules, build_schedule, get_info
 from pipeweave.sim import Costs, simulate
 from pipeweave.sim.metrics import iteration_completions, weight_versions
 
-CHUNKED = {"interleaved-1f1b": 2, "wpipe": 2}
+CHUNKED = {"interleaved-1f1b": 2, "wpipe": 2, "gpipe-grouped": 2}
 
 
 def registered() -> list[str]:

@@ -26,7 +26,7 @@ from pipeweave.schedules import available_schedules, build_schedule
 from pipeweave.sim import Costs, simulate
 
 SYNC_CLOSED_FORM = ["gpipe", "1f1b"]
-CHUNKED = {"interleaved-1f1b": 2, "wpipe": 2}
+CHUNKED = {"interleaved-1f1b": 2, "wpipe": 2, "gpipe-grouped": 2}
 
 
 def registered() -> list[str]:

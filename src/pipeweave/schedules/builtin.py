@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     avgpipe,
     gpipe,
+    gpipe_grouped,
     interleaved,
     interleaved_zb,
     one_f_one_b,

@@ -60,6 +60,11 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--topology", default="8x1.2e10,128x1.25e9")
     parser.add_argument("--memory-limit", default="80GB")
+    parser.add_argument("--methods", default="uniform,parameters,time",
+                        help="partition methods searched (pipeweave auto --methods); AutoPipe "
+                             "simulates each split it tries and PipeDream's DP grows with the "
+                             "workers squared, so at 1,024 ranks one call of either takes "
+                             "minutes; 'all' searches every registered method")
     parser.add_argument("--time-limit", type=float, default=45.0,
                         help="seconds the search may take (0: search everything)")
     parser.add_argument("--quick", action="store_true",
@@ -77,6 +82,8 @@ def main() -> None:
                    "--memory-limit", args.memory_limit, "--shared-cores", "none", "--json",
                    "--top", "5", "--out", str(Path(folder) / "plan.json"),
                    "--plot", str(Path(folder) / "front.png")]
+        if args.methods != "all":
+            command += ["--methods", args.methods]
         if args.time_limit > 0:
             command += ["--time-limit", str(args.time_limit)]
         print("$ pipeweave " + " ".join(command[3:]), flush=True)
@@ -103,6 +110,7 @@ def main() -> None:
         args.json_out.write_text(json.dumps({
             "blocks": args.blocks, "ranks": args.ranks, "topology": args.topology,
             "memory_limit": args.memory_limit, "time_limit": args.time_limit,
+            "methods": args.methods,
             "wall_seconds": seconds,
             "search_seconds": report["search_seconds"], **counts,
             "winner": {k: v for k, v in winner.items() if k != "plan"}}, indent=2) + "\n")

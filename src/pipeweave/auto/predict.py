@@ -32,7 +32,8 @@ from .copies import copies_independent, one_copy_schedule
 from .memory import rank_memory
 from .problem import AutoProblem, Candidate
 
-__all__ = ["Prediction", "candidate_plan", "candidate_costs", "predict", "OPTION_PROVIDERS"]
+__all__ = ["Prediction", "Timed", "candidate_plan", "candidate_costs", "predict",
+           "simulate_candidate", "with_memory", "OPTION_PROVIDERS"]
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,20 @@ def _one_copy_suffices(plan: Plan, problem: AutoProblem) -> bool:
             and copies_independent(plan.schedule, plan.chunks, plan.pipelines))
 
 
-def predict(candidate: Candidate, profile: Profile, problem: AutoProblem) -> Prediction:
-    """Simulate ``candidate`` (partitioned, options filled) and ask the memory model."""
+@dataclass(frozen=True)
+class Timed:
+    """A simulated candidate before the memory model is asked (:func:`with_memory`)."""
+
+    candidate: Candidate
+    plan: Plan
+    iteration_time: float
+    samples_per_second: float
+    bubble_fraction: float
+    one_copy: bool
+
+
+def simulate_candidate(candidate: Candidate, profile: Profile, problem: AutoProblem) -> Timed:
+    """Simulate ``candidate`` (partitioned, options filled)."""
     plan = candidate_plan(candidate, problem)
     costs = candidate_costs(candidate, plan, profile, problem)
     iterations = simulated_iterations(plan.schedule)
@@ -139,10 +152,22 @@ def predict(candidate: Candidate, profile: Profile, problem: AutoProblem) -> Pre
     schedule = one_copy_schedule(plan, iterations) if one_copy else \
         build_schedule(plan.schedule, plan.shape(iterations))
     result: SimulationResult = simulate(schedule, costs)
-    memory = rank_memory(problem, plan, one_copy=one_copy)
     samples = problem.batch * plan.pipelines
-    return Prediction(
-        candidate=candidate, plan=plan, iteration_time=result.iteration_time,
-        samples_per_second=samples / result.iteration_time if result.iteration_time > 0
-        else float("inf"),
-        bubble_fraction=result.bubble_fraction, peak_memory_bytes=tuple(memory))
+    return Timed(candidate=candidate, plan=plan, iteration_time=result.iteration_time,
+                 samples_per_second=samples / result.iteration_time
+                 if result.iteration_time > 0 else float("inf"),
+                 bubble_fraction=result.bubble_fraction, one_copy=one_copy)
+
+
+def with_memory(timed: Timed, problem: AutoProblem) -> Prediction:
+    """``timed`` with the memory model's peak per rank."""
+    memory = rank_memory(problem, timed.plan, one_copy=timed.one_copy)
+    return Prediction(candidate=timed.candidate, plan=timed.plan,
+                      iteration_time=timed.iteration_time,
+                      samples_per_second=timed.samples_per_second,
+                      bubble_fraction=timed.bubble_fraction, peak_memory_bytes=tuple(memory))
+
+
+def predict(candidate: Candidate, profile: Profile, problem: AutoProblem) -> Prediction:
+    """Simulate ``candidate`` (partitioned, options filled) and ask the memory model."""
+    return with_memory(simulate_candidate(candidate, profile, problem), problem)

@@ -35,7 +35,8 @@ from .bounds import plan_bound, shape_bound
 from .links import default_topology
 from .memory import static_memory
 from .partitioning import Partitioner
-from .predict import Prediction, candidate_costs, candidate_plan, predict, with_options
+from .predict import (Prediction, Timed, candidate_costs, candidate_plan, predict,
+                      simulate_candidate, with_memory, with_options)
 from .problem import AutoProblem, Candidate
 from .scaling import scaled_profile
 
@@ -43,13 +44,19 @@ __all__ = ["SearchResult", "search", "default_candidate", "Progress"]
 
 Progress = Callable[[str], None]
 
+TABLE_MEMORY = 30
+"""Simulated candidates that could not win (slower than the best when simulated) get their
+memory predicted only for the fastest this many of them: the table and the plot."""
+
 
 @dataclass(frozen=True)
 class SearchResult:
     """What :func:`search` found.
 
     Attributes:
-        ranked: every simulated candidate that fits the memory limit, best first.
+        ranked: the simulated candidates that fit the memory limit, best first: every one that
+            was the fastest so far when simulated, and the fastest :data:`TABLE_MEMORY` of the
+            rest (the memory model is asked only for those).
         over_limit: simulated candidates whose predicted peak exceeds the limit.
         default: the default plan's prediction (``None`` if it cannot be built).
         considered: candidates enumerated; ``invalid`` of them were refused by the schedule
@@ -143,9 +150,9 @@ class _Search:
         _check_shape(plan)
         return done, plan, profile
 
-    def evaluate(self, candidate: Candidate, profile: Profile) -> Prediction:
+    def evaluate(self, candidate: Candidate, profile: Profile) -> Timed:
         self.simulated += 1
-        return predict(candidate, profile, self.problem)
+        return simulate_candidate(candidate, profile, self.problem)
 
 
 def _check_shape(plan: Plan) -> None:
@@ -195,6 +202,7 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
                    key=lambda e: (e[0] / e[3].pipelines, e[1], e[2]))
     ranked: list[Prediction] = []
     over: list[Prediction] = []
+    slower: list[Timed] = []
     best = 0.0  # samples/s of the best candidate that fits
     last_report = time.perf_counter()
     unexamined = 0
@@ -228,10 +236,14 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
             state.pruned_time += 1
             continue
         try:
-            prediction = state.evaluate(done, profile)
+            timed = state.evaluate(done, profile)
         except ValueError:
             state.invalid += 1
             continue
+        if timed.samples_per_second <= best:  # cannot win: its memory is asked only if
+            slower.append(timed)              # it makes the table (below)
+            continue
+        prediction = with_memory(timed, problem)
         if problem.memory_limit is not None and prediction.max_memory > problem.memory_limit:
             over.append(prediction)
             continue
@@ -241,6 +253,12 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
             last_report = time.perf_counter()
             say(f"searched {position + 1}/{len(keyed)}: {state.simulated} simulated, "
                 f"best {best:.4g} samples/s")
+    # the memory of the fastest of those that could not win, for the table and the plot
+    slower.sort(key=lambda t: -t.samples_per_second)
+    for timed in slower[:TABLE_MEMORY]:
+        prediction = with_memory(timed, problem)
+        fits = problem.memory_limit is None or prediction.max_memory <= problem.memory_limit
+        (ranked if fits else over).append(prediction)
     ranked.sort(key=lambda p: (-p.samples_per_second, p.max_memory, _simplicity(p.candidate)))
     default = _default_prediction(state, problem)
     say(f"done: {considered} considered, {state.invalid} invalid, "

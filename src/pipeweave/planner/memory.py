@@ -184,7 +184,8 @@ def weight_copies(schedule: Schedule, *, keep_predicted: bool = False) -> list[i
 def _stashes_live(schedule: Schedule, stage: int) -> bool:
     """Whether some forward of ``stage`` runs at the live version and an update of the stage
     comes before its backward (so the runtime copies the live weights for it)."""
-    for program in schedule.programs:
+    for rank in schedule.layout.stage_ranks[stage]:  # only its hosts run its actions
+        program = schedule.programs[rank]
         live: dict[int, int] = {}
         # (micro-batch, piece, pipeline) -> [ran at the live version, an update came since]
         pending: dict[tuple[int | None, int, int], list[bool]] = {}

@@ -12,6 +12,27 @@ from .schedule import Schedule
 
 __all__ = ["delivery_proofs"]
 
+_LAST: list[tuple[Schedule, dict[Action, int], dict[Action, int]]] = []
+"""The positions of the last schedule asked about: the memory model asks once per rank of
+the same schedule, and indexing every program each time made that ranks x actions."""
+
+
+def _positions(schedule: Schedule) -> tuple[dict[Action, int], dict[Action, int]]:
+    """Where every message is sent and where it is received (program positions)."""
+    if _LAST and _LAST[0][0] is schedule:
+        return _LAST[0][1], _LAST[0][2]
+    sent_at: dict[Action, int] = {}
+    received_at: dict[Action, int] = {}
+    for program in schedule.programs:
+        for position, action in enumerate(program):
+            if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
+                sent_at[ref(action)] = position
+            elif action.op is Op.RECV_ACT or action.op is Op.RECV_GRAD:
+                (message,) = dependencies(action, schedule.layout, lowered=True)
+                received_at[message] = position
+    _LAST[:] = [(schedule, sent_at, received_at)]
+    return sent_at, received_at
+
 
 def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action, ...]]:
     """For each message ``rank`` receives, the messages it sent that have surely arrived by then.
@@ -31,15 +52,7 @@ def delivery_proofs(schedule: Schedule, rank: int) -> dict[Action, tuple[Action,
     every send of ``rank`` appears at most once, at the earliest receive that proves it.
     """
     layout = schedule.layout
-    sent_at: dict[Action, int] = {}
-    received_at: dict[Action, int] = {}
-    for program in schedule.programs:
-        for position, action in enumerate(program):
-            if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
-                sent_at[ref(action)] = position
-            elif action.op is Op.RECV_ACT or action.op is Op.RECV_GRAD:
-                (message,) = dependencies(action, layout, lowered=True)
-                received_at[message] = position
+    sent_at, received_at = _positions(schedule)
     # This rank's sends per destination, in the order the destination receives them.
     outgoing: dict[int, list[tuple[int, Action]]] = {}
     for action in schedule.programs[rank]:

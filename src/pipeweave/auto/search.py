@@ -256,6 +256,9 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     # the memory of the fastest of those that could not win, for the table and the plot
     slower.sort(key=lambda t: -t.samples_per_second)
     for timed in slower[:TABLE_MEMORY]:
+        if problem.time_limit is not None and \
+                time.perf_counter() - started > problem.time_limit:
+            break  # the table then lists fewer of the candidates that could not win
         prediction = with_memory(timed, problem)
         fits = problem.memory_limit is None or prediction.max_memory <= problem.memory_limit
         (ranked if fits else over).append(prediction)

@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 @pytest.mark.parametrize("module", ["pipeweave.planner", "pipeweave.planner.plan", "pipeweave.sim",
                                     "pipeweave.ir", "pipeweave.schedules", "pipeweave.profiler",
-                                    "pipeweave.host"])
+                                    "pipeweave.host", "pipeweave.auto"])
 def test_imports_without_torch(module: str) -> None:
     code = (f"import sys; import {module}; "
             f"loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
@@ -48,7 +48,7 @@ LAYERS = {
     "schedules": 1, "models": 1, "data": 1, "split_backward": 1, "precision": 1,
     "sim": 2, "profiler": 2, "hf": 2,
     "planner": 3, "report": 3,
-    "avgpipe": 4,
+    "avgpipe": 4, "auto": 4,
     "runtime": 5,
     "oracle": 6, "testing": 6,
     "cli": 7,

@@ -18,7 +18,8 @@ from .. import __version__
 
 __all__ = ["COMMANDS", "build_parser", "main", "HelpFormatter"]
 
-COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan", "placement", "tune"]
+COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan", "placement", "tune",
+            "auto"]
 """Sub-commands, in help order; each is the module ``pipeweave.cli.cmd_<name>``."""
 
 

@@ -1,0 +1,165 @@
+"""Benchmark: ``pipeweave auto``'s winner against the default plan and the README's plans,
+measured on real processes (issue 16).
+
+Run::
+
+    cd /work/main && PYTHONPATH=src .venv/bin/python benchmarks/auto.py
+        [--models gpt-small cnn] [--ranks 2 4] [--rounds 3] [--steps 6]
+        [--json-out benchmarks/results/auto.json]
+    ... benchmarks/auto.py --quick     # gpt-tiny, 2 ranks, 1 round, 3 steps: checks it runs
+
+For every model and rank count: ``pipeweave auto --model M --ranks R --json`` (profiles the
+model, searches, writes the winner's plan). Then, in each of ``--rounds`` rounds, every plan is
+trained for ``--steps`` steps on local processes one after another (alternating, so that the
+machine's drift hits every plan alike; the same runner ``auto --run`` uses,
+``pipeweave.cli.auto_run.measure_plan``):
+
+* **winner**: auto's plan;
+* **default**: 1F1B, uniform split over all ranks, M = 2 x ranks (what ``pipeweave train``
+  runs without options);
+* **README plans**: what a user could pick from the README's command lines: AutoPipe's split
+  (``pipeweave plan --method autopipe``) under each schedule the README shows (``1f1b``,
+  ``gpipe``, ``zb-h1``, ``interleaved-1f1b`` with 2 chunks, ``zbv``), M = 2 x ranks; the best
+  of them by measured median is "best README plan".
+
+Reported per plan: predicted and median measured iteration time, samples/s, the simulator's
+error |predicted - measured| / measured, and the winner's speed-up over each alternative
+(measured). With 4 ranks on a 2-core machine the ranks share the cores: auto simulates that
+(``--shared-cores auto``) and the error is stated separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pipeweave.auto import AutoProblem, search
+from pipeweave.cli.auto_run import measure_plan
+from pipeweave.cli.cmd_plan import shared_cores
+from pipeweave.planner.plan import Plan
+from pipeweave.profiler import Profile
+
+README_SCHEDULES = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "zbv")
+
+
+def run_auto(model: str, ranks: int, folder: Path) -> tuple[dict[str, Any], Profile]:
+    """``pipeweave auto`` as a user runs it; returns its JSON report and the profile used."""
+    profile_path = folder / f"{model}-{ranks}.json"
+    command = [sys.executable, "-m", "pipeweave", "profile", "--model", model,
+               "--json-out", str(profile_path)]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    command = [sys.executable, "-m", "pipeweave", "auto", "--model", model, "--ranks",
+               str(ranks), "--json", "--out", str(folder / f"auto-{model}-{ranks}.json"),
+               "--plot", str(folder / f"auto-{model}-{ranks}.png")]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"pipeweave auto failed for {model} on {ranks} ranks:\n{done.stderr}")
+    return json.loads(done.stdout), Profile.load(profile_path)
+
+
+def readme_plans(profile: Profile, ranks: int, batch: int,
+                 schedules: tuple[str, ...]) -> dict[str, tuple[Plan, float]]:
+    """AutoPipe's split under each README schedule, M = 2 x ranks: plan and prediction (the
+    same search, restricted to that one combination)."""
+    out = {}
+    for schedule in schedules:
+        problem = AutoProblem(profile=profile, ranks=ranks, batch_size=batch,
+                              schedules=(schedule,), methods=("autopipe",),
+                              microbatches=(2 * ranks,), depths=(ranks,), recompute=(False,),
+                              pipelines=(1,), shared_cores=shared_cores("auto", profile, ranks))
+        result = search(problem)
+        if result.ranked:
+            out[f"readme {schedule}"] = (result.winner.plan, result.winner.iteration_time)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["gpt-small", "cnn"])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--quick", action="store_true",
+                        help="gpt-tiny, 2 ranks, 1 round, 3 steps, two README plans")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args()
+    schedules = README_SCHEDULES
+    if args.quick:
+        args.models, args.ranks, args.rounds, args.steps = ["gpt-tiny"], [2], 1, 3
+        schedules = ("1f1b", "zb-h1")
+
+    report: dict[str, Any] = {"rounds": args.rounds, "steps": args.steps, "cases": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            for ranks in args.ranks:
+                auto, profile = run_auto(model, ranks, Path(tmp))
+                batch = auto["batch_size"]
+                plans: dict[str, tuple[Plan, float, bool]] = {
+                    "winner": (Plan.from_json(auto["winner"]["plan"]),
+                               auto["winner"]["predicted_iteration_time"], auto["winner"]["apc"]),
+                    "default": (Plan.from_json(auto["default"]["plan"]),
+                                auto["default"]["predicted_iteration_time"], False)}
+                for label, (plan, predicted) in readme_plans(profile, ranks, batch,
+                                                             schedules).items():
+                    plans[label] = (plan, predicted, False)
+                times: dict[str, list[float]] = {label: [] for label in plans}
+                for round_ in range(args.rounds):
+                    for label, (plan, _, apc) in plans.items():
+                        measured = measure_plan(model, plan, batch_size=batch, steps=args.steps,
+                                                apc=apc)
+                        times[label].append(measured.iteration_time)
+                        print(f"{model} R={ranks} round {round_ + 1} {label:<24} "
+                              f"{measured.iteration_time * 1e3:8.1f} ms", flush=True)
+                rows = []
+                for label, (plan, predicted, _) in plans.items():
+                    median = statistics.median(times[label])
+                    rows.append({"plan": label, "schedule": plan.schedule,
+                                 "stages": [list(s) for s in plan.stages],
+                                 "microbatches": plan.microbatches, "chunks": plan.chunks,
+                                 "width": plan.width, "pipelines": plan.pipelines,
+                                 "predicted_s": predicted, "measured_s": median,
+                                 "measured_all_s": times[label],
+                                 "samples_per_second": batch * plan.pipelines / median,
+                                 "error": abs(predicted - median) / median})
+                winner = rows[0]
+                readme = [r for r in rows if r["plan"].startswith("readme")]
+                best = min(readme, key=lambda r: r["measured_s"]) if readme else None
+                case = {"model": model, "ranks": ranks, "batch_size": batch,
+                        "considered": auto["considered"], "pruned": auto["pruned"],
+                        "simulated": auto["simulated"], "rows": rows,
+                        "best_readme_plan": best["plan"] if best else None,
+                        "speedup_vs_default": rows[1]["measured_s"] / winner["measured_s"],
+                        "speedup_vs_best_readme": (best["measured_s"] / winner["measured_s"]
+                                                   if best else None)}
+                report["cases"].append(case)
+                print(format_case(case), flush=True)
+    if args.json_out is not None:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def format_case(case: dict[str, Any]) -> str:
+    lines = [f"\n{case['model']} on {case['ranks']} ranks, batch {case['batch_size']} "
+             f"({case['considered']} considered, {case['pruned']} pruned, "
+             f"{case['simulated']} simulated)",
+             f"{'plan':<24} {'schedule':<17} {'M':>3} {'predicted ms':>13} {'measured ms':>12} "
+             f"{'error':>6} {'samples/s':>10}"]
+    for r in case["rows"]:
+        lines.append(f"{r['plan']:<24} {r['schedule']:<17} {r['microbatches']:>3} "
+                     f"{r['predicted_s'] * 1e3:>13.1f} {r['measured_s'] * 1e3:>12.1f} "
+                     f"{100 * r['error']:>5.1f}% {r['samples_per_second']:>10.1f}")
+    readme = case["speedup_vs_best_readme"]
+    lines.append(f"winner: {case['speedup_vs_default']:.2f}x the default"
+                 + (f", {readme:.2f}x the best README plan ({case['best_readme_plan']})"
+                    if readme is not None else "") + " (measured medians)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The axes of the search: each is a name and a function from a partial candidate to values.
+
+An axis sees the values the axes before it chose (a plain dict) and the problem, and yields
+its own values; :func:`enumerate_candidates` takes the product. Adding an axis is adding one
+:class:`Axis` to :data:`DEFAULT_AXES` (and a field to :class:`~pipeweave.auto.problem.Candidate`).
+What a schedule supports is asked of the schedule (:mod:`pipeweave.auto.capabilities`), never
+listed here, so a newly registered schedule joins every axis with no code.
+
+=============  ===============================================================================
+axis           values
+=============  ===============================================================================
+schedule       every registered schedule; asynchronous ones only with ``semantics="any"``
+depth, width   ``d`` dividing ``ranks`` with ``d <= blocks``, ``w = ranks / d`` (WPipe's d:w);
+               ``w > 1`` only for schedules that run data-parallel copies
+chunks         the schedule's ``default_chunks`` and twice that, where it accepts them (a
+               schedule with one chunk stays at one)
+pipelines      N in 1, 2, 4 for schedules that lay out parallel pipelines (AvgPipe), else 1
+microbatches   M = w * m, m in d, 2d, 4d, 8d, and the default plan's 2 * ranks, where M divides
+               the batch B (the micro-batch ``B / M`` must be whole samples)
+method         every registered partition method (``pipeweave plan --method``)
+recompute      False, True: activation recomputation on every stage or none (per-stage
+               choices are left to a later search; all-or-nothing is WPipe's S_a)
+apc            False, and with ``semantics="any"`` True when some link is finite (halves the
+               bytes between stages; lossy, fp16 on the wire, so like asynchronous semantics
+               it changes the numbers trained and must be asked for)
+=============  ===============================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..planner import available_methods
+from ..schedules import available_schedules, get_info
+from .capabilities import supports_chunks, supports_pipelines, supports_width
+from .problem import AutoProblem, Candidate
+
+__all__ = ["Axis", "DEFAULT_AXES", "enumerate_candidates", "divisors"]
+
+Values = Callable[[dict[str, Any], AutoProblem], Iterable[Any]]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """``name``: the candidate field it sets; ``values(partial, problem)``: its values."""
+
+    name: str
+    values: Values
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _schedules(partial: dict[str, Any], problem: AutoProblem) -> Iterable[str]:
+    names = problem.schedules or tuple(info.name for info in available_schedules())
+    for name in names:
+        if problem.semantics == "any" or get_info(name).synchronous:
+            yield name
+
+
+def _depths(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
+    wanted = problem.depths or tuple(divisors(problem.ranks))
+    for depth in wanted:
+        if problem.ranks % depth or depth > problem.profile.num_blocks:
+            continue
+        if depth != problem.ranks and not supports_width(partial["schedule"]):
+            continue
+        yield depth
+
+
+def _width(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
+    yield problem.ranks // partial["depth"]
+
+
+def _chunks(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
+    default = get_info(partial["schedule"]).default_chunks
+    for chunks in (default, 2 * default) if default > 1 else (1,):
+        if partial["depth"] * chunks <= problem.profile.num_blocks and (
+                chunks == 1 or supports_chunks(partial["schedule"], chunks)):
+            yield chunks
+
+
+def _pipelines(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
+    wanted = problem.pipelines or (1, 2, 4)
+    for count in wanted:
+        if count == 1 or supports_pipelines(partial["schedule"]):
+            yield count
+
+
+def _microbatches(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
+    if problem.microbatches is not None:
+        wanted: Sequence[int] = problem.microbatches
+    else:
+        depth, width = partial["depth"], partial["width"]
+        wanted = sorted({width * depth * k for k in (1, 2, 4, 8)} | {problem.default_microbatches})
+    for m in wanted:
+        if problem.batch % m == 0:
+            yield m
+
+
+def _methods(partial: dict[str, Any], problem: AutoProblem) -> Iterable[str]:
+    yield from problem.methods or tuple(available_methods())
+
+
+def _recompute(partial: dict[str, Any], problem: AutoProblem) -> Iterable[bool]:
+    yield from problem.recompute or (False, True)
+
+
+def _apc(partial: dict[str, Any], problem: AutoProblem) -> Iterable[bool]:
+    if problem.apc is not None:
+        yield from problem.apc
+        return
+    yield False
+    if problem.semantics == "any" and _some_link_finite(problem):
+        yield True
+
+
+def _some_link_finite(problem: AutoProblem) -> bool:
+    if problem.topology is not None:
+        return any(not math.isinf(level.bandwidth) for level in problem.topology.levels)
+    return problem.profile.link is not None
+
+
+DEFAULT_AXES: tuple[Axis, ...] = (
+    Axis("schedule", _schedules),
+    Axis("depth", _depths),
+    Axis("width", _width),
+    Axis("chunks", _chunks),
+    Axis("pipelines", _pipelines),
+    Axis("microbatches", _microbatches),
+    Axis("method", _methods),
+    Axis("recompute", _recompute),
+    Axis("apc", _apc),
+)
+
+
+def enumerate_candidates(problem: AutoProblem,
+                         axes: Sequence[Axis] = DEFAULT_AXES) -> Iterator[Candidate]:
+    """Every combination of the axes' values, in axis order."""
+
+    def extend(index: int, partial: dict[str, Any]) -> Iterator[Candidate]:
+        if index == len(axes):
+            yield Candidate(**partial)
+            return
+        axis = axes[index]
+        for value in axis.values(partial, problem):
+            yield from extend(index + 1, {**partial, axis.name: value})
+
+    yield from extend(0, {})

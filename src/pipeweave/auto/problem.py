@@ -1,0 +1,152 @@
+"""What ``pipeweave auto`` is asked (:class:`AutoProblem`) and what one candidate is (:class:`Candidate`).
+
+A candidate fixes every axis of the search: schedule, partition method, micro-batches M,
+chunks per rank, parallel pipelines N, pipeline depth d and data-parallel width w
+(``d * w = ranks``), recomputation and APC. The global batch B (samples per iteration of one
+pipeline) is fixed for the whole search, as in WPipe's Eq. 3 (``B = b * M * w``: "since B
+directly affects the accuracy of the model, it is often a given value"): a candidate's
+micro-batch holds ``b = B / M`` samples, and its per-block costs are the profile's scaled to
+``b`` (:mod:`pipeweave.auto.scaling`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..planner.topology import Topology
+from ..profiler import Profile
+from ..sim.costs import check_shared_cores
+
+__all__ = ["AutoProblem", "Candidate", "SEMANTICS"]
+
+SEMANTICS = ("sync", "any")
+"""``sync``: only synchronous schedules (same gradients as one device); ``any``: asynchronous
+ones too (they change convergence, so the user must ask for them)."""
+
+
+@dataclass(frozen=True)
+class AutoProblem:
+    """A search problem.
+
+    Attributes:
+        profile: per-block costs of one micro-batch of ``profile.batch_size`` samples.
+        ranks: workers to use.
+        batch_size: B, samples per iteration of one pipeline (default: the profile's
+            micro-batch times ``2 * ranks``, i.e. the default plan's micro-batch).
+        memory_limit: bytes per rank; a candidate predicted above it is never chosen.
+        semantics: ``"sync"`` or ``"any"`` (:data:`SEMANTICS`).
+        topology: hierarchical levels (default: one level at the profile's link).
+        shared_cores: the ranks share this many CPU cores (``Costs.shared_cores``).
+        optimizer: the optimizer whose state the memory model counts.
+        extra_profiles: the same model profiled at other micro-batch sizes; the block times
+            at a candidate's micro-batch are interpolated between them
+            (:mod:`pipeweave.auto.scaling`).
+        time_limit: seconds the search may take; when they are spent the candidates not yet
+            examined are left out (counted as ``unexamined``) and the best found so far wins.
+            Candidates are examined best bound first, so what is left had the weakest bounds.
+            ``None``: search everything.
+        schedules, methods, microbatches, pipelines, depths, recompute, apc: restrict an axis
+            to these values (``None``: the axis's own values, :mod:`pipeweave.auto.axes`).
+    """
+
+    profile: Profile
+    ranks: int
+    batch_size: int | None = None
+    memory_limit: float | None = None
+    semantics: str = "sync"
+    topology: Topology | None = None
+    shared_cores: int | None = None
+    optimizer: str = "adam"
+    extra_profiles: tuple[Profile, ...] = ()
+    time_limit: float | None = None
+    schedules: tuple[str, ...] | None = None
+    methods: tuple[str, ...] | None = None
+    microbatches: tuple[int, ...] | None = None
+    pipelines: tuple[int, ...] | None = None
+    depths: tuple[int, ...] | None = None
+    recompute: tuple[bool, ...] | None = None
+    apc: tuple[bool, ...] | None = None
+
+    def __post_init__(self) -> None:
+        check_shared_cores(self.shared_cores)
+        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
+            raise ValueError(f"--ranks must be an integer >= 1, got {self.ranks!r}")
+        if self.semantics not in SEMANTICS:
+            raise ValueError(f"--semantics {self.semantics!r} is not one of {list(SEMANTICS)}; "
+                             "use sync (synchronous schedules only) or any (asynchronous too)")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"--time-limit must be > 0 seconds, got {self.time_limit!r}")
+        if self.memory_limit is not None and not self.memory_limit > 0:
+            raise ValueError(f"--memory-limit must be > 0 bytes, got {self.memory_limit!r}")
+        from ..planner.memory import OPTIMIZER_STATE
+
+        if self.optimizer not in OPTIMIZER_STATE:
+            raise ValueError(f"optimizer {self.optimizer!r} has no known state size; choose one "
+                             f"of {', '.join(sorted(OPTIMIZER_STATE))}")
+        if self.profile.batch_size is None:
+            raise ValueError(f"profile of {self.profile.model!r} has no batch_size (samples per "
+                             "micro-batch); auto scales the block costs to each candidate's "
+                             "micro-batch from it: set it in the profile JSON")
+        for other in self.extra_profiles:
+            if other.num_blocks != self.profile.num_blocks or other.batch_size is None:
+                raise ValueError(
+                    f"the profiles to interpolate between must be of the same model with a "
+                    f"batch_size each; got {other.model!r} ({other.num_blocks} blocks, batch_size "
+                    f"{other.batch_size}) beside {self.profile.model!r} "
+                    f"({self.profile.num_blocks} blocks)")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or
+                                            not isinstance(self.batch_size, int)
+                                            or self.batch_size < 1):
+            raise ValueError(f"--batch-size must be an integer >= 1, got {self.batch_size!r}")
+        if self.topology is not None and self.topology.workers != self.ranks:
+            raise ValueError(
+                f"the topology {self.topology} has {self.topology.workers} workers but --ranks is "
+                f"{self.ranks}; make the product of the machine counts equal --ranks")
+
+    @property
+    def batch(self) -> int:
+        """B, samples per iteration of one pipeline."""
+        if self.batch_size is not None:
+            return self.batch_size
+        assert self.profile.batch_size is not None
+        return self.profile.batch_size * self.default_microbatches
+
+    @property
+    def default_microbatches(self) -> int:
+        """The default plan's M: ``2 * ranks``, as ``pipeweave plan`` uses."""
+        return 2 * self.ranks
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space (module docstring).
+
+    ``bounds`` and ``replicas`` are filled when the partition method has run; ``options``
+    are the schedule's options (e.g. the Slicer's stage costs).
+    """
+
+    schedule: str
+    method: str
+    depth: int
+    width: int
+    chunks: int
+    pipelines: int
+    microbatches: int
+    recompute: bool
+    apc: bool
+    options: Mapping[str, Any] = field(default_factory=dict)
+    bounds: tuple[tuple[int, int], ...] | None = None
+    replicas: tuple[int, ...] | None = None
+
+    @property
+    def stages(self) -> int:
+        """Stages of one pipeline copy (``depth * chunks`` before replication)."""
+        return self.depth * self.chunks
+
+    def label(self) -> dict[str, Any]:
+        """The axes' values, as plain data."""
+        return {"schedule": self.schedule, "method": self.method, "depth": self.depth,
+                "width": self.width, "chunks": self.chunks, "pipelines": self.pipelines,
+                "microbatches": self.microbatches, "recompute": self.recompute, "apc": self.apc}

@@ -1,0 +1,297 @@
+"""The search: enumerate the candidates, prune with bounds, simulate the survivors, rank.
+
+::
+
+    enumerate (axes.py) ──► valid? (schedule/plan validation) ──► sort by shape bound
+        ──► for each, best first:  shape bound can't beat the best?  ─► pruned (and all after it)
+                                   partition (planner methods), options, plan
+                                   static memory > limit?            ─► pruned
+                                   plan bound can't beat the best?   ─► pruned
+                                   simulate + memory model           ─► simulated
+                                   predicted peak > limit?           ─► over the limit, never chosen
+
+"Can't beat the best" compares the bound's samples/s (``B * N / bound``) with the best
+simulated candidate that fits the memory limit; the bounds are true lower bounds of the
+simulated time (:mod:`pipeweave.auto.bounds`), so pruning never loses the optimum of the
+simulator over the space. Candidates are ranked by predicted samples/s, then by smaller peak
+memory. The default plan (1F1B, uniform split over all ranks, M = 2 x ranks) is always
+predicted too, for comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..planner.plan import Plan
+from ..profiler import Profile
+from ..schedules import Shape, get_info
+from ..schedules.registry import check_options
+from .axes import DEFAULT_AXES, Axis, enumerate_candidates
+from .bounds import plan_bound, shape_bound
+from .links import default_topology
+from .memory import static_memory
+from .partitioning import Partitioner
+from .predict import (Prediction, Timed, candidate_costs, candidate_plan, predict,
+                      simulate_candidate, with_memory, with_options)
+from .problem import AutoProblem, Candidate
+from .scaling import scaled_profile
+
+__all__ = ["SearchResult", "search", "default_candidate", "Progress"]
+
+Progress = Callable[[str], None]
+
+TABLE_MEMORY = 30
+"""Simulated candidates that could not win (slower than the best when simulated) get their
+memory predicted only for the fastest this many of them: the table and the plot."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What :func:`search` found.
+
+    Attributes:
+        ranked: the simulated candidates that fit the memory limit, best first: every one that
+            was the fastest so far when simulated, and the fastest :data:`TABLE_MEMORY` of the
+            rest (the memory model is asked only for those).
+        over_limit: simulated candidates whose predicted peak exceeds the limit.
+        default: the default plan's prediction (``None`` if it cannot be built).
+        considered: candidates enumerated; ``invalid`` of them were refused by the schedule
+            or plan validation, ``pruned`` by a bound, ``simulated`` were simulated, and
+            ``duplicates`` turned out to be a plan already simulated (two partition methods
+            often agree): they share its prediction and are ranked once; ``unexamined``
+            were left when ``time_limit`` ran out.
+        pruned_time, pruned_memory: the pruned ones by the reason.
+        seconds: wall time of the search.
+    """
+
+    problem: AutoProblem
+    ranked: tuple[Prediction, ...]
+    over_limit: tuple[Prediction, ...]
+    default: Prediction | None
+    considered: int
+    invalid: int
+    pruned_time: int
+    pruned_memory: int
+    simulated: int
+    duplicates: int
+    seconds: float
+    unexamined: int = 0
+
+    @property
+    def pruned(self) -> int:
+        return self.pruned_time + self.pruned_memory
+
+    @property
+    def winner(self) -> Prediction:
+        if not self.ranked:
+            raise ValueError(self.no_fit_message())
+        return self.ranked[0]
+
+    def no_fit_message(self) -> str:
+        limit = self.problem.memory_limit
+        smallest = min((p.max_memory for p in self.over_limit), default=None)
+        if limit is not None and smallest is not None:
+            return (f"no candidate fits --memory-limit {limit:.6g} bytes: the smallest "
+                    f"predicted peak is {smallest:.6g} bytes per rank ({self.considered} "
+                    f"candidates considered); raise --memory-limit to at least {smallest:.6g} "
+                    f"or use more ranks")
+        if limit is not None:
+            return (f"no candidate fits --memory-limit {limit:.6g} bytes: even the parameters, "
+                    f"gradients and optimizer state of every split exceed it "
+                    f"({self.considered} candidates considered); raise --memory-limit or use "
+                    "more ranks")
+        return (f"no valid candidate among {self.considered} for {self.problem.ranks} ranks and "
+                f"{self.problem.profile.num_blocks} blocks; check --ranks and --batch-size")
+
+
+def default_candidate(problem: AutoProblem) -> Candidate:
+    """1F1B, uniform split over all ranks, M = 2 x ranks, nothing else."""
+    return Candidate(schedule="1f1b", method="uniform", depth=problem.ranks, width=1, chunks=1,
+                     pipelines=1, microbatches=problem.default_microbatches, recompute=False,
+                     apc=False)
+
+
+@dataclass
+class _Search:
+    problem: AutoProblem
+    progress: Progress
+    partitioner: Partitioner = field(init=False)
+    profiles: dict[int, Profile] = field(default_factory=dict)
+    invalid: int = 0
+    pruned_time: int = 0
+    pruned_memory: int = 0
+    simulated: int = 0
+    duplicates: int = 0
+    seen: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.partitioner = Partitioner(self.problem)
+
+    def profile(self, candidate: Candidate) -> Profile:
+        size = self.problem.batch // candidate.microbatches
+        if size not in self.profiles:
+            self.profiles[size] = scaled_profile(self.problem.profile, size,
+                                                 self.problem.extra_profiles)
+        return self.profiles[size]
+
+    def complete(self, candidate: Candidate) -> tuple[Candidate, Plan, Profile]:
+        """Partition, fill the options, build the plan (ValueError: not valid)."""
+        profile = self.profile(candidate)
+        partition = self.partitioner(candidate, profile)
+        replicas = partition.replicas if candidate.width == 1 and candidate.chunks == 1 else None
+        depth = len(partition.bounds) if replicas is not None else candidate.depth
+        done = replace(candidate, bounds=tuple(partition.bounds), replicas=replicas, depth=depth)
+        done = with_options(done, profile, self.problem)
+        plan = candidate_plan(done, self.problem)
+        _check_shape(plan)
+        return done, plan, profile
+
+    def evaluate(self, candidate: Candidate, profile: Profile) -> Timed:
+        self.simulated += 1
+        return simulate_candidate(candidate, profile, self.problem)
+
+
+def _check_shape(plan: Plan) -> None:
+    """What the registry checks before generating, without generating."""
+    shape = plan.shape(1)
+    info = get_info(plan.schedule)
+    check_options(plan.schedule, shape, info.options)
+    needed = info.min_microbatches(shape)
+    if plan.microbatches < needed:
+        raise ValueError(f"{plan.schedule} needs M >= {needed}")
+
+
+def _valid_shape(candidate: Candidate, problem: AutoProblem) -> bool:
+    """Cheap validity before partitioning: the shape and the registry's checks."""
+    if candidate.stages > problem.profile.num_blocks or problem.batch % candidate.microbatches:
+        return False
+    try:
+        shape = Shape(stages=candidate.depth, microbatches=candidate.microbatches,
+                      chunks=candidate.chunks, width=candidate.width,
+                      pipelines=candidate.pipelines)
+        info = get_info(candidate.schedule)
+        return candidate.microbatches >= info.min_microbatches(shape)
+    except ValueError:
+        return False
+
+
+def _fastest_link(problem: AutoProblem) -> float:
+    topology = problem.topology or default_topology(problem.profile, problem.ranks)
+    return max(level.bandwidth for level in topology.levels)
+
+
+def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
+           progress: Progress | None = None) -> SearchResult:
+    """Search ``problem``'s space (module docstring)."""
+    started = time.perf_counter()
+    say = progress or (lambda _text: None)
+    state = _Search(problem, say)
+    candidates = list(enumerate_candidates(problem, axes))
+    considered = len(candidates)
+    say(f"{considered} candidates from {len(axes)} axes")
+    valid = [c for c in candidates if _valid_shape(c, problem)]
+    state.invalid += considered - len(valid)
+    link = _fastest_link(problem)
+    # best bound per sample first: the first simulations set a high bar for the rest
+    keyed = sorted(((shape_bound(c, state.profile(c), problem, link), _simplicity(c), i, c)
+                    for i, c in enumerate(valid)),
+                   key=lambda e: (e[0] / e[3].pipelines, e[1], e[2]))
+    ranked: list[Prediction] = []
+    over: list[Prediction] = []
+    slower: list[Timed] = []
+    best = 0.0  # samples/s of the best candidate that fits
+    last_report = time.perf_counter()
+    unexamined = 0
+    for position, (bound, _, _, candidate) in enumerate(keyed):
+        if problem.time_limit is not None and ranked and \
+                time.perf_counter() - started > problem.time_limit:
+            unexamined = len(keyed) - position
+            say(f"--time-limit {problem.time_limit:g} s spent: {unexamined} candidates left "
+                "unexamined (the weakest bounds)")
+            break
+        samples = problem.batch * candidate.pipelines
+        if _cannot_beat(samples, bound, best, candidate):
+            state.pruned_time += 1
+            continue
+        try:
+            done, plan, profile = state.complete(candidate)
+        except ValueError:
+            state.invalid += 1
+            continue
+        if problem.memory_limit is not None and \
+                max(static_memory(problem, plan)) > problem.memory_limit:
+            state.pruned_memory += 1
+            continue
+        key = json.dumps([plan.to_json(), done.apc], sort_keys=True)
+        if key in state.seen:
+            state.duplicates += 1
+            continue
+        state.seen.add(key)
+        costs = candidate_costs(done, plan, profile, problem)
+        if _cannot_beat(samples, plan_bound(plan, costs, problem), best, done):
+            state.pruned_time += 1
+            continue
+        try:
+            timed = state.evaluate(done, profile)
+        except ValueError:
+            state.invalid += 1
+            continue
+        if timed.samples_per_second <= best:  # cannot win: its memory is asked only if
+            slower.append(timed)              # it makes the table (below)
+            continue
+        prediction = with_memory(timed, problem)
+        if problem.memory_limit is not None and prediction.max_memory > problem.memory_limit:
+            over.append(prediction)
+            continue
+        ranked.append(prediction)
+        best = max(best, prediction.samples_per_second)
+        if time.perf_counter() - last_report > 2.0:
+            last_report = time.perf_counter()
+            say(f"searched {position + 1}/{len(keyed)}: {state.simulated} simulated, "
+                f"best {best:.4g} samples/s")
+    # the memory of the fastest of those that could not win, for the table and the plot
+    slower.sort(key=lambda t: -t.samples_per_second)
+    for timed in slower[:TABLE_MEMORY]:
+        if problem.time_limit is not None and \
+                time.perf_counter() - started > problem.time_limit:
+            break  # the table then lists fewer of the candidates that could not win
+        prediction = with_memory(timed, problem)
+        fits = problem.memory_limit is None or prediction.max_memory <= problem.memory_limit
+        (ranked if fits else over).append(prediction)
+    ranked.sort(key=lambda p: (-p.samples_per_second, p.max_memory, _simplicity(p.candidate)))
+    default = _default_prediction(state, problem)
+    say(f"done: {considered} considered, {state.invalid} invalid, "
+        f"{state.pruned_time + state.pruned_memory} pruned, {state.simulated} simulated, "
+        f"{state.duplicates} duplicates")
+    return SearchResult(problem=problem, ranked=tuple(ranked), over_limit=tuple(over),
+                        default=default, considered=considered, invalid=state.invalid,
+                        pruned_time=state.pruned_time, pruned_memory=state.pruned_memory,
+                        simulated=state.simulated, duplicates=state.duplicates,
+                        seconds=time.perf_counter() - started, unexamined=unexamined)
+
+
+def _cannot_beat(samples: float, bound: float, best: float, candidate: Candidate) -> bool:
+    if best <= 0 or not get_info(candidate.schedule).synchronous:
+        return False
+    return bound > 0 and samples / bound <= best
+
+
+def _simplicity(candidate: Candidate) -> tuple[Any, ...]:
+    """Tie-break: fewer features first (no recompute, no APC, one pipeline, one chunk)."""
+    return (candidate.recompute, candidate.apc, candidate.pipelines, candidate.chunks,
+            candidate.schedule != "1f1b", candidate.method != "uniform")
+
+
+def _default_prediction(state: _Search, problem: AutoProblem) -> Prediction | None:
+    candidate = default_candidate(problem)
+    if problem.batch % candidate.microbatches or candidate.stages > problem.profile.num_blocks:
+        return None
+    try:
+        done, plan, profile = state.complete(candidate)
+        return predict(done, profile, problem)
+    except ValueError:
+        return None

@@ -1,0 +1,92 @@
+"""``pipeweave auto --run``: train a plan for a few steps on local processes and measure it.
+
+The same path as ``pipeweave train --plan FILE`` (a :class:`~pipeweave.runtime.Job` of the
+built-in model and its dataset, launched with ``launch_local``: one process per rank, gloo over
+loopback). Measured iteration time: the median gap between consecutive iteration ends on the
+runtime's own timeline, the first iteration (warm-up) left out, as
+``benchmarks/simulator_fidelity.py`` measures it. Measured peak memory: a second, short run
+with ``Job.track_allocations`` (the most bytes of live tensors per rank at the allocator, what
+the memory model predicts, docs/memory.md; tracking slows a CPU run, so it is not timed). The
+process's peak RSS (interpreter and libraries included) is reported beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..data import SEQUENCE_DATASETS
+from ..models import build_model, default_seq_len
+from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local
+from ..runtime.observation.summary import summarize
+from ..schedules import get_info
+
+__all__ = ["Measured", "measure_plan"]
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send what the rank processes print (torch's profiler notes) to stderr, so that stdout
+    keeps only the command's own output (``--json``: one object)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One run of a plan."""
+
+    iteration_time: float
+    peak_memory_bytes: list[int]
+    """Per rank: most bytes of live tensors (``RankResult.peak_allocated_bytes``)."""
+    samples_per_second: float
+    peak_rss_bytes: list[int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iteration_time": self.iteration_time,
+                "peak_memory_bytes": list(self.peak_memory_bytes),
+                "samples_per_second": self.samples_per_second,
+                "peak_rss_bytes": list(self.peak_rss_bytes)}
+
+
+def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bool = False,
+                 optimizer: str = "adam", seed: int = 0, timeout_s: float = 120.0,
+                 overrides: dict[str, Any] | None = None) -> Measured:
+    """Train ``plan`` for ``steps`` iterations of ``batch_size`` samples and measure it."""
+    if steps < 3:
+        raise ValueError(f"--steps {steps} is too few to time: the first iteration is warm-up "
+                         f"and the time is a gap between two later ones; use --steps 3 or more")
+    extra = dict(overrides or {})
+    spec = build_model(model, **extra)
+    dataset = spec.dataset or "digits"
+    seq_len = default_seq_len(model, **extra) if dataset in SEQUENCE_DATASETS else None
+    default = get_info(plan.schedule).default_optimizer
+    name, kwargs = (default[0], dict(default[1])) if default is not None else (optimizer, {})
+    job = Job(plan=plan, steps=steps, model=BuiltinModel(model, seed=seed, overrides=extra),
+              data=BuiltinData(dataset, batch_size=batch_size, seq_len=seq_len, seed=seed),
+              optimizer=OptimizerFactory(name, {"lr": 1e-3, **kwargs}), seed=seed,
+              timeout_s=timeout_s, progress=False, apc=apc)
+    with _stdout_to_stderr():
+        results = launch_local(job, deadline_s=timeout_s * 4)
+        tracked = launch_local(replace(job, steps=min(steps, 4), track_allocations=True),
+                               deadline_s=timeout_s * 4)
+    summary = summarize(results, schedule=plan.schedule, steps=steps, batch_size=batch_size,
+                        microbatches=plan.microbatches, pipelines=plan.pipelines)
+    ends = summary.iteration_end_s
+    gaps = [b - a for a, b in zip(ends, ends[1:])][1:]
+    return Measured(iteration_time=statistics.median(gaps),
+                    peak_memory_bytes=[r.peak_allocated_bytes for r in tracked],
+                    samples_per_second=summary.samples_per_second,
+                    peak_rss_bytes=list(summary.peak_memory_bytes))

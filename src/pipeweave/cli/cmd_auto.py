@@ -1,0 +1,318 @@
+"""``pipeweave auto``: profile, search every technique by simulation, write the winner's plan.
+
+    pipeweave auto --model gpt-tiny --ranks 2                     # profile, search, table
+    pipeweave auto --model gpt-tiny --ranks 2 --run               # ... and train winner vs default
+    pipeweave auto --profile big.json --ranks 16 --topology 4x1.2e10,4x1.25e9 \\
+        --memory-limit 16GiB --semantics any --top 5 --json
+
+The search (docs/auto.md, :mod:`pipeweave.auto`) covers every registered schedule
+(asynchronous ones and APC only with ``--semantics any``), every partition method, M, chunks
+per rank, AvgPipe's N, depth x width, recomputation, and the Slicer; it prunes with bounds
+from the profile and simulates the rest. It prints the top ``--top`` candidates ranked by
+predicted samples/s, writes the winner's plan to ``--out`` (run it with ``pipeweave train
+--plan``) and the time/memory Pareto front to ``--plot``. The batch is fixed (``--batch-size``
+samples per iteration) and every candidate splits it into its own micro-batches. ``--run``
+trains the winner and the default plan (1F1B, uniform split, M = 2 x ranks) for ``--steps``
+steps on local processes and prints predicted against measured time and memory per rank.
+``--json`` prints one object: ``winner``, ``default``, ``considered``, ``pruned``,
+``simulated``, ``table`` and, with ``--run``, ``measured``. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
+from ..models import available_models
+from ..planner import Topology
+from ..profiler import Profile
+from .cmd_plan import load_profile, parse_bytes, shared_cores
+from .model_options import add_hf_config, chosen_model
+
+__all__ = ["add_parser", "run", "format_table", "prediction_json"]
+
+DEFAULT_MICROBATCH = 4
+"""Samples per micro-batch profiled when neither --batch-size nor --profile says otherwise."""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "auto", help="search schedule, split, M, N, depth x width, recomputation by simulation",
+        description=__doc__)
+    source = parser.add_argument_group("what to plan (give --model, --profile or both)")
+    source.add_argument("--model", choices=available_models(), default=None,
+                        help="built-in model (profiled now unless --profile is given)")
+    add_hf_config(source)
+    source.add_argument("--profile", type=Path, action="append", default=None,
+                        help="profile JSON from `pipeweave profile` (or PipeDream's graph.txt); "
+                             "repeat it with profiles of the same model at other micro-batch "
+                             "sizes to interpolate the times between them (the first is the "
+                             "reference)")
+    parser.add_argument("--ranks", type=int, required=True, help="workers to plan for")
+    parser.add_argument("--topology", default=None, metavar="MxB[,MxB...]",
+                        help="hierarchical levels, lowest first: machines x bandwidth (bytes/s), "
+                             "e.g. 4x1.2e10,4x1.25e9; default: one level at the profile's link")
+    parser.add_argument("--memory-limit", default=None, metavar="BYTES",
+                        help="memory per rank, e.g. 16e9 or 16GiB; a candidate predicted above "
+                             "it is never chosen")
+    parser.add_argument("--semantics", default="sync", choices=["sync", "any"],
+                        help="sync: synchronous schedules only (same gradients as one device); "
+                             "any: asynchronous schedules and APC too (they change convergence)")
+    parser.add_argument("--top", type=int, default=10, help="rows of the table (and --json's)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="samples per iteration (default: the profile's micro-batch x 2 x "
+                             "ranks); with --model and no --profile the model is profiled at "
+                             "batch-size / (2 x ranks) samples per micro-batch")
+    parser.add_argument("--schedules", default=None, metavar="A,B,...",
+                        help="search only these schedules (default: every registered one)")
+    parser.add_argument("--methods", default=None, metavar="A,B,...",
+                        help="search only these partition methods (default: all)")
+    parser.add_argument("--microbatches", default=None, metavar="M1,M2,...",
+                        help="search only these micro-batch counts (default: w x d x 1,2,4,8 "
+                             "and 2 x ranks, those that divide the batch)")
+    parser.add_argument("--optimizer", default="adam",
+                        choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"],
+                        help="the optimizer whose state the memory model counts (and --run uses)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="with --model and no --profile: device to profile on")
+    parser.add_argument("--shared-cores", default="auto", metavar="N|auto|none",
+                        help="the ranks share N CPU cores (as in `pipeweave plan`); auto: a CPU "
+                             "profile's cores when the ranks outnumber them; none: a device each")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="stop examining candidates after this long and take the best so "
+                             "far (candidates go best bound first; the rest are counted as "
+                             "unexamined); default: search everything")
+    parser.add_argument("--out", type=Path, default=Path("auto-plan.json"),
+                        help="write the winner's plan here (for pipeweave train --plan)")
+    parser.add_argument("--plot", type=Path, default=Path("auto-pareto.png"),
+                        help="write the time/memory Pareto front PNG here")
+    parser.add_argument("--run", action="store_true",
+                        help="train the winner and the default plan on local processes and "
+                             "print predicted against measured time and memory per rank")
+    parser.add_argument("--steps", type=int, default=6, help="with --run: steps per plan")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="with --run: seconds a rank waits for a peer")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.set_defaults(func=run)
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _counts(text: str | None) -> tuple[int, ...] | None:
+    names = _names(text)
+    if names is None:
+        return None
+    try:
+        return tuple(int(n) for n in names)
+    except ValueError:
+        raise ValueError(f"--microbatches {text!r} must be whole numbers separated by commas, "
+                         "e.g. 4,8,16") from None
+
+
+def _say(text: str) -> None:
+    print(f"auto: {text}", file=sys.stderr, flush=True)
+
+
+def _profiles(args: argparse.Namespace) -> list[Profile]:
+    """The given profiles, or the model profiled at the default plan's micro-batch and at a
+    quarter of it (the times between are interpolated, :mod:`pipeweave.auto.scaling`)."""
+    if args.profile is not None:
+        return [load_profile(argparse.Namespace(**{**vars(args), "profile": path}))
+                for path in args.profile]
+    model, _ = chosen_model(args)
+    micro = DEFAULT_MICROBATCH if args.batch_size is None else \
+        max(1, args.batch_size // (2 * args.ranks))
+    profiles = []
+    for size in sorted({micro, max(1, micro // 4)}, reverse=True):
+        _say(f"profiling {model} at {size} samples per micro-batch ...")
+        started = time.perf_counter()
+        profiles.append(load_profile(argparse.Namespace(**{**vars(args), "batch_size": size})))
+        _say(f"profiled {profiles[-1].num_blocks} blocks in "
+             f"{time.perf_counter() - started:.1f} s")
+    return profiles
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    from ..schedules import get_info
+    from ..planner import get_method
+
+    for name in _names(args.schedules) or ():
+        get_info(name)
+    for name in _names(args.methods) or ():
+        get_method(name)
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    profile, *others = _profiles(args)
+    problem = AutoProblem(
+        profile=profile, extra_profiles=tuple(others), ranks=args.ranks, batch_size=args.batch_size,
+        memory_limit=parse_bytes(args.memory_limit) if args.memory_limit is not None else None,
+        semantics=args.semantics,
+        topology=Topology.parse(args.topology) if args.topology is not None else None,
+        shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
+        optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
+        methods=_names(args.methods), microbatches=_counts(args.microbatches))
+    _say(f"searching {profile.model} ({profile.num_blocks} blocks) on {args.ranks} ranks, "
+         f"batch {problem.batch} ...")
+    result = search(problem, progress=_say)
+    winner = result.winner  # a clear error when nothing fits
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    winner.plan.save(args.out)
+    shown = list(result.ranked) + list(result.over_limit)
+    if result.default is not None:
+        shown.append(result.default)  # always predicted, so always on the plot
+    plot = plot_pareto(shown, args.plot, winner=winner,
+                       default=result.default, memory_limit=problem.memory_limit,
+                       title=f"pipeweave auto: {profile.model} on {args.ranks} ranks")
+    report = report_json(result, args.top)
+    report["plan_file"] = str(args.out)
+    report["plot"] = str(plot)
+    if args.run:
+        report["measured"] = _measure(args, problem, result)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(format_table(result, args.top))
+    if "measured" in report:
+        print(format_measured(report))
+    model = f" --model {profile.model}" if profile.model in available_models() else ""
+    apc = " --apc" if winner.candidate.apc else ""
+    print(f"wrote {args.out} (run it: pipeweave train{model} --plan {args.out} --batch-size "
+          f"{problem.batch}{apc}) and {plot}")
+    return 0
+
+
+def _measure(args: argparse.Namespace, problem: AutoProblem,
+             result: SearchResult) -> dict[str, Any]:
+    from .auto_run import measure_plan
+
+    model, overrides = chosen_model(args)
+    model = model or problem.profile.model
+    if model not in available_models():
+        raise ValueError(f"--run trains a built-in model, and the profile is of {model!r}; "
+                         f"give --model NAME (one of {', '.join(available_models())}) or drop "
+                         "--run")
+    measured: dict[str, Any] = {}
+    plans = [("winner", result.winner), ("default", result.default)]
+    for label, prediction in plans:
+        if prediction is None:
+            continue
+        _say(f"training the {label} ({prediction.plan.schedule}) for {args.steps} steps ...")
+        done = measure_plan(model, prediction.plan, batch_size=problem.batch, steps=args.steps,
+                            apc=prediction.candidate.apc, optimizer=args.optimizer,
+                            timeout_s=args.timeout, overrides=overrides)
+        measured[label] = {**done.to_json(),
+                           "predicted_iteration_time": prediction.iteration_time,
+                           "predicted_peak_memory_bytes": list(prediction.peak_memory_bytes),
+                           "iteration_time_error": abs(prediction.iteration_time
+                                                       - done.iteration_time)
+                           / done.iteration_time}
+    return measured
+
+
+def prediction_json(p: Prediction) -> dict[str, Any]:
+    c = p.candidate
+    return {
+        "schedule": c.schedule, "method": c.method, "stages": [list(s) for s in p.plan.stages],
+        "microbatches": c.microbatches, "pipelines": c.pipelines, "depth": c.depth,
+        "width": c.width, "chunks": c.chunks, "replicas": list(c.replicas) if c.replicas
+        else None, "recompute": c.recompute, "apc": c.apc,
+        "predicted_iteration_time": p.iteration_time,
+        "predicted_samples_per_second": p.samples_per_second,
+        "predicted_bubble_fraction": p.bubble_fraction,
+        "predicted_peak_memory_bytes": list(p.peak_memory_bytes),
+        "plan": p.plan.to_json(),
+    }
+
+
+def report_json(result: SearchResult, top: int) -> dict[str, Any]:
+    problem = result.problem
+    return {
+        "model": problem.profile.model, "ranks": problem.ranks, "batch_size": problem.batch,
+        "memory_limit": problem.memory_limit, "semantics": problem.semantics,
+        "winner": prediction_json(result.winner),
+        "default": prediction_json(result.default) if result.default is not None else None,
+        "considered": result.considered, "invalid": result.invalid, "pruned": result.pruned,
+        "pruned_time": result.pruned_time, "pruned_memory": result.pruned_memory,
+        "simulated": result.simulated, "duplicates": result.duplicates,
+        "unexamined": result.unexamined,
+        "over_memory_limit": len(result.over_limit), "search_seconds": result.seconds,
+        "table": [prediction_json(p) for p in result.ranked[:top]],
+    }
+
+
+def _split(p: Prediction) -> str:
+    sizes = [e - a for a, e in p.plan.stages]
+    text = "+".join(map(str, sizes)) if len(sizes) <= 8 else \
+        f"{len(sizes)} stages of {min(sizes)}..{max(sizes)}"
+    return f"{p.candidate.method} {text}"
+
+
+def _memory(p: Prediction) -> str:
+    mib = [m / 2**20 for m in p.peak_memory_bytes]
+    if len(mib) <= 4:
+        return " ".join(f"{m:.1f}" for m in mib)
+    return f"{min(mib):.1f}..{max(mib):.1f}"
+
+
+def _shape(p: Prediction) -> str:
+    c = p.candidate
+    text = f"{c.depth}x{c.width}" if c.replicas is None else f"RR {list(c.replicas)}"
+    return text + (f" v{c.chunks}" if c.chunks > 1 else "")
+
+
+def format_table(result: SearchResult, top: int) -> str:
+    rows: list[tuple[str, ...]] = [("#", "schedule", "split (blocks per stage)", "M", "N", "dxw", "recomp", "apc",
+             "samples/s", "peak MiB per rank", "bubble")]
+
+    def row(label: str, p: Prediction) -> tuple[str, ...]:
+        c = p.candidate
+        return (label, c.schedule, _split(p), str(c.microbatches), str(c.pipelines), _shape(p),
+                "all" if c.recompute else "none", "on" if c.apc else "off",
+                f"{p.samples_per_second:.1f}", _memory(p), f"{p.bubble_fraction:.3f}")
+
+    for index, p in enumerate(result.ranked[:top]):
+        rows.append(row(str(index + 1), p))
+    if result.default is not None:
+        rows.append(row("default", result.default))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    problem = result.problem
+    head = (f"pipeweave auto: {problem.profile.model}, {problem.ranks} ranks, batch "
+            f"{problem.batch}, semantics {problem.semantics}"
+            + (f", memory limit {problem.memory_limit / 2**20:.1f} MiB"
+               if problem.memory_limit is not None else ""))
+    counts = (f"{result.considered} candidates considered: {result.invalid} invalid, "
+              f"{result.pruned} pruned ({result.pruned_time} by time, {result.pruned_memory} by "
+              f"memory), {result.simulated} simulated ({result.duplicates} duplicates, "
+              f"{len(result.over_limit)} over the memory limit)"
+              + (f", {result.unexamined} left unexamined by --time-limit" if result.unexamined
+                 else "") + f" in {result.seconds:.2f} s")
+    winner, default = result.winner, result.default
+    lines = [head, *lines, counts]
+    if default is not None:
+        lines.append(f"winner {winner.samples_per_second / default.samples_per_second:.2f}x the "
+                     f"default plan's predicted samples/s")
+    return "\n".join(lines)
+
+
+def format_measured(report: dict[str, Any]) -> str:
+    lines = [f"{'plan':<8} {'predicted s/iter':>17} {'measured s/iter':>16} {'error':>7}  "
+             "peak MiB per rank, predicted / measured"]
+    for label, m in report["measured"].items():
+        memory = " ".join(f"{p / 2**20:.1f}/{q / 2**20:.1f}" for p, q in
+                          zip(m["predicted_peak_memory_bytes"], m["peak_memory_bytes"]))
+        lines.append(f"{label:<8} {m['predicted_iteration_time']:>17.4f} "
+                     f"{m['iteration_time']:>16.4f} {100 * m['iteration_time_error']:>6.1f}%  "
+                     f"{memory}")
+    return "\n".join(lines)

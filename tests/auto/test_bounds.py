@@ -1,0 +1,71 @@
+"""The pruning bounds never exceed the simulated iteration time (so pruning never loses the
+optimum), with links and all-reduces priced, on a two-level topology, with shared cores."""
+
+from __future__ import annotations
+
+import pytest
+
+from auto_fixtures import small_profile
+from pipeweave.auto import AutoProblem, enumerate_candidates
+from pipeweave.auto.bounds import plan_bound, shape_bound
+from pipeweave.auto.predict import candidate_costs, predict
+from pipeweave.auto.search import _Search, _valid_shape
+from pipeweave.planner.topology import Topology
+from pipeweave.profiler import LinkProfile
+from pipeweave.schedules import get_info
+
+
+@pytest.mark.parametrize("shared_cores", [None, 2])
+def test_bounds_are_below_the_simulated_time(shared_cores: int | None) -> None:
+    profile = small_profile(7, blocks=8, link=LinkProfile(2e8, 2e-5))
+    problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
+                          shared_cores=shared_cores, methods=("uniform", "time", "pipedream"),
+                          microbatches=(4, 8, 16), pipelines=(1, 2))
+    state = _Search(problem, lambda _text: None)
+    checked = 0
+    for candidate in enumerate_candidates(problem):
+        if not _valid_shape(candidate, problem) or not get_info(candidate.schedule).synchronous:
+            continue
+        try:
+            done, plan, scaled = state.complete(candidate)
+            prediction = predict(done, scaled, problem)
+        except ValueError:
+            continue
+        costs = candidate_costs(done, plan, scaled, problem)
+        time = prediction.iteration_time
+        assert shape_bound(candidate, scaled, problem, 1e9) <= time * (1 + 1e-9), candidate
+        assert plan_bound(plan, costs, problem) <= time * (1 + 1e-9), candidate
+        checked += 1
+    assert checked > 100
+
+
+def test_one_copy_predicts_like_the_whole_plan() -> None:
+    """For width > 1 the search simulates copy 0 alone (auto/copies.py): same time and memory
+    as simulating and asking the memory model about every copy."""
+    from pipeweave.auto.predict import candidate_plan
+    from pipeweave.planner.memory import predicted_memory
+    from pipeweave.schedules import build_schedule
+    from pipeweave.sim import simulate
+
+    profile = small_profile(8, blocks=8, link=LinkProfile(2e8, 2e-5))
+    problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
+                          methods=("time",), microbatches=(4, 8), depths=(2,))
+    state = _Search(problem, lambda _text: None)
+    checked = 0
+    for candidate in enumerate_candidates(problem):
+        if not _valid_shape(candidate, problem):
+            continue
+        try:
+            done, plan, scaled = state.complete(candidate)
+            prediction = predict(done, scaled, problem)
+        except ValueError:
+            continue
+        assert plan.width == 2
+        whole = simulate(build_schedule(plan.schedule, plan.shape(
+            1 if get_info(plan.schedule).synchronous else 4)),
+            candidate_costs(done, candidate_plan(done, problem), scaled, problem))
+        assert prediction.iteration_time == pytest.approx(whole.iteration_time, rel=1e-9)
+        memory = [r.total for r in predicted_memory(profile, plan, batch_size=problem.batch)]
+        assert list(prediction.peak_memory_bytes) == pytest.approx(memory, rel=1e-9)
+        checked += 1
+    assert checked > 10

@@ -64,7 +64,10 @@ def add_parser(subparsers: Any) -> None:
                         help="pipedream: add all-reduce to compute instead of overlapping them")
     parser.add_argument("--slicer", action="store_true",
                         help="AutoPipe Slicer: sliced-1f1b with Algorithm 2's k")
-    parser.add_argument("--schedule", default=None, help="override the method's schedule")
+    parser.add_argument("--schedule", default=None,
+                        help="override the method's schedule; 'fastest': the synchronous "
+                             "schedule (1f1b, gpipe, zb-h1, zb-h2, ...) the simulator predicts "
+                             "fastest for the method's split within --memory-limit")
     parser.add_argument("--batch-size", type=int, default=4,
                         help="with --model and no --profile: samples per profiled micro-batch")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -190,5 +193,9 @@ def format_result(result: PlanResult, profile: Profile) -> str:
             value = result.details[key]
             lines.append(f"{key.replace('_', ' ')} {value:.6g}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')} {value}")
+    for name, outcome in result.details.get("schedules", {}).items():
+        chosen = " (chosen)" if name == plan.schedule else ""
+        lines.append(f"  schedule {name}: {1e3 * outcome:.3f} ms{chosen}"
+                     if isinstance(outcome, float) else f"  schedule {name}: left out, {outcome}")
     lines.append(f"planning time {result.planning_seconds:.4f} s")
     return "\n".join(lines)

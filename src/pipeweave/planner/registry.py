@@ -5,6 +5,13 @@ asked (Algorithm 2's ``k`` from the plan's stage costs, schedule ``sliced-1f1b``
 runtime's :class:`~pipeweave.planner.plan.Plan`, simulates it for the predicted iteration time
 and, with a memory limit, checks every rank's simulated peak (parameters + optimizer state +
 held activations) against it.
+
+``schedule="fastest"`` (:data:`FASTEST`) keeps the method's partition and picks, among the
+registered synchronous schedules that run one stage per rank (1F1B, GPipe, the zero-bubble
+``zb-h1``/``zb-h2`` with a split backward, ...), the one the simulator predicts fastest for it
+within the memory limit, the method's own schedule winning ties. They all train alike (same
+gradients per update), so only time and memory differ. Schedules that need another partition
+(two chunks per rank: interleaving, V shapes) are ``pipeweave auto``'s to choose.
 """
 
 from __future__ import annotations
@@ -15,14 +22,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .plan import Plan
-from ..schedules import get_info
+from ..schedules import available_schedules, get_info
 from ..schedules.sliced import slicer_count
 from ..sim import SimulationResult
 from . import methods
 from .evaluate import Evaluator, Network, sharing_overhead_of
 from .result import Partition, PlanRequest, PlanResult
 
-__all__ = ["MethodInfo", "register_method", "available_methods", "get_method", "make_plan"]
+__all__ = ["MethodInfo", "register_method", "available_methods", "get_method", "make_plan",
+           "FASTEST"]
+
+FASTEST = "fastest"
+"""The schedule name that asks :func:`make_plan` to choose the schedule (module docstring)."""
 
 Method = Callable[[PlanRequest], Partition]
 
@@ -78,8 +89,13 @@ def make_plan(request: PlanRequest, method: str) -> PlanResult:
     """Plan ``request`` with ``method`` (see the module docstring)."""
     info = get_method(method)
     started = time.perf_counter()
-    partition = info.run(request)
-    if request.schedule is not None:
+    # With "fastest" the method partitions for its own schedule; the choice comes after.
+    partition = info.run(replace(request, schedule=None) if request.schedule == FASTEST
+                         else request)
+    if request.schedule == FASTEST and request.slicer:
+        raise ValueError("--slicer runs sliced-1f1b and --schedule fastest chooses the schedule; "
+                         "give one of them")
+    if request.schedule is not None and request.schedule != FASTEST:
         get_info(request.schedule)  # unknown names fail here, with the list of known ones
         partition = replace(partition, schedule=request.schedule)
     network = partition.network or methods.straight_network(request)
@@ -89,9 +105,11 @@ def make_plan(request: PlanRequest, method: str) -> PlanResult:
         details["sharing_overhead"] = sharing_overhead_of(request.profile)
     if request.slicer:
         partition = _apply_slicer(request, partition, network, details)
+    microbatches = partition.microbatches or request.num_microbatches
+    if request.schedule == FASTEST:
+        partition = _fastest_schedule(request, partition, network, microbatches, details)
     seconds = time.perf_counter() - started
 
-    microbatches = partition.microbatches or request.num_microbatches
     plan = Plan(num_blocks=request.profile.num_blocks, stages=partition.bounds,
                 schedule=partition.schedule, microbatches=microbatches,
                 replicas=partition.replicas, schedule_options=dict(partition.schedule_options))
@@ -104,6 +122,37 @@ def make_plan(request: PlanRequest, method: str) -> PlanResult:
     return PlanResult(method=method, plan=plan, stage_times=stage_times,
                       predicted_iteration_time=simulation.iteration_time,
                       planning_seconds=seconds, details=details)
+
+
+def _fastest_schedule(request: PlanRequest, partition: Partition, network: Network,
+                      microbatches: int, details: dict[str, Any]) -> Partition:
+    """The partition with the synchronous one-stage-per-rank schedule predicted fastest within
+    the memory limit; ``details["schedules"]``: every one tried, its predicted iteration time
+    in seconds, or why it was left out."""
+    own = get_info(partition.schedule)
+    names = [own.name] if own.synchronous else []
+    names += [info.name for info in available_schedules()
+              if info.synchronous and info.default_chunks == 1 and info.name not in names]
+    tried: dict[str, float | str] = {}
+    best: tuple[float, Partition] | None = None
+    for name in names:
+        candidate = replace(partition, schedule=name)
+        try:
+            simulation = _simulate(request, candidate, network, microbatches)
+            if request.memory_limit is not None and candidate.replicas is None:
+                _check_memory(request, candidate, simulation)
+        except ValueError as error:  # needs more micro-batches, over the memory limit, ...
+            tried[name] = str(error).split(";")[0]
+            continue
+        tried[name] = simulation.iteration_time
+        if best is None or simulation.iteration_time < best[0]:
+            best = (simulation.iteration_time, candidate)
+    details["schedules"] = tried
+    if best is None:
+        reasons = "; ".join(f"{name}: {why}" for name, why in tried.items())
+        raise ValueError(f"--schedule fastest: no synchronous schedule fits this plan ({reasons}); "
+                         f"raise --memory-limit or use more ranks")
+    return best[1]
 
 
 def _simulate(request: PlanRequest, partition: Partition, network: Network,

@@ -120,6 +120,11 @@ CASES = {
     "gpt": Case("gpt d128 L4 T64", "gpt-tiny",
                 {"d_model": 128, "n_layers": 4, "n_heads": 4, "d_ff": 512, "seq_len": 64},
                 dataset="stdlib-bytes", seq_len=64, batch_size=64, microbatches=8, lr=0.01),
+    # Hugging Face's GPT2LMHeadModel (pipeweave.hf, untied, attention and MLP halves: 10
+    # blocks) at the "gpt" case's shape and M; torch runs the same blocks (issue 17's row).
+    "hf-gpt2": Case("HF GPT-2 d128 L4 T64", "hf-gpt2", TORCH_CASES["hf-gpt2"].overrides,
+                    dataset="stdlib-bytes-labels", seq_len=64, batch_size=64, microbatches=8,
+                    lr=0.01),
     # For the smoke test (tests/benchmarks): 6 blocks, so four stages of one or two blocks.
     "tiny": Case("gpt d32 L2 T16", "gpt-tiny", TORCH_CASES["tiny"].overrides,
                  dataset="stdlib-bytes", seq_len=16, batch_size=8, microbatches=4, lr=0.05),

@@ -37,6 +37,7 @@ float32; ``bf16`` measures bfloat16 copies of the blocks on bfloat16 inputs.
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -427,10 +428,9 @@ def _peak_memory(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Te
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
     else:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                    profile_memory=True) as profiler:
+        with memory_profiler() as profiler:
             _forward_backward(block, inputs, loss_fn, targets)
-        peak = _allocated_peak(profiler)
+        peak = allocated_peak(profiler)
     block.zero_grad(set_to_none=True)
     return max(0, int(peak))
 
@@ -442,17 +442,33 @@ def _forward_backward(block: nn.Module, inputs: Tensor,
     _backward(out, loss_fn(out, targets) if loss_fn is not None and targets is not None else None)
 
 
-def _allocated_peak(profiler: torch.profiler.profile) -> int:
-    """Most bytes alive at once from the CPU allocator's events of a memory-profiling run."""
+def memory_profiler() -> torch.profiler.profile:
+    """A CPU profiler that records the allocator's events (read them with
+    :func:`allocated_peak`), without kineto's ``profiler_start``/``profiler_stop`` lines on
+    stderr (its log level is read when the profiler first starts)."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                  profile_memory=True)
+
+
+def allocated_peak(profiler: torch.profiler.profile) -> int:
+    """Most bytes alive at once, from the CPU allocator's events of a :func:`memory_profiler`
+    run (replayed in time order; ties keep the recorded order)."""
     results = profiler.profiler.kineto_results if profiler.profiler is not None else None
-    events = [] if results is None else results.events()
-    changes = sorted(((e.start_ns(), e.nbytes()) for e in events  # type: ignore[attr-defined]
-                      if e.name() == "[memory]"), key=lambda change: change[0])
+    if results is None:
+        return 0
+    changes = sorted(((event.start_ns(), event.nbytes())  # type: ignore[attr-defined]
+                      for event in results.events()
+                      if event.name() == "[memory]" and event.device_type() == _CPU),
+                     key=lambda change: change[0])
     alive = peak = 0
     for _, nbytes in changes:
         alive += nbytes
         peak = max(peak, alive)
     return peak
+
+
+_CPU = torch.autograd.DeviceType.CPU
 
 
 def _device_name(device: torch.device) -> str:

@@ -25,6 +25,8 @@ from types import TracebackType
 
 import torch
 
+from ...profiler.measure import allocated_peak, memory_profiler
+
 __all__ = ["AllocationTracker"]
 
 
@@ -43,8 +45,7 @@ class AllocationTracker:
             self._base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            self._profiler = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+            self._profiler = memory_profiler()
             self._profiler.__enter__()
         return self
 
@@ -57,23 +58,4 @@ class AllocationTracker:
         assert self._profiler is not None
         self._profiler.__exit__(kind, error, trace)
         if kind is None:
-            self.peak = peak_of(self._profiler)
-
-
-def peak_of(profiler: torch.profiler.profile) -> int:
-    """Most bytes alive at once, from a memory-profiling run's allocation events."""
-    results = profiler.profiler.kineto_results if profiler.profiler is not None else None
-    if results is None:
-        return 0
-    changes = sorted(((event.start_ns(), event.nbytes())  # type: ignore[attr-defined]
-                      for event in results.events()
-                      if event.name() == "[memory]" and event.device_type() == _CPU),
-                     key=lambda change: change[0])  # stable: ties keep the recorded order
-    alive = peak = 0
-    for _, nbytes in changes:
-        alive += nbytes
-        peak = max(peak, alive)
-    return peak
-
-
-_CPU = torch.autograd.DeviceType.CPU
+            self.peak = allocated_peak(self._profiler)

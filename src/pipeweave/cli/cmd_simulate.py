@@ -15,6 +15,13 @@ are the zero-bubble paper's F = I = W = 1::
 
 ``peak_activations`` (per rank) counts an activation from its forward until its weight
 gradient (``B`` or ``W``): what a deferred ``W`` keeps alive.
+
+``--model NAME`` (profiled now, ``--hf-config`` too) or ``--profile FILE`` take the costs from a
+measured profile instead, the model split evenly over the schedule's stages (``Plan.uniform``'s
+split): each stage's forward, backward, measured weight-gradient part, optimizer step, held
+activation bytes and, with the profile's link, its transfers::
+
+    pipeweave simulate zbv --model hf-gpt2 --stages 2 --chunks 2 --microbatches 8
 ``--shared-cores N``: the ranks share N CPU cores (local processes on a CPU machine); the
 forwards, backwards and updates in progress at once split them.
 """
@@ -23,11 +30,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from pathlib import Path
 from typing import Any
 
+from ..ir import Schedule
+from ..models import available_models
 from ..report import plot_timeline, write_chrome_trace
 from ..sim import Costs, SimulationResult, simulate
 from .cmd_show import add_shape_arguments, default_iterations, schedule_from_args
+from .model_options import add_hf_config
+
+COST_DEFAULTS = {"forward": "1", "backward": "2", "comm": "0", "update": "0"}
+"""The unit costs used without a profile (AutoPipe's idealised F=1, B=2, free transfers)."""
 
 __all__ = ["add_parser", "run", "parse_numbers"]
 
@@ -38,18 +53,29 @@ def add_parser(subparsers: Any) -> None:
         description="Simulate a schedule with per-stage costs (default F=1, B=2, C=0).",
     )
     add_shape_arguments(parser)
-    parser.add_argument("--forward", "-F", default="1", metavar="F[,F1,...]",
+    parser.add_argument("--forward", "-F", default=None, metavar="F[,F1,...]",
                         help="forward time: one number or one per stage (default 1)")
-    parser.add_argument("--backward", "-B", default="2", metavar="B[,B1,...]",
+    parser.add_argument("--backward", "-B", default=None, metavar="B[,B1,...]",
                         help="backward time: one number or one per stage (default 2)")
     parser.add_argument("--weight-grad", "-W", default=None, metavar="W[,W1,...]",
                         help="weight-gradient part of the backward, what a split backward's W "
                              "costs (its I costs B - W): one number or one per stage "
                              "(default B/2)")
-    parser.add_argument("--comm", "-C", default="0", metavar="C[,C1,...]",
+    parser.add_argument("--comm", "-C", default=None, metavar="C[,C1,...]",
                         help="transfer time: one number or one per stage boundary (default 0)")
-    parser.add_argument("--update", default="0", metavar="U[,U1,...]",
+    parser.add_argument("--update", default=None, metavar="U[,U1,...]",
                         help="optimizer-step time per stage (default 0)")
+    source = parser.add_argument_group(
+        "costs from a model instead (give --model or --profile, not the numbers above)")
+    source.add_argument("--model", choices=available_models(), default=None,
+                        help="profile this built-in model now and split it evenly")
+    add_hf_config(source)
+    source.add_argument("--profile", type=Path, default=None,
+                        help="a profile JSON (pipeweave profile --json-out FILE)")
+    source.add_argument("--batch-size", type=int, default=4,
+                        help="samples per micro-batch when profiling --model (default 4)")
+    source.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where to profile --model (default cpu)")
     parser.add_argument("--shared-cores", type=int, default=None, metavar="N",
                         help="the ranks share N CPU cores (default: a device per rank)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -73,15 +99,9 @@ def parse_numbers(flag: str, text: str) -> float | list[float]:
 
 def run(args: argparse.Namespace) -> int:
     schedule = schedule_from_args(args, default_iterations=default_iterations(args.schedule))
-    costs = Costs(
-        forward=parse_numbers("--forward", args.forward),
-        backward=parse_numbers("--backward", args.backward),
-        weight_grad=(parse_numbers("--weight-grad", args.weight_grad)
-                     if args.weight_grad is not None else None),
-        comm=parse_numbers("--comm", args.comm),
-        update=parse_numbers("--update", args.update),
-        shared_cores=args.shared_cores,
-    )
+    from_model = (args.model is not None or args.profile is not None
+                  or getattr(args, "hf_config", None) is not None)
+    costs = profiled_costs(args, schedule) if from_model else unit_costs(args)
     result = simulate(schedule, costs)
     summary = result.summary()
     summary["costs"] = costs.to_json()
@@ -101,6 +121,49 @@ def run(args: argparse.Namespace) -> int:
             if key in summary:
                 print(f"wrote {summary[key]}")
     return 0
+
+
+def unit_costs(args: argparse.Namespace) -> Costs:
+    """The costs the flags give (:data:`COST_DEFAULTS` where not given)."""
+    def given(name: str) -> str:
+        value = getattr(args, name)
+        return COST_DEFAULTS[name] if value is None else str(value)
+
+    return Costs(
+        forward=parse_numbers("--forward", given("forward")),
+        backward=parse_numbers("--backward", given("backward")),
+        weight_grad=(parse_numbers("--weight-grad", args.weight_grad)
+                     if args.weight_grad is not None else None),
+        comm=parse_numbers("--comm", given("comm")),
+        update=parse_numbers("--update", given("update")),
+        shared_cores=args.shared_cores,
+    )
+
+
+def profiled_costs(args: argparse.Namespace, schedule: Schedule) -> Costs:
+    """Costs of the model's profile split evenly over the schedule's stages (module docstring)."""
+    from ..planner.evaluate import Network, plan_costs
+    from ..planner.partition import uniform_partition
+    from .cmd_plan import load_profile
+
+    given = [f"--{name.replace('_', '-')}" for name in ("forward", "backward", "weight_grad",
+                                                      "comm", "update")
+             if getattr(args, name) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} and a model's profile both give costs; drop "
+                         f"{' and '.join(given)}, or --model/--profile")
+    args.ranks = schedule.num_ranks  # load_profile sizes the profiling threads by it
+    profile = load_profile(args)
+    stages = schedule.num_stages
+    if profile.num_blocks < stages:
+        raise ValueError(f"{profile.model} has {profile.num_blocks} blocks, fewer than the "
+                         f"{stages} stages of this schedule; use fewer --stages or --chunks")
+    bounds = uniform_partition(profile.num_blocks, stages)
+    link = profile.link
+    network = Network(bandwidth=link.bandwidth if link is not None else math.inf,
+                      latency=link.latency if link is not None else 0.0,
+                      shared_cores=args.shared_cores)
+    return plan_costs(profile, bounds, network)
 
 
 def _table(result: SimulationResult) -> str:

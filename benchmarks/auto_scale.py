@@ -96,7 +96,7 @@ def main() -> None:
     winner = report["winner"]
     counts = {key: report[key] for key in ("considered", "invalid", "pruned", "pruned_time",
                                            "pruned_memory", "simulated", "duplicates",
-                                           "unexamined", "over_memory_limit")}
+                                           "unexamined", "over_budget", "over_memory_limit")}
     print(f"{args.blocks} blocks on {args.ranks} ranks ({args.topology}): {seconds:.1f} s wall "
           f"(search {report['search_seconds']:.1f} s), under 60 s: {seconds < 60}")
     print("  ".join(f"{key} {value}" for key, value in counts.items()))

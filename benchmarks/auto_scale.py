@@ -15,7 +15,8 @@ temporary file and searched by the command itself (``pipeweave auto --profile FI
 on this machine) and the candidate counts: considered, invalid, pruned (by time, by memory),
 simulated, duplicates, and unexamined: ``--time-limit`` (default 45 s; ``0``: none) stops the
 search there and takes the best so far, the candidates not reached (the weakest bounds, since
-they go best bound first) counted as unexamined; and the winner.
+they go best bound first) counted as unexamined, and those whose estimated cost did not fit in
+the time left (auto/budget.py) counted as over_budget; and the winner.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ temporary file and searched by the command itself (``pipeweave auto --profile FI
 on this machine) and the candidate counts: considered, invalid, pruned (by time, by memory),
 simulated, duplicates, and unexamined: ``--time-limit`` (default 45 s; ``0``: none) stops the
 search there and takes the best so far, the candidates not reached (the weakest bounds, since
-they go best bound first) counted as unexamined; and the winner.
+they go best bound first) counted as unexamined, and those whose estimated cost did not fit in
+the time left (auto/budget.py) counted as over_budget; and the winner.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def main() -> None:
     winner = report["winner"]
     counts = {key: report[key] for key in ("considered", "invalid", "pruned", "pruned_time",
                                            "pruned_memory", "simulated", "duplicates",
-                                           "unexamined", "over_memory_limit")}
+                                           "unexamined", "over_budget", "over_memory_limit")}
     print(f"{args.blocks} blocks on {args.ranks} ranks ({args.topology}): {seconds:.1f} s wall "
           f"(search {report['search_seconds']:.1f} s), under 60 s: {seconds < 60}")
     print("  ".join(f"{key} {value}" for key, value in counts.items()))

@@ -42,7 +42,8 @@ def test_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         assert key in winner
     assert len(winner["predicted_peak_memory_bytes"]) == 2
     assert report["considered"] == (report["invalid"] + report["pruned"] + report["simulated"]
-                                    + report["duplicates"] + report["unexamined"])
+                                    + report["duplicates"] + report["unexamined"]
+                                    + report["over_budget"])
     assert report["simulated"] > 0 and report["pruned"] > 0
     assert 1 <= len(report["table"]) <= 3
     assert report["table"][0] == winner

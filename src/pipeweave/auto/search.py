@@ -32,6 +32,7 @@ from ..schedules import Shape, get_info
 from ..schedules.registry import check_options
 from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, shape_bound
+from .budget import Budget
 from .links import default_topology
 from .memory import static_memory
 from .partitioning import Partitioner
@@ -63,7 +64,9 @@ class SearchResult:
             or plan validation, ``pruned`` by a bound, ``simulated`` were simulated, and
             ``duplicates`` turned out to be a plan already simulated (two partition methods
             often agree): they share its prediction and are ranked once; ``unexamined``
-            were left when ``time_limit`` ran out.
+            were left when ``time_limit`` ran out; ``over_budget`` were skipped under
+            ``time_limit`` because their estimated cost (:mod:`pipeweave.auto.budget`) did
+            not fit in the time left.
         pruned_time, pruned_memory: the pruned ones by the reason.
         seconds: wall time of the search.
     """
@@ -80,6 +83,7 @@ class SearchResult:
     duplicates: int
     seconds: float
     unexamined: int = 0
+    over_budget: int = 0
 
     @property
     def pruned(self) -> int:
@@ -127,6 +131,8 @@ class _Search:
     simulated: int = 0
     duplicates: int = 0
     seen: set[str] = field(default_factory=set)
+    budget: Budget = field(default_factory=Budget)
+    over_budget: int = 0
 
     def __post_init__(self) -> None:
         self.partitioner = Partitioner(self.problem)
@@ -152,7 +158,16 @@ class _Search:
 
     def evaluate(self, candidate: Candidate, profile: Profile) -> Timed:
         self.simulated += 1
-        return simulate_candidate(candidate, profile, self.problem)
+        started = time.perf_counter()
+        timed = simulate_candidate(candidate, profile, self.problem)
+        self.budget.record_simulation(candidate, time.perf_counter() - started)
+        return timed
+
+    def memory(self, timed: Timed) -> Prediction:
+        started = time.perf_counter()
+        prediction = with_memory(timed, self.problem)
+        self.budget.record_memory(timed.candidate, time.perf_counter() - started)
+        return prediction
 
 
 def _check_shape(plan: Plan) -> None:
@@ -217,6 +232,10 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
         if _cannot_beat(samples, bound, best, candidate):
             state.pruned_time += 1
             continue
+        if problem.time_limit is not None and not state.budget.fits(
+                candidate, problem.time_limit - (time.perf_counter() - started)):
+            state.over_budget += 1  # too long for the time left; a cheaper one may fit
+            continue
         try:
             done, plan, profile = state.complete(candidate)
         except ValueError:
@@ -243,7 +262,7 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
         if timed.samples_per_second <= best:  # cannot win: its memory is asked only if
             slower.append(timed)              # it makes the table (below)
             continue
-        prediction = with_memory(timed, problem)
+        prediction = state.memory(timed)
         if problem.memory_limit is not None and prediction.max_memory > problem.memory_limit:
             over.append(prediction)
             continue
@@ -256,22 +275,25 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     # the memory of the fastest of those that could not win, for the table and the plot
     slower.sort(key=lambda t: -t.samples_per_second)
     for timed in slower[:TABLE_MEMORY]:
-        if problem.time_limit is not None and \
-                time.perf_counter() - started > problem.time_limit:
-            break  # the table then lists fewer of the candidates that could not win
-        prediction = with_memory(timed, problem)
+        if problem.time_limit is not None and not state.budget.fits(
+                timed.candidate, problem.time_limit - (time.perf_counter() - started),
+                simulation=False):
+            continue  # the table then lists fewer of the candidates that could not win
+        prediction = state.memory(timed)
         fits = problem.memory_limit is None or prediction.max_memory <= problem.memory_limit
         (ranked if fits else over).append(prediction)
     ranked.sort(key=lambda p: (-p.samples_per_second, p.max_memory, _simplicity(p.candidate)))
     default = _default_prediction(state, problem)
     say(f"done: {considered} considered, {state.invalid} invalid, "
         f"{state.pruned_time + state.pruned_memory} pruned, {state.simulated} simulated, "
-        f"{state.duplicates} duplicates")
+        f"{state.duplicates} duplicates"
+        + (f", {state.over_budget} over the time budget" if state.over_budget else ""))
     return SearchResult(problem=problem, ranked=tuple(ranked), over_limit=tuple(over),
                         default=default, considered=considered, invalid=state.invalid,
                         pruned_time=state.pruned_time, pruned_memory=state.pruned_memory,
                         simulated=state.simulated, duplicates=state.duplicates,
-                        seconds=time.perf_counter() - started, unexamined=unexamined)
+                        seconds=time.perf_counter() - started, unexamined=unexamined,
+                        over_budget=state.over_budget)
 
 
 def _cannot_beat(samples: float, bound: float, best: float, candidate: Candidate) -> bool:

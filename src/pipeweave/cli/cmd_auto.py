@@ -245,7 +245,7 @@ def report_json(result: SearchResult, top: int) -> dict[str, Any]:
         "considered": result.considered, "invalid": result.invalid, "pruned": result.pruned,
         "pruned_time": result.pruned_time, "pruned_memory": result.pruned_memory,
         "simulated": result.simulated, "duplicates": result.duplicates,
-        "unexamined": result.unexamined,
+        "unexamined": result.unexamined, "over_budget": result.over_budget,
         "over_memory_limit": len(result.over_limit), "search_seconds": result.seconds,
         "table": [prediction_json(p) for p in result.ranked[:top]],
     }
@@ -297,7 +297,9 @@ def format_table(result: SearchResult, top: int) -> str:
               f"memory), {result.simulated} simulated ({result.duplicates} duplicates, "
               f"{len(result.over_limit)} over the memory limit)"
               + (f", {result.unexamined} left unexamined by --time-limit" if result.unexamined
-                 else "") + f" in {result.seconds:.2f} s")
+                 else "")
+              + (f", {result.over_budget} skipped as too long for the time left"
+                 if result.over_budget else "") + f" in {result.seconds:.2f} s")
     winner, default = result.winner, result.default
     lines = [head, *lines, counts]
     if default is not None:

@@ -1,0 +1,41 @@
+"""The time budget (auto/budget.py): what it estimates, and that it skips nothing without
+``--time-limit`` and counts everything it skips with one."""
+
+from __future__ import annotations
+
+from auto_fixtures import small_profile
+from pipeweave.auto import AutoProblem, search
+from pipeweave.auto.budget import Budget, work_units
+from pipeweave.auto.problem import Candidate
+
+
+def _candidate(depth: int, width: int, microbatches: int) -> Candidate:
+    return Candidate(schedule="1f1b", method="uniform", depth=depth, width=width, chunks=1,
+                     pipelines=1, microbatches=microbatches, recompute=False, apc=False)
+
+
+def test_work_units_count_one_copy_when_the_copies_split_the_microbatches() -> None:
+    assert work_units(_candidate(4, 1, 8)) == 32
+    assert work_units(_candidate(4, 2, 8)) == 16
+    assert work_units(_candidate(4, 2, 7)) == 28
+
+
+def test_budget_estimates_from_the_largest_rate_seen() -> None:
+    budget = Budget()
+    small, big = _candidate(2, 1, 2), _candidate(8, 1, 8)
+    assert budget.fits(big, 0.0)  # nothing measured: nothing skipped
+    budget.record_simulation(small, 4.0)  # 1 s per unit
+    budget.record_simulation(big, 6.4)    # 0.1 s per unit: the larger rate is kept
+    budget.record_memory(small, 8.0)
+    assert budget.estimate(big) == 64 * 3.0
+    assert budget.estimate(big, simulation=False) == 64 * 2.0
+    assert not budget.fits(big, 100.0) and budget.fits(small, 12.0)
+
+
+def test_no_time_limit_skips_nothing_and_a_tight_one_counts_every_candidate() -> None:
+    profile = small_profile(3)
+    free = search(AutoProblem(profile=profile, ranks=4))
+    assert free.over_budget == 0 and free.unexamined == 0
+    tight = search(AutoProblem(profile=profile, ranks=4, time_limit=1e-6))
+    assert tight.considered == (tight.invalid + tight.pruned + tight.simulated
+                                + tight.duplicates + tight.unexamined + tight.over_budget)

@@ -64,7 +64,11 @@ def test_sigkilled_rank_stops_the_run_naming_it(world: int, victim: int, how: di
                                         rf"all other ranks were stopped"):
         launch_local(job, deadline_s=150)
     assert time.monotonic() - started < BOUND_S
-    pids = _pids(tmp_path, world, within_s=1)
+    # Every rank that reached its data wrote its pid; on a loaded machine a rank may still have
+    # been building its model when the victim died 2 s in (and been stopped before writing it):
+    # those are covered by active_children() below.
+    pids = [int(f.read_text()) for f in tmp_path.glob("rank*.pid")]
+    assert f"rank{victim}.pid" in {f.name for f in tmp_path.glob("rank*.pid")}
     assert wait_dead(pids, within_s=10) == []
     assert not multiprocessing.active_children()
 

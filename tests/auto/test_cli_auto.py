@@ -130,3 +130,22 @@ def test_run_trains_the_winner_and_the_default(tmp_path: Path) -> None:
         predicted = measured["predicted_peak_memory_bytes"]
         for p, m in zip(predicted, measured["peak_memory_bytes"]):  # the allocator's peak
             assert 0.5 < p / m < 2.0, (predicted, measured["peak_memory_bytes"])
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_model_is_calibrated_unless_told_not_to(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """With --model, auto measures the link and the runtime's costs per action before it
+    searches (the simulator adds them to the blocks' times); --no-calibration skips both."""
+    common = ["auto", "--model", "mlp", "--ranks", "2", "--json", "--schedules", "1f1b",
+              "--out", str(tmp_path / "plan.json"), "--plot", str(tmp_path / "front.png")]
+    assert main(common) == 0
+    calibrated = capsys.readouterr()
+    assert "calibrated in" in calibrated.err
+    assert main([*common, "--no-calibration"]) == 0
+    plain = capsys.readouterr()
+    assert "calibrated in" not in plain.err and "measuring the link" not in plain.err
+    # the costs are priced: the same default plan is predicted differently with them
+    assert json.loads(calibrated.out)["default"]["predicted_iteration_time"] != \
+        json.loads(plain.out)["default"]["predicted_iteration_time"]

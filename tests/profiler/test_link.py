@@ -27,3 +27,18 @@ def test_measure_link_between_two_local_ranks() -> None:
     # loopback gloo: somewhere between 10 MB/s and 1 TB/s, latency under 50 ms
     assert 1e7 < link.bandwidth < 1e12
     assert 0 <= link.latency < 0.05
+
+
+def test_fit_keeps_the_latency_when_a_large_message_is_noisy() -> None:
+    """One 16 MiB exchange 30 % slow (a busy machine) moves an unweighted line's intercept by
+    more than the latency itself; weighted for relative error, the small messages keep it."""
+    sizes = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
+    samples = [(float(b), 1e-4 + b / 2.5e9) for b in sizes]
+    samples[-1] = (samples[-1][0], samples[-1][1] * 1.3)
+    xs, ys = [b for b, _ in samples], [t for _, t in samples]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    assert my - slope * mx < 0  # the unweighted fit: a negative latency, clamped to 0 before
+    link = fit_link(samples)
+    assert link.latency == pytest.approx(1e-4, rel=0.1)
+    assert link.bandwidth == pytest.approx(2.5e9, rel=0.15)

@@ -31,6 +31,7 @@ from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
 from ..models import available_models
 from ..planner import Topology
 from ..profiler import Profile
+from .calibrate import calibrate
 from .cmd_plan import load_profile, parse_bytes, shared_cores
 from .model_options import add_hf_config, chosen_model
 
@@ -80,6 +81,11 @@ def add_parser(subparsers: Any) -> None:
                         help="the optimizer whose state the memory model counts (and --run uses)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="with --model and no --profile: device to profile on")
+    parser.add_argument("--no-calibration", action="store_true",
+                        help="with --model and no --profile: skip measuring the link between two "
+                             "local ranks and the runtime's fixed costs per action (a few "
+                             "seconds of short runs), which the simulator adds to the blocks' "
+                             "times")
     parser.add_argument("--shared-cores", default="auto", metavar="N|auto|none",
                         help="the ranks share N CPU cores (as in `pipeweave plan`); auto: a CPU "
                              "profile's cores when the ranks outnumber them; none: a device each")
@@ -126,7 +132,7 @@ def _profiles(args: argparse.Namespace) -> list[Profile]:
     if args.profile is not None:
         return [load_profile(argparse.Namespace(**{**vars(args), "profile": path}))
                 for path in args.profile]
-    model, _ = chosen_model(args)
+    model, overrides = chosen_model(args)
     micro = DEFAULT_MICROBATCH if args.batch_size is None else \
         max(1, args.batch_size // (2 * args.ranks))
     profiles = []
@@ -136,6 +142,11 @@ def _profiles(args: argparse.Namespace) -> list[Profile]:
         profiles.append(load_profile(argparse.Namespace(**{**vars(args), "batch_size": size})))
         _say(f"profiled {profiles[-1].num_blocks} blocks in "
              f"{time.perf_counter() - started:.1f} s")
+    if not args.no_calibration and model is not None:
+        started = time.perf_counter()
+        _say("measuring the link and the runtime's costs per action ...")
+        profiles[0] = calibrate(profiles[0], model, overrides, device=args.device)
+        _say(f"calibrated in {time.perf_counter() - started:.1f} s")
     return profiles
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from ..models import available_models
 from ..profiler import Profile, read_pipedream_graph
 from ..profiler.link import measure_link
+from .calibrate import calibrate, calibration_skipped
 from ..profiler.measure import profile_builtin
 from ..host import threads_per_rank
 from ..precision import PRECISIONS
@@ -62,6 +63,10 @@ def add_parser(subparsers: Any) -> None:
                         help="optimizer whose state size is measured")
     parser.add_argument("--no-link", action="store_true",
                         help="skip measuring the point-to-point link between two local ranks")
+    parser.add_argument("--no-runtime-costs", action="store_true",
+                        help="skip measuring the runtime's fixed costs per action (short "
+                             "single-process runs of the model; CPU, full precision), which "
+                             "the planners add to the blocks' times")
     parser.add_argument("--json-out", type=Path, default=None, help="write the profile JSON here")
     parser.add_argument("--json", action="store_true", help="print the profile JSON")
     parser.set_defaults(func=run)
@@ -94,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
                                   precision=args.precision)
         if not args.no_link:
             profile = profile.with_link(measure_link(device=args.device))
+        if not args.no_runtime_costs:
+            skipped = calibration_skipped(args.device, args.precision)
+            if skipped is not None:
+                print(f"note: {skipped} (--no-runtime-costs silences this)", file=sys.stderr)
+            else:
+                profile = calibrate(profile, name, overrides, seq_len=args.seq_len, link=False)
     if args.json_out is not None:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         profile.save(args.json_out)
@@ -132,4 +143,9 @@ def format_profile(profile: Profile) -> str:
     if profile.link is not None:
         lines.append(f"link: {profile.link.bandwidth / 1e9:.3f} GB/s, latency "
                      f"{1e6 * profile.link.latency:.1f} us")
+    if profile.runtime is not None:
+        runtime = profile.runtime
+        lines.append("runtime costs (us), per action + per further block: " + ", ".join(
+            f"{kind} {1e6 * runtime.per_action[kind]:+.0f} {1e6 * runtime.per_block.get(kind, 0):+.0f}"
+            for kind in runtime.per_action) + f"; per send {1e6 * runtime.per_message:.0f}")
     return "\n".join(lines)

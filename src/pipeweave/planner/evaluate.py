@@ -12,6 +12,10 @@ Every planner is judged the same way: the plan's schedule is simulated
     input_grad[s]  = sum of the blocks' input-gradient (I) times, backward - W where unknown
     (forward, backward and update times x the profile's ``sharing_overhead`` when the ranks
     share CPU cores, ``Network.shared_cores``)
+    runtime     where the profile measured them (``profile.runtime``): each of forward,
+                backward, I, W and update of a stage of k blocks + per_action + per_block (k-1),
+                and a stage that sends (forward to the next, gradient to the previous) pays
+                per_message in that action (:mod:`pipeweave.profiler.runtime_costs`)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
 
 :class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
@@ -89,11 +93,39 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
     inputs = [overhead * sum(b.input_grad if b.input_grad > 0 else
                              b.backward - (b.weight_grad if b.weight_grad > 0 else b.backward / 2)
                              for b in blocks[a:e]) for a, e in bounds]
+    if profile.runtime is not None:
+        forward, backward, weight, inputs, update = _with_runtime(
+            profile, bounds, forward, backward, weight, inputs, update, overhead=overhead)
+        weight = [min(w, b) for w, b in zip(weight, backward)]
     return Costs(forward=forward, backward=backward, weight_grad=weight, input_grad=inputs,
                  comm=comm or 0.0,
                  latency=network.latency,
                  activation_bytes=activation, all_reduce=reduce, update=update,
                  shared_cores=network.shared_cores)
+
+
+def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
+                  overhead: float = 1.0) -> tuple[list[float], ...]:
+    """``forward, backward, weight, inputs, update`` with the runtime's fixed costs (module
+    docstring); the sharing overhead scales them like the compute they are part of."""
+    runtime = profile.runtime
+    assert runtime is not None
+    kinds = ("forward", "backward", "weight_grad", "input_grad", "update")
+    message = runtime.per_message
+    last = len(bounds) - 1
+    out = []
+    for kind, column in zip(kinds, columns):
+        sends = {"forward": [s < last for s in range(len(bounds))],
+                 "backward": [s > 0 for s in range(len(bounds))],
+                 "input_grad": [s > 0 for s in range(len(bounds))]}.get(kind)
+        values = []
+        for s, ((a, e), value) in enumerate(zip(bounds, column)):
+            timed = runtime.action(kind, value / overhead, e - a)
+            if sends is not None and sends[s]:
+                timed += message
+            values.append(overhead * timed)
+        out.append(values)
+    return tuple(out)
 
 
 def sharing_overhead_of(profile: Profile) -> float:

@@ -4,7 +4,8 @@ Two processes (``forkserver``, as :mod:`pipeweave.runtime.launch.processes` star
 process group over loopback (or NCCL between two GPUs). For each message size rank 0 sends a
 tensor and rank 1 sends it back (ping-pong); half the fastest round trip is the one-way time
 (the minimum filters out scheduling noise on a busy machine, as latency benchmarks do), and a
-least-squares line through ``(bytes, time)`` gives the link model the planner uses::
+least-squares line through ``(bytes, time)``, weighted for relative error so that the small
+messages fix the latency, gives the link model the planner uses::
 
     time(bytes) = latency + bytes / bandwidth
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -34,12 +34,21 @@ DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
 
 
 def fit_link(samples: Sequence[tuple[float, float]]) -> LinkProfile:
-    """Least-squares ``time = latency + bytes / bandwidth`` through ``(bytes, seconds)`` samples."""
+    """Least-squares ``time = latency + bytes / bandwidth`` through ``(bytes, seconds)`` samples,
+    each weighted by ``1 / time**2``: the line's relative error is what is minimised, so the
+    small messages (where the latency is the whole time) count as much as the large ones
+    (where a plain fit puts all its weight and leaves a latency of noise, often below 0)."""
     if len(samples) < 2 or len({b for b, _ in samples}) < 2:
         raise ValueError("fitting a link needs samples at two or more message sizes")
     xs, ys = [float(b) for b, _ in samples], [float(t) for _, t in samples]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if min(ys) <= 0:
+        raise ValueError(f"link timings must be > 0 seconds, got {samples}")
+    weights = [1.0 / (y * y) for y in ys]
+    total = sum(weights)
+    mx = sum(w * x for w, x in zip(weights, xs)) / total
+    my = sum(w * y for w, y in zip(weights, ys)) / total
+    spread = sum(w * (x - mx) ** 2 for w, x in zip(weights, xs))
+    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(weights, xs, ys)) / spread
     if slope <= 0:
         raise ValueError(f"link timings do not grow with message size ({samples}); measure again "
                          "with larger messages")

@@ -24,7 +24,8 @@ of the model in pipeline order, what one micro-batch costs::
                           :mod:`pipeweave.split_backward` (0 when unknown; together they usually
                           exceed ``backward``: two passes instead of one)
 
-and optionally the measured point-to-point ``link`` (bandwidth in bytes/s, latency in s).
+and optionally the measured point-to-point ``link`` (bandwidth in bytes/s, latency in s) and
+the ``runtime`` costs a pipeline stage adds to its blocks' (:mod:`.runtime_costs`).
 
 JSON form (``schema`` is checked on load; a newer schema is refused, not misread)::
 
@@ -46,6 +47,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from .runtime_costs import RuntimeCosts
 
 __all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile"]
 
@@ -124,6 +127,8 @@ class Profile:
         source: ``"measured"``, ``"pipedream-graph"`` or ``"synthetic"``.
         input_bytes: bytes of the model's input micro-batch.
         link: measured point-to-point link between two ranks, if any.
+        runtime: the runtime's fixed costs per action and block (:mod:`.runtime_costs`), if
+            measured.
         metadata: free-form notes (warm-up and repeat counts, torch version, ...).
     """
 
@@ -135,6 +140,7 @@ class Profile:
     input_bytes: float = 0.0
     link: LinkProfile | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    runtime: RuntimeCosts | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "blocks", tuple(self.blocks))
@@ -209,6 +215,7 @@ class Profile:
                                                     "latency": self.link.latency},
             "blocks": [{f.name: getattr(b, f.name) for f in fields(b)} for b in self.blocks],
             "metadata": dict(self.metadata),
+            **({} if self.runtime is None else {"runtime": self.runtime.to_json()}),
         }
 
     @classmethod
@@ -221,7 +228,7 @@ class Profile:
             raise ValueError(f"{origin}: schema {schema!r} is not {SCHEMA!r}; write the profile "
                              "with `pipeweave profile` (or import PipeDream's graph.txt)")
         known = {"schema", "model", "batch_size", "device", "source", "input_bytes", "link",
-                 "blocks", "metadata"}
+                 "blocks", "metadata", "runtime"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{origin}: unknown fields {unknown}; known: {sorted(known)}")
@@ -244,6 +251,7 @@ class Profile:
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{origin}: block {index}: {error}") from None
         link = data.get("link")
+        runtime = data.get("runtime")
         try:
             return cls(
                 blocks=tuple(blocks),
@@ -254,6 +262,7 @@ class Profile:
                 input_bytes=data.get("input_bytes", 0.0),
                 link=None if link is None else LinkProfile(**link),
                 metadata=dict(data.get("metadata") or {}),
+                runtime=None if runtime is None else RuntimeCosts.from_json(runtime),
             )
         except (TypeError, ValueError) as error:
             raise ValueError(f"{origin}: {error}") from None

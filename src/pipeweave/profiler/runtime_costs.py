@@ -1,0 +1,93 @@
+"""What the runtime adds to a stage's profiled compute: fixed costs per action and per block.
+
+The profiler times each block alone, one ``forward``/``backward``/optimizer step at a time.
+A pipeline stage runs several blocks in one action, inside the runtime (its interpreter, the
+stage's hooks, the detach at the boundary, the loss, the activation meter, the timeline),
+so a stage's action does not cost the plain sum of its blocks: it pays the runtime's fixed
+cost once per action, and it does *not* pay the profiler's per-call cost (one autograd call,
+one optimizer step) once per block. Per kind of action (``forward``, ``backward``,
+``input_grad``, ``weight_grad``, ``update``)::
+
+    action(stage of k blocks) = sum of the blocks' profiled times + per_action + per_block * (k - 1)
+
+``per_action`` is what one action of a one-block stage costs beyond its block's profiled
+time; ``per_block`` what each further block adds beyond its profiled time (negative where the
+profiler's per-call cost, paid once per block when blocks are timed alone, is paid once per
+stage: an optimizer step over a stage's parameters is one call). ``per_message`` is the CPU
+time a rank spends posting one send (the transfer itself is the link's). On a device with
+milliseconds per block these are noise; on a CPU model whose blocks take a few hundred
+microseconds they are a third of the iteration, which is why a simulation without them
+under-predicts small models (docs/auto.md).
+
+They are measured by running the real runtime (:mod:`pipeweave.runtime.calibration`, its
+single-process executor: the same stage code, no transport) on splits with one block per
+stage and with several, and fitting the line above per kind. The planner applies them in
+:func:`pipeweave.planner.evaluate.plan_costs`; a profile without them (imported, synthetic,
+or written before) is taken as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RuntimeCosts", "ACTION_KINDS"]
+
+ACTION_KINDS = ("forward", "backward", "input_grad", "weight_grad", "update")
+"""The kinds of compute action a stage runs, named as the profile's per-block columns."""
+
+
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """Fixed runtime costs per action kind (module docstring); seconds."""
+
+    per_action: Mapping[str, float] = field(default_factory=dict)
+    per_block: Mapping[str, float] = field(default_factory=dict)
+    per_message: float = 0.0
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for what, table in (("per_action", self.per_action), ("per_block", self.per_block)):
+            unknown = sorted(set(table) - set(ACTION_KINDS))
+            if unknown:
+                raise ValueError(f"runtime costs {what} has unknown kinds {unknown}; known: "
+                                 f"{list(ACTION_KINDS)}")
+            for kind, value in table.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                        or not math.isfinite(value):
+                    raise ValueError(f"runtime costs {what}[{kind!r}] must be a finite number "
+                                     f"of seconds, got {value!r}")
+        if isinstance(self.per_message, bool) or not isinstance(self.per_message, (int, float)) \
+                or not math.isfinite(self.per_message) or self.per_message < 0:
+            raise ValueError(f"runtime costs per_message must be a finite number of seconds "
+                             f">= 0, got {self.per_message!r}")
+        object.__setattr__(self, "per_action", {k: float(v) for k, v in self.per_action.items()})
+        object.__setattr__(self, "per_block", {k: float(v) for k, v in self.per_block.items()})
+        object.__setattr__(self, "per_message", float(self.per_message))
+
+    def action(self, kind: str, profiled: float, blocks: int) -> float:
+        """One action of ``kind`` over ``blocks`` blocks whose profiled times sum to
+        ``profiled``; never below a tenth of ``profiled`` (a fit is a line through noisy
+        points, and a stage's work cannot vanish)."""
+        if blocks <= 0:
+            return profiled
+        extra = self.per_action.get(kind, 0.0) + self.per_block.get(kind, 0.0) * (blocks - 1)
+        return max(profiled + extra, profiled / 10)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"per_action": dict(self.per_action), "per_block": dict(self.per_block),
+                "per_message": self.per_message, "notes": dict(self.notes)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RuntimeCosts":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"runtime costs must be an object, got {data!r}")
+        unknown = sorted(set(data) - {"per_action", "per_block", "per_message", "notes"})
+        if unknown:
+            raise ValueError(f"runtime costs have unknown fields {unknown}")
+        return cls(per_action=dict(data.get("per_action") or {}),
+                   per_block=dict(data.get("per_block") or {}),
+                   per_message=data.get("per_message", 0.0),
+                   notes=dict(data.get("notes") or {}))

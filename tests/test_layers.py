@@ -142,6 +142,7 @@ RUNTIME_LAYERS = {
     "execution": 3,
     "checkpoint": 4, "advance": 4,
     "launch": 5,
+    "calibration": 6,
     "__init__": 6,
 }
 

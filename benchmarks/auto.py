@@ -8,8 +8,11 @@ Run::
         [--json-out benchmarks/results/auto.json]
     ... benchmarks/auto.py --quick     # gpt-tiny, 2 ranks, 1 round, 3 steps: checks it runs
 
-For every model and rank count: ``pipeweave auto --model M --ranks R --json`` (profiles the
-model, searches, writes the winner's plan). Then, in each of ``--rounds`` rounds, every plan is
+For every model and rank count: the model is profiled as ``pipeweave auto --model`` does it
+(``pipeweave profile`` at the default micro-batch, with the link, the runtime's costs per
+action and, when the ranks outnumber the cores, the co-located steps; and at a quarter of it),
+and ``pipeweave auto --model M --profile ... --profile ... --ranks R --json`` searches and
+writes the winner's plan; every plan of the case is predicted from those same profiles. Then, in each of ``--rounds`` rounds, every plan is
 trained for ``--steps`` steps on local processes one after another (alternating, so that the
 machine's drift hits every plan alike; the same runner ``auto --run`` uses,
 ``pipeweave.cli.auto_run.measure_plan``):
@@ -41,35 +44,51 @@ from typing import Any
 
 from pipeweave.auto import AutoProblem, search
 from pipeweave.cli.auto_run import measure_plan
+from pipeweave.cli.cmd_auto import DEFAULT_MICROBATCH
 from pipeweave.cli.cmd_plan import shared_cores
 from pipeweave.planner.plan import Plan
 from pipeweave.profiler import Profile
+from pipeweave.profiler.colocated import needed_colocation
 
 README_SCHEDULES = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "zbv")
 
 
-def run_auto(model: str, ranks: int, folder: Path) -> tuple[dict[str, Any], Profile]:
-    """``pipeweave auto`` as a user runs it; returns its JSON report and the profile used."""
-    profile_path = folder / f"{model}-{ranks}.json"
-    command = [sys.executable, "-m", "pipeweave", "profile", "--model", model,
-               "--json-out", str(profile_path)]
-    subprocess.run(command, check=True, capture_output=True, text=True)
+def run_auto(model: str, ranks: int, folder: Path) -> tuple[dict[str, Any], list[Profile]]:
+    """Profile ``model`` as ``pipeweave auto --model`` would (the default micro-batch with the
+    link, the runtime's costs and, when the ranks outnumber the cores, the co-located steps;
+    and a quarter of it), then ``pipeweave auto --profile ... --profile ...``; returns its JSON
+    report and the profiles, so that every plan of the case is predicted from the same ones."""
+    paths = []
+    for size in (DEFAULT_MICROBATCH, max(1, DEFAULT_MICROBATCH // 4)):
+        path = folder / f"{model}-{ranks}-{size}.json"
+        command = [sys.executable, "-m", "pipeweave", "profile", "--model", model,
+                   "--batch-size", str(size), "--local-ranks", str(ranks), "--json-out", str(path)]
+        if size != DEFAULT_MICROBATCH:
+            command += ["--no-link", "--no-runtime-costs"]
+        elif needed_colocation(ranks) > 1:
+            command += ["--colocated-ranks", str(ranks)]
+        subprocess.run(command, check=True, capture_output=True, text=True)
+        paths.append(path)
     command = [sys.executable, "-m", "pipeweave", "auto", "--model", model, "--ranks",
                str(ranks), "--json", "--out", str(folder / f"auto-{model}-{ranks}.json"),
                "--plot", str(folder / f"auto-{model}-{ranks}.png")]
+    for path in paths:
+        command += ["--profile", str(path)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"pipeweave auto failed for {model} on {ranks} ranks:\n{done.stderr}")
-    return json.loads(done.stdout), Profile.load(profile_path)
+    return json.loads(done.stdout), [Profile.load(path) for path in paths]
 
 
-def readme_plans(profile: Profile, ranks: int, batch: int,
+def readme_plans(profiles: list[Profile], ranks: int, batch: int,
                  schedules: tuple[str, ...]) -> dict[str, tuple[Plan, float]]:
     """AutoPipe's split under each README schedule, M = 2 x ranks: plan and prediction (the
     same search, restricted to that one combination)."""
     out = {}
     for schedule in schedules:
-        problem = AutoProblem(profile=profile, ranks=ranks, batch_size=batch,
+        profile, *others = profiles
+        problem = AutoProblem(profile=profile, extra_profiles=tuple(others), ranks=ranks,
+                              batch_size=batch,
                               schedules=(schedule,), methods=("autopipe",),
                               microbatches=(2 * ranks,), depths=(ranks,), recompute=(False,),
                               pipelines=(1,), shared_cores=shared_cores("auto", profile, ranks))
@@ -98,14 +117,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             for ranks in args.ranks:
-                auto, profile = run_auto(model, ranks, Path(tmp))
+                auto, profiles = run_auto(model, ranks, Path(tmp))
                 batch = auto["batch_size"]
                 plans: dict[str, tuple[Plan, float, bool]] = {
                     "winner": (Plan.from_json(auto["winner"]["plan"]),
                                auto["winner"]["predicted_iteration_time"], auto["winner"]["apc"]),
                     "default": (Plan.from_json(auto["default"]["plan"]),
                                 auto["default"]["predicted_iteration_time"], False)}
-                for label, (plan, predicted) in readme_plans(profile, ranks, batch,
+                for label, (plan, predicted) in readme_plans(profiles, ranks, batch,
                                                              schedules).items():
                     plans[label] = (plan, predicted, False)
                 times: dict[str, list[float]] = {label: [] for label in plans}

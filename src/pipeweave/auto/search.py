@@ -41,7 +41,7 @@ from .predict import (Prediction, Timed, candidate_costs, candidate_plan, predic
 from .problem import AutoProblem, Candidate
 from .scaling import scaled_profile
 
-__all__ = ["SearchResult", "search", "default_candidate", "Progress"]
+__all__ = ["SearchResult", "search", "default_candidate", "default_prediction", "Progress"]
 
 Progress = Callable[[str], None]
 
@@ -317,3 +317,9 @@ def _default_prediction(state: _Search, problem: AutoProblem) -> Prediction | No
         return predict(done, profile, problem)
     except ValueError:
         return None
+
+
+def default_prediction(problem: AutoProblem) -> Prediction | None:
+    """The default plan (:func:`default_candidate`) predicted for ``problem``, or ``None``
+    where it cannot be built (fewer blocks than ranks, M not dividing the batch)."""
+    return _default_prediction(_Search(problem, lambda _text: None), problem)

@@ -63,8 +63,9 @@ class Measured:
 
 def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bool = False,
                  optimizer: str = "adam", seed: int = 0, timeout_s: float = 120.0,
-                 overrides: dict[str, Any] | None = None) -> Measured:
-    """Train ``plan`` for ``steps`` iterations of ``batch_size`` samples and measure it."""
+                 overrides: dict[str, Any] | None = None, memory: bool = True) -> Measured:
+    """Train ``plan`` for ``steps`` iterations of ``batch_size`` samples and measure it
+    (``memory`` False: time only, no second run; ``peak_memory_bytes`` is then empty)."""
     if steps < 3:
         raise ValueError(f"--steps {steps} is too few to time: the first iteration is warm-up "
                          f"and the time is a gap between two later ones; use --steps 3 or more")
@@ -81,7 +82,7 @@ def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bo
     with _stdout_to_stderr():
         results = launch_local(job, deadline_s=timeout_s * 4)
         tracked = launch_local(replace(job, steps=min(steps, 4), track_allocations=True),
-                               deadline_s=timeout_s * 4)
+                               deadline_s=timeout_s * 4) if memory else []
     summary = summarize(results, schedule=plan.schedule, steps=steps, batch_size=batch_size,
                         microbatches=plan.microbatches, pipelines=plan.pipelines)
     ends = summary.iteration_end_s

@@ -1,17 +1,31 @@
 """Complete a freshly measured profile with what this machine's runs add to the blocks' times:
-the link between two local ranks and the runtime's fixed costs per action
-(:mod:`pipeweave.profiler.runtime_costs`), so that the simulator predicts what ``pipeweave
-train`` will measure here, not only the blocks' compute."""
+the link between two local ranks, the runtime's fixed costs per action
+(:mod:`pipeweave.profiler.runtime_costs`) and the latency a message between rank processes
+really has, so that the simulator predicts what ``pipeweave train`` will measure here, not
+only the blocks' compute.
+
+The last is fitted from one real run (:func:`fit_message_latency`): the default plan (1F1B,
+uniform split over the ranks, M = 2 x ranks) is trained for a few steps on local processes and
+``message_latency`` is the extra latency per transfer at which its simulated iteration equals
+the measured one (by bisection: the simulated time does not decrease as every transfer gets
+slower). Messages are what a distributed run has that the single-process runs behind the
+per-action costs do not (a rank waking up for a message, the send thread, gloo's threads), so
+the rest of the gap is put on them; a run faster than predicted leaves it at 0 (the blocks'
+times then already over-count). One parameter from one run: it also absorbs whatever load the
+machine had at the time."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ..auto import AutoProblem
+from ..auto.search import default_prediction
 from ..profiler import Profile
+from ..profiler.runtime_costs import RuntimeCosts
 
-__all__ = ["calibrate", "calibration_skipped"]
+__all__ = ["calibrate", "calibration_skipped", "fit_message_latency", "MessageFit"]
 
 
 def calibration_skipped(device: str, precision: str) -> str | None:
@@ -30,16 +44,79 @@ def calibrate(profile: Profile, model: str, overrides: dict[str, Any] | None = N
               link: bool = True, runtime: bool = True,
               say: Callable[[str], None] | None = None) -> Profile:
     """``profile`` (of ``model``) with the measured link (``link``, when it has none) and
-    runtime costs (``runtime``, where :func:`calibration_skipped` allows)."""
+    runtime costs (``runtime``, when it has none and :func:`calibration_skipped` allows)."""
     if link and profile.link is None:
         from ..profiler.link import measure_link
 
         if device == "cpu":
             profile = profile.with_link(measure_link(device=device))
-    if runtime and calibration_skipped(device, precision) is None:
+    if runtime and profile.runtime is None and calibration_skipped(device, precision) is None:
         from ..runtime.calibration import measure_runtime_costs
 
         costs = measure_runtime_costs(model, profile, overrides=overrides, seq_len=seq_len,
                                       say=say)
         profile = replace(profile, runtime=costs)
     return profile
+
+
+@dataclass(frozen=True)
+class MessageFit:
+    """What :func:`fit_message_latency` measured and fitted (seconds)."""
+
+    measured: float
+    predicted_before: float
+    message_latency: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"measured_default_iteration_time": self.measured,
+                "predicted_before": self.predicted_before,
+                "message_latency": self.message_latency}
+
+
+def _with_latency(profile: Profile, latency: float) -> Profile:
+    runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
+    return replace(profile, runtime=replace(runtime, message_latency=latency))
+
+
+def fit_message_latency(problem: AutoProblem, model: str,
+                        overrides: dict[str, Any] | None = None, *, steps: int = 6,
+                        timeout_s: float = 120.0,
+                        measure: Callable[..., float] | None = None
+                        ) -> tuple[AutoProblem, MessageFit | None]:
+    """``problem`` with its profile's ``message_latency`` fitted to one real run of the
+    default plan (module docstring); ``None`` when the default plan cannot be built.
+    ``measure(plan, batch_size)`` -> seconds per iteration replaces the real run (tests)."""
+    start = _with_latency(problem.profile, 0.0)
+    base = replace(problem, profile=start)
+    before = default_prediction(base)
+    if before is None:
+        return problem, None
+    if measure is None:
+        from .auto_run import measure_plan
+
+        measured = measure_plan(model, before.plan, batch_size=problem.batch, steps=steps,
+                                overrides=overrides, timeout_s=timeout_s,
+                                memory=False).iteration_time
+    else:
+        measured = measure(before.plan, problem.batch)
+
+    def predicted(latency: float) -> float:
+        found = default_prediction(replace(problem, profile=_with_latency(problem.profile,
+                                                                          latency)))
+        assert found is not None
+        return found.iteration_time
+
+    latency = 0.0
+    if before.iteration_time < measured:
+        low, high = 0.0, 1e-3
+        while predicted(high) < measured and high < 60.0:
+            low, high = high, high * 4
+        if predicted(high) < measured:  # no message on the default plan's critical path
+            high = low = 0.0
+        for _ in range(40 if high > 0 else 0):
+            middle = (low + high) / 2
+            low, high = (middle, high) if predicted(middle) < measured else (low, middle)
+        latency = high
+    fit = MessageFit(measured=measured, predicted_before=before.iteration_time,
+                     message_latency=latency)
+    return replace(problem, profile=_with_latency(problem.profile, latency)), fit

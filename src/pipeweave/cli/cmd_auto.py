@@ -31,7 +31,7 @@ from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
 from ..models import available_models
 from ..planner import Topology
 from ..profiler import Profile
-from .calibrate import calibrate
+from .calibrate import calibrate, fit_message_latency
 from .cmd_plan import load_profile, parse_bytes, shared_cores
 from .model_options import add_hf_config, chosen_model
 
@@ -82,10 +82,13 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="with --model and no --profile: device to profile on")
     parser.add_argument("--no-calibration", action="store_true",
-                        help="with --model and no --profile: skip measuring the link between two "
-                             "local ranks and the runtime's fixed costs per action (a few "
-                             "seconds of short runs), which the simulator adds to the blocks' "
-                             "times")
+                        help="with --model: skip measuring the link between two local ranks, "
+                             "the runtime's fixed costs per action (short single-process runs) "
+                             "and the message latency (one short run of the default plan on "
+                             "--ranks processes), which the simulator adds to the blocks' times")
+    parser.add_argument("--profile-out", type=Path, default=None, metavar="FILE",
+                        help="write the profile the search used (calibrated) here, for "
+                             "`pipeweave plan --profile` or a later `auto --profile`")
     parser.add_argument("--shared-cores", default="auto", metavar="N|auto|none",
                         help="the ranks share N CPU cores (as in `pipeweave plan`); auto: a CPU "
                              "profile's cores when the ranks outnumber them; none: a device each")
@@ -129,10 +132,13 @@ def _say(text: str) -> None:
 def _profiles(args: argparse.Namespace) -> list[Profile]:
     """The given profiles, or the model profiled at the default plan's micro-batch and at a
     quarter of it (the times between are interpolated, :mod:`pipeweave.auto.scaling`)."""
-    if args.profile is not None:
-        return [load_profile(argparse.Namespace(**{**vars(args), "profile": path}))
-                for path in args.profile]
     model, overrides = chosen_model(args)
+    if args.profile is not None:
+        given = [load_profile(argparse.Namespace(**{**vars(args), "profile": path}))
+                 for path in args.profile]
+        if model is not None and not args.no_calibration:
+            given[0] = _calibrated(given[0], model, overrides, args.device)
+        return given
     micro = DEFAULT_MICROBATCH if args.batch_size is None else \
         max(1, args.batch_size // (2 * args.ranks))
     profiles = []
@@ -143,11 +149,19 @@ def _profiles(args: argparse.Namespace) -> list[Profile]:
         _say(f"profiled {profiles[-1].num_blocks} blocks in "
              f"{time.perf_counter() - started:.1f} s")
     if not args.no_calibration and model is not None:
-        started = time.perf_counter()
-        _say("measuring the link and the runtime's costs per action ...")
-        profiles[0] = calibrate(profiles[0], model, overrides, device=args.device)
-        _say(f"calibrated in {time.perf_counter() - started:.1f} s")
+        profiles[0] = _calibrated(profiles[0], model, overrides, args.device)
     return profiles
+
+
+def _calibrated(profile: Profile, model: str, overrides: dict[str, Any],
+                device: str) -> Profile:
+    if profile.link is not None and profile.runtime is not None:
+        return profile
+    started = time.perf_counter()
+    _say("measuring the link and the runtime's costs per action ...")
+    profile = calibrate(profile, model, overrides, device=device)
+    _say(f"calibrated in {time.perf_counter() - started:.1f} s")
+    return profile
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -173,6 +187,20 @@ def run(args: argparse.Namespace) -> int:
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
         optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
         methods=_names(args.methods), microbatches=_counts(args.microbatches))
+    model, overrides = chosen_model(args)
+    fit = None
+    if model is not None and not args.no_calibration and args.device == "cpu":
+        started = time.perf_counter()
+        _say(f"timing the default plan on {args.ranks} local processes to fit the message "
+             "latency ...")
+        problem, fit = fit_message_latency(problem, model, overrides, timeout_s=args.timeout)
+        if fit is not None:
+            _say(f"default plan measured {1e3 * fit.measured:.1f} ms per iteration, predicted "
+                 f"{1e3 * fit.predicted_before:.1f} ms; message latency "
+                 f"+{1e6 * fit.message_latency:.0f} us ({time.perf_counter() - started:.1f} s)")
+    if args.profile_out is not None:
+        args.profile_out.parent.mkdir(parents=True, exist_ok=True)
+        problem.profile.save(args.profile_out)
     _say(f"searching {profile.model} ({profile.num_blocks} blocks) on {args.ranks} ranks, "
          f"batch {problem.batch} ...")
     result = search(problem, progress=_say)
@@ -187,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
                        title=f"pipeweave auto: {profile.model} on {args.ranks} ranks")
     report = report_json(result, args.top)
     report["plan_file"] = str(args.out)
+    if fit is not None:
+        report["calibration"] = fit.to_json()
     report["plot"] = str(plot)
     if args.run:
         report["measured"] = _measure(args, problem, result)

@@ -15,7 +15,9 @@ Every planner is judged the same way: the plan's schedule is simulated
     runtime     where the profile measured them (``profile.runtime``): each of forward,
                 backward, I, W and update of a stage of k blocks + per_action + per_block (k-1),
                 and a stage that sends (forward to the next, gradient to the previous) pays
-                per_message in that action (:mod:`pipeweave.profiler.runtime_costs`)
+                per_message in that action, and every transfer's latency grows by
+                message_latency, as does each of an all-reduce's 2 (r - 1) ring steps
+                (:mod:`pipeweave.profiler.runtime_costs`)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
 
 :class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
@@ -88,6 +90,9 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
     if replicas is not None:
         reduce = [allreduce_time(sum(b.parameter_bytes for b in blocks[a:e]), r, network.replicas(s))
                   for s, ((a, e), r) in enumerate(zip(bounds, replicas))]
+        if profile.runtime is not None:  # a ring's 2 (r - 1) steps each wait for a message
+            reduce = [t + 2 * (r - 1) * profile.runtime.message_latency
+                      for t, r in zip(reduce, replicas)]
     weight = [min(w, b) for w, b in zip(weight, backward)]  # measured W can exceed B by noise
     # I likewise; measured halves usually add up to more than one whole backward
     inputs = [overhead * sum(b.input_grad if b.input_grad > 0 else
@@ -99,7 +104,8 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
         weight = [min(w, b) for w, b in zip(weight, backward)]
     return Costs(forward=forward, backward=backward, weight_grad=weight, input_grad=inputs,
                  comm=comm or 0.0,
-                 latency=network.latency,
+                 latency=network.latency + (profile.runtime.message_latency
+                                            if profile.runtime is not None else 0.0),
                  activation_bytes=activation, all_reduce=reduce, update=update,
                  shared_cores=network.shared_cores)
 

@@ -14,10 +14,14 @@ one optimizer step) once per block. Per kind of action (``forward``, ``backward`
 time; ``per_block`` what each further block adds beyond its profiled time (negative where the
 profiler's per-call cost, paid once per block when blocks are timed alone, is paid once per
 stage: an optimizer step over a stage's parameters is one call). ``per_message`` is the CPU
-time a rank spends posting one send (the transfer itself is the link's). On a device with
-milliseconds per block these are noise; on a CPU model whose blocks take a few hundred
-microseconds they are a third of the iteration, which is why a simulation without them
-under-predicts small models (docs/auto.md).
+time a rank spends posting one send (the transfer itself is the link's). ``message_latency``
+is what a message between two rank *processes* takes beyond the link's ping-pong latency (the
+receiving rank waking up, the send thread getting the interpreter, gloo's own threads on
+shared cores), added to every transfer's latency: fitted so that the simulated default plan
+times as one real run of it measured (``pipeweave auto --model``, :mod:`pipeweave.cli.calibrate`).
+On a device with milliseconds per block these are noise; on a CPU model whose blocks take a
+few hundred microseconds they are a large part of the iteration, which is why a simulation
+without them under-predicts small models (docs/auto.md).
 
 They are measured by running the real runtime (:mod:`pipeweave.runtime.calibration`, its
 single-process executor: the same stage code, no transport) on splits with one block per
@@ -46,6 +50,7 @@ class RuntimeCosts:
     per_action: Mapping[str, float] = field(default_factory=dict)
     per_block: Mapping[str, float] = field(default_factory=dict)
     per_message: float = 0.0
+    message_latency: float = 0.0
     notes: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -63,6 +68,12 @@ class RuntimeCosts:
                 or not math.isfinite(self.per_message) or self.per_message < 0:
             raise ValueError(f"runtime costs per_message must be a finite number of seconds "
                              f">= 0, got {self.per_message!r}")
+        if isinstance(self.message_latency, bool) \
+                or not isinstance(self.message_latency, (int, float)) \
+                or not math.isfinite(self.message_latency) or self.message_latency < 0:
+            raise ValueError(f"runtime costs message_latency must be a finite number of "
+                             f"seconds >= 0, got {self.message_latency!r}")
+        object.__setattr__(self, "message_latency", float(self.message_latency))
         object.__setattr__(self, "per_action", {k: float(v) for k, v in self.per_action.items()})
         object.__setattr__(self, "per_block", {k: float(v) for k, v in self.per_block.items()})
         object.__setattr__(self, "per_message", float(self.per_message))
@@ -78,16 +89,19 @@ class RuntimeCosts:
 
     def to_json(self) -> dict[str, Any]:
         return {"per_action": dict(self.per_action), "per_block": dict(self.per_block),
-                "per_message": self.per_message, "notes": dict(self.notes)}
+                "per_message": self.per_message, "message_latency": self.message_latency,
+                "notes": dict(self.notes)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RuntimeCosts":
         if not isinstance(data, Mapping):
             raise ValueError(f"runtime costs must be an object, got {data!r}")
-        unknown = sorted(set(data) - {"per_action", "per_block", "per_message", "notes"})
+        unknown = sorted(set(data) - {"per_action", "per_block", "per_message",
+                                      "message_latency", "notes"})
         if unknown:
             raise ValueError(f"runtime costs have unknown fields {unknown}")
         return cls(per_action=dict(data.get("per_action") or {}),
                    per_block=dict(data.get("per_block") or {}),
                    per_message=data.get("per_message", 0.0),
+                   message_latency=data.get("message_latency", 0.0),
                    notes=dict(data.get("notes") or {}))

@@ -57,7 +57,9 @@ def run_auto(model: str, ranks: int, folder: Path) -> tuple[dict[str, Any], list
     """Profile ``model`` as ``pipeweave auto --model`` would (the default micro-batch with the
     link, the runtime's costs and, when the ranks outnumber the cores, the co-located steps;
     and a quarter of it), then ``pipeweave auto --profile ... --profile ...``; returns its JSON
-    report and the profiles, so that every plan of the case is predicted from the same ones."""
+    report and the profiles as the search used them (auto fits the message latency to a run of
+    the default plan and writes the profile with it, ``--profile-out``), so that every plan of
+    the case is predicted from the same ones."""
     paths = []
     for size in (DEFAULT_MICROBATCH, max(1, DEFAULT_MICROBATCH // 4)):
         path = folder / f"{model}-{ranks}-{size}.json"
@@ -74,10 +76,12 @@ def run_auto(model: str, ranks: int, folder: Path) -> tuple[dict[str, Any], list
                "--plot", str(folder / f"auto-{model}-{ranks}.png")]
     for path in paths:
         command += ["--profile", str(path)]
+    calibrated = folder / f"{model}-{ranks}-calibrated.json"
+    command += ["--profile-out", str(calibrated)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"pipeweave auto failed for {model} on {ranks} ranks:\n{done.stderr}")
-    return json.loads(done.stdout), [Profile.load(path) for path in paths]
+    return json.loads(done.stdout), [Profile.load(calibrated), Profile.load(paths[1])]
 
 
 def readme_plans(profiles: list[Profile], ranks: int, batch: int,
@@ -152,6 +156,7 @@ def main() -> None:
                 best = (max(readme, key=lambda r: r["samples_per_second"]) if readme
                         else None)
                 case = {"model": model, "ranks": ranks, "batch_size": batch,
+                        "calibration": auto.get("calibration"),
                         "considered": auto["considered"], "pruned": auto["pruned"],
                         "simulated": auto["simulated"], "rows": rows,
                         "best_readme_plan": best["plan"] if best else None,

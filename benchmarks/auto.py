@@ -71,7 +71,7 @@ def readme_plans(profile: Profile, ranks: int, batch: int,
     for schedule in schedules:
         problem = AutoProblem(profile=profile, ranks=ranks, batch_size=batch,
                               schedules=(schedule,), methods=("autopipe",),
-                              microbatches=(2 * ranks,), depths=(ranks,), recompute=(False,),
+                              microbatches=(2 * ranks,), depths=(ranks,), recompute=(0,),
                               pipelines=(1,), shared_cores=shared_cores("auto", profile, ranks))
         result = search(problem)
         if result.ranked:

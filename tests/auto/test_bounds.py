@@ -15,12 +15,14 @@ from pipeweave.profiler import LinkProfile
 from pipeweave.schedules import get_info
 
 
-@pytest.mark.parametrize("shared_cores", [None, 2])
-def test_bounds_are_below_the_simulated_time(shared_cores: int | None) -> None:
+@pytest.mark.parametrize("shared_cores,prefixes", [(None, False), (2, False), (None, True)])
+def test_bounds_are_below_the_simulated_time(shared_cores: int | None, prefixes: bool) -> None:
+    """``prefixes``: every count of leading stages recomputing, not only none and all."""
     profile = small_profile(7, blocks=8, link=LinkProfile(2e8, 2e-5))
     problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
                           shared_cores=shared_cores, methods=("uniform", "time", "pipedream"),
-                          microbatches=(4, 8, 16), pipelines=(1, 2))
+                          microbatches=(4, 8, 16), pipelines=(1, 2),
+                          recompute=tuple(range(9)) if prefixes else None)
     state = _Search(problem, lambda _text: None)
     checked = 0
     for candidate in enumerate_candidates(problem):

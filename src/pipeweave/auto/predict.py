@@ -4,10 +4,12 @@ The costs are :func:`pipeweave.planner.evaluate.plan_costs` of the profile scale
 candidate's micro-batch (:mod:`pipeweave.auto.scaling`) on the links its layout crosses
 (:mod:`pipeweave.auto.links`), with two adjustments the planner does not make::
 
-    recompute   backward[s] += forward[s]   (the backward first re-runs the forward; in a split
-                input_grad[s] += forward[s]  backward the I does), and a stage keeps only its
-                                             input per micro-batch: activation[s] = bytes
-                                             entering s (pipeweave's recomputation is per stage,
+    recompute   backward[s] += forward[s]   on each stage s that recomputes (the first
+                input_grad[s] += forward[s]  ``candidate.recompute``): the backward first re-runs
+                                             the forward (in a split backward the I does), and the
+                                             stage keeps only its input per micro-batch:
+                                             activation[s] = bytes entering s (pipeweave's
+                                             recomputation is per stage,
                                              runtime/execution/stage.py)
     apc         transfer time / 2            (fp16 instead of fp32 on the wire, WPipe §A.3;
                                              the latency stays, the conversion is not priced)
@@ -75,7 +77,7 @@ def candidate_plan(candidate: Candidate, problem: AutoProblem) -> Plan:
                 chunks=candidate.chunks, replicas=candidate.replicas,
                 width=1 if candidate.replicas is not None else candidate.width,
                 pipelines=candidate.pipelines,
-                recompute=(True,) * stages if candidate.recompute else (),
+                recompute=candidate.recomputed(stages),
                 schedule_options=dict(candidate.options))
 
 
@@ -90,7 +92,7 @@ def candidate_costs(candidate: Candidate, plan: Plan, profile: Profile,
     replicas = tuple(layout.replicas(s) for s in range(layout.num_stages))
     costs = plan_costs(profile, plan.stages, network,
                        replicas if any(r > 1 for r in replicas) else None)
-    if candidate.recompute:
+    if plan.recompute:
         costs = _recomputed(costs, plan, profile)
     if candidate.apc:
         table = costs.resolve(len(plan.stages))
@@ -99,15 +101,19 @@ def candidate_costs(candidate: Candidate, plan: Plan, profile: Profile,
 
 
 def _recomputed(costs: Costs, plan: Plan, profile: Profile) -> Costs:
+    """``costs`` with the forward added to the backward of each stage ``plan`` recomputes."""
     table = costs.resolve(len(plan.stages))
+    on = plan.recompute
     entering = [profile.input_bytes if a == 0 else profile.blocks[a - 1].output_bytes
                 for a, _ in plan.stages]
     return replace(
         costs,
-        backward=tuple(b + f for b, f in zip(table.backward, table.forward)),
-        input_grad=tuple(i + f for i, f in zip(table.input_grad, table.forward)),
+        backward=tuple(b + (f if r else 0.0) for b, f, r in zip(table.backward, table.forward, on)),
+        input_grad=tuple(i + (f if r else 0.0)
+                         for i, f, r in zip(table.input_grad, table.forward, on)),
         weight_grad=table.weight_grad,
-        activation_bytes=tuple(entering),
+        activation_bytes=tuple(e if r else a
+                               for e, a, r in zip(entering, table.activation_bytes, on)),
     )
 
 

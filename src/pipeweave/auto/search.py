@@ -115,7 +115,7 @@ class SearchResult:
 def default_candidate(problem: AutoProblem) -> Candidate:
     """1F1B, uniform split over all ranks, M = 2 x ranks, nothing else."""
     return Candidate(schedule="1f1b", method="uniform", depth=problem.ranks, width=1, chunks=1,
-                     pipelines=1, microbatches=problem.default_microbatches, recompute=False,
+                     pipelines=1, microbatches=problem.default_microbatches, recompute=0,
                      apc=False)
 
 

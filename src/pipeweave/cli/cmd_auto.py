@@ -226,7 +226,9 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
         "schedule": c.schedule, "method": c.method, "stages": [list(s) for s in p.plan.stages],
         "microbatches": c.microbatches, "pipelines": c.pipelines, "depth": c.depth,
         "width": c.width, "chunks": c.chunks, "replicas": list(c.replicas) if c.replicas
-        else None, "recompute": c.recompute, "apc": c.apc,
+        else None, "recompute": sum(p.plan.recompute),
+        "recompute_per_stage": [p.plan.recompute_stage(s) for s in range(len(p.plan.stages))],
+        "apc": c.apc,
         "predicted_iteration_time": p.iteration_time,
         "predicted_samples_per_second": p.samples_per_second,
         "predicted_bubble_fraction": p.bubble_fraction,
@@ -278,7 +280,7 @@ def format_table(result: SearchResult, top: int) -> str:
     def row(label: str, p: Prediction) -> tuple[str, ...]:
         c = p.candidate
         return (label, c.schedule, _split(p), str(c.microbatches), str(c.pipelines), _shape(p),
-                "all" if c.recompute else "none", "on" if c.apc else "off",
+                c.recompute_label(len(p.plan.stages)), "on" if c.apc else "off",
                 f"{p.samples_per_second:.1f}", _memory(p), f"{p.bubble_fraction:.3f}")
 
     for index, p in enumerate(result.ranked[:top]):

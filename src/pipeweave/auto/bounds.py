@@ -84,7 +84,8 @@ def _totals(profile: Profile, recompute: bool) -> _Totals:
         chain.append(b.forward / 2 + gradient)
     totals = _Totals(
         work=sum(work), heaviest=max(work), update=sum(b.update for b in profile.blocks),
-        parameters=sum(b.parameter_bytes for b in profile.blocks), chain_total=sum(per_block),
+        parameters=profile.stage_parameter_bytes(0, profile.num_blocks),
+        chain_total=sum(per_block),
         alpha=min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0),
         smallest=tuple(itertools.accumulate(sorted(b.forward for b in profile.blocks),
                                             initial=0.0)))

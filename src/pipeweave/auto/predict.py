@@ -91,7 +91,8 @@ def candidate_costs(candidate: Candidate, plan: Plan, profile: Profile,
                              shared_cores=problem.shared_cores)
     replicas = tuple(layout.replicas(s) for s in range(layout.num_stages))
     costs = plan_costs(profile, plan.stages, network,
-                       replicas if any(r > 1 for r in replicas) else None)
+                       replicas if any(r > 1 for r in replicas) else None,
+                       stage_ranks=layout.stage_ranks)
     if plan.recompute:
         costs = _recomputed(costs, plan, profile)
     if candidate.apc:

@@ -249,6 +249,7 @@ def report_json(result: SearchResult, top: int) -> dict[str, Any]:
         "simulated": result.simulated, "duplicates": result.duplicates,
         "unexamined": result.unexamined, "over_budget": result.over_budget,
         "over_memory_limit": len(result.over_limit), "search_seconds": result.seconds,
+        "invalid_ties": result.refused_ties, "invalid_ties_reason": result.tie_reason,
         "table": [prediction_json(p) for p in result.ranked[:top]],
     }
 
@@ -294,7 +295,9 @@ def format_table(result: SearchResult, top: int) -> str:
             f"{problem.batch}, semantics {problem.semantics}"
             + (f", memory limit {problem.memory_limit / 2**20:.1f} MiB"
                if problem.memory_limit is not None else ""))
-    counts = (f"{result.considered} candidates considered: {result.invalid} invalid, "
+    ties = (f" ({result.refused_ties} split a tied parameter over stages their schedule "
+            f"cannot keep, e.g. {result.tie_reason})" if result.refused_ties else "")
+    counts = (f"{result.considered} candidates considered: {result.invalid} invalid{ties}, "
               f"{result.pruned} pruned ({result.pruned_time} by time, {result.pruned_memory} by "
               f"memory), {result.simulated} simulated ({result.duplicates} duplicates, "
               f"{len(result.over_limit)} over the memory limit)"

@@ -13,6 +13,13 @@ Every planner is judged the same way: the plan's schedule is simulated
     (forward, backward and update times x the profile's ``sharing_overhead`` when the ranks
     share CPU cores, ``Network.shared_cores``)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
+    tie sum     update[s] += latency + |tie| / bandwidth, once per rank, on each stage s
+                holding a tied parameter (``Profile.ties``) the partition splits over ranks:
+                the runtime sums the copies' gradients among the holders before each
+                update (runtime/execution/ties.py), one message of the tied bytes each way
+                over the slowest boundary between the first and the last holder (the link
+                the straight placement puts between them); holders on one rank add locally
+    (a stage's parameter bytes count a tie held by several of its blocks once)
 
 :class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
 which is what AutoPipe's search loop needs.
@@ -32,7 +39,8 @@ from ..sim import Costs, SimulationResult, simulate
 from .partition import Bounds
 from .pipedream import allreduce_time
 
-__all__ = ["Network", "plan_costs", "Evaluator", "simulated_iterations", "sharing_overhead_of"]
+__all__ = ["Network", "plan_costs", "tie_sums", "Evaluator", "simulated_iterations",
+           "sharing_overhead_of"]
 
 
 @dataclass(frozen=True)
@@ -66,8 +74,10 @@ class Network:
 
 
 def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
-               replicas: Sequence[int] | None = None) -> Costs:
-    """Per-stage simulator costs of ``bounds`` (module docstring)."""
+               replicas: Sequence[int] | None = None,
+               stage_ranks: Sequence[Sequence[int]] | None = None) -> Costs:
+    """Per-stage simulator costs of ``bounds`` (module docstring); ``stage_ranks``: the ranks
+    of each stage (default: a rank each), which says which tie holders share a rank."""
     blocks = profile.blocks
     overhead = sharing_overhead_of(profile) if network.shared_cores is not None else 1.0
     forward = [overhead * sum(b.forward for b in blocks[a:e]) for a, e in bounds]
@@ -82,8 +92,10 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
             else 0.0 for s, (_, e) in enumerate(bounds[:-1])]
     reduce = [0.0] * len(bounds)
     if replicas is not None:
-        reduce = [allreduce_time(sum(b.parameter_bytes for b in blocks[a:e]), r, network.replicas(s))
+        reduce = [allreduce_time(profile.stage_parameter_bytes(a, e), r, network.replicas(s))
                   for s, ((a, e), r) in enumerate(zip(bounds, replicas))]
+    for s, seconds in tie_sums(profile, bounds, network, stage_ranks).items():
+        update[s] += seconds
     weight = [min(w, b) for w, b in zip(weight, backward)]  # measured W can exceed B by noise
     # I likewise; measured halves usually add up to more than one whole backward
     inputs = [overhead * sum(b.input_grad if b.input_grad > 0 else
@@ -94,6 +106,29 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
                  latency=network.latency,
                  activation_bytes=activation, all_reduce=reduce, update=update,
                  shared_cores=network.shared_cores)
+
+
+def tie_sums(profile: Profile, bounds: Bounds, network: Network = Network(),
+             stage_ranks: Sequence[Sequence[int]] | None = None) -> dict[int, float]:
+    """Seconds each stage's update spends summing tied copies with the other holders
+    (module docstring): on the first holding stage of each rank, per tie the partition
+    splits over ranks."""
+    ranks = [tuple(r) for r in stage_ranks] if stage_ranks is not None else \
+        [(s,) for s in range(len(bounds))]
+    out: dict[int, float] = {}
+    for tie in profile.ties:
+        stages = tie.stages(bounds)
+        if len({ranks[s][0] for s in stages}) < 2:
+            continue  # one holder, or all on one rank: summed locally
+        slowest = min(network.boundary(b) for b in range(stages[0], stages[-1]))
+        seconds = network.latency + (tie.parameter_bytes / slowest
+                                     if not math.isinf(slowest) else 0.0)
+        first: dict[int, int] = {}
+        for s in stages:
+            first.setdefault(ranks[s][0], s)
+        for s in first.values():
+            out[s] = out.get(s, 0.0) + seconds
+    return out
 
 
 def sharing_overhead_of(profile: Profile) -> float:

@@ -24,7 +24,12 @@ of the model in pipeline order, what one micro-batch costs::
                           :mod:`pipeweave.split_backward` (0 when unknown; together they usually
                           exceed ``backward``: two passes instead of one)
 
-and optionally the measured point-to-point ``link`` (bandwidth in bytes/s, latency in s).
+and optionally the measured point-to-point ``link`` (bandwidth in bytes/s, latency in s) and
+the model's ``ties``: parameters several blocks share (tied word embeddings), each with the
+blocks that hold it and its bytes. Every holding block counts the tied parameter in its
+``parameter_bytes`` (each was measured alone); :meth:`Profile.shared_bytes` is what a stage
+holding several of them counts twice. A profile without ``ties`` (written before they were
+recorded) loads with none.
 
 JSON form (``schema`` is checked on load; a newer schema is refused, not misread)::
 
@@ -35,6 +40,8 @@ JSON form (``schema`` is checked on load; a newer schema is refused, not misread
                  "activation_bytes": 65536, "parameter_bytes": 81920, "optimizer_bytes": 163840,
                  "peak_memory_bytes": 0, "update": 3.1e-05, "weight_grad": 9.5e-05,
                  "input_grad": 1.3e-04}, ...],
+     "ties": [{"blocks": [0, 9], "parameter_bytes": 3145728,
+               "names": ["0.wte.weight", "9.lm_head.weight"]}],
      "metadata": {...}}
 """
 
@@ -47,7 +54,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile"]
+__all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile", "TieProfile"]
 
 SCHEMA = "pipeweave.profile/1"
 """Schema tag written into every profile and required on load."""
@@ -113,6 +120,33 @@ class LinkProfile:
 
 
 @dataclass(frozen=True)
+class TieProfile:
+    """One parameter several blocks share (``ModelSpec.tied``)."""
+
+    blocks: tuple[int, ...]
+    """The blocks holding it, ascending (at least two)."""
+    parameter_bytes: float
+    """Its size; every holding block's ``parameter_bytes`` includes it."""
+    names: tuple[str, ...] = ()
+    """Global names of its uses (``"<block>.<name in the block>"``), for messages."""
+
+    def __post_init__(self) -> None:
+        blocks = tuple(self.blocks)
+        if (any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in blocks)
+                or len(set(blocks)) < 2 or list(blocks) != sorted(set(blocks))):
+            raise ValueError(f"a tie's blocks must be two or more distinct block indices in "
+                             f"ascending order, got {list(blocks)}")
+        object.__setattr__(self, "blocks", blocks)
+        object.__setattr__(self, "names", tuple(str(n) for n in self.names))
+        object.__setattr__(self, "parameter_bytes",
+                           _number("tie parameter_bytes", self.parameter_bytes))
+
+    def stages(self, bounds: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+        """The stages of ``bounds`` holding it, ascending."""
+        return tuple(s for s, (a, e) in enumerate(bounds) if any(a <= b < e for b in self.blocks))
+
+
+@dataclass(frozen=True)
 class Profile:
     """Per-block costs of a model, in pipeline order (see the module docstring).
 
@@ -125,6 +159,7 @@ class Profile:
         input_bytes: bytes of the model's input micro-batch.
         link: measured point-to-point link between two ranks, if any.
         metadata: free-form notes (warm-up and repeat counts, torch version, ...).
+        ties: parameters several blocks share (:class:`TieProfile`).
     """
 
     blocks: tuple[BlockProfile, ...]
@@ -135,9 +170,16 @@ class Profile:
     input_bytes: float = 0.0
     link: LinkProfile | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    ties: tuple[TieProfile, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "blocks", tuple(self.blocks))
+        object.__setattr__(self, "ties", tuple(self.ties))
+        for tie in self.ties:
+            if not isinstance(tie, TieProfile) or tie.blocks[-1] >= len(self.blocks):
+                raise ValueError(f"profile of {self.model!r}: tie {tie!r} is not a TieProfile "
+                                 f"of blocks below {len(self.blocks)}; give the indices of the "
+                                 f"blocks that share the parameter")
         if not self.blocks:
             raise ValueError(f"profile of {self.model!r} has no blocks; a profile needs >= 1 block")
         for index, block in enumerate(self.blocks):
@@ -193,6 +235,18 @@ class Profile:
             return tuple(b.activation_bytes for b in self.blocks)
         return tuple(max(b.activation_bytes - b.parameter_bytes, 0.0) for b in self.blocks)
 
+    def shared_bytes(self, start: int, end: int) -> float:
+        """Parameter bytes the blocks ``[start, end)`` count more than once: a tie held by
+        ``j > 1`` of them is one parameter there, counted ``j`` times in their
+        ``parameter_bytes``."""
+        return sum((held - 1) * tie.parameter_bytes for tie in self.ties
+                   if (held := sum(start <= b < end for b in tie.blocks)) > 1)
+
+    def stage_parameter_bytes(self, start: int, end: int) -> float:
+        """The parameter bytes a stage of blocks ``[start, end)`` holds (ties once)."""
+        return sum(b.parameter_bytes for b in self.blocks[start:end]) \
+            - self.shared_bytes(start, end)
+
     def with_link(self, link: LinkProfile | None) -> "Profile":
         return replace(self, link=link)
 
@@ -209,6 +263,8 @@ class Profile:
                                                     "latency": self.link.latency},
             "blocks": [{f.name: getattr(b, f.name) for f in fields(b)} for b in self.blocks],
             "metadata": dict(self.metadata),
+            **({"ties": [{"blocks": list(t.blocks), "parameter_bytes": t.parameter_bytes,
+                          "names": list(t.names)} for t in self.ties]} if self.ties else {}),
         }
 
     @classmethod
@@ -221,7 +277,7 @@ class Profile:
             raise ValueError(f"{origin}: schema {schema!r} is not {SCHEMA!r}; write the profile "
                              "with `pipeweave profile` (or import PipeDream's graph.txt)")
         known = {"schema", "model", "batch_size", "device", "source", "input_bytes", "link",
-                 "blocks", "metadata"}
+                 "blocks", "metadata", "ties"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{origin}: unknown fields {unknown}; known: {sorted(known)}")
@@ -244,6 +300,18 @@ class Profile:
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{origin}: block {index}: {error}") from None
         link = data.get("link")
+        raw_ties = data.get("ties") or []
+        if not isinstance(raw_ties, Sequence) or isinstance(raw_ties, (str, bytes)) or \
+                not all(isinstance(t, Mapping) for t in raw_ties):
+            raise ValueError(f"{origin}: 'ties' must be a list of objects with blocks, "
+                             f"parameter_bytes and names, got {raw_ties!r}")
+        try:
+            ties = tuple(TieProfile(blocks=tuple(t["blocks"]),
+                                    parameter_bytes=t["parameter_bytes"],
+                                    names=tuple(t.get("names", ()))) for t in raw_ties)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{origin}: ties: {error!s}; each tie needs blocks (indices) and "
+                             "parameter_bytes") from None
         try:
             return cls(
                 blocks=tuple(blocks),
@@ -254,6 +322,7 @@ class Profile:
                 input_bytes=data.get("input_bytes", 0.0),
                 link=None if link is None else LinkProfile(**link),
                 metadata=dict(data.get("metadata") or {}),
+                ties=ties,
             )
         except (TypeError, ValueError) as error:
             raise ValueError(f"{origin}: {error}") from None

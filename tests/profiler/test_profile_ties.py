@@ -1,5 +1,6 @@
 """A profile records the parameters several blocks share (tied word embeddings): the profiler
-fills them from the model, JSON keeps them, and profiles written before them still load."""
+fills them from the model, JSON keeps them, and profiles written before them still load. The
+profiler also measures APC's codec rate (``apc_bytes_per_second``)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def test_the_profiler_records_the_tie_with_its_bytes() -> None:
     profile = profile_model(_tied(), ids, torch.randint(0, VOCAB, (2, 5)), warmup=0, repeats=1)
     assert profile.ties == (TieProfile(blocks=(0, 3), parameter_bytes=VOCAB * WIDTH * 4.0,
                                        names=("0.weight", "3.weight")),)
+    assert profile.apc_bytes_per_second is not None and 0 < profile.apc_bytes_per_second < 1e13
     # each holder was measured alone, so both count it
     assert profile.blocks[0].parameter_bytes == VOCAB * WIDTH * 4
     assert profile.blocks[3].parameter_bytes == VOCAB * WIDTH * 4

@@ -12,7 +12,16 @@ candidate's micro-batch (:mod:`pipeweave.auto.scaling`) on the links its layout 
                                              recomputation is per stage,
                                              runtime/execution/stage.py)
     apc         transfer time / 2            (fp16 instead of fp32 on the wire, WPipe §A.3;
-                                             the latency stays, the conversion is not priced)
+                                             the latency stays)
+                forward[s], backward[s] and  the codec's work, half a round trip at each end
+                input_grad[s] += c[s]        of every message crossing ranks:
+                                             c[s] = (m[s-1] + m[s]) / (2 R), m[b] the bytes
+                                             across boundary b (0 where it stays on one rank
+                                             or does not exist), R the profile's
+                                             apc_bytes_per_second (unknown: c = 0); the F
+                                             decodes its input and encodes its output, the
+                                             B (its I when split) decodes the output gradient
+                                             and encodes the input gradient
 
 Schedule options the search can fill from the costs are filled (:data:`OPTION_PROVIDERS`):
 a schedule that takes ``costs`` (AutoPipe's Slicer, Algorithm 2) gets the stage costs.
@@ -34,8 +43,8 @@ from .copies import copies_independent, one_copy_schedule
 from .memory import rank_memory
 from .problem import AutoProblem, Candidate
 
-__all__ = ["Prediction", "Timed", "candidate_plan", "candidate_costs", "predict",
-           "simulate_candidate", "with_memory", "OPTION_PROVIDERS"]
+__all__ = ["Prediction", "Timed", "apc_conversion", "candidate_plan", "candidate_costs",
+           "predict", "simulate_candidate", "with_memory", "OPTION_PROVIDERS"]
 
 
 @dataclass(frozen=True)
@@ -96,9 +105,33 @@ def candidate_costs(candidate: Candidate, plan: Plan, profile: Profile,
     if plan.recompute:
         costs = _recomputed(costs, plan, profile)
     if candidate.apc:
-        table = costs.resolve(len(plan.stages))
-        costs = replace(costs, comm=tuple(t / 2 for t in table.transfer) or 0.0)
+        costs = _compressed(costs, plan, profile)
     return costs
+
+
+def apc_conversion(plan: Plan, profile: Profile) -> tuple[float, ...]:
+    """Per stage, the seconds APC's codec adds to each F and each B (module docstring)."""
+    stages = len(plan.stages)
+    rate = profile.apc_bytes_per_second
+    if rate is None:
+        return (0.0,) * stages
+    ranks = plan.layout().stage_ranks
+    message = [profile.blocks[e - 1].output_bytes if set(ranks[s]) != set(ranks[s + 1]) else 0.0
+               for s, (_, e) in enumerate(plan.stages[:-1])]
+    return tuple(((message[s - 1] if s > 0 else 0.0) + (message[s] if s < stages - 1 else 0.0))
+                 / (2 * rate) for s in range(stages))
+
+
+def _compressed(costs: Costs, plan: Plan, profile: Profile) -> Costs:
+    """``costs`` with APC: half the transfer, the codec's work on the F and B."""
+    table = costs.resolve(len(plan.stages))
+    codec = apc_conversion(plan, profile)
+    return replace(
+        costs, comm=tuple(t / 2 for t in table.transfer) or 0.0,
+        forward=tuple(f + c for f, c in zip(table.forward, codec)),
+        backward=tuple(b + c for b, c in zip(table.backward, codec)),
+        input_grad=tuple(i + c for i, c in zip(table.input_grad, codec)),
+        weight_grad=table.weight_grad)
 
 
 def _recomputed(costs: Costs, plan: Plan, profile: Profile) -> Costs:

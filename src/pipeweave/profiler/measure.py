@@ -29,6 +29,9 @@ The profile's ``ties`` list the parameters several blocks share (``ModelSpec.tie
 embeddings), with the blocks that hold them and their bytes; each block was measured alone, so
 every holder counts the parameter in its ``parameter_bytes``.
 
+``apc_bytes_per_second``: float32 bytes per second through APC's encode and decode, timed on a
+tensor the size of the largest block output (:mod:`.apc_rate`).
+
 On CUDA every timed region is bracketed by ``torch.cuda.synchronize()`` so kernels are
 counted where they run, not where they are queued.
 
@@ -55,6 +58,7 @@ from ..models import ModelSpec
 from ..precision import cast_input, cast_module, check_precision, compute
 from ..split_backward import input_gradient, recording, weight_gradient
 from ..host import machine_cores
+from .apc_rate import measure_apc_rate
 from .profile import EXCLUDED, BlockProfile, Profile, TieProfile
 
 __all__ = ["profile_model", "profile_block", "profile_builtin", "tensor_bytes", "OPTIMIZERS"]
@@ -162,9 +166,12 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
             x_in, x = x, block(x)
         signatures.append(_signature(getattr(block, "block", block), x_in, x,
                                      last=loss_fn is not None))
+    largest = max(p.output_bytes for p in profiles)
     return Profile(
         blocks=tuple(profiles), ties=_ties(spec, blocks), model=spec.name,
         batch_size=int(inputs.shape[0]),
+        apc_bytes_per_second=measure_apc_rate(largest, device=device, warmup=warmup,
+                                              repeats=repeats),
         device=_device_name(target), source="measured",
         input_bytes=float(tensor_bytes(cast_input(inputs, precision))),
         metadata={"precision": precision, "warmup": warmup, "repeats": repeats, "statistic": "median",

@@ -31,10 +31,16 @@ blocks that hold it and its bytes. Every holding block counts the tied parameter
 holding several of them counts twice. A profile without ``ties`` (written before they were
 recorded) loads with none.
 
+``apc_bytes_per_second`` is how many float32 bytes per second APC's codec (WPipe's automatic
+precision compression, ``runtime/communication/apc.py``: scale and convert to float16, then
+back to float32) gets through, encode and decode together, on the profiled device; ``null``
+(every profile written before it was measured, and imported ones) means unknown, and the
+planners then leave the conversion unpriced (free), as they did before.
+
 JSON form (``schema`` is checked on load; a newer schema is refused, not misread)::
 
     {"schema": "pipeweave.profile/1", "model": "gpt-tiny", "batch_size": 4, "device": "cpu",
-     "source": "measured", "input_bytes": 2048,
+     "source": "measured", "input_bytes": 2048, "apc_bytes_per_second": 1.6e9,
      "link": {"bandwidth": 2.1e9, "latency": 4.5e-05},
      "blocks": [{"name": "embed", "forward": 1.2e-4, "backward": 2.0e-4, "output_bytes": 65536,
                  "activation_bytes": 65536, "parameter_bytes": 81920, "optimizer_bytes": 163840,
@@ -160,6 +166,8 @@ class Profile:
         link: measured point-to-point link between two ranks, if any.
         metadata: free-form notes (warm-up and repeat counts, torch version, ...).
         ties: parameters several blocks share (:class:`TieProfile`).
+        apc_bytes_per_second: float32 bytes per second through APC's encode and decode
+            (module docstring); ``None``: unknown, the conversion is not priced.
     """
 
     blocks: tuple[BlockProfile, ...]
@@ -171,8 +179,15 @@ class Profile:
     link: LinkProfile | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     ties: tuple[TieProfile, ...] = ()
+    apc_bytes_per_second: float | None = None
 
     def __post_init__(self) -> None:
+        if self.apc_bytes_per_second is not None:
+            rate = _number("profile apc_bytes_per_second", self.apc_bytes_per_second)
+            if rate <= 0:
+                raise ValueError(f"profile apc_bytes_per_second must be > 0 or null, got {rate}; "
+                                 "leave it null when unknown")
+            object.__setattr__(self, "apc_bytes_per_second", rate)
         object.__setattr__(self, "blocks", tuple(self.blocks))
         object.__setattr__(self, "ties", tuple(self.ties))
         for tie in self.ties:
@@ -259,6 +274,7 @@ class Profile:
             "device": self.device,
             "source": self.source,
             "input_bytes": self.input_bytes,
+            "apc_bytes_per_second": self.apc_bytes_per_second,
             "link": None if self.link is None else {"bandwidth": self.link.bandwidth,
                                                     "latency": self.link.latency},
             "blocks": [{f.name: getattr(b, f.name) for f in fields(b)} for b in self.blocks],
@@ -277,7 +293,7 @@ class Profile:
             raise ValueError(f"{origin}: schema {schema!r} is not {SCHEMA!r}; write the profile "
                              "with `pipeweave profile` (or import PipeDream's graph.txt)")
         known = {"schema", "model", "batch_size", "device", "source", "input_bytes", "link",
-                 "blocks", "metadata", "ties"}
+                 "blocks", "metadata", "ties", "apc_bytes_per_second"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{origin}: unknown fields {unknown}; known: {sorted(known)}")
@@ -323,6 +339,7 @@ class Profile:
                 link=None if link is None else LinkProfile(**link),
                 metadata=dict(data.get("metadata") or {}),
                 ties=ties,
+                apc_bytes_per_second=data.get("apc_bytes_per_second"),
             )
         except (TypeError, ValueError) as error:
             raise ValueError(f"{origin}: {error}") from None

@@ -32,7 +32,7 @@ from ..models import available_models
 from ..planner import Topology
 from ..profiler import Profile
 from .cmd_plan import load_profile, parse_bytes, shared_cores
-from .model_options import add_hf_config, chosen_model
+from .model_options import add_profile_source, chosen_model
 
 __all__ = ["add_parser", "run", "format_table", "prediction_json"]
 
@@ -45,14 +45,14 @@ def add_parser(subparsers: Any) -> None:
         "auto", help="search schedule, split, M, N, depth x width, recomputation by simulation",
         description=__doc__)
     source = parser.add_argument_group("what to plan (give --model, --profile or both)")
-    source.add_argument("--model", choices=available_models(), default=None,
-                        help="built-in model (profiled now unless --profile is given)")
-    add_hf_config(source)
-    source.add_argument("--profile", type=Path, action="append", default=None,
-                        help="profile JSON from `pipeweave profile` (or PipeDream's graph.txt); "
-                             "repeat it with profiles of the same model at other micro-batch "
-                             "sizes to interpolate the times between them (the first is the "
-                             "reference)")
+    add_profile_source(
+        source, repeat_profile=True, batch_size_default=None,
+        profile_help="profile JSON from `pipeweave profile` (or PipeDream's graph.txt); repeat "
+                     "it with profiles of the same model at other micro-batch sizes to "
+                     "interpolate the times between them (the first is the reference)",
+        batch_size_help="samples per iteration (default: the profile's micro-batch x 2 x "
+                        "ranks); with --model and no --profile the model is profiled at "
+                        "batch-size / (2 x ranks) samples per micro-batch")
     parser.add_argument("--ranks", type=int, required=True, help="workers to plan for")
     parser.add_argument("--topology", default=None, metavar="MxB[,MxB...]",
                         help="hierarchical levels, lowest first: machines x bandwidth (bytes/s), "
@@ -64,10 +64,6 @@ def add_parser(subparsers: Any) -> None:
                         help="sync: synchronous schedules only (same gradients as one device); "
                              "any: asynchronous schedules and APC too (they change convergence)")
     parser.add_argument("--top", type=int, default=10, help="rows of the table (and --json's)")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="samples per iteration (default: the profile's micro-batch x 2 x "
-                             "ranks); with --model and no --profile the model is profiled at "
-                             "batch-size / (2 x ranks) samples per micro-batch")
     parser.add_argument("--schedules", default=None, metavar="A,B,...",
                         help="search only these schedules (default: every registered one)")
     parser.add_argument("--methods", default=None, metavar="A,B,...",
@@ -78,8 +74,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--optimizer", default="adam",
                         choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"],
                         help="the optimizer whose state the memory model counts (and --run uses)")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="with --model and no --profile: device to profile on")
     parser.add_argument("--shared-cores", default="auto", metavar="N|auto|none",
                         help="the ranks share N CPU cores (as in `pipeweave plan`); auto: a CPU "
                              "profile's cores when the ranks outnumber them; none: a device each")

@@ -3,8 +3,8 @@
 The oracle simulates every combination directly: its own stage costs from the profile (sums
 of the blocks, scaled linearly to the micro-batch, recomputation adding a forward to the
 backward of the first k stages, for every k), its own partitions (``planner.partition``),
-``build_schedule`` and ``simulate``; it imports nothing of ``pipeweave.auto``. The profile has no link, so transfers and all-reduces
-are free and the compute times are the whole cost.
+``build_schedule`` and ``simulate``; it imports nothing of ``pipeweave.auto``. The profile has
+no link, so transfers and all-reduces are free and the compute times are the whole cost.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 A candidate fixes every axis of the search: schedule, partition method, micro-batches M,
 chunks per rank, parallel pipelines N, pipeline depth d and data-parallel width w
-(``d * w = ranks``), recomputation (how many leading stages recompute) and APC. The global batch B (samples per iteration of one
-pipeline) is fixed for the whole search, as in WPipe's Eq. 3 (``B = b * M * w``: "since B
-directly affects the accuracy of the model, it is often a given value"): a candidate's
-micro-batch holds ``b = B / M`` samples, and its per-block costs are the profile's scaled to
-``b`` (:mod:`pipeweave.auto.scaling`).
+(``d * w = ranks``), recomputation (how many leading stages recompute) and APC. The global
+batch B (samples per iteration of one pipeline) is fixed for the whole search, as in WPipe's
+Eq. 3 (``B = b * M * w``: "since B directly affects the accuracy of the model, it is often a
+given value"): a candidate's micro-batch holds ``b = B / M`` samples, and its per-block costs
+are the profile's scaled to ``b`` (:mod:`pipeweave.auto.scaling`).
 """
 
 from __future__ import annotations

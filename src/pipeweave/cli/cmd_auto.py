@@ -15,7 +15,9 @@ samples per iteration) and every candidate splits it into its own micro-batches.
 trains the winner and the default plan (1F1B, uniform split, M = 2 x ranks) for ``--steps``
 steps on local processes and prints predicted against measured time and memory per rank.
 ``--json`` prints one object: ``winner``, ``default``, ``considered``, ``pruned``,
-``simulated``, ``table`` and, with ``--run``, ``measured``. Progress goes to stderr.
+``simulated``, ``invalid_ties`` (candidates left out because the runtime cannot keep a tied
+parameter across their stages, with ``invalid_ties_reason``), ``table`` and, with ``--run``,
+``measured``. Progress goes to stderr.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How fast APC's codec runs: float32 bytes per second through encode and decode.
 
-APC (WPipe's automatic precision compression, ``runtime/communication/apc.py``) sends a float32
+APC (WPipe's automatic precision compression, ``pipeweave/apc.py``) sends a float32
 activation or gradient as float16: the sender scales it by a power of two and converts it
 (checking for overflow and underflow), the receiver converts back and rescales. Halving the
 bytes on the wire is a gain only where the link is slower than that work; the planners price
@@ -25,7 +25,7 @@ MIN_ELEMENTS = 4096
 def measure_apc_rate(nbytes: float, *, device: str = "cpu", warmup: int = 2,
                      repeats: int = 5) -> float:
     """Float32 bytes per second through one encode and one decode of ``nbytes``."""
-    from ..runtime.communication.apc import decode, encode
+    from ..apc import decode, encode
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")

@@ -32,7 +32,7 @@ holding several of them counts twice. A profile without ``ties`` (written before
 recorded) loads with none.
 
 ``apc_bytes_per_second`` is how many float32 bytes per second APC's codec (WPipe's automatic
-precision compression, ``runtime/communication/apc.py``: scale and convert to float16, then
+precision compression, ``pipeweave/apc.py``: scale and convert to float16, then
 back to float32) gets through, encode and decode together, on the profiled device; ``null``
 (every profile written before it was measured, and imported ones) means unknown, and the
 planners then leave the conversion unpriced (free), as they did before.

@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from .actions import CHECK_OPS, WEIGHT_GRADIENT_OPS, Action, Op
 from .schedule import Schedule
 
-__all__ = ["tie_refusal", "update_sum_positions"]
+__all__ = ["gradient_after_its_sum", "tie_refusal", "update_sum_positions"]
 
 
 def update_sum_positions(program: Sequence[Action]) -> dict[int, tuple[int, int]]:
@@ -95,14 +95,15 @@ def tie_refusal(stages: Collection[int], schedule: Schedule) -> str | None:
             return (f"schedule {name!r} updates those stages after different micro-batches, so "
                     f"the copies' gradients cannot be summed per update")
     for rank, program in enumerate(schedule.programs):
-        late = _gradient_after_its_sum(program, holders & set(schedule.layout.stages_of(rank)))
+        late = gradient_after_its_sum(program, holders & set(schedule.layout.stages_of(rank)))
         if late is not None:
             return f"schedule {name!r}: rank {rank} {late}"
     return None
 
 
-def _gradient_after_its_sum(program: Sequence[Action], holding: set[int]) -> str | None:
-    """A weight gradient of a holding stage after the sum its update uses, described."""
+def gradient_after_its_sum(program: Sequence[Action], holding: set[int]) -> str | None:
+    """A weight gradient of a holding stage after the sum its update uses, described (``None``:
+    every one comes before); ``holding``: the stages of a tie on this rank."""
     if not holding:
         return None
     first = {key: position for position, key in update_sum_positions(program).items()}

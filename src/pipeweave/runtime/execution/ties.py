@@ -41,7 +41,7 @@ from torch import Tensor
 
 from ...ir import Schedule
 from ...ir.layout import Layout
-from ...ir.ties import tie_refusal, update_sum_positions
+from ...ir.ties import gradient_after_its_sum, tie_refusal, update_sum_positions
 from ...models import ModelSpec
 from ...planner.plan import Plan
 
@@ -138,8 +138,12 @@ class TiedGradients:
             self.local.append((index, tie, here, tie.ranks(layout, replica.pop())))
         self.at: dict[int, tuple[int, int]] = \
             update_sum_positions(schedule.programs[rank]) if self.local else {}
-        """Position -> (update version, pipeline): the rank's first AR or U of each update
-        (:func:`split_ties` checked that every weight gradient it sums comes before it)."""
+        """Position -> (update version, pipeline): the rank's first AR or U of each update."""
+        holding = {s for _, _, here, _ in self.local for s, _ in here}
+        late = gradient_after_its_sum(schedule.programs[rank], holding)
+        if late is not None:  # a window's program (AvgPipe's online advance) is checked here
+            raise ValueError(f"rank {rank} {late}; this schedule cannot keep a tie across "
+                             f"stages, use another")
 
     def duplicates(self, stages: Mapping[int, torch.nn.Module]) -> list[Tensor]:
         """The copies on this rank that are not their tie's first use (a global gradient norm

@@ -94,7 +94,7 @@ def readme_plans(profiles: list[Profile], ranks: int, batch: int,
         problem = AutoProblem(profile=profile, extra_profiles=tuple(others), ranks=ranks,
                               batch_size=batch,
                               schedules=(schedule,), methods=("autopipe",),
-                              microbatches=(2 * ranks,), depths=(ranks,), recompute=(False,),
+                              microbatches=(2 * ranks,), depths=(ranks,), recompute=(0,),
                               pipelines=(1,), shared_cores=shared_cores("auto", profile, ranks))
         result = search(problem)
         if result.ranked:

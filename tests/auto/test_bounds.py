@@ -3,6 +3,8 @@ optimum), with links and all-reduces priced, on a two-level topology, with share
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from auto_fixtures import small_profile
@@ -11,16 +13,25 @@ from pipeweave.auto.bounds import plan_bound, shape_bound
 from pipeweave.auto.predict import candidate_costs, predict
 from pipeweave.auto.search import _Search, _valid_shape
 from pipeweave.planner.topology import Topology
-from pipeweave.profiler import LinkProfile
+from pipeweave.profiler import LinkProfile, TieProfile
 from pipeweave.schedules import get_info
 
 
-@pytest.mark.parametrize("shared_cores", [None, 2])
-def test_bounds_are_below_the_simulated_time(shared_cores: int | None) -> None:
+@pytest.mark.parametrize("shared_cores,prefixes,tied", [
+    (None, False, False), (2, False, False), (None, True, False), (None, False, True)])
+def test_bounds_are_below_the_simulated_time(shared_cores: int | None, prefixes: bool,
+                                             tied: bool) -> None:
+    """``prefixes``: every count of leading stages recomputing, not only none and all;
+    ``tied``: the first and last block share a parameter (counted once on a stage holding
+    both, its gradient sum priced where they are split)."""
     profile = small_profile(7, blocks=8, link=LinkProfile(2e8, 2e-5))
+    if tied:
+        shared = min(profile.blocks[0].parameter_bytes, profile.blocks[7].parameter_bytes)
+        profile = replace(profile, ties=(TieProfile((0, 7), shared),))
     problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
                           shared_cores=shared_cores, methods=("uniform", "time", "pipedream"),
-                          microbatches=(4, 8, 16), pipelines=(1, 2))
+                          microbatches=(4, 8, 16), pipelines=(1, 2),
+                          recompute=tuple(range(9)) if prefixes else None)
     state = _Search(problem, lambda _text: None)
     checked = 0
     for candidate in enumerate_candidates(problem):

@@ -11,7 +11,7 @@ from pipeweave.auto.problem import Candidate
 
 def _candidate(depth: int, width: int, microbatches: int) -> Candidate:
     return Candidate(schedule="1f1b", method="uniform", depth=depth, width=width, chunks=1,
-                     pipelines=1, microbatches=microbatches, recompute=False, apc=False)
+                     pipelines=1, microbatches=microbatches, recompute=0, apc=False)
 
 
 def test_work_units_count_one_copy_when_the_copies_split_the_microbatches() -> None:

@@ -2,9 +2,9 @@
 
 The oracle simulates every combination directly: its own stage costs from the profile (sums
 of the blocks, scaled linearly to the micro-batch, recomputation adding a forward to the
-backward), its own partitions (``planner.partition``), ``build_schedule`` and ``simulate``; it
-imports nothing of ``pipeweave.auto``. The profile has no link, so transfers and all-reduces
-are free and the compute times are the whole cost.
+backward of the first k stages, for every k), its own partitions (``planner.partition``),
+``build_schedule`` and ``simulate``; it imports nothing of ``pipeweave.auto``. The profile has
+no link, so transfers and all-reduces are free and the compute times are the whole cost.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def brute_force(profile: Profile, ranks: int, batch: int,
                     continue
                 for m in (m for m in MICROBATCHES if batch % m == 0):
                     for method in ("uniform", "time"):
-                        for recompute in (False, True):
+                        # every prefix: the first k stages recompute
+                        for recompute in range(depth * chunks + 1):
                             rate = _one(profile, schedule, depth, ranks // depth, chunks, m,
                                         method, recompute, batch, memory_limit)
                             best = max(best, rate)
@@ -55,14 +56,14 @@ def brute_force(profile: Profile, ranks: int, batch: int,
 
 
 def _one(profile: Profile, schedule: str, depth: int, width: int, chunks: int, m: int,
-         method: str, recompute: bool, batch: int, memory_limit: float | None) -> float:
+         method: str, recompute: int, batch: int, memory_limit: float | None) -> float:
     assert profile.batch_size is not None
     bounds = _bounds(profile, method, depth * chunks)
     scale = batch / m / profile.batch_size
     fw = [scale * sum(b.forward for b in profile.blocks[a:e]) for a, e in bounds]
     bw = [scale * sum(b.backward for b in profile.blocks[a:e]) for a, e in bounds]
     up = [sum(b.update for b in profile.blocks[a:e]) for a, e in bounds]
-    total_bw = [b + f for b, f in zip(bw, fw)] if recompute else bw
+    total_bw = [b + f if s < recompute else b for s, (b, f) in enumerate(zip(bw, fw))]
     options = {"costs": [fw, total_bw, 0.0]} if schedule == "sliced-1f1b" else {}
     shape = Shape(stages=depth, microbatches=m, chunks=chunks, width=width, options=options)
     try:
@@ -76,7 +77,7 @@ def _one(profile: Profile, schedule: str, depth: int, width: int, chunks: int, m
     if memory_limit is not None:
         plan = Plan(num_blocks=profile.num_blocks, stages=bounds, schedule=schedule,
                     microbatches=m, chunks=chunks, width=width,
-                    recompute=(True,) * len(bounds) if recompute else (),
+                    recompute=tuple(s < recompute for s in range(len(bounds))),
                     schedule_options=options)
         peak = max(r.total for r in predicted_memory(profile, plan, batch_size=batch))
         if peak > memory_limit:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipeweave.runtime.communication.apc import MODE_FULL, MODE_HALF, decode, encode
+from pipeweave.apc import MODE_FULL, MODE_HALF, decode, encode
 
 
 @pytest.mark.parametrize("scale", [1e-6, 1e-2, 1.0, 1e3, 1e7])

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from pipeweave.cli.main import main
 from pipeweave.ir import Action, Op
 from pipeweave.runtime import launch_local, run_local
-from pipeweave.runtime.communication.apc import decode, encode
+from pipeweave.apc import decode, encode
 from pipeweave.host import free_port
 from pipeweave.runtime.communication.transport import DistTransport, LocalTransport, Waiting, message_tag
 from pipeweave.testing import assert_identical_runs, iteration_losses

@@ -18,8 +18,11 @@ pipelines      N in 1, 2, 4 for schedules that lay out parallel pipelines (AvgPi
 microbatches   M = w * m, m in d, 2d, 4d, 8d, and the default plan's 2 * ranks, where M divides
                the batch B (the micro-batch ``B / M`` must be whole samples)
 method         every registered partition method (``pipeweave plan --method``)
-recompute      False, True: activation recomputation on every stage or none (per-stage
-               choices are left to a later search; all-or-nothing is WPipe's S_a)
+recompute      k, the first k of the S = d * chunks stages recompute (:func:`recompute_counts`):
+               0 and S without a memory limit (a partial prefix is never faster than none,
+               only smaller), every k in 0..S under one (0, 1, 2, 4, ..., S past 8 stages);
+               a prefix because a 1F1B-like schedule holds ``min(M, S - s)`` micro-batches
+               on stage s, the most on the first stages (docs/auto.md)
 apc            False, and with ``semantics="any"`` True when some link is finite (halves the
                bytes between stages; lossy, fp16 on the wire, so like asynchronous semantics
                it changes the numbers trained and must be asked for)
@@ -38,7 +41,7 @@ from ..schedules import available_schedules, get_info
 from .capabilities import supports_chunks, supports_pipelines, supports_width
 from .problem import AutoProblem, Candidate
 
-__all__ = ["Axis", "DEFAULT_AXES", "enumerate_candidates", "divisors"]
+__all__ = ["Axis", "DEFAULT_AXES", "enumerate_candidates", "divisors", "recompute_counts"]
 
 Values = Callable[[dict[str, Any], AutoProblem], Iterable[Any]]
 
@@ -106,8 +109,27 @@ def _methods(partial: dict[str, Any], problem: AutoProblem) -> Iterable[str]:
     yield from problem.methods or tuple(available_methods())
 
 
-def _recompute(partial: dict[str, Any], problem: AutoProblem) -> Iterable[bool]:
-    yield from problem.recompute or (False, True)
+PREFIXES_IN_FULL = 8
+"""Up to this many stages every prefix length is searched under a memory limit; past it the
+lengths double (1, 2, 4, ...), so a deep pipeline adds ``log2 S`` values, not ``S``."""
+
+
+def recompute_counts(stages: int, limited: bool) -> tuple[int, ...]:
+    """How many leading stages may recompute, for ``stages`` stages (module docstring)."""
+    if not limited:
+        return (0, stages)
+    if stages <= PREFIXES_IN_FULL:
+        return tuple(range(stages + 1))
+    doubling = [1 << j for j in range(stages.bit_length()) if 1 << j < stages]
+    return (0, *doubling, stages)
+
+
+def _recompute(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
+    stages = partial["depth"] * partial["chunks"]
+    if problem.recompute is not None:
+        yield from sorted({min(k, stages) for k in problem.recompute})
+        return
+    yield from recompute_counts(stages, problem.memory_limit is not None)
 
 
 def _apc(partial: dict[str, Any], problem: AutoProblem) -> Iterable[bool]:

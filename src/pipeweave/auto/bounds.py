@@ -26,12 +26,19 @@ that makes every term equal attains::
 
     T = alpha C / (1 - (1 - alpha / n)^d)         (n C / d as n grows; n C at d = 1)
 
+Recomputation adds each recomputing stage's forward to its backward. When every stage
+recomputes the totals above include it block by block; when only the first ``k`` stages do,
+before partitioning it is only known that they hold at least ``k`` blocks, so the work gains
+``n`` times the ``k`` smallest block forwards (the fill bound and the heaviest block stay
+without it); after partitioning the costs carry it per stage.
+
 Asynchronous schedules are timed over a steady-state window of several iterations, which
 these bounds do not cover, so they are never pruned on time (only on memory).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -54,6 +61,7 @@ class _Totals:
     parameters: float
     chain_total: float  # sum of F + g   (g = min(B, I), + F when recomputed)
     alpha: float        # min over blocks of (F/2 + g) / (F + g)
+    smallest: tuple[float, ...]  # [k]: the sum of the k smallest block forwards
 
 
 _TOTALS: dict[tuple[int, bool], tuple[Profile, _Totals]] = {}
@@ -76,8 +84,11 @@ def _totals(profile: Profile, recompute: bool) -> _Totals:
         chain.append(b.forward / 2 + gradient)
     totals = _Totals(
         work=sum(work), heaviest=max(work), update=sum(b.update for b in profile.blocks),
-        parameters=sum(b.parameter_bytes for b in profile.blocks), chain_total=sum(per_block),
-        alpha=min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0))
+        parameters=profile.stage_parameter_bytes(0, profile.num_blocks),
+        chain_total=sum(per_block),
+        alpha=min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0),
+        smallest=tuple(itertools.accumulate(sorted(b.forward for b in profile.blocks),
+                                            initial=0.0)))
     if len(_TOTALS) > 256:
         _TOTALS.clear()
     _TOTALS[key] = (profile, totals)
@@ -95,12 +106,14 @@ def _fill_bound(totals: _Totals, n: int, depth: int) -> float:
 def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
                 fastest_link: float) -> float:
     """A lower bound before partitioning (``profile`` scaled to the micro-batch)."""
-    totals = _totals(profile, candidate.recompute)
+    every = candidate.recompute >= candidate.stages
+    totals = _totals(profile, every)
+    extra = 0.0 if every else totals.smallest[min(candidate.recompute, profile.num_blocks)]
     per_replica = candidate.pipelines * -(-candidate.microbatches // candidate.width)
     update = totals.update * candidate.pipelines
     reduce = allreduce_time(totals.parameters, candidate.width, fastest_link) \
         * candidate.pipelines
-    copy = per_replica * totals.work + update + reduce
+    copy = per_replica * (totals.work + extra) + update + reduce
     bound = copy / candidate.depth
     may_replicate = candidate.width == 1 and candidate.chunks == 1
     if not may_replicate:
@@ -108,7 +121,7 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
     if candidate.chunks == 1 and not may_replicate:
         bound = max(bound, _fill_bound(totals, per_replica, candidate.depth))
     if problem.shared_cores is not None and problem.shared_cores < problem.ranks:
-        total = candidate.pipelines * candidate.microbatches * totals.work \
+        total = candidate.pipelines * candidate.microbatches * (totals.work + extra) \
             + update * candidate.width
         bound = max(bound, total / problem.shared_cores)
     return bound

@@ -19,12 +19,11 @@ __all__ = ["rank_memory", "static_memory"]
 def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
     """Per rank: ``N * (2 + k) * |w|`` of the stages it hosts (``k`` optimizer tensors per
     parameter), at most the model's prediction for every schedule."""
-    blocks = problem.profile.blocks
     layout = plan.layout()
     factor = plan.pipelines * (2 + OPTIMIZER_STATE[problem.optimizer])
     out = [0.0] * layout.num_ranks
     for (a, e), ranks in zip(plan.stages, layout.stage_ranks):
-        weights = sum(b.parameter_bytes for b in blocks[a:e])
+        weights = problem.profile.stage_parameter_bytes(a, e)
         for r in ranks:
             out[r] += factor * weights
     return out

@@ -4,13 +4,24 @@ The costs are :func:`pipeweave.planner.evaluate.plan_costs` of the profile scale
 candidate's micro-batch (:mod:`pipeweave.auto.scaling`) on the links its layout crosses
 (:mod:`pipeweave.auto.links`), with two adjustments the planner does not make::
 
-    recompute   backward[s] += forward[s]   (the backward first re-runs the forward; in a split
-                input_grad[s] += forward[s]  backward the I does), and a stage keeps only its
-                                             input per micro-batch: activation[s] = bytes
-                                             entering s (pipeweave's recomputation is per stage,
+    recompute   backward[s] += forward[s]   on each stage s that recomputes (the first
+                input_grad[s] += forward[s]  ``candidate.recompute``): the backward first re-runs
+                                             the forward (in a split backward the I does), and the
+                                             stage keeps only its input per micro-batch:
+                                             activation[s] = bytes entering s (pipeweave's
+                                             recomputation is per stage,
                                              runtime/execution/stage.py)
     apc         transfer time / 2            (fp16 instead of fp32 on the wire, WPipe §A.3;
-                                             the latency stays, the conversion is not priced)
+                                             the latency stays)
+                forward[s], backward[s] and  the codec's work, half a round trip at each end
+                input_grad[s] += c[s]        of every message crossing ranks:
+                                             c[s] = (m[s-1] + m[s]) / (2 R), m[b] the bytes
+                                             across boundary b (0 where it stays on one rank
+                                             or does not exist), R the profile's
+                                             apc_bytes_per_second (unknown: c = 0); the F
+                                             decodes its input and encodes its output, the
+                                             B (its I when split) decodes the output gradient
+                                             and encodes the input gradient
 
 Schedule options the search can fill from the costs are filled (:data:`OPTION_PROVIDERS`):
 a schedule that takes ``costs`` (AutoPipe's Slicer, Algorithm 2) gets the stage costs.
@@ -32,8 +43,8 @@ from .copies import copies_independent, one_copy_schedule
 from .memory import rank_memory
 from .problem import AutoProblem, Candidate
 
-__all__ = ["Prediction", "Timed", "candidate_plan", "candidate_costs", "predict",
-           "simulate_candidate", "with_memory", "OPTION_PROVIDERS"]
+__all__ = ["Prediction", "Timed", "apc_conversion", "candidate_plan", "candidate_costs",
+           "predict", "simulate_candidate", "with_memory", "OPTION_PROVIDERS"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,7 @@ def candidate_plan(candidate: Candidate, problem: AutoProblem) -> Plan:
                 chunks=candidate.chunks, replicas=candidate.replicas,
                 width=1 if candidate.replicas is not None else candidate.width,
                 pipelines=candidate.pipelines,
-                recompute=(True,) * stages if candidate.recompute else (),
+                recompute=candidate.recomputed(stages),
                 schedule_options=dict(candidate.options))
 
 
@@ -89,25 +100,54 @@ def candidate_costs(candidate: Candidate, plan: Plan, profile: Profile,
                              shared_cores=problem.shared_cores)
     replicas = tuple(layout.replicas(s) for s in range(layout.num_stages))
     costs = plan_costs(profile, plan.stages, network,
-                       replicas if any(r > 1 for r in replicas) else None)
-    if candidate.recompute:
+                       replicas if any(r > 1 for r in replicas) else None,
+                       stage_ranks=layout.stage_ranks)
+    if plan.recompute:
         costs = _recomputed(costs, plan, profile)
     if candidate.apc:
-        table = costs.resolve(len(plan.stages))
-        costs = replace(costs, comm=tuple(t / 2 for t in table.transfer) or 0.0)
+        costs = _compressed(costs, plan, profile)
     return costs
 
 
-def _recomputed(costs: Costs, plan: Plan, profile: Profile) -> Costs:
+def apc_conversion(plan: Plan, profile: Profile) -> tuple[float, ...]:
+    """Per stage, the seconds APC's codec adds to each F and each B (module docstring)."""
+    stages = len(plan.stages)
+    rate = profile.apc_bytes_per_second
+    if rate is None:
+        return (0.0,) * stages
+    ranks = plan.layout().stage_ranks
+    message = [profile.blocks[e - 1].output_bytes if set(ranks[s]) != set(ranks[s + 1]) else 0.0
+               for s, (_, e) in enumerate(plan.stages[:-1])]
+    return tuple(((message[s - 1] if s > 0 else 0.0) + (message[s] if s < stages - 1 else 0.0))
+                 / (2 * rate) for s in range(stages))
+
+
+def _compressed(costs: Costs, plan: Plan, profile: Profile) -> Costs:
+    """``costs`` with APC: half the transfer, the codec's work on the F and B."""
     table = costs.resolve(len(plan.stages))
+    codec = apc_conversion(plan, profile)
+    return replace(
+        costs, comm=tuple(t / 2 for t in table.transfer) or 0.0,
+        forward=tuple(f + c for f, c in zip(table.forward, codec)),
+        backward=tuple(b + c for b, c in zip(table.backward, codec)),
+        input_grad=tuple(i + c for i, c in zip(table.input_grad, codec)),
+        weight_grad=table.weight_grad)
+
+
+def _recomputed(costs: Costs, plan: Plan, profile: Profile) -> Costs:
+    """``costs`` with the forward added to the backward of each stage ``plan`` recomputes."""
+    table = costs.resolve(len(plan.stages))
+    on = plan.recompute
     entering = [profile.input_bytes if a == 0 else profile.blocks[a - 1].output_bytes
                 for a, _ in plan.stages]
     return replace(
         costs,
-        backward=tuple(b + f for b, f in zip(table.backward, table.forward)),
-        input_grad=tuple(i + f for i, f in zip(table.input_grad, table.forward)),
+        backward=tuple(b + (f if r else 0.0) for b, f, r in zip(table.backward, table.forward, on)),
+        input_grad=tuple(i + (f if r else 0.0)
+                         for i, f, r in zip(table.input_grad, table.forward, on)),
         weight_grad=table.weight_grad,
-        activation_bytes=tuple(entering),
+        activation_bytes=tuple(e if r else a
+                               for e, a, r in zip(entering, table.activation_bytes, on)),
     )
 
 

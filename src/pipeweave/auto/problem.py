@@ -2,11 +2,11 @@
 
 A candidate fixes every axis of the search: schedule, partition method, micro-batches M,
 chunks per rank, parallel pipelines N, pipeline depth d and data-parallel width w
-(``d * w = ranks``), recomputation and APC. The global batch B (samples per iteration of one
-pipeline) is fixed for the whole search, as in WPipe's Eq. 3 (``B = b * M * w``: "since B
-directly affects the accuracy of the model, it is often a given value"): a candidate's
-micro-batch holds ``b = B / M`` samples, and its per-block costs are the profile's scaled to
-``b`` (:mod:`pipeweave.auto.scaling`).
+(``d * w = ranks``), recomputation (how many leading stages recompute) and APC. The global
+batch B (samples per iteration of one pipeline) is fixed for the whole search, as in WPipe's
+Eq. 3 (``B = b * M * w``: "since B directly affects the accuracy of the model, it is often a
+given value"): a candidate's micro-batch holds ``b = B / M`` samples, and its per-block costs
+are the profile's scaled to ``b`` (:mod:`pipeweave.auto.scaling`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class AutoProblem:
             ``None``: search everything.
         schedules, methods, microbatches, pipelines, depths, recompute, apc: restrict an axis
             to these values (``None``: the axis's own values, :mod:`pipeweave.auto.axes`).
+            ``recompute`` counts leading stages that recompute (0: none; a count at or above
+            a candidate's stages: all of them).
     """
 
     profile: Profile
@@ -66,11 +68,13 @@ class AutoProblem:
     microbatches: tuple[int, ...] | None = None
     pipelines: tuple[int, ...] | None = None
     depths: tuple[int, ...] | None = None
-    recompute: tuple[bool, ...] | None = None
+    recompute: tuple[int, ...] | None = None
     apc: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         check_shared_cores(self.shared_cores)
+        for count in self.recompute or ():
+            _check_recompute(count)
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
             raise ValueError(f"--ranks must be an integer >= 1, got {self.ranks!r}")
         if self.semantics not in SEMANTICS:
@@ -123,8 +127,11 @@ class AutoProblem:
 class Candidate:
     """One point of the search space (module docstring).
 
-    ``bounds`` and ``replicas`` are filled when the partition method has run; ``options``
-    are the schedule's options (e.g. the Slicer's stage costs).
+    ``recompute`` is how many leading stages (pipeline order, virtual stages with chunks)
+    recompute their activations in the backward: 0 none, ``stages`` or more all of them
+    (docs/auto.md, "Recomputation per stage", says why a prefix). ``bounds`` and
+    ``replicas`` are filled when the partition method has run; ``options`` are the
+    schedule's options (e.g. the Slicer's stage costs).
     """
 
     schedule: str
@@ -134,19 +141,38 @@ class Candidate:
     chunks: int
     pipelines: int
     microbatches: int
-    recompute: bool
+    recompute: int
     apc: bool
     options: Mapping[str, Any] = field(default_factory=dict)
     bounds: tuple[tuple[int, int], ...] | None = None
     replicas: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _check_recompute(self.recompute)
 
     @property
     def stages(self) -> int:
         """Stages of one pipeline copy (``depth * chunks`` before replication)."""
         return self.depth * self.chunks
 
+    def recomputed(self, stages: int) -> tuple[bool, ...]:
+        """Per stage of a ``stages``-stage plan, whether it recomputes (``()``: none does,
+        as :attr:`Plan.recompute <pipeweave.planner.plan.Plan.recompute>` writes it)."""
+        return tuple(s < self.recompute for s in range(stages)) if self.recompute else ()
+
+    def recompute_label(self, stages: int) -> str:
+        """``none``, ``all`` or ``k/S`` (the first k of S stages)."""
+        count = min(self.recompute, stages)
+        return "none" if count == 0 else "all" if count == stages else f"{count}/{stages}"
+
     def label(self) -> dict[str, Any]:
         """The axes' values, as plain data."""
         return {"schedule": self.schedule, "method": self.method, "depth": self.depth,
                 "width": self.width, "chunks": self.chunks, "pipelines": self.pipelines,
                 "microbatches": self.microbatches, "recompute": self.recompute, "apc": self.apc}
+
+
+def _check_recompute(count: object) -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise TypeError(f"recompute={count!r}: give how many leading stages recompute, an "
+                        "integer >= 0 (0: none; a large number, e.g. 10**9: every stage)")

@@ -40,6 +40,7 @@ from .predict import (Prediction, Timed, candidate_costs, candidate_plan, predic
                       simulate_candidate, with_memory, with_options)
 from .problem import AutoProblem, Candidate
 from .scaling import scaled_profile
+from .ties import TieRefused, check_ties
 
 __all__ = ["SearchResult", "search", "default_candidate", "default_prediction", "Progress"]
 
@@ -69,6 +70,9 @@ class SearchResult:
             not fit in the time left.
         pruned_time, pruned_memory: the pruned ones by the reason.
         seconds: wall time of the search.
+        refused_ties: of the invalid, those that split a tied parameter over stages their
+            schedule cannot keep exact (:mod:`pipeweave.auto.ties`; ``pipeweave train`` would
+            refuse them); ``tie_reason`` the first one's reason.
     """
 
     problem: AutoProblem
@@ -84,6 +88,8 @@ class SearchResult:
     seconds: float
     unexamined: int = 0
     over_budget: int = 0
+    refused_ties: int = 0
+    tie_reason: str | None = None
 
     @property
     def pruned(self) -> int:
@@ -115,7 +121,7 @@ class SearchResult:
 def default_candidate(problem: AutoProblem) -> Candidate:
     """1F1B, uniform split over all ranks, M = 2 x ranks, nothing else."""
     return Candidate(schedule="1f1b", method="uniform", depth=problem.ranks, width=1, chunks=1,
-                     pipelines=1, microbatches=problem.default_microbatches, recompute=False,
+                     pipelines=1, microbatches=problem.default_microbatches, recompute=0,
                      apc=False)
 
 
@@ -133,6 +139,8 @@ class _Search:
     seen: set[str] = field(default_factory=set)
     budget: Budget = field(default_factory=Budget)
     over_budget: int = 0
+    refused_ties: int = 0
+    tie_reason: str | None = None
 
     def __post_init__(self) -> None:
         self.partitioner = Partitioner(self.problem)
@@ -255,7 +263,13 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
             state.pruned_time += 1
             continue
         try:
+            check_ties(plan, problem.profile)
             timed = state.evaluate(done, profile)
+        except TieRefused as refused:
+            state.invalid += 1
+            state.refused_ties += 1
+            state.tie_reason = state.tie_reason or str(refused)
+            continue
         except ValueError:
             state.invalid += 1
             continue
@@ -293,7 +307,8 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
                         pruned_time=state.pruned_time, pruned_memory=state.pruned_memory,
                         simulated=state.simulated, duplicates=state.duplicates,
                         seconds=time.perf_counter() - started, unexamined=unexamined,
-                        over_budget=state.over_budget)
+                        over_budget=state.over_budget, refused_ties=state.refused_ties,
+                        tie_reason=state.tie_reason)
 
 
 def _cannot_beat(samples: float, bound: float, best: float, candidate: Candidate) -> bool:

@@ -15,7 +15,9 @@ samples per iteration) and every candidate splits it into its own micro-batches.
 trains the winner and the default plan (1F1B, uniform split, M = 2 x ranks) for ``--steps``
 steps on local processes and prints predicted against measured time and memory per rank.
 ``--json`` prints one object: ``winner``, ``default``, ``considered``, ``pruned``,
-``simulated``, ``table`` and, with ``--run``, ``measured``. Progress goes to stderr.
+``simulated``, ``invalid_ties`` (candidates left out because the runtime cannot keep a tied
+parameter across their stages, with ``invalid_ties_reason``), ``table`` and, with ``--run``,
+``measured``. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..planner import Topology
 from ..profiler import Profile
 from .calibrate import calibrate, fit_message_latency
 from .cmd_plan import load_profile, parse_bytes, shared_cores
-from .model_options import add_hf_config, chosen_model
+from .model_options import add_profile_source, chosen_model
 
 __all__ = ["add_parser", "run", "format_table", "prediction_json"]
 
@@ -46,14 +48,14 @@ def add_parser(subparsers: Any) -> None:
         "auto", help="search schedule, split, M, N, depth x width, recomputation by simulation",
         description=__doc__)
     source = parser.add_argument_group("what to plan (give --model, --profile or both)")
-    source.add_argument("--model", choices=available_models(), default=None,
-                        help="built-in model (profiled now unless --profile is given)")
-    add_hf_config(source)
-    source.add_argument("--profile", type=Path, action="append", default=None,
-                        help="profile JSON from `pipeweave profile` (or PipeDream's graph.txt); "
-                             "repeat it with profiles of the same model at other micro-batch "
-                             "sizes to interpolate the times between them (the first is the "
-                             "reference)")
+    add_profile_source(
+        source, repeat_profile=True, batch_size_default=None,
+        profile_help="profile JSON from `pipeweave profile` (or PipeDream's graph.txt); repeat "
+                     "it with profiles of the same model at other micro-batch sizes to "
+                     "interpolate the times between them (the first is the reference)",
+        batch_size_help="samples per iteration (default: the profile's micro-batch x 2 x "
+                        "ranks); with --model and no --profile the model is profiled at "
+                        "batch-size / (2 x ranks) samples per micro-batch")
     parser.add_argument("--ranks", type=int, required=True, help="workers to plan for")
     parser.add_argument("--topology", default=None, metavar="MxB[,MxB...]",
                         help="hierarchical levels, lowest first: machines x bandwidth (bytes/s), "
@@ -65,10 +67,6 @@ def add_parser(subparsers: Any) -> None:
                         help="sync: synchronous schedules only (same gradients as one device); "
                              "any: asynchronous schedules and APC too (they change convergence)")
     parser.add_argument("--top", type=int, default=10, help="rows of the table (and --json's)")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="samples per iteration (default: the profile's micro-batch x 2 x "
-                             "ranks); with --model and no --profile the model is profiled at "
-                             "batch-size / (2 x ranks) samples per micro-batch")
     parser.add_argument("--schedules", default=None, metavar="A,B,...",
                         help="search only these schedules (default: every registered one)")
     parser.add_argument("--methods", default=None, metavar="A,B,...",
@@ -79,8 +77,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--optimizer", default="adam",
                         choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"],
                         help="the optimizer whose state the memory model counts (and --run uses)")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="with --model and no --profile: device to profile on")
     parser.add_argument("--no-calibration", action="store_true",
                         help="with --model: skip measuring the link between two local ranks, "
                              "the runtime's fixed costs per action (short single-process runs) "
@@ -267,7 +263,9 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
         "schedule": c.schedule, "method": c.method, "stages": [list(s) for s in p.plan.stages],
         "microbatches": c.microbatches, "pipelines": c.pipelines, "depth": c.depth,
         "width": c.width, "chunks": c.chunks, "replicas": list(c.replicas) if c.replicas
-        else None, "recompute": c.recompute, "apc": c.apc,
+        else None, "recompute": sum(p.plan.recompute),
+        "recompute_per_stage": [p.plan.recompute_stage(s) for s in range(len(p.plan.stages))],
+        "apc": c.apc,
         "predicted_iteration_time": p.iteration_time,
         "predicted_samples_per_second": p.samples_per_second,
         "predicted_bubble_fraction": p.bubble_fraction,
@@ -288,6 +286,7 @@ def report_json(result: SearchResult, top: int) -> dict[str, Any]:
         "simulated": result.simulated, "duplicates": result.duplicates,
         "unexamined": result.unexamined, "over_budget": result.over_budget,
         "over_memory_limit": len(result.over_limit), "search_seconds": result.seconds,
+        "invalid_ties": result.refused_ties, "invalid_ties_reason": result.tie_reason,
         "table": [prediction_json(p) for p in result.ranked[:top]],
     }
 
@@ -319,7 +318,7 @@ def format_table(result: SearchResult, top: int) -> str:
     def row(label: str, p: Prediction) -> tuple[str, ...]:
         c = p.candidate
         return (label, c.schedule, _split(p), str(c.microbatches), str(c.pipelines), _shape(p),
-                "all" if c.recompute else "none", "on" if c.apc else "off",
+                c.recompute_label(len(p.plan.stages)), "on" if c.apc else "off",
                 f"{p.samples_per_second:.1f}", _memory(p), f"{p.bubble_fraction:.3f}")
 
     for index, p in enumerate(result.ranked[:top]):
@@ -333,7 +332,9 @@ def format_table(result: SearchResult, top: int) -> str:
             f"{problem.batch}, semantics {problem.semantics}"
             + (f", memory limit {problem.memory_limit / 2**20:.1f} MiB"
                if problem.memory_limit is not None else ""))
-    counts = (f"{result.considered} candidates considered: {result.invalid} invalid, "
+    ties = (f" ({result.refused_ties} split a tied parameter over stages their schedule "
+            f"cannot keep, e.g. {result.tie_reason})" if result.refused_ties else "")
+    counts = (f"{result.considered} candidates considered: {result.invalid} invalid{ties}, "
               f"{result.pruned} pruned ({result.pruned_time} by time, {result.pruned_memory} by "
               f"memory), {result.simulated} simulated ({result.duplicates} duplicates, "
               f"{len(result.over_limit)} over the memory limit)"

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from ..models import available_models
 from ..planner import Evaluator, Topology, min_max_partition
 from ..planner.placement import Placement, placements, profile_traffic
 from ..profiler import Profile
 from .cmd_plan import load_profile
-from .model_options import add_hf_config
+from .model_options import add_profile_source
 
 __all__ = ["add_parser", "run"]
 
@@ -39,11 +37,7 @@ def add_parser(subparsers: Any) -> None:
                           "topology (WPipe)", description=__doc__)
     source = parser.add_argument_group(
         "the traffic (give --model, --profile, or --p2p-bytes and --allreduce-bytes)")
-    source.add_argument("--model", choices=available_models(), default=None,
-                        help="built-in model (profiled now unless --profile is given)")
-    add_hf_config(source)
-    source.add_argument("--profile", type=Path, default=None,
-                        help="profile JSON from `pipeweave profile`, or PipeDream's graph.txt")
+    add_profile_source(source)
     source.add_argument("--p2p-bytes", type=float, default=None,
                         help="bytes over every pipeline boundary per iteration (both directions)")
     source.add_argument("--allreduce-bytes", type=float, default=None,
@@ -56,10 +50,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--microbatches", type=int, default=None,
                         help="with a profile: M per iteration over all copies, a multiple of "
                              "the width (default 2 x workers)")
-    parser.add_argument("--batch-size", type=int, default=4,
-                        help="with --model and no --profile: samples per profiled micro-batch")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="with --model and no --profile: device to profile on")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 

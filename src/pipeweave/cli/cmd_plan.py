@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models import available_models
-from .model_options import add_hf_config, chosen_model
+from .model_options import add_profile_source, chosen_model
 from ..planner import PlanRequest, PlanResult, Topology, available_methods, make_plan
 from ..profiler import Profile
 from ..profiler.measure import profile_builtin
@@ -43,11 +43,7 @@ def add_parser(subparsers: Any) -> None:
         description=__doc__,
     )
     source = parser.add_argument_group("what to plan (give --model, --profile or both)")
-    source.add_argument("--model", choices=available_models(), default=None,
-                        help="built-in model (profiled now unless --profile is given)")
-    add_hf_config(source)
-    source.add_argument("--profile", type=Path, default=None,
-                        help="profile JSON from `pipeweave profile`, or PipeDream's graph.txt")
+    add_profile_source(source)
     parser.add_argument("--ranks", type=int, required=True, help="workers to plan for")
     parser.add_argument("--method", required=True, help=f"one of {', '.join(available_methods())}")
     parser.add_argument("--microbatches", type=int, default=None,
@@ -68,10 +64,6 @@ def add_parser(subparsers: Any) -> None:
                         help="override the method's schedule; 'fastest': the synchronous "
                              "schedule (1f1b, gpipe, zb-h1, zb-h2, ...) the simulator predicts "
                              "fastest for the method's split within --memory-limit")
-    parser.add_argument("--batch-size", type=int, default=4,
-                        help="with --model and no --profile: samples per profiled micro-batch")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="with --model and no --profile: device to profile on")
     parser.add_argument("--shared-cores", default="auto", metavar="N|auto|none",
                         help="the ranks share N CPU cores (simulated with the cores split among "
                              "the ranks computing at once); auto: a CPU profile's cores when the "

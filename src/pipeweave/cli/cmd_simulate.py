@@ -31,15 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 from ..ir import Schedule
-from ..models import available_models
 from ..report import plot_timeline, write_chrome_trace
 from ..sim import Costs, SimulationResult, simulate
 from .cmd_show import add_shape_arguments, default_iterations, schedule_from_args
-from .model_options import add_hf_config
+from .model_options import add_profile_source
 
 COST_DEFAULTS = {"forward": "1", "backward": "2", "comm": "0", "update": "0"}
 """The unit costs used without a profile (AutoPipe's idealised F=1, B=2, free transfers)."""
@@ -67,15 +65,11 @@ def add_parser(subparsers: Any) -> None:
                         help="optimizer-step time per stage (default 0)")
     source = parser.add_argument_group(
         "costs from a model instead (give --model or --profile, not the numbers above)")
-    source.add_argument("--model", choices=available_models(), default=None,
-                        help="profile this built-in model now and split it evenly")
-    add_hf_config(source)
-    source.add_argument("--profile", type=Path, default=None,
-                        help="a profile JSON (pipeweave profile --json-out FILE)")
-    source.add_argument("--batch-size", type=int, default=4,
-                        help="samples per micro-batch when profiling --model (default 4)")
-    source.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="where to profile --model (default cpu)")
+    add_profile_source(source, model_help="profile this built-in model now and split it evenly",
+                       profile_help="a profile JSON (pipeweave profile --json-out FILE)",
+                       batch_size_help="samples per micro-batch when profiling --model "
+                                       "(default 4)",
+                       device_help="where to profile --model (default cpu)")
     parser.add_argument("--shared-cores", type=int, default=None, metavar="N",
                         help="the ranks share N CPU cores (default: a device per rank)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

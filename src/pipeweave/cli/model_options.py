@@ -1,4 +1,6 @@
-"""``--model NAME`` and ``--hf-config FILE``: which registered model a command builds.
+"""``--model NAME`` and ``--hf-config FILE``: which registered model a command builds; and
+:func:`add_profile_source`, the options of the commands that read a profile or make one
+(``plan``, ``auto``, ``placement``, ``simulate``).
 
 ``--hf-config`` takes a transformers ``config.json`` of a family ``pipeweave.hf`` adapts; the
 model is then ``hf-<model_type>`` built from that config with random weights (``--model`` may
@@ -11,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HF_CONFIG_HELP", "add_hf_config", "chosen_model"]
+__all__ = ["HF_CONFIG_HELP", "add_hf_config", "add_profile_source", "chosen_model"]
 
 HF_CONFIG_HELP = ("a Hugging Face config.json (gpt2, llama, qwen2 or mistral) to build the "
                   "model from, with random weights; implies --model hf-<its model_type>")
@@ -21,6 +23,31 @@ def add_hf_config(parser: Any) -> None:
     """Add ``--hf-config FILE`` to a parser or argument group."""
     parser.add_argument("--hf-config", type=Path, default=None, metavar="FILE.json",
                         help=HF_CONFIG_HELP)
+
+
+MODEL_HELP = "built-in model (profiled now unless --profile is given)"
+PROFILE_HELP = "profile JSON from `pipeweave profile`, or PipeDream's graph.txt"
+BATCH_SIZE_HELP = "with --model and no --profile: samples per profiled micro-batch"
+DEVICE_HELP = "with --model and no --profile: device to profile on"
+
+
+def add_profile_source(parser: Any, *, model_help: str = MODEL_HELP,
+                       profile_help: str = PROFILE_HELP, repeat_profile: bool = False,
+                       batch_size_default: int | None = 4,
+                       batch_size_help: str = BATCH_SIZE_HELP,
+                       device_help: str = DEVICE_HELP) -> None:
+    """Add ``--model``, ``--hf-config``, ``--profile``, ``--batch-size`` and ``--device`` to a
+    parser or argument group: where a command's costs come from (a profile file, or the model
+    profiled now). ``repeat_profile``: ``--profile`` may be given several times (a list)."""
+    from ..models import available_models
+
+    parser.add_argument("--model", choices=available_models(), default=None, help=model_help)
+    add_hf_config(parser)
+    parser.add_argument("--profile", type=Path, default=None, help=profile_help,
+                        **({"action": "append"} if repeat_profile else {}))
+    parser.add_argument("--batch-size", type=int, default=batch_size_default,
+                        help=batch_size_help)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help=device_help)
 
 
 def chosen_model(args: argparse.Namespace, *, default: str | None = None

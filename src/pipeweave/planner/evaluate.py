@@ -19,6 +19,13 @@ Every planner is judged the same way: the plan's schedule is simulated
                 message_latency, as does each of an all-reduce's 2 (r - 1) ring steps
                 (:mod:`pipeweave.profiler.runtime_costs`)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
+    tie sum     update[s] += latency + |tie| / bandwidth, once per rank, on each stage s
+                holding a tied parameter (``Profile.ties``) the partition splits over ranks:
+                the runtime sums the copies' gradients among the holders before each
+                update (runtime/execution/ties.py), one message of the tied bytes each way
+                over the slowest boundary between the first and the last holder (the link
+                the straight placement puts between them); holders on one rank add locally
+    (a stage's parameter bytes count a tie held by several of its blocks once)
 
 :class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
 which is what AutoPipe's search loop needs.
@@ -38,7 +45,8 @@ from ..sim import Costs, SimulationResult, simulate
 from .partition import Bounds
 from .pipedream import allreduce_time
 
-__all__ = ["Network", "plan_costs", "Evaluator", "simulated_iterations", "sharing_overhead_of"]
+__all__ = ["Network", "plan_costs", "tie_sums", "Evaluator", "simulated_iterations",
+           "sharing_overhead_of"]
 
 
 @dataclass(frozen=True)
@@ -72,8 +80,10 @@ class Network:
 
 
 def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
-               replicas: Sequence[int] | None = None) -> Costs:
-    """Per-stage simulator costs of ``bounds`` (module docstring)."""
+               replicas: Sequence[int] | None = None,
+               stage_ranks: Sequence[Sequence[int]] | None = None) -> Costs:
+    """Per-stage simulator costs of ``bounds`` (module docstring); ``stage_ranks``: the ranks
+    of each stage (default: a rank each), which says which tie holders share a rank."""
     blocks = profile.blocks
     overhead = sharing_overhead_of(profile) if network.shared_cores is not None else 1.0
     forward = [overhead * sum(b.forward for b in blocks[a:e]) for a, e in bounds]
@@ -88,11 +98,13 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
             else 0.0 for s, (_, e) in enumerate(bounds[:-1])]
     reduce = [0.0] * len(bounds)
     if replicas is not None:
-        reduce = [allreduce_time(sum(b.parameter_bytes for b in blocks[a:e]), r, network.replicas(s))
+        reduce = [allreduce_time(profile.stage_parameter_bytes(a, e), r, network.replicas(s))
                   for s, ((a, e), r) in enumerate(zip(bounds, replicas))]
         if profile.runtime is not None:  # a ring's 2 (r - 1) steps each wait for a message
             reduce = [t + 2 * (r - 1) * profile.runtime.message_latency
                       for t, r in zip(reduce, replicas)]
+    for s, seconds in tie_sums(profile, bounds, network, stage_ranks).items():
+        update[s] += seconds
     weight = [min(w, b) for w, b in zip(weight, backward)]  # measured W can exceed B by noise
     # I likewise; measured halves usually add up to more than one whole backward
     inputs = [overhead * sum(b.input_grad if b.input_grad > 0 else
@@ -100,7 +112,8 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
                              for b in blocks[a:e]) for a, e in bounds]
     if profile.runtime is not None:
         forward, backward, weight, inputs, update = _with_runtime(
-            profile, bounds, forward, backward, weight, inputs, update, overhead=overhead)
+            profile, bounds, forward, backward, weight, inputs, update, overhead=overhead,
+            stage_ranks=stage_ranks)
         weight = [min(w, b) for w, b in zip(weight, backward)]
     return Costs(forward=forward, backward=backward, weight_grad=weight, input_grad=inputs,
                  comm=comm or 0.0,
@@ -111,19 +124,23 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
 
 
 def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
-                  overhead: float = 1.0) -> tuple[list[float], ...]:
+                  overhead: float = 1.0, stage_ranks: Sequence[Sequence[int]] | None = None
+                  ) -> tuple[list[float], ...]:
     """``forward, backward, weight, inputs, update`` with the runtime's fixed costs (module
-    docstring); the sharing overhead scales them like the compute they are part of."""
+    docstring); the sharing overhead scales them like the compute they are part of. A stage
+    posts a send where its neighbour is on other ranks (``stage_ranks``; default: a rank
+    each)."""
     runtime = profile.runtime
     assert runtime is not None
     kinds = ("forward", "backward", "weight_grad", "input_grad", "update")
     message = runtime.per_message
-    last = len(bounds) - 1
+    ranks = [set(r) for r in stage_ranks] if stage_ranks is not None else \
+        [{s} for s in range(len(bounds))]
+    ahead = [s + 1 < len(bounds) and ranks[s + 1] != ranks[s] for s in range(len(bounds))]
+    behind = [s > 0 and ranks[s - 1] != ranks[s] for s in range(len(bounds))]
     out = []
     for kind, column in zip(kinds, columns):
-        sends = {"forward": [s < last for s in range(len(bounds))],
-                 "backward": [s > 0 for s in range(len(bounds))],
-                 "input_grad": [s > 0 for s in range(len(bounds))]}.get(kind)
+        sends = {"forward": ahead, "backward": behind, "input_grad": behind}.get(kind)
         values = []
         for s, ((a, e), value) in enumerate(zip(bounds, column)):
             timed = runtime.action(kind, value / overhead, e - a)
@@ -132,6 +149,30 @@ def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
             values.append(overhead * timed)
         out.append(values)
     return tuple(out)
+
+
+def tie_sums(profile: Profile, bounds: Bounds, network: Network = Network(),
+             stage_ranks: Sequence[Sequence[int]] | None = None) -> dict[int, float]:
+    """Seconds each stage's update spends summing tied copies with the other holders
+    (module docstring): on the first holding stage of each rank, per tie the partition
+    splits over ranks."""
+    ranks = [tuple(r) for r in stage_ranks] if stage_ranks is not None else \
+        [(s,) for s in range(len(bounds))]
+    out: dict[int, float] = {}
+    for tie in profile.ties:
+        stages = tie.stages(bounds)
+        if len({ranks[s][0] for s in stages}) < 2:
+            continue  # one holder, or all on one rank: summed locally
+        slowest = min(network.boundary(b) for b in range(stages[0], stages[-1]))
+        latency = network.latency + (profile.runtime.message_latency
+                                     if profile.runtime is not None else 0.0)
+        seconds = latency + (tie.parameter_bytes / slowest if not math.isinf(slowest) else 0.0)
+        first: dict[int, int] = {}
+        for s in stages:
+            first.setdefault(ranks[s][0], s)
+        for s in first.values():
+            out[s] = out.get(s, 0.0) + seconds
+    return out
 
 
 def sharing_overhead_of(profile: Profile) -> float:

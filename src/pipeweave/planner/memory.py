@@ -33,6 +33,11 @@ and the parts that do, taken at the moment of the rank's peak, found by walking 
                      ``peak_memory_bytes`` less what the block keeps (saved tensors, output,
                      gradients), plus what a recomputing backward rebuilds
 
+``|w_s|`` counts a tied parameter (``Profile.ties``: tied word embeddings) once when the stage
+holds several of its blocks, and once on every holding stage when the plan splits them: the
+runtime gives each holder a copy, with its own gradient and optimizer state
+(``runtime/execution/ties.py``), so the split costs one more of each.
+
 ``copies_s`` is what :mod:`pipeweave.runtime.execution.weights` allocates: the simulator's
 weight versions of the stage (live + every older version still named + transient
 predictions, ``sim.metrics.weight_versions``) less the live one, plus one where a forward at
@@ -116,7 +121,7 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
                          f"the plan has {len(plan.stages)}; set the plan's chunks to "
                          f"{schedule.num_stages // plan.depth}")
     scale = _scale(profile, batch_size // plan.microbatches)
-    weights = [sum(b.parameter_bytes for b in profile.blocks[a:e]) for a, e in plan.stages]
+    weights = [profile.stage_parameter_bytes(a, e) for a, e in plan.stages]
     held = stage_activation_bytes(profile, plan, scale)
     split = {a[1] for program in schedule.programs for a in program if a[0] is Op.BACKWARD_INPUT}
     stages = [StageBytes(gradients=weights[s], activations=held[s],
@@ -159,7 +164,14 @@ def optimizer_state_bytes(profile: Profile, plan: Plan, optimizer: str) -> list[
     measured = profile.metadata.get("optimizer") == optimizer
     per_block = [b.optimizer_bytes if measured else OPTIMIZER_STATE[optimizer] * b.parameter_bytes
                  for b in profile.blocks]
-    return [sum(per_block[a:e]) for a, e in plan.stages]
+    return [sum(per_block[a:e]) * _held_share(profile, a, e) for a, e in plan.stages]
+
+
+def _held_share(profile: Profile, start: int, end: int) -> float:
+    """The share of the blocks' summed parameter bytes the stage holds: below 1 when it holds
+    several blocks of a tie (one parameter, one state; :meth:`Profile.shared_bytes`)."""
+    total = sum(b.parameter_bytes for b in profile.blocks[start:end])
+    return profile.stage_parameter_bytes(start, end) / total if total > 0 else 1.0
 
 
 def stage_activation_bytes(profile: Profile, plan: Plan, scale: float = 1.0) -> list[float]:

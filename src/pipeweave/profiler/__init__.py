@@ -7,7 +7,8 @@ measurements live in :mod:`.measure` (``profile_model``, ``profile_block``,
 ``profile_builtin``) and :mod:`.link` (``measure_link``, ``fit_link``)."""
 
 from .pipedream_graph import parse_pipedream_graph, read_pipedream_graph
-from .profile import SCHEMA, BlockProfile, LinkProfile, Profile
+from .profile import SCHEMA, BlockProfile, LinkProfile, Profile, TieProfile
 
-__all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile", "parse_pipedream_graph",
+__all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile", "TieProfile",
+           "parse_pipedream_graph",
            "read_pipedream_graph"]

@@ -25,6 +25,13 @@ For block ``i`` (its input ``x_i`` is the output of blocks ``0..i-1`` on the sam
                         activation_bytes: the parameter-holding modules' outputs that autograd
                         does not save itself (e.g. a projection feeding a residual add)
 
+The profile's ``ties`` list the parameters several blocks share (``ModelSpec.tied``: tied word
+embeddings), with the blocks that hold them and their bytes; each block was measured alone, so
+every holder counts the parameter in its ``parameter_bytes``.
+
+``apc_bytes_per_second``: float32 bytes per second through APC's encode and decode, timed on a
+tensor the size of the largest block output (:mod:`.apc_rate`).
+
 On CUDA every timed region is bracketed by ``torch.cuda.synchronize()`` so kernels are
 counted where they run, not where they are queued.
 
@@ -51,7 +58,8 @@ from ..models import ModelSpec
 from ..precision import cast_input, cast_module, check_precision, compute
 from ..split_backward import input_gradient, recording, weight_gradient
 from ..host import machine_cores
-from .profile import EXCLUDED, BlockProfile, Profile
+from .apc_rate import measure_apc_rate
+from .profile import EXCLUDED, BlockProfile, Profile, TieProfile
 
 __all__ = ["profile_model", "profile_block", "profile_builtin", "tensor_bytes", "OPTIMIZERS"]
 
@@ -158,8 +166,12 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
             x_in, x = x, block(x)
         signatures.append(_signature(getattr(block, "block", block), x_in, x,
                                      last=loss_fn is not None))
+    largest = max(p.output_bytes for p in profiles)
     return Profile(
-        blocks=tuple(profiles), model=spec.name, batch_size=int(inputs.shape[0]),
+        blocks=tuple(profiles), ties=_ties(spec, blocks), model=spec.name,
+        batch_size=int(inputs.shape[0]),
+        apc_bytes_per_second=measure_apc_rate(largest, device=device, warmup=warmup,
+                                              repeats=repeats),
         device=_device_name(target), source="measured",
         input_bytes=float(tensor_bytes(cast_input(inputs, precision))),
         metadata={"precision": precision, "warmup": warmup, "repeats": repeats, "statistic": "median",
@@ -168,6 +180,18 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
                   "peak_memory": "measured", "activation_bytes": EXCLUDED,
                   "spread": spreads, "warnings": unalike_twins(profiles, signatures)},
     )
+
+
+def _ties(spec: ModelSpec, blocks: list[nn.Module]) -> tuple[TieProfile, ...]:
+    """The model's shared parameters (``ModelSpec.tied``, the rule the runtime's tie sum
+    uses), sized as the blocks were measured (in the profiled precision)."""
+    found = []
+    for names, holders in zip(spec.tied, spec.tied_blocks()):
+        block, _, rest = names[0].partition(".")
+        parameter = getattr(blocks[int(block)], "block", blocks[int(block)]).get_parameter(rest)
+        found.append(TieProfile(blocks=holders, parameter_bytes=float(tensor_bytes(parameter)),
+                                names=names))
+    return tuple(found)
 
 
 SPREAD_GOAL = 0.10

@@ -24,18 +24,31 @@ of the model in pipeline order, what one micro-batch costs::
                           :mod:`pipeweave.split_backward` (0 when unknown; together they usually
                           exceed ``backward``: two passes instead of one)
 
-and optionally the measured point-to-point ``link`` (bandwidth in bytes/s, latency in s) and
-the ``runtime`` costs a pipeline stage adds to its blocks' (:mod:`.runtime_costs`).
+and optionally the measured point-to-point ``link`` (bandwidth in bytes/s, latency in s), the
+``runtime`` costs a pipeline stage adds to its blocks' (:mod:`.runtime_costs`), and the
+model's ``ties``: parameters several blocks share (tied word embeddings), each with the
+blocks that hold it and its bytes. Every holding block counts the tied parameter in its
+``parameter_bytes`` (each was measured alone); :meth:`Profile.shared_bytes` is what a stage
+holding several of them counts twice. A profile without ``ties`` (written before they were
+recorded) loads with none.
+
+``apc_bytes_per_second`` is how many float32 bytes per second APC's codec (WPipe's automatic
+precision compression, ``pipeweave/apc.py``: scale and convert to float16, then
+back to float32) gets through, encode and decode together, on the profiled device; ``null``
+(every profile written before it was measured, and imported ones) means unknown, and the
+planners then leave the conversion unpriced (free), as they did before.
 
 JSON form (``schema`` is checked on load; a newer schema is refused, not misread)::
 
     {"schema": "pipeweave.profile/1", "model": "gpt-tiny", "batch_size": 4, "device": "cpu",
-     "source": "measured", "input_bytes": 2048,
+     "source": "measured", "input_bytes": 2048, "apc_bytes_per_second": 1.6e9,
      "link": {"bandwidth": 2.1e9, "latency": 4.5e-05},
      "blocks": [{"name": "embed", "forward": 1.2e-4, "backward": 2.0e-4, "output_bytes": 65536,
                  "activation_bytes": 65536, "parameter_bytes": 81920, "optimizer_bytes": 163840,
                  "peak_memory_bytes": 0, "update": 3.1e-05, "weight_grad": 9.5e-05,
                  "input_grad": 1.3e-04}, ...],
+     "ties": [{"blocks": [0, 9], "parameter_bytes": 3145728,
+               "names": ["0.wte.weight", "9.lm_head.weight"]}],
      "metadata": {...}}
 """
 
@@ -50,7 +63,7 @@ from typing import Any
 
 from .runtime_costs import RuntimeCosts
 
-__all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile"]
+__all__ = ["SCHEMA", "BlockProfile", "LinkProfile", "Profile", "TieProfile"]
 
 SCHEMA = "pipeweave.profile/1"
 """Schema tag written into every profile and required on load."""
@@ -116,6 +129,33 @@ class LinkProfile:
 
 
 @dataclass(frozen=True)
+class TieProfile:
+    """One parameter several blocks share (``ModelSpec.tied``)."""
+
+    blocks: tuple[int, ...]
+    """The blocks holding it, ascending (at least two)."""
+    parameter_bytes: float
+    """Its size; every holding block's ``parameter_bytes`` includes it."""
+    names: tuple[str, ...] = ()
+    """Global names of its uses (``"<block>.<name in the block>"``), for messages."""
+
+    def __post_init__(self) -> None:
+        blocks = tuple(self.blocks)
+        if (any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in blocks)
+                or len(set(blocks)) < 2 or list(blocks) != sorted(set(blocks))):
+            raise ValueError(f"a tie's blocks must be two or more distinct block indices in "
+                             f"ascending order, got {list(blocks)}")
+        object.__setattr__(self, "blocks", blocks)
+        object.__setattr__(self, "names", tuple(str(n) for n in self.names))
+        object.__setattr__(self, "parameter_bytes",
+                           _number("tie parameter_bytes", self.parameter_bytes))
+
+    def stages(self, bounds: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+        """The stages of ``bounds`` holding it, ascending."""
+        return tuple(s for s, (a, e) in enumerate(bounds) if any(a <= b < e for b in self.blocks))
+
+
+@dataclass(frozen=True)
 class Profile:
     """Per-block costs of a model, in pipeline order (see the module docstring).
 
@@ -130,6 +170,9 @@ class Profile:
         runtime: the runtime's fixed costs per action and block (:mod:`.runtime_costs`), if
             measured.
         metadata: free-form notes (warm-up and repeat counts, torch version, ...).
+        ties: parameters several blocks share (:class:`TieProfile`).
+        apc_bytes_per_second: float32 bytes per second through APC's encode and decode
+            (module docstring); ``None``: unknown, the conversion is not priced.
     """
 
     blocks: tuple[BlockProfile, ...]
@@ -141,9 +184,23 @@ class Profile:
     link: LinkProfile | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     runtime: RuntimeCosts | None = None
+    ties: tuple[TieProfile, ...] = ()
+    apc_bytes_per_second: float | None = None
 
     def __post_init__(self) -> None:
+        if self.apc_bytes_per_second is not None:
+            rate = _number("profile apc_bytes_per_second", self.apc_bytes_per_second)
+            if rate <= 0:
+                raise ValueError(f"profile apc_bytes_per_second must be > 0 or null, got {rate}; "
+                                 "leave it null when unknown")
+            object.__setattr__(self, "apc_bytes_per_second", rate)
         object.__setattr__(self, "blocks", tuple(self.blocks))
+        object.__setattr__(self, "ties", tuple(self.ties))
+        for tie in self.ties:
+            if not isinstance(tie, TieProfile) or tie.blocks[-1] >= len(self.blocks):
+                raise ValueError(f"profile of {self.model!r}: tie {tie!r} is not a TieProfile "
+                                 f"of blocks below {len(self.blocks)}; give the indices of the "
+                                 f"blocks that share the parameter")
         if not self.blocks:
             raise ValueError(f"profile of {self.model!r} has no blocks; a profile needs >= 1 block")
         for index, block in enumerate(self.blocks):
@@ -199,6 +256,18 @@ class Profile:
             return tuple(b.activation_bytes for b in self.blocks)
         return tuple(max(b.activation_bytes - b.parameter_bytes, 0.0) for b in self.blocks)
 
+    def shared_bytes(self, start: int, end: int) -> float:
+        """Parameter bytes the blocks ``[start, end)`` count more than once: a tie held by
+        ``j > 1`` of them is one parameter there, counted ``j`` times in their
+        ``parameter_bytes``."""
+        return sum((held - 1) * tie.parameter_bytes for tie in self.ties
+                   if (held := sum(start <= b < end for b in tie.blocks)) > 1)
+
+    def stage_parameter_bytes(self, start: int, end: int) -> float:
+        """The parameter bytes a stage of blocks ``[start, end)`` holds (ties once)."""
+        return sum(b.parameter_bytes for b in self.blocks[start:end]) \
+            - self.shared_bytes(start, end)
+
     def with_link(self, link: LinkProfile | None) -> "Profile":
         return replace(self, link=link)
 
@@ -211,11 +280,14 @@ class Profile:
             "device": self.device,
             "source": self.source,
             "input_bytes": self.input_bytes,
+            "apc_bytes_per_second": self.apc_bytes_per_second,
             "link": None if self.link is None else {"bandwidth": self.link.bandwidth,
                                                     "latency": self.link.latency},
             "blocks": [{f.name: getattr(b, f.name) for f in fields(b)} for b in self.blocks],
             "metadata": dict(self.metadata),
             **({} if self.runtime is None else {"runtime": self.runtime.to_json()}),
+            **({"ties": [{"blocks": list(t.blocks), "parameter_bytes": t.parameter_bytes,
+                          "names": list(t.names)} for t in self.ties]} if self.ties else {}),
         }
 
     @classmethod
@@ -228,7 +300,8 @@ class Profile:
             raise ValueError(f"{origin}: schema {schema!r} is not {SCHEMA!r}; write the profile "
                              "with `pipeweave profile` (or import PipeDream's graph.txt)")
         known = {"schema", "model", "batch_size", "device", "source", "input_bytes", "link",
-                 "blocks", "metadata", "runtime"}
+                 "blocks", "metadata", "ties", "apc_bytes_per_second",
+                 "runtime"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{origin}: unknown fields {unknown}; known: {sorted(known)}")
@@ -252,6 +325,18 @@ class Profile:
                 raise ValueError(f"{origin}: block {index}: {error}") from None
         link = data.get("link")
         runtime = data.get("runtime")
+        raw_ties = data.get("ties") or []
+        if not isinstance(raw_ties, Sequence) or isinstance(raw_ties, (str, bytes)) or \
+                not all(isinstance(t, Mapping) for t in raw_ties):
+            raise ValueError(f"{origin}: 'ties' must be a list of objects with blocks, "
+                             f"parameter_bytes and names, got {raw_ties!r}")
+        try:
+            ties = tuple(TieProfile(blocks=tuple(t["blocks"]),
+                                    parameter_bytes=t["parameter_bytes"],
+                                    names=tuple(t.get("names", ()))) for t in raw_ties)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{origin}: ties: {error!s}; each tie needs blocks (indices) and "
+                             "parameter_bytes") from None
         try:
             return cls(
                 blocks=tuple(blocks),
@@ -263,6 +348,8 @@ class Profile:
                 link=None if link is None else LinkProfile(**link),
                 metadata=dict(data.get("metadata") or {}),
                 runtime=None if runtime is None else RuntimeCosts.from_json(runtime),
+                ties=ties,
+                apc_bytes_per_second=data.get("apc_bytes_per_second"),
             )
         except (TypeError, ValueError) as error:
             raise ValueError(f"{origin}: {error}") from None

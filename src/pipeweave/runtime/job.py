@@ -157,7 +157,7 @@ class Job:
         apc: automatic precision compression (WPipe §A.3) of the float32/float64 activations
             and gradients sent between ranks: fp16 with a power-of-two scaler (relative error
             at most 2**-11 per element), full precision when that would overflow or underflow;
-            see :mod:`pipeweave.runtime.communication.apc`. Both executors apply it identically.
+            see :mod:`pipeweave.apc`. Both executors apply it identically.
         advance: AvgPipe's advance chosen at run time by Algorithm 1 (None: the plan's fixed
             ``advance`` option); see :mod:`pipeweave.runtime.advance.online`.
         clip_grad_norm: clip the global gradient norm of every update to this value, as

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ...ir import CHECK_OPS, Action, Op, Schedule
 from ...ir.deliveries import delivery_proofs
-from .apc import MODE_FULL, MODE_HALF, Encoded, decode, encode
+from ...apc import MODE_FULL, MODE_HALF, Encoded, decode, encode
 
 __all__ = ["Transport", "DistTransport", "LocalTransport", "message_tag", "PeerTimeout",
            "delivery_proofs"]

@@ -26,12 +26,12 @@ backward at the same weight version on every holding stage, nothing is predicted
 synchronous schedule (gpipe, 1f1b, interleaved, zero-bubble: the sum comes after the last
 ``W``), AvgPipe (per parallel pipeline) and PipeDream-2BW (every stage runs batch ``b`` at
 version ``b - 1``). PipeDream's stashing and WPipe's first group put different versions on
-different stages, PipeOptim and SpecTrain predict: those are refused, naming the fix.
+different stages, PipeOptim and SpecTrain predict: those are refused, naming the fix. The
+rules live in :mod:`pipeweave.ir.ties` (no torch), where ``pipeweave auto`` asks them too.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -39,8 +39,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ...ir import CHECK_OPS, WEIGHT_GRADIENT_OPS, Action, Op, Schedule
+from ...ir import Schedule
 from ...ir.layout import Layout
+from ...ir.ties import gradient_after_its_sum, tie_refusal, update_sum_positions
 from ...models import ModelSpec
 from ...planner.plan import Plan
 
@@ -88,8 +89,6 @@ def split_ties(spec: ModelSpec, plan: Plan, schedule: Schedule) -> tuple[SplitTi
             tie = SplitTie(tuple(names), stages, tuple(first_per_stage[s] for s in stages))
             _check_exact(spec, tie, schedule)
             found.append(tie)
-    for rank in range(schedule.num_ranks) if found else ():
-        TiedGradients(rank=rank, schedule=schedule, ties=found)  # raises if out of order
     return tuple(found)
 
 
@@ -105,65 +104,19 @@ def tie_groups(ties: Sequence[SplitTie], layout: Layout) -> list[tuple[int, ...]
 
 
 def _check_exact(spec: ModelSpec, tie: SplitTie, schedule: Schedule) -> None:
-    holders = set(tie.stages)
+    """The rules are :func:`pipeweave.ir.ties.tie_refusal`'s (``pipeweave auto`` asks them
+    too); this names the model, the blocks and the fix."""
+    reason = tie_refusal(tie.stages, schedule)
+    if reason is None:
+        return
     blocks = ", ".join(f"{int(n.partition('.')[0])} ({spec.block_names[int(n.partition('.')[0])]})"
                        for n in tie.names)
-    where = (f"model {spec.name!r} ties {' and '.join(tie.names)} (one parameter, e.g. tied word "
-             f"embeddings) and the plan puts its blocks {blocks} on stages "
-             f"{', '.join(map(str, tie.stages))}")
-    fix = ("use a synchronous schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, ...) or 2bw, a plan "
-           "with those blocks in one stage, or build the model untied (tie_word_embeddings=False)")
-    if any(a.op in CHECK_OPS for program in schedule.programs for a in program):
-        raise ValueError(f"{where}; schedule {schedule.name!r} checks the gradients globally "
-                         f"after an optimistic update (post_validation), which does not sum a "
-                         f"tie's copies yet; drop post_validation (a flushed zb-h2 keeps the tie "
-                         f"exact), or {fix}")
-    replicas = {schedule.layout.replicas(s) for s in tie.stages}
-    if len(replicas) > 1:
-        raise ValueError(f"{where}, replicated {sorted(replicas)} times: the copies' gradients are "
-                         f"summed replica by replica, so give those stages the same number of "
-                         f"replicas, or {fix}")
-    versions: dict[tuple[Op, int, int], dict[int, int | None]] = defaultdict(dict)
-    consumed: dict[tuple[int, int], list[set[int]]] = {}
-    for program in schedule.programs:
-        pending: dict[tuple[int, int], set[int]] = defaultdict(set)
-        updates: dict[tuple[int, int], int] = defaultdict(int)
-        for action in program:
-            if action.stage not in holders:
-                continue
-            if action.lookahead:
-                raise ValueError(
-                    f"{where}; schedule {schedule.name!r} predicts weights ({action} looks "
-                    f"{action.lookahead} update(s) ahead), so the copies would be predicted from "
-                    f"different gradients and see different weights; {fix}")
-            if action.is_compute:
-                assert action.microbatch is not None
-                op = Op.BACKWARD if action.op in WEIGHT_GRADIENT_OPS | {Op.BACKWARD_INPUT} \
-                    else Op.FORWARD
-                versions[(op, action.microbatch, action.pipeline)][action.stage] = action.version
-                if action.op in WEIGHT_GRADIENT_OPS:
-                    pending[(action.stage, action.pipeline)].add(action.microbatch)
-            elif action.op is Op.STEP:
-                key = (action.stage, action.pipeline)
-                sets = consumed.setdefault(key, [])
-                if updates[key] == len(sets):
-                    sets.append(set())
-                sets[updates[key]] |= pending.pop(key, set())
-                updates[key] += 1
-    for (op, microbatch, _), per_stage in sorted(versions.items(), key=lambda kv: kv[0][1:]):
-        if len(set(per_stage.values())) > 1:
-            seen = ", ".join(f"version {v} on stage {s}" for s, v in sorted(per_stage.items()))
-            what = "forward" if op is Op.FORWARD else "backward"
-            raise ValueError(
-                f"{where}; schedule {schedule.name!r} runs the {what} of micro-batch "
-                f"{microbatch} at {seen}, so the two copies of the tied parameter would see "
-                f"different weight versions; {fix}")
-    for pipeline in range(schedule.pipelines):
-        orders = {tuple(frozenset(u) for u in consumed.get((s, pipeline), [])) for s in tie.stages}
-        if len(orders) > 1:
-            raise ValueError(
-                f"{where}; schedule {schedule.name!r} updates those stages after different "
-                f"micro-batches, so the copies' gradients cannot be summed per update; {fix}")
+    raise ValueError(
+        f"model {spec.name!r} ties {' and '.join(tie.names)} (one parameter, e.g. tied word "
+        f"embeddings) and the plan puts its blocks {blocks} on stages "
+        f"{', '.join(map(str, tie.stages))}; {reason}; or use a synchronous schedule (gpipe, "
+        f"1f1b, interleaved-1f1b, zb-h1, ...) or 2bw, a plan with those blocks in one stage, or "
+        f"build the model untied (tie_word_embeddings=False)")
 
 
 class TiedGradients:
@@ -183,38 +136,14 @@ class TiedGradients:
             replica = {layout.stage_ranks[s].index(rank) for s, _ in here}
             assert len(replica) == 1, f"rank {rank} holds several replicas of {tie.names[0]}"
             self.local.append((index, tie, here, tie.ranks(layout, replica.pop())))
-        self.at: dict[int, tuple[int, int]] = {}
+        self.at: dict[int, tuple[int, int]] = \
+            update_sum_positions(schedule.programs[rank]) if self.local else {}
         """Position -> (update version, pipeline): the rank's first AR or U of each update."""
-        if not self.local:
-            return
-        seen: set[tuple[int, int]] = set()
-        program = schedule.programs[rank]
-        for position, action in enumerate(program):
-            if action.op in (Op.ALL_REDUCE, Op.STEP) and action.version is not None:
-                key = (action.version, action.pipeline)
-                if key not in seen:
-                    seen.add(key)
-                    self.at[position] = key
-        self._check_order(program)
-
-    def _check_order(self, program: Sequence[Action]) -> None:
-        """Every weight gradient of a holding stage runs before the sum its update uses."""
         holding = {s for _, _, here, _ in self.local for s, _ in here}
-        first = {key: position for position, key in self.at.items()}
-        last_step: dict[tuple[int, int], int] = {}
-        for position, action in enumerate(program):
-            if action.stage not in holding:
-                continue
-            if action.op is Op.STEP and action.version is not None:
-                last_step[(action.stage, action.pipeline)] = action.version
-            elif action.op in WEIGHT_GRADIENT_OPS:
-                update = last_step.get((action.stage, action.pipeline), 0) + 1
-                sums = first.get((update, action.pipeline))
-                if sums is not None and position > sums:
-                    raise ValueError(
-                        f"rank {self.rank} runs {action} after its first update action "
-                        f"{program[sums]} of that update, where the tied copies' gradients are "
-                        f"summed; this schedule cannot keep a tie across stages, use another")
+        late = gradient_after_its_sum(schedule.programs[rank], holding)
+        if late is not None:  # a window's program (AvgPipe's online advance) is checked here
+            raise ValueError(f"rank {rank} {late}; this schedule cannot keep a tie across "
+                             f"stages, use another")
 
     def duplicates(self, stages: Mapping[int, torch.nn.Module]) -> list[Tensor]:
         """The copies on this rank that are not their tie's first use (a global gradient norm

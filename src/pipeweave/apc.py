@@ -1,5 +1,8 @@
 """Automatic precision compression (APC) of activations and gradients crossing ranks.
 
+The codec alone (no transport): ``runtime/communication/transport.py`` puts it on the wire and
+``profiler/apc_rate.py`` times it, so it sits below both.
+
 WPipe §4 (communication compression, Fig. 12): the sender divides the tensor by a power-of-two
 *scaler* and converts it to half precision; if the conversion succeeds it sends the fp16
 tensor and the scaler, otherwise the full-precision tensor. The receiver multiplies back.

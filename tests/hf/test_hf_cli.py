@@ -110,3 +110,19 @@ def test_without_transformers_an_hf_model_is_one_line_with_the_install(
     err = capsys.readouterr().err
     assert "needs the transformers package: pip install -e '.[hf]'" in err
     assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_auto_hint_names_the_config_not_the_preset(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The plan is for the config's model: the hint says --hf-config, not --model hf-gpt2."""
+    config = _gpt2_config(tmp_path)
+    profile = tmp_path / "profile.json"
+    assert main(["profile", "--hf-config", config, "--batch-size", "2", "--seq-len", "16",
+                 "--warmup", "0", "--repeats", "1", "--no-link", "--no-runtime-costs",
+                 "--json-out", str(profile)]) == 0
+    capsys.readouterr()
+    assert main(["auto", "--hf-config", config, "--profile", str(profile), "--ranks", "2",
+                 "--no-calibration", "--schedules", "1f1b", "--out", str(tmp_path / "plan.json"),
+                 "--plot", str(tmp_path / "front.png")]) == 0
+    out = capsys.readouterr().out
+    assert f"pipeweave train --hf-config {config} --plan" in out and "--model hf-gpt2" not in out

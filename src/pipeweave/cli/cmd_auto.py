@@ -223,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
     if "measured" in report:
         print(format_measured(report))
     model = f" --model {profile.model}" if profile.model in available_models() else ""
+    if getattr(args, "hf_config", None) is not None:  # the preset of that name is another model
+        model = f" --hf-config {args.hf_config}"
     apc = " --apc" if winner.candidate.apc else ""
     print(f"wrote {args.out} (run it: pipeweave train{model} --plan {args.out} --batch-size "
           f"{problem.batch}{apc}) and {plot}")

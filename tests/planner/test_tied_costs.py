@@ -5,6 +5,7 @@ uses). Expected numbers are written out from the profile by hand."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,20 @@ def test_memory_counts_a_copy_per_holding_stage_and_one_on_a_shared_stage() -> N
     shared = predicted_memory(measured, Plan.uniform(4, 1, microbatches=2), batch_size=2,
                               optimizer="adam")
     assert shared[0].optimizer_state == pytest.approx(2 * (2 * 1e6 + TIED))
+
+
+def test_plan_refuses_an_asynchronous_schedule_over_a_split_tie(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`pipeweave plan` says in one line what `pipeweave train` would refuse, and writes nothing."""
+    from pipeweave.cli.main import main
+
+    path, out = tmp_path / "tied.json", tmp_path / "plan.json"
+    _profile().save(path)
+    assert main(["plan", "--profile", str(path), "--ranks", "2", "--method", "uniform",
+                 "--schedule", "pipedream", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pipeweave train refuses it" in err
+    assert "schedule 'pipedream'" in err and not out.exists()
+    assert main(["plan", "--profile", str(path), "--ranks", "2", "--method", "uniform",
+                 "--schedule", "1f1b", "--out", str(out)]) == 0
+    assert Plan.load(out).schedule == "1f1b"

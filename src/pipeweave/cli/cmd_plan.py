@@ -28,6 +28,7 @@ from typing import Any
 from ..models import available_models
 from .model_options import add_profile_source, chosen_model
 from ..planner import PlanRequest, PlanResult, Topology, available_methods, make_plan
+from ..planner.plan import Plan
 from ..profiler import Profile
 from ..profiler.measure import profile_builtin
 
@@ -138,6 +139,18 @@ def shared_cores(option: str, profile: Profile, ranks: int) -> int | None:
     return cores
 
 
+def _check_ties(plan: Plan, profile: Profile) -> None:
+    """Refuse, before writing it, a plan ``pipeweave train`` would refuse for its ties."""
+    from ..auto.ties import TieRefused, check_ties
+
+    try:
+        check_ties(plan, profile)
+    except TieRefused as error:
+        raise ValueError(f"the plan puts {error}; pipeweave train refuses it: choose another "
+                         f"--schedule (1f1b keeps a split tie exact) or a split that keeps the "
+                         f"tied blocks on one stage") from None
+
+
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args)
     if args.topology is not None and args.bandwidth is not None:
@@ -155,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
     )
     result = make_plan(request, args.method)
+    _check_ties(result.plan, profile)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         result.plan.save(args.out)

@@ -135,7 +135,7 @@ def main() -> None:
                 for round_ in range(args.rounds):
                     for label, (plan, _, apc) in plans.items():
                         measured = measure_plan(model, plan, batch_size=batch, steps=args.steps,
-                                                apc=apc)
+                                                apc=apc, memory=False)
                         times[label].append(measured.iteration_time)
                         print(f"{model} R={ranks} round {round_ + 1} {label:<24} "
                               f"{measured.iteration_time * 1e3:8.1f} ms", flush=True)

@@ -229,9 +229,12 @@ class LevelSolver:
         fast as ``U*`` passes both, and so do the best sub-pipelines of its cells, so the
         answer and the choices along it are the same; the other cells stay ``inf``.
         """
+        zero = np.zeros(1, dtype=np.int64)
+        if self.lower is not None:  # every single stage of the top level starts at block 0
+            self.lower.ensure(zero, self.n, band=False)
         if self.bounded and not self.all_starts:
             self.live = self._live_cells(self.upper_bound())
-        self.ensure(np.zeros(1, dtype=np.int64), self.n)
+        self.ensure(zero, self.n)
         return self
 
     def upper_bound(self) -> float:
@@ -275,14 +278,14 @@ class LevelSolver:
         live[n, 0] = max(int(live[n, 0]), K)
         return live
 
-    def ensure(self, starts: np.ndarray, end: int) -> None:
+    def ensure(self, starts: np.ndarray, end: int, *, band: bool = True) -> None:
         """Fill the rows ``starts`` (block indices) up to ``end``, each end in turn.
 
         The rows a level above asks for move along with its end ``j`` (a band of balanced
         stage lengths), so when some row lags by more than one end, every row from it up to
-        ``end`` that has been started is brought along too: one vectorised step per end for
-        the whole band, instead of many steps of a few rows each. Rows nobody asked for are
-        not started.
+        ``end`` that has been started is brought along too, and so is every row after a row
+        started now: one vectorised step per end for the whole band, instead of many steps
+        of a few rows each.
         """
         requested = np.unique(starts[starts < end])
         if not self.all_starts:
@@ -291,10 +294,13 @@ class LevelSolver:
         if not len(rows):
             return
         behind = rows[self.done[rows] < end - 1]
-        if len(behind) and self.all_starts:
-            band = np.arange(int(behind.min()), end, dtype=np.int64)
-            started = (self.done[band] > band) & (self.done[band] < end)
-            rows = np.union1d(rows, band[started])
+        if len(behind) and self.all_starts and band:
+            near = np.arange(int(behind.min()), end, dtype=np.int64)
+            started = (self.done[near] > near) & (self.done[near] < end)
+            fresh = behind[self.done[behind] == behind]
+            if len(fresh):  # the band moves on: the rows after a new one come next
+                started |= near >= fresh.min()
+            rows = np.union1d(rows, near[started])
         for j in range(int(self.done[rows].min()) + 1, end + 1):
             active = rows[self.done[rows] < j]
             self._step(active, j)
@@ -309,6 +315,14 @@ class LevelSolver:
             if lowest > highest:
                 return
             live = (self.ms >= lowest) & (self.ms <= highest)
+        if self.lower is not None:  # one call for the level below, not one per use
+            wanted = [starts]
+            if self.bounded:
+                on = live[self.pairs.cells - 1] if live is not None else True
+                for guess in self._guesses(j, starts):
+                    ok = on & (guess > starts[:, None]) & (guess < j)
+                    wanted.append(guess[ok])
+            self.lower.ensure(np.concatenate(wanted), j)
         single = self.single(starts[:, None], j, self.ms[None, :])  # [row, m - 1]
         pairs = self.pairs
         if len(pairs.m) and j > 1:
@@ -338,9 +352,7 @@ class LevelSolver:
             if self.straight:
                 first = np.maximum(first, starts[:, None] + m - 1)
             first = np.where(todo, first, j)
-            share = prefix[starts][:, None] + (prefix[j] - prefix[starts])[:, None] * ((m - 1) / m)
-            guess = np.searchsorted(prefix, share)
-            for s in (guess - 1, guess):
+            for s in self._guesses(j, starts):
                 s = np.clip(s, first, last)
                 value = np.maximum(self.time[rows[:, None], s, m - 1],
                                    self.tail(s, j, np.ones_like(m), m))
@@ -383,6 +395,13 @@ class LevelSolver:
             flat = out.reshape(-1)
             flat[nonempty] = np.minimum(flat[nonempty], np.minimum.reduceat(value, cell_start))
         return out
+
+    def _guesses(self, j: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``[row, cell]``: the two ``s`` around the share ``(m - 1) / m`` of the compute."""
+        prefix, m = self.raw, self.pairs.cells[None, :]
+        share = prefix[starts][:, None] + (prefix[j] - prefix[starts])[:, None] * ((m - 1) / m)
+        guess = np.searchsorted(prefix, share)
+        return guess - 1, guess
 
     def _window(self, j: int, start: np.ndarray, m: np.ndarray, mp: np.ndarray,
                 limit: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -441,19 +441,20 @@ class LevelSolver:
         options = self.options(machines)
         if machines == 1 or end == 1 or not len(options) or not value < single:
             return -1, machines
-        # every (s, m'), s-major, restricted to the windows
-        k = len(options)
-        mp = np.tile(options, end - 1 - start) if end - 1 > start else options[:0]
-        s = np.repeat(np.arange(start + 1, end, dtype=np.int64), k)
+        # every (s, m') inside the windows, s-major
+        lo = np.full(len(options), start + 1, dtype=np.int64)
+        hi = np.full(len(options), end - 1, dtype=np.int64)
         if self.straight:
-            keep = s >= start + machines - 1
-            s, mp = s[keep], mp[keep]
-        if self.bounded and len(s):
-            m = np.full(len(s), machines, dtype=np.int64)
-            lo, hi = self._window(end, np.full(len(s), start), m, mp,
-                                  np.full(len(s), value * (1 + _SLACK)), s.copy(), s.copy())
-            keep = lo <= hi
-            s, mp = s[keep], mp[keep]
+            lo = np.maximum(lo, start + machines - 1)
+        if self.bounded:
+            lo, hi = self._window(end, np.full(len(options), start),
+                                  np.full(len(options), machines), options,
+                                  np.full(len(options), value * (1 + _SLACK)), lo, hi)
+        length = np.maximum(hi - lo + 1, 0)
+        which = np.repeat(np.arange(len(options)), length)
+        s = lo[which] + (np.arange(int(length.sum())) - (np.cumsum(length) - length)[which])
+        order = np.lexsort((which, s))
+        s, mp = s[order], options[which[order]]
         candidate = np.maximum(self.time[row, s, machines - mp],
                                self.tail(s, end, mp, np.asarray(machines)))
         hits = np.flatnonzero(candidate == value)

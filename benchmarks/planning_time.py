@@ -12,6 +12,11 @@ Cases (random block costs from a fixed seed; wall time, median of ``--repeats``)
   stages, and a 24-layer GPT at sub-layer granularity (50 blocks) on 8 stages.
 * PipeDream's DP with replication (``pipedream_partition``): 100 blocks on 16 workers (one
   level, and two levels of 4 x 4), and PipeDream's VGG-16 profile on 16 workers.
+* Scale (``--scale``, one call each): the synthetic 1,000-block profile of ``auto_scale.py``
+  asked the way ``pipeweave auto`` asks (auto/partitioning.py): PipeDream straight (a
+  pipeline copy of P stages, the copies its data parallelism) for P = 8 ... 512, PipeDream
+  with replication on two levels (8 GPUs per machine, P / 8 machines) for P = 64 ... 1,024,
+  and AutoPipe (1F1B, M = 2P) for P = 8 ... 256.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ import random
 import time
 from pathlib import Path
 
+from auto_scale import synthetic_profile
 from machine_load import timed
-from pipeweave.planner import PlanRequest, Topology, make_plan, min_max_partition, pipedream_partition
+from pipeweave.planner import (PlanRequest, Topology, get_method, make_plan, min_max_partition,
+                               pipedream_partition)
 from pipeweave.profiler import BlockProfile, LinkProfile, Profile
 
 # -- settings ----------------------------------------------------------------------------------
@@ -56,10 +63,40 @@ def gpt_profile(layers: int) -> Profile:
     return Profile(tuple(blocks), model=f"gpt-{layers}l", link=LinkProfile(1e10, 1e-5))
 
 
+def scale_rows() -> list[dict[str, object]]:
+    """One call each of the partition methods as ``pipeweave auto`` makes them at scale."""
+    rows: list[dict[str, object]] = []
+    profile = synthetic_profile(1000)
+
+    def run(case: str, method: str, request: PlanRequest) -> None:
+        started = time.perf_counter()
+        partition = get_method(method).run(request)
+        seconds = time.perf_counter() - started
+        replicas = partition.replicas or (1,) * len(partition.bounds)
+        rows.append({"case": case, "blocks": profile.num_blocks, "stages/workers": request.ranks,
+                     "seconds": seconds, "note": f"{len(partition.bounds)} stages, "
+                     f"most replicas {max(replicas)}"})
+        print(f"{case:<44} {request.ranks:>5} {seconds:>9.2f}", flush=True)
+
+    for stages in (8, 64, 128, 256, 512):
+        run("PipeDream straight (auto: d < ranks)", "pipedream",
+            PlanRequest(profile, stages, microbatches=2 * stages, straight=True))
+    for workers in (64, 256, 1024):
+        topology = Topology.parse(f"8x1.2e10,{workers // 8}x1.25e9")
+        run("PipeDream replicated, 8 x R/8 (auto: d = ranks)", "pipedream",
+            PlanRequest(profile, workers, microbatches=2 * workers, topology=topology))
+    for stages in (8, 64, 128, 256):
+        run("AutoPipe (Alg. 1 + search, 1F1B, M = 2P)", "autopipe",
+            PlanRequest(profile, stages, microbatches=2 * stages))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--scale", action="store_true",
+                        help="also the 1,000-block cases at 8 ... 1,024 stages (a few minutes)")
     args = parser.parse_args()
 
     rows: list[dict[str, object]] = []
@@ -98,6 +135,9 @@ def main() -> None:
                      "stages/workers": 16, "seconds": seconds,
                      "note": f"replicas {'-'.join(map(str, solution.replicas))}, "
                              f"{solution.time_per_minibatch:.6f} s per minibatch"})
+
+    if args.scale:
+        rows += scale_rows()
 
     print(f"{'case':<44} {'blocks':>6} {'P/R':>5} {'seconds':>9}  note")
     for row in rows:

@@ -218,3 +218,26 @@ def test_noam_and_errors() -> None:
     with pytest.raises(ValueError, match="single-level topologies only"):
         pipedream_partition(p.compute, p.parameter_bytes, p.output_bytes,
                             Topology.parse("2x1e9,2x1e8"), memory_limit=1e12)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_negative_block_times_still_give_the_optimum(seed: int) -> None:
+    """The branch and bound's lower bounds assume non-negative times; with a negative one
+    (a bad profile) the DP searches without them and still finds the brute-force optimum."""
+    rng = random.Random(300 + seed)
+    p = random_profile(rng, rng.randint(2, 6))
+    compute = list(p.compute)
+    compute[rng.randrange(len(compute))] = -rng.uniform(2.0, 8.0)
+    workers, bandwidth = rng.randint(1, 4), 1e8
+
+    def value(config: Config) -> float:
+        stages = []
+        for a, e, r in config:
+            reduce = 4 * (r - 1) * sum(p.parameter_bytes[a:e]) / (r * bandwidth)
+            stages.append(max(sum(compute[a:e]), reduce) / r)
+        return max(stages + [2 * p.output_bytes[e - 1] / bandwidth for _, e, _ in config[:-1]])
+
+    best = min(value(c) for c in configurations(p.num_blocks, workers))
+    s = pipedream_partition(compute, p.parameter_bytes, p.output_bytes,
+                            Topology.single(workers, bandwidth))
+    assert s.time_per_minibatch == pytest.approx(best, rel=1e-9, abs=1e-12)

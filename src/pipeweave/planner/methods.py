@@ -17,6 +17,7 @@ micro-batch count must be a multiple of every replica count.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -24,7 +25,7 @@ import numpy as np
 from .autopipe import autopipe_search
 from .evaluate import Evaluator, Network
 from .partition import FeasibleFn, min_max_partition, uniform_partition
-from .pipedream import pipedream_partition
+from .pipedream import PipeDreamSolution, pipedream_partition
 from .result import Partition, PlanRequest
 from .topology import Topology
 
@@ -78,12 +79,11 @@ def autopipe(request: PlanRequest) -> Partition:
 def pipedream(request: PlanRequest) -> Partition:
     profile = request.profile
     topology = request.resolved_topology()
-    solution = pipedream_partition(
-        profile.compute, profile.parameter_bytes, profile.output_bytes, topology,
-        straight=request.straight, allreduce_overlap=request.allreduce_overlap,
-        memory_limit=request.memory_limit,
-        activation_bytes=[b.activation_bytes for b in profile.blocks],
-        optimizer_bytes=[b.optimizer_bytes for b in profile.blocks],
+    solution = _pipedream_solution(
+        tuple(profile.compute), tuple(profile.parameter_bytes), tuple(profile.output_bytes),
+        tuple(b.activation_bytes for b in profile.blocks),
+        tuple(b.optimizer_bytes for b in profile.blocks),
+        topology, request.straight, request.allreduce_overlap, request.memory_limit,
     )
     rounds = math.lcm(*solution.replicas)
     microbatches = rounds * -(-request.num_microbatches // rounds)
@@ -107,6 +107,21 @@ def pipedream(request: PlanRequest) -> Partition:
             "topology": topology.to_json(),
             "straight": request.straight,
         },
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _pipedream_solution(
+    compute: tuple[float, ...], parameter_bytes: tuple[float, ...], output_bytes: tuple[float, ...],
+    activation_bytes: tuple[float, ...], optimizer_bytes: tuple[float, ...], topology: Topology,
+    straight: bool, overlap: bool, memory_limit: float | None,
+) -> PipeDreamSolution:
+    """The DP's answer, remembered: it does not depend on the micro-batch count, which
+    ``pipeweave auto`` varies for every pipeline depth (a pure function of its arguments)."""
+    return pipedream_partition(
+        compute, parameter_bytes, output_bytes, topology, straight=straight,
+        allreduce_overlap=overlap, memory_limit=memory_limit,
+        activation_bytes=activation_bytes, optimizer_bytes=optimizer_bytes,
     )
 
 

@@ -36,9 +36,10 @@ Options:
   stage), each with its stashed activations and weight version, plus the optimizer state:
   ``n (activation + parameter bytes) + optimizer bytes <= memory_limit``.
 
-The levels are solved lowest first; every level but the top one for all ranges ``[i, j)``, the
-top one for ``[0, N)``. Each step is vectorised over ``(i, s, m')``, so 100 blocks on 16
-workers take a fraction of a second. The flattened plan multiplies replication factors down
+The levels are solved lowest first in principle (every level but the top one for all ranges
+``[i, j)``, the top one for ``[0, N)``); :mod:`pipeweave.planner.pipedream_dp` solves them
+exactly with branch and bound, only the ranges the top level can use, so 1,000 blocks on
+1,024 workers (8 x 128) take seconds. The flattened plan multiplies replication factors down
 the levels (a top-level stage on ``m'`` servers, whose server-level pipeline replicates an
 inner stage ``r`` times, becomes a stage with ``r m'`` replicas).
 """
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .partition import Bounds
+from .pipedream_dp import LevelSolver, Memory, prefix_sums
 from .topology import Topology
 
 __all__ = ["PipeDreamSolution", "pipedream_partition", "allreduce_time", "noam"]
@@ -99,33 +101,19 @@ def noam(workers: int, input_replicas: int) -> int:
     return -(-workers // input_replicas)
 
 
-@dataclass
-class _Level:
-    """Solved DP tables of one level: ``A[i, j, m]`` and the choice that achieved it."""
-
-    machines: int
-    time: np.ndarray
-    split: np.ndarray  # s of the last stage, -1: the whole range is one stage
-    last_replicas: np.ndarray  # m' of the last stage
-    all_starts: bool
-
-    def row(self, start: int) -> int:
-        assert self.all_starts or start == 0, start
-        return start if self.all_starts else 0
-
-    def stages(self, start: int, end: int, machines: int) -> list[tuple[int, int, int]]:
-        out = []
-        row = self.row(start)
-        while True:
-            split = int(self.split[row, end, machines])
-            if split < 0:
-                out.append((start, end, machines))
-                break
-            replicas = int(self.last_replicas[row, end, machines])
-            out.append((split, end, replicas))
-            end, machines = split, machines - replicas
-        out.reverse()
-        return out
+def _stages(level: LevelSolver, start: int, end: int,
+            machines: int) -> list[tuple[int, int, int]]:
+    """Level ``level``'s stages of ``[start, end)`` on ``machines`` components, first first."""
+    out = []
+    while True:
+        split, replicas = level.choice(start, end, machines)
+        if split < 0:
+            out.append((start, end, machines))
+            break
+        out.append((split, end, replicas))
+        end, machines = split, machines - replicas
+    out.reverse()
+    return out
 
 
 def pipedream_partition(
@@ -157,23 +145,24 @@ def pipedream_partition(
                              "one level (e.g. --topology 8x1e9) or drop the memory limit")
         act = activation_bytes if activation_bytes is not None else output_bytes
         opt = optimizer_bytes if optimizer_bytes is not None else [0.0] * n
-        memory = (_spans(act) + _spans(parameter_bytes), _spans(opt), float(memory_limit))
+        memory = Memory(prefix_sums(act), prefix_sums(parameter_bytes), prefix_sums(opt),
+                        float(memory_limit))
 
-    compute_span = _spans(compute)
-    compute_span[~_valid(n)] = np.inf
-    weights = _spans(parameter_bytes)
-    below_machines = 1
-    levels: list[_Level] = []
+    raw = prefix_sums(compute)
+    weights = prefix_sums(parameter_bytes)
+    # the lower bounds of pipedream_dp need non-negative times and sizes (see there)
+    bounded = bool(np.all(np.asarray(compute, dtype=float) >= 0)
+                   and np.all(np.asarray(parameter_bytes, dtype=float) >= 0)
+                   and np.all(np.isfinite(raw)) and np.all(np.isfinite(weights)))
+    levels: list[LevelSolver] = []
     for index, level in enumerate(topology.levels):
         top = index == len(topology.levels) - 1
-        solved = _solve_level(
-            compute_span, weights, output_bytes, level.machines, level.bandwidth, below_machines,
-            all_starts=not top, straight=straight, overlap=allreduce_overlap,
-            memory=memory if top else None,
-        )
-        levels.append(solved)
-        compute_span = solved.time[:, :, level.machines] if not top else compute_span
-        below_machines = level.machines
+        levels.append(LevelSolver(
+            raw, levels[-1] if levels else None, weights, output_bytes, level.machines,
+            level.bandwidth, bounded=bounded, all_starts=not top, straight=straight,
+            overlap=allreduce_overlap, memory=memory if top else None, workers=level.machines,
+        ))
+    levels[-1].solve()
     top_level = levels[-1]
     best = float(top_level.time[0, n, topology.levels[-1].machines])
     if not math.isfinite(best):
@@ -190,84 +179,17 @@ def pipedream_partition(
     )
     return PipeDreamSolution(
         bounds=bounds, replicas=replicas, time_per_minibatch=best, stage_times=stage_times,
-        top_level=tuple(top_level.stages(0, n, topology.levels[-1].machines)),
+        top_level=tuple(_stages(top_level, 0, n, topology.levels[-1].machines)),
         boundary_levels=tuple(boundaries), replica_levels=tuple(level for *_, level in flat),
         noam=noam(topology.workers, replicas[0]),
     )
 
 
-def _spans(values: Sequence[float]) -> np.ndarray:
-    """``[i, j] -> sum(values[i:j])`` for all ``0 <= i, j <= N`` (meaningful for ``i < j``)."""
-    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(values, dtype=float))))
-    spans: np.ndarray = prefix[None, :] - prefix[:, None]
-    return spans
-
-
-def _valid(n: int) -> np.ndarray:
-    """``[i, j]`` true where ``[i, j)`` is a non-empty range."""
-    return np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
-
-
-def _solve_level(
-    compute: np.ndarray, weights: np.ndarray, output_bytes: Sequence[float], machines: int,
-    bandwidth: float, below: int, *, all_starts: bool, straight: bool, overlap: bool,
-    memory: tuple[np.ndarray, np.ndarray, float] | None,
-) -> _Level:
-    n = compute.shape[0] - 1
-    inf = np.inf
-    # stage[m][i, j] = T^k(i -> j, m)
-    stage = np.full((machines + 1, n + 1, n + 1), inf)
-    for m in range(1, machines + 1):
-        if straight and m > 1:
-            continue
-        reduce = 0.0 if m == 1 or math.isinf(bandwidth) else \
-            4.0 * (m - 1) * weights / (m * bandwidth) / below
-        combined = np.maximum(compute, reduce) if overlap else compute + reduce
-        stage[m] = combined / m
-    # comm[s] = 2 a_s / B_k for a boundary at position s (after block s-1)
-    comm = np.zeros(n + 1)
-    if not math.isinf(bandwidth):
-        comm[1:] = 2.0 * np.asarray(output_bytes, dtype=float) / bandwidth
-    rows = n + 1 if all_starts else 1
-    time = np.full((rows, n + 1, machines + 1), inf)
-    split = np.full((rows, n + 1, machines + 1), -1, dtype=np.int64)
-    last = np.zeros((rows, n + 1, machines + 1), dtype=np.int64)
-    workers = machines  # memory: workers of the whole (single-level) pipeline
-    for j in range(1, n + 1):
-        for m in range(1, machines + 1):
-            single = stage[m, :rows, j].copy()
-            if memory is not None:  # the whole prefix [0, j) as the input stage
-                in_flight = -(-workers // m)
-                need = in_flight * memory[0][0, j] + memory[1][0, j]
-                if need > memory[2]:
-                    single[:] = inf
-            time[:, j, m] = single
-            last[:, j, m] = m
-            if m == 1 or j == 1:
-                continue
-            options = np.arange(1, 2 if straight else m)  # m'
-            # previous sub-pipeline [i, s) on m - m'; last stage [s, j) on m'
-            sub = time[:, 1:j, :][:, :, m - options]  # [row, s-1, option]
-            tail = np.maximum(comm[1:j, None], stage[options][:, 1:j, j].T)  # [s-1, option]
-            if memory is not None:
-                held = -(-(options[None, :] + workers - m) // options[None, :])
-                need = held * memory[0][1:j, j][:, None] + memory[1][1:j, j][:, None]
-                tail = np.where(need > memory[2], inf, tail)
-            candidate = np.maximum(sub, tail[None, :, :]).reshape(rows, -1)
-            best = np.argmin(candidate, axis=1)
-            value = candidate[np.arange(rows), best]
-            better = value < single
-            time[:, j, m] = np.where(better, value, single)
-            split[:, j, m] = np.where(better, 1 + best // len(options), -1)
-            last[:, j, m] = np.where(better, options[best % len(options)], m)
-    return _Level(machines, time, split, last, all_starts)
-
-
-def _flatten(levels: list[_Level], topology: Topology, index: int, start: int, end: int,
+def _flatten(levels: list[LevelSolver], topology: Topology, index: int, start: int, end: int,
              machines: int, multiplier: int, replicated_level: int,
              out: list[tuple[int, int, int, int]], boundaries: list[int]) -> None:
     """Expand level ``index``'s stages of ``[start, end)`` down to level 1 (module docstring)."""
-    for position, (a, b, components) in enumerate(levels[index].stages(start, end, machines)):
+    for position, (a, b, components) in enumerate(_stages(levels[index], start, end, machines)):
         if position:
             boundaries.append(index + 1)
         level = max(index + 1, replicated_level) if components > 1 else replicated_level

@@ -25,11 +25,12 @@ from typing import Any
 from ..planner.evaluate import plan_costs, simulated_iterations
 from ..planner.plan import Plan
 from ..profiler import Profile
-from ..schedules import build_schedule, get_info
-from ..sim import Costs, SimulationResult, simulate
+from ..schedules import get_info
+from ..sim import Costs
 from .links import default_topology, layout_network
-from .copies import copies_independent, one_copy_schedule
+from .copies import copies_independent
 from .memory import rank_memory
+from .timing import time_plan
 from .problem import AutoProblem, Candidate
 
 __all__ = ["Prediction", "Timed", "candidate_plan", "candidate_costs", "predict",
@@ -149,9 +150,7 @@ def simulate_candidate(candidate: Candidate, profile: Profile, problem: AutoProb
     costs = candidate_costs(candidate, plan, profile, problem)
     iterations = simulated_iterations(plan.schedule)
     one_copy = _one_copy_suffices(plan, problem)
-    schedule = one_copy_schedule(plan, iterations) if one_copy else \
-        build_schedule(plan.schedule, plan.shape(iterations))
-    result: SimulationResult = simulate(schedule, costs)
+    result = time_plan(plan, costs, iterations, one_copy=one_copy)  # the timing alone
     samples = problem.batch * plan.pipelines
     return Timed(candidate=candidate, plan=plan, iteration_time=result.iteration_time,
                  samples_per_second=samples / result.iteration_time

@@ -38,7 +38,9 @@ from dataclasses import dataclass
 from ..planner.pipedream import allreduce_time
 from ..planner.plan import Plan
 from ..profiler import Profile
-from ..sim import Costs
+from ..sim import Costs, StageCosts
+from .capabilities import splits_backward
+from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
 
 __all__ = ["shape_bound", "plan_bound"]
@@ -54,13 +56,15 @@ class _Totals:
     parameters: float
     chain_total: float  # sum of F + g   (g = min(B, I), + F when recomputed)
     alpha: float        # min over blocks of (F/2 + g) / (F + g)
+    first_parameters: float  # of block 0, which the first stage always holds
+    first_update: float
 
 
-_TOTALS: dict[tuple[int, bool], tuple[Profile, _Totals]] = {}
+_TOTALS: dict[tuple[int, bool, bool], tuple[Profile, _Totals]] = {}
 
 
-def _totals(profile: Profile, recompute: bool) -> _Totals:
-    key = (id(profile), recompute)
+def _totals(profile: Profile, recompute: bool, splits: bool) -> _Totals:
+    key = (id(profile), recompute, splits)
     cached = _TOTALS.get(key)
     if cached is not None and cached[0] is profile:
         return cached[1]
@@ -71,13 +75,15 @@ def _totals(profile: Profile, recompute: bool) -> _Totals:
         extra = b.forward if recompute else 0.0
         work.append(b.forward + min(b.backward, split) + extra)
         gradient = min(b.backward, b.input_grad) if b.input_grad > 0 else b.backward / 2
-        gradient = min(gradient, b.backward) + extra
+        gradient = (min(gradient, b.backward) if splits else b.backward) + extra
         per_block.append(b.forward + gradient)
         chain.append(b.forward / 2 + gradient)
+    first = profile.blocks[0]
     totals = _Totals(
         work=sum(work), heaviest=max(work), update=sum(b.update for b in profile.blocks),
         parameters=sum(b.parameter_bytes for b in profile.blocks), chain_total=sum(per_block),
-        alpha=min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0))
+        alpha=min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0),
+        first_parameters=first.parameter_bytes, first_update=first.update)
     if len(_TOTALS) > 256:
         _TOTALS.clear()
     _TOTALS[key] = (profile, totals)
@@ -95,23 +101,36 @@ def _fill_bound(totals: _Totals, n: int, depth: int) -> float:
 def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
                 fastest_link: float) -> float:
     """A lower bound before partitioning (``profile`` scaled to the micro-batch)."""
-    totals = _totals(profile, candidate.recompute)
+    totals = _totals(profile, candidate.recompute, splits_backward(candidate.schedule))
     per_replica = candidate.pipelines * -(-candidate.microbatches // candidate.width)
     update = totals.update * candidate.pipelines
-    reduce = allreduce_time(totals.parameters, candidate.width, fastest_link) \
-        * candidate.pipelines
+    link = min(fastest_link, _replica_link(problem, candidate.depth, candidate.width))
+    reduce = allreduce_time(totals.parameters, candidate.width, link) * candidate.pipelines
     copy = per_replica * totals.work + update + reduce
     bound = copy / candidate.depth
     may_replicate = candidate.width == 1 and candidate.chunks == 1
     if not may_replicate:
         bound = max(bound, per_replica * totals.heaviest)
     if candidate.chunks == 1 and not may_replicate:
-        bound = max(bound, _fill_bound(totals, per_replica, candidate.depth))
+        # every split's chain ends with the first stage's all-reduce and update, and the
+        # first stage holds block 0 at least
+        closing = allreduce_time(totals.first_parameters, candidate.width, link) \
+            + totals.first_update
+        bound = max(bound, _fill_bound(totals, per_replica, candidate.depth) + closing)
     if problem.shared_cores is not None and problem.shared_cores < problem.ranks:
         total = candidate.pipelines * candidate.microbatches * totals.work \
             + update * candidate.width
         bound = max(bound, total / problem.shared_cores)
     return bound
+
+
+def _replica_link(problem: AutoProblem, depth: int, width: int) -> float:
+    """The fastest link any stage's all-reduce among its ``width`` replicas runs at (copy
+    ``k`` of the pipeline on ranks ``k * depth ..``, :mod:`pipeweave.auto.links`)."""
+    if width <= 1:
+        return math.inf
+    topology = problem.topology or default_topology(problem.profile, problem.ranks)
+    return max(replica_bandwidths(topology, depth, width))
 
 
 def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
@@ -130,17 +149,50 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
             compute += busy
     bound = max(work)
     if plan.chunks == 1:
-        head = tail = 0.0
+        head = closing = 0.0
+        split = splits_backward(plan.schedule)
+        down = _round_trips(table, split)
         for s, ranks in enumerate(layout.stage_ranks):
-            gradient = min(table.backward[s], table.input_grad[s])
+            gradient = _gradient(table, s, split)
+            backward = min(table.backward[s], table.input_grad[s] + table.weight_grad[s])
             per_replica = plan.pipelines * -(-plan.microbatches // len(ranks))
+            own = table.all_reduce[s] + table.update[s]
+            # after s's last gradient: its trip back to some stage t <= s, then t's
+            # all-reduce and update
+            closing = max(own, closing)
+            # s's first gradient waits for a micro-batch's round trip behind it; then all
+            # of its gradients, the all-reduce and the update are still to run
+            first = head + table.forward[s] / 2 + down[s]
             for r in ranks:
                 bound = max(bound, head + work[r],
-                            head + per_replica * (table.forward[s] + gradient) + tail)
+                            head + per_replica * (table.forward[s] + gradient) + closing,
+                            first + per_replica * backward + own,
+                            head + per_replica * table.forward[s] + down[s] + gradient + own)
             if s < len(table.transfer):
                 head += (table.forward[s] + table.transfer[s]) / 2 + table.latency
-                tail += gradient + table.latency
+                closing += table.transfer[s] + table.latency + gradient
     cores = problem.shared_cores
     if cores is not None and cores < layout.num_ranks:
         bound = max(bound, compute / cores)
     return bound if math.isfinite(bound) else 0.0
+
+
+def _gradient(table: StageCosts, stage: int, split: bool) -> float:
+    """The action that sends a stage's gradient back: ``B``, or at least ``I`` when the
+    schedule may split it."""
+    return min(table.backward[stage], table.input_grad[stage]) if split else table.backward[stage]
+
+
+def _round_trips(table: StageCosts, split: bool) -> list[float]:
+    """Per stage ``s``: the least time from the end of a micro-batch's forward on ``s`` to the
+    start of its gradient there: its forward on every later stage (a Slicer half: half of
+    it, and half the transfer), the gradient on each of them, and both crossings of each
+    boundary (module docstring)."""
+    stages = len(table.forward)
+    down = [0.0] * stages
+    for s in range(stages - 2, -1, -1):
+        t = s + 1
+        forward = (table.forward[t] + table.transfer[s]) / 2 + table.latency
+        back = _gradient(table, t, split) + table.transfer[s] + table.latency
+        down[s] = down[t] + forward + back
+    return down

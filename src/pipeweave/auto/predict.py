@@ -34,7 +34,7 @@ from .timing import time_plan
 from .problem import AutoProblem, Candidate
 
 __all__ = ["Prediction", "Timed", "candidate_plan", "candidate_costs", "predict",
-           "simulate_candidate", "with_memory", "OPTION_PROVIDERS"]
+           "simulate_candidate", "with_memory", "OPTION_PROVIDERS", "one_copy_suffices"]
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def with_options(candidate: Candidate, profile: Profile, problem: AutoProblem) -
     return replace(candidate, options=options)
 
 
-def _one_copy_suffices(plan: Plan, problem: AutoProblem) -> bool:
+def one_copy_suffices(plan: Plan, problem: AutoProblem) -> bool:
     """Copy 0 alone times like the whole plan (:mod:`pipeweave.auto.copies`)."""
     cores = problem.shared_cores
     return (plan.width > 1 and plan.microbatches % plan.width == 0
@@ -149,7 +149,7 @@ def simulate_candidate(candidate: Candidate, profile: Profile, problem: AutoProb
     plan = candidate_plan(candidate, problem)
     costs = candidate_costs(candidate, plan, profile, problem)
     iterations = simulated_iterations(plan.schedule)
-    one_copy = _one_copy_suffices(plan, problem)
+    one_copy = one_copy_suffices(plan, problem)
     result = time_plan(plan, costs, iterations, one_copy=one_copy)  # the timing alone
     samples = problem.batch * plan.pipelines
     return Timed(candidate=candidate, plan=plan, iteration_time=result.iteration_time,

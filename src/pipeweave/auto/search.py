@@ -34,12 +34,13 @@ from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, shape_bound
 from .budget import Budget
 from .links import default_topology
-from .memory import static_memory
+from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
-from .predict import (Prediction, Timed, candidate_costs, candidate_plan, predict,
-                      simulate_candidate, with_memory, with_options)
+from .predict import (Prediction, Timed, candidate_costs, candidate_plan, one_copy_suffices,
+                      predict, simulate_candidate, with_memory, with_options)
 from .problem import AutoProblem, Candidate
 from .scaling import scaled_profile
+from .timing import plan_schedule
 
 __all__ = ["SearchResult", "search", "default_candidate", "Progress"]
 
@@ -163,6 +164,24 @@ class _Search:
         self.budget.record_simulation(candidate, time.perf_counter() - started)
         return timed
 
+    def over_floor(self, plan: Plan) -> bool:
+        """The memory model's peak is surely over the limit (:func:`memory_floor`, for a
+        synchronous schedule; the schedule it walks is the one the simulation reuses)."""
+        limit = self.problem.memory_limit
+        if limit is None or not get_info(plan.schedule).synchronous:
+            return False
+        one_copy = one_copy_suffices(plan, self.problem)
+        schedule, _ = plan_schedule(plan, 1, one_copy=one_copy)
+        return max(memory_floor(self.problem, plan, schedule, one_copy=one_copy)) > limit
+
+    def fits(self, candidate: Candidate, started: float, *, simulation: bool = True) -> bool:
+        """Under ``--time-limit``: the estimated cost of what is next (the simulation and
+        the memory model, or the memory model alone) fits in the time left."""
+        if self.problem.time_limit is None:
+            return True
+        left = self.problem.time_limit - (time.perf_counter() - started)
+        return self.budget.fits(candidate, left, simulation=simulation)
+
     def memory(self, timed: Timed) -> Prediction:
         started = time.perf_counter()
         prediction = with_memory(timed, self.problem)
@@ -255,12 +274,21 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
             state.pruned_time += 1
             continue
         try:
+            if state.over_floor(plan):
+                state.pruned_memory += 1
+                continue
+            if not state.fits(done, started):
+                state.over_budget += 1
+                continue
             timed = state.evaluate(done, profile)
         except ValueError:
             state.invalid += 1
             continue
         if timed.samples_per_second <= best:  # cannot win: its memory is asked only if
             slower.append(timed)              # it makes the table (below)
+            continue
+        if not state.fits(done, started, simulation=False):
+            state.over_budget += 1
             continue
         prediction = state.memory(timed)
         if problem.memory_limit is not None and prediction.max_memory > problem.memory_limit:

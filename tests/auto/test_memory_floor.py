@@ -28,7 +28,7 @@ def test_floor_is_below_the_memory_model() -> None:
         try:
             _, plan, _ = state.complete(candidate)
             one_copy = one_copy_suffices(plan, problem)
-            schedule, _ = plan_schedule(plan, 1, one_copy=one_copy)
+            schedule = plan_schedule(plan, 1, one_copy=one_copy)
         except ValueError:
             continue  # the schedule refuses the plan (the search counts it invalid)
         floor = memory_floor(problem, plan, schedule, one_copy=one_copy)

@@ -171,7 +171,7 @@ class _Search:
         if limit is None or not get_info(plan.schedule).synchronous:
             return False
         one_copy = one_copy_suffices(plan, self.problem)
-        schedule, _ = plan_schedule(plan, 1, one_copy=one_copy)
+        schedule = plan_schedule(plan, 1, one_copy=one_copy)
         return max(memory_floor(self.problem, plan, schedule, one_copy=one_copy)) > limit
 
     def fits(self, candidate: Candidate, started: float, *, simulation: bool = True) -> bool:

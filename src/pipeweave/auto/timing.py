@@ -26,13 +26,13 @@ __all__ = ["time_plan", "plan_schedule", "CACHE_SIZE"]
 CACHE_SIZE = 8
 """Shapes whose schedule is kept (least recently used dropped)."""
 
-_CACHE: OrderedDict[tuple[object, ...], tuple[Schedule, dict[Action, Location]]] = OrderedDict()
+_CACHE: OrderedDict[tuple[object, ...], Schedule] = OrderedDict()
+_INDEX: dict[int, tuple[Schedule, dict[Action, Location]]] = {}
 
 
-def plan_schedule(plan: Plan, iterations: int, *, one_copy: bool
-                  ) -> tuple[Schedule, dict[Action, Location]]:
+def plan_schedule(plan: Plan, iterations: int, *, one_copy: bool) -> Schedule:
     """``plan``'s schedule laid out for ``iterations`` (copy 0 alone with ``one_copy``,
-    :mod:`pipeweave.auto.copies`) and its action index, cached per shape."""
+    :mod:`pipeweave.auto.copies`), cached per shape."""
     shape = plan.shape(iterations)
     key = (plan.schedule, one_copy, shape.stages, shape.microbatches, shape.iterations,
            shape.chunks, shape.width, shape.replicas, shape.pipelines,
@@ -43,13 +43,18 @@ def plan_schedule(plan: Plan, iterations: int, *, one_copy: bool
         return found
     schedule = one_copy_schedule(plan, iterations) if one_copy else \
         build_schedule(plan.schedule, shape)
-    _CACHE[key] = built = (schedule, index_actions(schedule))
+    _CACHE[key] = schedule
     while len(_CACHE) > CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return built
+        dropped = _CACHE.popitem(last=False)[1]
+        _INDEX.pop(id(dropped), None)
+    return schedule
 
 
 def time_plan(plan: Plan, costs: Costs, iterations: int, *, one_copy: bool) -> Timing:
-    """Iteration time and bubble of ``plan`` under ``costs`` (module docstring)."""
-    schedule, index = plan_schedule(plan, iterations, one_copy=one_copy)
-    return simulate_timing(schedule, costs, index=index)
+    """Iteration time and bubble of ``plan`` under ``costs`` (module docstring); the action
+    index is built on the first simulation of a shape (a shape pruned on memory needs none)."""
+    schedule = plan_schedule(plan, iterations, one_copy=one_copy)
+    entry = _INDEX.get(id(schedule))
+    if entry is None or entry[0] is not schedule:
+        entry = _INDEX[id(schedule)] = (schedule, index_actions(schedule))
+    return simulate_timing(schedule, costs, index=entry[1])

@@ -166,7 +166,7 @@ class _Search:
 
     def over_floor(self, plan: Plan) -> bool:
         """The memory model's peak is surely over the limit (:func:`memory_floor`, for a
-        synchronous schedule; the schedule it walks is the one the simulation reuses)."""
+        synchronous schedule; it walks the schedule the simulation built and cached)."""
         limit = self.problem.memory_limit
         if limit is None or not get_info(plan.schedule).synchronous:
             return False
@@ -273,19 +273,19 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
         if _cannot_beat(samples, plan_bound(plan, costs, problem), best, done):
             state.pruned_time += 1
             continue
+        if not state.fits(done, started):
+            state.over_budget += 1
+            continue
         try:
-            if state.over_floor(plan):
-                state.pruned_memory += 1
-                continue
-            if not state.fits(done, started):
-                state.over_budget += 1
-                continue
             timed = state.evaluate(done, profile)
         except ValueError:
             state.invalid += 1
             continue
         if timed.samples_per_second <= best:  # cannot win: its memory is asked only if
             slower.append(timed)              # it makes the table (below)
+            continue
+        if state.over_floor(plan):  # surely over the limit: the memory model is not asked
+            state.pruned_memory += 1
             continue
         if not state.fits(done, started, simulation=False):
             state.over_budget += 1

@@ -7,8 +7,13 @@
                                    partition (planner methods), options, plan
                                    static memory > limit?            ─► pruned
                                    plan bound can't beat the best?   ─► pruned
-                                   simulate + memory model           ─► simulated
-                                   predicted peak > limit?           ─► over the limit, never chosen
+                                   simulate (timing only)            ─► simulated
+                                   memory floor > limit?             ─► pruned (memory)
+                                   memory model: peak > limit?       ─► over the limit, never chosen
+
+Under ``time_limit`` the estimated cost (:mod:`pipeweave.auto.budget`) is checked before the
+candidate is partitioned, before it is simulated and before the memory model is asked, so
+neither is started when it would run past the limit (counted ``over_budget``).
 
 "Can't beat the best" compares the bound's samples/s (``B * N / bound``) with the best
 simulated candidate that fits the memory limit; the bounds are true lower bounds of the

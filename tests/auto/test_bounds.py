@@ -10,10 +10,10 @@ import pytest
 from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem, enumerate_candidates
 from pipeweave.auto.bounds import plan_bound, shape_bound
-from pipeweave.auto.predict import candidate_costs, predict
+from pipeweave.auto.predict import candidate_costs, predict, simulate_candidate
 from pipeweave.auto.search import _Search, _valid_shape
 from pipeweave.planner.topology import Topology
-from pipeweave.profiler import LinkProfile, TieProfile
+from pipeweave.profiler import LinkProfile, Profile, TieProfile
 from pipeweave.schedules import get_info
 
 
@@ -48,6 +48,44 @@ def test_bounds_are_below_the_simulated_time(shared_cores: int | None, prefixes:
         assert plan_bound(plan, costs, problem) <= time * (1 + 1e-9), candidate
         checked += 1
     assert checked > 100
+
+
+def _heavy(profile: Profile, factor: float) -> Profile:
+    """``profile`` with ``factor`` times the parameters: all-reduces and updates dominate."""
+    return replace(profile, blocks=tuple(
+        replace(b, parameter_bytes=b.parameter_bytes * factor, update=b.update * factor / 10)
+        for b in profile.blocks))
+
+
+@pytest.mark.parametrize("ranks, topology", [(8, "2x1e9,4x1e8"), (8, "4x1e9,2x5e7"),
+                                             (4, "4x2e8")])
+def test_bounds_hold_where_all_reduces_dominate(ranks: int, topology: str) -> None:
+    """Several widths (d x w = ranks, copies across the slow level or inside the fast one),
+    PipeDream's replicas, parallel pipelines, recomputation; the all-reduce of a stage is
+    up to several times its compute."""
+    profile = _heavy(small_profile(11, blocks=8, link=LinkProfile(2e8, 2e-5)), 60.0)
+    problem = AutoProblem(profile=profile, ranks=ranks, topology=Topology.parse(topology),
+                          methods=("uniform", "parameters", "pipedream"),
+                          microbatches=(8, 16), pipelines=(1, 2))
+    state = _Search(problem, lambda _text: None)
+    link = max(level.bandwidth for level in problem.topology.levels)  # type: ignore[union-attr]
+    checked = reduce_heavy = 0
+    for candidate in enumerate_candidates(problem):
+        if not _valid_shape(candidate, problem) or not get_info(candidate.schedule).synchronous:
+            continue
+        try:
+            done, plan, scaled = state.complete(candidate)
+            timed = simulate_candidate(done, scaled, problem)
+        except ValueError:
+            continue
+        costs = candidate_costs(done, plan, scaled, problem)
+        table = costs.resolve(len(plan.stages))
+        time = timed.iteration_time
+        assert shape_bound(candidate, scaled, problem, link) <= time * (1 + 1e-9), candidate
+        assert plan_bound(plan, costs, problem) <= time * (1 + 1e-9), candidate
+        reduce_heavy += max(table.all_reduce) > max(table.forward) + max(table.backward)
+        checked += 1
+    assert checked > 100 and reduce_heavy > 50
 
 
 def test_one_copy_predicts_like_the_whole_plan() -> None:

@@ -39,3 +39,22 @@ def test_no_time_limit_skips_nothing_and_a_tight_one_counts_every_candidate() ->
     tight = search(AutoProblem(profile=profile, ranks=4, time_limit=1e-6))
     assert tight.considered == (tight.invalid + tight.pruned + tight.simulated
                                 + tight.duplicates + tight.unexamined + tight.over_budget)
+
+
+def test_under_a_time_limit_the_best_bound_1f1b_goes_first() -> None:
+    """The best-bound 1F1B candidate, then the best-bound one recomputing every stage, move
+    to the front; everything else keeps its order (so an exact search is unchanged)."""
+    from dataclasses import replace
+
+    from pipeweave.auto.search import SAFE_SCHEDULE, _safe_first
+
+    def entry(bound: float, schedule: str, recompute: int = 0) -> tuple[float, tuple[()], int,
+                                                                        Candidate]:
+        return (bound, (), int(bound), replace(_candidate(4, 1, 8), schedule=schedule,
+                                               recompute=recompute))
+
+    keyed = [entry(1, "zb-h2"), entry(2, "zb-h1"), entry(3, "1f1b", 4), entry(4, "1f1b"),
+             entry(5, "gpipe"), entry(6, "1f1b")]
+    order = [e[0] for e in _safe_first(keyed)]
+    assert SAFE_SCHEDULE == "1f1b" and order == [4, 3, 1, 2, 5, 6]
+    assert [e[0] for e in _safe_first(keyed[:2])] == [1, 2]  # no 1F1B: unchanged

@@ -6,25 +6,43 @@ flush, the simulated makespan) lasts at least as long as the busiest rank's work
     work(r) = sum over the stages s on r of  n_s * (F_s + min(B_s, I_s + W_s)) + U_s + AR_s
     n_s     = N * ceil(M / replicas of s)    (micro-batches one replica of s runs)
 
-Rank ``r`` of a one-chunk pipeline cannot start before the first micro-batch has crossed
-the stages in front of it, ``head(r) = sum over s < r of (F_s / 2 + transfer_s / 2 +
-latency)`` (halved: the Slicer forwards half micro-batches), and after its last gradient
-action (``B``, or ``I`` in a split backward: all its ``n_r`` forwards and gradients are done by
-then) that micro-batch's gradient still has to cross the stages in front of it, ``tail(r) =
-sum over s < r of (g_s + latency)`` with ``g = min(B, I)``::
+Stage ``s`` (any chunk of any rank: the chains below follow the stages, not the ranks)
+cannot start before the first micro-batch has crossed the stages in front of it,
+``head(s) = sum over t < s of (F_t / 2 + transfer_t / 2 + latency_t)`` (halved: the Slicer
+forwards half micro-batches; ``latency_t`` is 0 where both stages are on one rank). Its
+gradient action is ``g_s = B_s``, or ``min(B_s, I_s)`` for a schedule that splits backwards
+(:func:`~pipeweave.auto.capabilities.splits_backward`). Three chains, each a sequence of
+actions that wait for one another::
 
-    iteration >= max over r of  head(r) + max(work(r), n_r * (F_r + g_r) + tail(r))
+    last gradient, back:  head(s) + n_s (F_s + g_s) + closing(s)
+        closing(s) = max over t <= s of  sum over t <= u < s of (g_u + transfer_u +
+                     latency_u)  +  AR_t + U_t
+        (s's last gradient ends after its n_s forwards and gradients; that micro-batch's
+        gradient still crosses the stages in front, and each of them all-reduces and
+        updates after it: where the all-reduce dominates, the first stage's ends the
+        iteration)
+    first gradient:       head(s) + F_s / 2 + down(s) + n_s min(B_s, I_s + W_s) + AR_s + U_s
+        down(s) = sum over t > s of (F_t / 2 + transfer / 2 + latency + g_t + transfer +
+                  latency)   (a micro-batch's round trip behind s: no gradient of s earlier)
+    last forward:         head(s) + n_s F_s + down(s) + g_s + AR_s + U_s
+
+and the busiest rank starts no earlier than the earliest head of its stages::
+
+    iteration >= max( max over r of min head(s on r) + work(r),  max over s of the chains )
 
 With ``c`` shared cores the ranks' compute (not their all-reduces) needs at least
 ``total / c``. Before a candidate is partitioned only the model's totals are known: the work
-of one copy spread over its ``d`` ranks, the heaviest block on one rank, and the same
-head-and-tail bound minimised over every split of the model into ``d`` stages: with
-per-micro-batch cost ``C = sum of (F + g)`` and ``alpha`` the smallest ratio of a block's
-chain cost ``F/2 + g`` to ``F + g``, stages ``c_0, c_1, ...`` (``S_r`` the cost before stage
-``r``) need ``max_r alpha S_r + n c_r``, which no real split beats and the continuous split
-that makes every term equal attains::
+of one copy spread over its ``d`` ranks (the all-reduce priced at the fastest link any
+stage's replicas share, :func:`~pipeweave.auto.links.replica_bandwidths`), the heaviest block
+on one rank, and the head-and-tail chain minimised over every split of the model into its
+``S = d x chunks`` stages: with per-micro-batch cost ``C = sum of (F + g)`` and ``alpha`` the
+smallest ratio of a block's chain cost ``F/2 + g`` to ``F + g``, stages ``c_0, c_1, ...``
+(``S_s`` the cost before stage ``s``) need ``max_s alpha S_s + n c_s``, which no real split
+beats and the continuous split that makes every term equal attains; the chain then closes
+with the first stage's all-reduce and update, at least block 0's::
 
-    T = alpha C / (1 - (1 - alpha / n)^d)         (n C / d as n grows; n C at d = 1)
+    T = alpha C / (1 - (1 - alpha / n)^S) + AR(block 0) + U(block 0)
+                                                  (n C / S as n grows; n C at S = 1)
 
 Recomputation adds each recomputing stage's forward to its backward. When every stage
 recomputes the totals above include it block by block; when only the first ``k`` stages do,
@@ -43,9 +61,12 @@ import math
 from dataclasses import dataclass
 
 from ..planner.pipedream import allreduce_time
+from ..ir import Layout
 from ..planner.plan import Plan
 from ..profiler import Profile
-from ..sim import Costs
+from ..sim import Costs, StageCosts
+from .capabilities import splits_backward
+from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
 
 __all__ = ["shape_bound", "plan_bound"]
@@ -62,13 +83,15 @@ class _Totals:
     chain_total: float  # sum of F + g   (g = min(B, I), + F when recomputed)
     alpha: float        # min over blocks of (F/2 + g) / (F + g)
     smallest: tuple[float, ...]  # [k]: the sum of the k smallest block forwards
+    first_parameters: float  # of block 0, which the first stage always holds
+    first_update: float
 
 
-_TOTALS: dict[tuple[int, bool], tuple[Profile, _Totals]] = {}
+_TOTALS: dict[tuple[int, bool, bool], tuple[Profile, _Totals]] = {}
 
 
-def _totals(profile: Profile, recompute: bool) -> _Totals:
-    key = (id(profile), recompute)
+def _totals(profile: Profile, recompute: bool, splits: bool) -> _Totals:
+    key = (id(profile), recompute, splits)
     cached = _TOTALS.get(key)
     if cached is not None and cached[0] is profile:
         return cached[1]
@@ -79,16 +102,18 @@ def _totals(profile: Profile, recompute: bool) -> _Totals:
         extra = b.forward if recompute else 0.0
         work.append(b.forward + min(b.backward, split) + extra)
         gradient = min(b.backward, b.input_grad) if b.input_grad > 0 else b.backward / 2
-        gradient = min(gradient, b.backward) + extra
+        gradient = (min(gradient, b.backward) if splits else b.backward) + extra
         per_block.append(b.forward + gradient)
         chain.append(b.forward / 2 + gradient)
+    first = profile.blocks[0]
     totals = _Totals(
         work=sum(work), heaviest=max(work), update=sum(b.update for b in profile.blocks),
         parameters=profile.stage_parameter_bytes(0, profile.num_blocks),
         chain_total=sum(per_block),
         alpha=min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0),
         smallest=tuple(itertools.accumulate(sorted(b.forward for b in profile.blocks),
-                                            initial=0.0)))
+                                            initial=0.0)),
+        first_parameters=first.parameter_bytes, first_update=first.update)
     if len(_TOTALS) > 256:
         _TOTALS.clear()
     _TOTALS[key] = (profile, totals)
@@ -107,24 +132,37 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
                 fastest_link: float) -> float:
     """A lower bound before partitioning (``profile`` scaled to the micro-batch)."""
     every = candidate.recompute >= candidate.stages
-    totals = _totals(profile, every)
+    totals = _totals(profile, every, splits_backward(candidate.schedule))
     extra = 0.0 if every else totals.smallest[min(candidate.recompute, profile.num_blocks)]
     per_replica = candidate.pipelines * -(-candidate.microbatches // candidate.width)
     update = totals.update * candidate.pipelines
-    reduce = allreduce_time(totals.parameters, candidate.width, fastest_link) \
-        * candidate.pipelines
+    link = min(fastest_link, _replica_link(problem, candidate.depth, candidate.width))
+    reduce = allreduce_time(totals.parameters, candidate.width, link) * candidate.pipelines
     copy = per_replica * (totals.work + extra) + update + reduce
     bound = copy / candidate.depth
     may_replicate = candidate.width == 1 and candidate.chunks == 1
     if not may_replicate:
         bound = max(bound, per_replica * totals.heaviest)
-    if candidate.chunks == 1 and not may_replicate:
-        bound = max(bound, _fill_bound(totals, per_replica, candidate.depth))
+    if not may_replicate:
+        # every split's chain ends with the first stage's all-reduce and update, and the
+        # first stage holds block 0 at least
+        closing = allreduce_time(totals.first_parameters, candidate.width, link) \
+            + totals.first_update
+        bound = max(bound, _fill_bound(totals, per_replica, candidate.stages) + closing)
     if problem.shared_cores is not None and problem.shared_cores < problem.ranks:
         total = candidate.pipelines * candidate.microbatches * (totals.work + extra) \
             + update * candidate.width
         bound = max(bound, total / problem.shared_cores)
     return bound
+
+
+def _replica_link(problem: AutoProblem, depth: int, width: int) -> float:
+    """The fastest link any stage's all-reduce among its ``width`` replicas runs at (copy
+    ``k`` of the pipeline on ranks ``k * depth ..``, :mod:`pipeweave.auto.links`)."""
+    if width <= 1:
+        return math.inf
+    topology = problem.topology or default_topology(problem.profile, problem.ranks)
+    return max(replica_bandwidths(topology, depth, width))
 
 
 def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
@@ -142,18 +180,61 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
             work[r] += busy + plan.pipelines * table.all_reduce[s]
             compute += busy
     bound = max(work)
-    if plan.chunks == 1:
-        head = tail = 0.0
-        for s, ranks in enumerate(layout.stage_ranks):
-            gradient = min(table.backward[s], table.input_grad[s])
-            per_replica = plan.pipelines * -(-plan.microbatches // len(ranks))
-            for r in ranks:
-                bound = max(bound, head + work[r],
-                            head + per_replica * (table.forward[s] + gradient) + tail)
-            if s < len(table.transfer):
-                head += (table.forward[s] + table.transfer[s]) / 2 + table.latency
-                tail += gradient + table.latency
+    split = splits_backward(plan.schedule)
+    latency = _latencies(layout, table)
+    down = _round_trips(table, split, latency)
+    head = closing = 0.0
+    first_head = [math.inf] * layout.num_ranks  # the earliest any stage of a rank can start
+    for s, ranks in enumerate(layout.stage_ranks):
+        gradient = _gradient(table, s, split)
+        backward = min(table.backward[s], table.input_grad[s] + table.weight_grad[s])
+        per_replica = plan.pipelines * -(-plan.microbatches // len(ranks))
+        own = table.all_reduce[s] + table.update[s]
+        # after s's last gradient: its trip back to some stage t <= s, then t's all-reduce
+        # and update
+        closing = max(own, closing)
+        # s's first gradient waits for a micro-batch's round trip behind it; then all of its
+        # gradients, the all-reduce and the update are still to run
+        first = head + table.forward[s] / 2 + down[s]
+        bound = max(bound, head + per_replica * (table.forward[s] + gradient) + closing,
+                    first + per_replica * backward + own,
+                    head + per_replica * table.forward[s] + down[s] + gradient + own)
+        for r in ranks:
+            first_head[r] = min(first_head[r], head)
+        if s < len(table.transfer):
+            head += (table.forward[s] + table.transfer[s]) / 2 + latency[s]
+            closing += table.transfer[s] + latency[s] + gradient
+    bound = max(bound, max(h + w for h, w in zip(first_head, work)))
     cores = problem.shared_cores
     if cores is not None and cores < layout.num_ranks:
         bound = max(bound, compute / cores)
     return bound if math.isfinite(bound) else 0.0
+
+
+def _gradient(table: StageCosts, stage: int, split: bool) -> float:
+    """The action that sends a stage's gradient back: ``B``, or at least ``I`` when the
+    schedule may split it."""
+    return min(table.backward[stage], table.input_grad[stage]) if split else table.backward[stage]
+
+
+def _latencies(layout: Layout, table: StageCosts) -> list[float]:
+    """Per boundary: the latency a message pays crossing it (none between two stages on
+    one rank, the V's turn)."""
+    ranks = layout.stage_ranks
+    return [0.0 if set(ranks[s]) & set(ranks[s + 1]) else table.latency
+            for s in range(len(ranks) - 1)]
+
+
+def _round_trips(table: StageCosts, split: bool, latency: list[float]) -> list[float]:
+    """Per stage ``s``: the least time from the end of a micro-batch's forward on ``s`` to the
+    start of its gradient there: its forward on every later stage (a Slicer half: half of
+    it, and half the transfer), the gradient on each of them, and both crossings of each
+    boundary (module docstring)."""
+    stages = len(table.forward)
+    down = [0.0] * stages
+    for s in range(stages - 2, -1, -1):
+        t = s + 1
+        forward = (table.forward[t] + table.transfer[s]) / 2 + latency[s]
+        back = _gradient(table, t, split) + table.transfer[s] + latency[s]
+        down[s] = down[t] + forward + back
+    return down

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ..ir import Op
 from ..schedules import Shape, build_schedule, get_info
 
 __all__ = ["supports_pipelines", "supports_chunks", "supports_width", "supports_replicas",
-           "accepts"]
+           "accepts", "splits_backward"]
 
 
 def accepts(schedule: str, shape: Shape) -> bool:
@@ -66,3 +67,23 @@ def supports_width(schedule: str) -> bool:
 def supports_replicas(schedule: str) -> bool:
     """It runs per-stage replicas (PipeDream's 1F1B-RR)."""
     return _probe(schedule, replicas=(1, 2))
+
+
+@lru_cache(maxsize=None)
+def splits_backward(schedule: str) -> bool:
+    """Some of its backwards are split into I and W (zero-bubble schedules): the gradient a
+    stage sends back may then be ready after the I alone, which the bounds must allow. Asked
+    of tiny instances (two and four ranks, with the schedule's default chunks), unsplit
+    everywhere there means a schedule that runs whole backwards."""
+    info = get_info(schedule)
+    for stages in (2, 4):
+        shape = Shape(stages=stages, microbatches=1, chunks=info.default_chunks)
+        try:
+            microbatches = max(info.min_microbatches(shape), 2 * stages)
+            built = build_schedule(schedule, Shape(stages=stages, microbatches=microbatches,
+                                                   chunks=info.default_chunks))
+        except ValueError:
+            return True  # cannot tell: assume split (the weaker bound)
+        if any(a[0] is Op.BACKWARD_INPUT for p in built.programs for a in p):
+            return True
+    return False

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ..ir import Layout
 from ..planner.evaluate import Network
 from ..planner.topology import Topology
 from ..profiler import Profile
 
-__all__ = ["default_topology", "layout_network", "level_sizes"]
+__all__ = ["default_topology", "layout_network", "level_sizes", "replica_bandwidths"]
 
 
 def default_topology(profile: Profile, ranks: int) -> Topology:
@@ -64,3 +65,12 @@ def layout_network(topology: Topology, layout: Layout, *, latency: float = 0.0,
               else math.inf for ranks in layout.stage_ranks]
     return Network(bandwidth=boundaries if boundaries else math.inf, latency=latency,
                    allreduce_bandwidth=reduce, shared_cores=shared_cores)
+
+
+@lru_cache(maxsize=256)
+def replica_bandwidths(topology: Topology, depth: int, width: int) -> tuple[float, ...]:
+    """Per stage of a ``depth``-rank pipeline in ``width`` copies (copy ``k`` on ranks
+    ``k * depth ..``): the link its all-reduce runs at, known before the model is split."""
+    sizes = level_sizes(topology)
+    return tuple(_bandwidth(topology, sizes, [s + k * depth for k in range(width)])
+                 for s in range(depth))

@@ -2,18 +2,28 @@
 
 :func:`rank_memory` is :func:`pipeweave.planner.memory.predicted_memory`'s total per rank
 (parameters, gradients, optimizer state, weight versions, held activations, buffers in
-flight). :func:`static_memory` is the part that needs no schedule (parameters, gradients and
-optimizer state), a lower bound of it that prunes before anything is built.
+flight). Two lower bounds of it prune before it is asked: :func:`static_memory`, the part
+that needs no schedule (parameters, gradients and optimizer state), before anything is
+built; and :func:`memory_floor`, parameters and optimizer state plus the most activations
+the rank's compute-only program holds at once (the schedule the simulator walks, cached
+per shape, :mod:`pipeweave.auto.timing`): a walk of the program, where the memory model
+first lowers it and proves every delivery (seconds at 1,000 ranks). It drops what the model
+adds on top (gradients, weight copies, buffers, workspace, split backwards' pending bytes),
+each at least zero, and the moment of the activations' peak is one of those the model
+weighs, so the floor never exceeds the model's peak (``tests/auto/test_memory_floor.py``).
 """
 
 from __future__ import annotations
 
-from ..planner.memory import OPTIMIZER_STATE, predicted_memory
+from ..ir import Op, Schedule
+from ..planner.memory import (OPTIMIZER_STATE, optimizer_state_bytes, predicted_memory,
+                              stage_activation_bytes)
 from ..planner.plan import Plan
+from ..schedules import get_info
 from .copies import one_copy_plan
 from .problem import AutoProblem
 
-__all__ = ["rank_memory", "static_memory"]
+__all__ = ["rank_memory", "static_memory", "memory_floor"]
 
 
 def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
@@ -41,3 +51,38 @@ def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> 
     ranks = predicted_memory(problem.profile, plan, batch_size=problem.batch,
                              optimizer=problem.optimizer)
     return [r.total for r in ranks]
+
+
+def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
+                 one_copy: bool = False) -> list[float]:
+    """Per rank of ``schedule`` (compute-only, one iteration of a synchronous ``plan``, or
+    copy 0 of it with ``one_copy``): a lower bound of :func:`rank_memory` (module docstring)."""
+    if not get_info(plan.schedule).synchronous:
+        raise ValueError(f"memory_floor covers synchronous schedules, not {plan.schedule!r}")
+    own = one_copy_plan(plan) if one_copy else plan
+    batch = problem.batch // plan.width if one_copy else problem.batch
+    profile = problem.profile
+    rows = batch // own.microbatches
+    scale = 1.0 if profile.batch_size is None else rows / profile.batch_size
+    # a forward keeps its graph unless its stage recomputes (synchronous: no predictions)
+    kept = stage_activation_bytes(profile, own, scale)
+    weights = [profile.stage_parameter_bytes(a, e) for a, e in own.stages]
+    state = optimizer_state_bytes(profile, own, problem.optimizer)
+    n = own.pipelines
+    floor = []
+    for rank, program in enumerate(schedule.programs):
+        hosted = schedule.layout.stages_of(rank)
+        held: dict[tuple[int, int | None, int], float] = {}
+        now = peak = 0.0
+        for action in program:
+            op = action[0]
+            if op is Op.FORWARD:
+                share = 0.5 if action[3] else 1.0
+                key = (action[1], action[2], action[6])
+                held[key] = held.get(key, 0.0) + share * kept[action[1]]
+                now += share * kept[action[1]]
+                peak = max(peak, now)
+            elif op is Op.BACKWARD or op is Op.BACKWARD_WEIGHT:
+                now -= held.pop((action[1], action[2], action[6]), 0.0)
+        floor.append(n * sum(weights[s] + state[s] for s in hosted) + peak)
+    return floor

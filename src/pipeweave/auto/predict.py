@@ -36,15 +36,17 @@ from typing import Any
 from ..planner.evaluate import plan_costs, simulated_iterations
 from ..planner.plan import Plan
 from ..profiler import Profile
-from ..schedules import build_schedule, get_info
-from ..sim import Costs, SimulationResult, simulate
+from ..schedules import get_info
+from ..sim import Costs
 from .links import default_topology, layout_network
-from .copies import copies_independent, one_copy_schedule
+from .copies import copies_independent
 from .memory import rank_memory
+from .timing import time_plan
 from .problem import AutoProblem, Candidate
 
 __all__ = ["Prediction", "Timed", "apc_conversion", "candidate_plan", "candidate_costs",
-           "predict", "simulate_candidate", "with_memory", "OPTION_PROVIDERS"]
+           "predict", "simulate_candidate", "with_memory", "OPTION_PROVIDERS",
+           "one_copy_suffices"]
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def with_options(candidate: Candidate, profile: Profile, problem: AutoProblem) -
     return replace(candidate, options=options)
 
 
-def _one_copy_suffices(plan: Plan, problem: AutoProblem) -> bool:
+def one_copy_suffices(plan: Plan, problem: AutoProblem) -> bool:
     """Copy 0 alone times like the whole plan (:mod:`pipeweave.auto.copies`)."""
     cores = problem.shared_cores
     return (plan.width > 1 and plan.microbatches % plan.width == 0
@@ -188,10 +190,8 @@ def simulate_candidate(candidate: Candidate, profile: Profile, problem: AutoProb
     plan = candidate_plan(candidate, problem)
     costs = candidate_costs(candidate, plan, profile, problem)
     iterations = simulated_iterations(plan.schedule)
-    one_copy = _one_copy_suffices(plan, problem)
-    schedule = one_copy_schedule(plan, iterations) if one_copy else \
-        build_schedule(plan.schedule, plan.shape(iterations))
-    result: SimulationResult = simulate(schedule, costs)
+    one_copy = one_copy_suffices(plan, problem)
+    result = time_plan(plan, costs, iterations, one_copy=one_copy)  # the timing alone
     samples = problem.batch * plan.pipelines
     return Timed(candidate=candidate, plan=plan, iteration_time=result.iteration_time,
                  samples_per_second=samples / result.iteration_time

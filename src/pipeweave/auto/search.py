@@ -7,8 +7,13 @@
                                    partition (planner methods), options, plan
                                    static memory > limit?            ─► pruned
                                    plan bound can't beat the best?   ─► pruned
-                                   simulate + memory model           ─► simulated
-                                   predicted peak > limit?           ─► over the limit, never chosen
+                                   simulate (timing only)            ─► simulated
+                                   memory floor > limit?             ─► pruned (memory)
+                                   memory model: peak > limit?       ─► over the limit, never chosen
+
+Under ``time_limit`` the estimated cost (:mod:`pipeweave.auto.budget`) is checked before the
+candidate is partitioned, before it is simulated and before the memory model is asked, so
+neither is started when it would run past the limit (counted ``over_budget``).
 
 "Can't beat the best" compares the bound's samples/s (``B * N / bound``) with the best
 simulated candidate that fits the memory limit; the bounds are true lower bounds of the
@@ -34,13 +39,14 @@ from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, shape_bound
 from .budget import Budget
 from .links import default_topology
-from .memory import static_memory
+from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
-from .predict import (Prediction, Timed, candidate_costs, candidate_plan, predict,
-                      simulate_candidate, with_memory, with_options)
+from .predict import (Prediction, Timed, candidate_costs, candidate_plan, one_copy_suffices,
+                      predict, simulate_candidate, with_memory, with_options)
 from .problem import AutoProblem, Candidate
 from .scaling import scaled_profile
 from .ties import TieRefused, check_ties
+from .timing import plan_schedule
 
 __all__ = ["SearchResult", "search", "default_candidate", "default_prediction", "Progress"]
 
@@ -171,6 +177,24 @@ class _Search:
         self.budget.record_simulation(candidate, time.perf_counter() - started)
         return timed
 
+    def over_floor(self, plan: Plan) -> bool:
+        """The memory model's peak is surely over the limit (:func:`memory_floor`, for a
+        synchronous schedule; it walks the schedule the simulation built and cached)."""
+        limit = self.problem.memory_limit
+        if limit is None or not get_info(plan.schedule).synchronous:
+            return False
+        one_copy = one_copy_suffices(plan, self.problem)
+        schedule = plan_schedule(plan, 1, one_copy=one_copy)
+        return max(memory_floor(self.problem, plan, schedule, one_copy=one_copy)) > limit
+
+    def fits(self, candidate: Candidate, started: float, *, simulation: bool = True) -> bool:
+        """Under ``--time-limit``: the estimated cost of what is next (the simulation and
+        the memory model, or the memory model alone) fits in the time left."""
+        if self.problem.time_limit is None:
+            return True
+        left = self.problem.time_limit - (time.perf_counter() - started)
+        return self.budget.fits(candidate, left, simulation=simulation)
+
     def memory(self, timed: Timed) -> Prediction:
         started = time.perf_counter()
         prediction = with_memory(timed, self.problem)
@@ -223,6 +247,8 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     keyed = sorted(((shape_bound(c, state.profile(c), problem, link), _simplicity(c), i, c)
                     for i, c in enumerate(valid)),
                    key=lambda e: (e[0] / e[3].pipelines, e[1], e[2]))
+    if problem.time_limit is not None:
+        keyed = _safe_first(keyed)
     ranked: list[Prediction] = []
     over: list[Prediction] = []
     slower: list[Timed] = []
@@ -262,6 +288,9 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
         if _cannot_beat(samples, plan_bound(plan, costs, problem), best, done):
             state.pruned_time += 1
             continue
+        if not state.fits(done, started):
+            state.over_budget += 1
+            continue
         try:
             check_ties(plan, problem.profile)
             timed = state.evaluate(done, profile)
@@ -275,6 +304,12 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
             continue
         if timed.samples_per_second <= best:  # cannot win: its memory is asked only if
             slower.append(timed)              # it makes the table (below)
+            continue
+        if state.over_floor(plan):  # surely over the limit: the memory model is not asked
+            state.pruned_memory += 1
+            continue
+        if not state.fits(done, started, simulation=False):
+            state.over_budget += 1
             continue
         prediction = state.memory(timed)
         if problem.memory_limit is not None and prediction.max_memory > problem.memory_limit:
@@ -309,6 +344,29 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
                         seconds=time.perf_counter() - started, unexamined=unexamined,
                         over_budget=state.over_budget, refused_ties=state.refused_ties,
                         tie_reason=state.tie_reason)
+
+
+SAFE_SCHEDULE = "1f1b"
+"""Under ``--time-limit`` the best-bound candidates of this schedule go first, without and
+with recomputation on every stage (:func:`_safe_first`)."""
+
+
+def _safe_first(keyed: list[tuple[float, Any, int, Candidate]]
+                ) -> list[tuple[float, Any, int, Candidate]]:
+    """``keyed`` with the best-bound 1F1B candidate, and the best-bound one that recomputes
+    every stage, moved to the front. The order decides nothing in an exact search (every
+    candidate is examined or pruned by a true bound); under a time limit it decides what is
+    examined, and the best bounds are often schedules that hold more activations (zero
+    bubble: up to 2P - 1 micro-batches) and, on a large model, do not fit: starting with the
+    memory-frugal schedule every pipeline runs leaves a plan even when the limit is spent on
+    candidates over the memory limit."""
+    chosen: list[int] = []
+    for wanted in (lambda c: c.recompute == 0, lambda c: c.recompute >= c.stages):
+        found = next((i for i, entry in enumerate(keyed) if entry[3].schedule == SAFE_SCHEDULE
+                      and wanted(entry[3]) and i not in chosen), None)
+        if found is not None:
+            chosen.append(found)
+    return [keyed[i] for i in chosen] + [e for i, e in enumerate(keyed) if i not in chosen]
 
 
 def _cannot_beat(samples: float, bound: float, best: float, candidate: Candidate) -> bool:

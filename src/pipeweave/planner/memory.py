@@ -53,11 +53,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..ir import GRADIENT_OPS, Op, Schedule, lower
+from ..ir import GRADIENT_OPS, Op, Schedule
 from ..profiler import Profile
-from ..schedules import build_schedule, get_info
+from ..schedules import get_info
 from ..sim.metrics import weight_versions
-from .memory_timeline import StageBytes, graphless_forwards, peak_moments
+from .memory_shape import shape_analysis
+from .memory_timeline import StageBytes, peak_moments_of
 from .plan import Plan
 
 __all__ = ["RankMemory", "predicted_memory", "OPTIMIZER_STATE", "optimizer_state_bytes",
@@ -98,7 +99,9 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
     many iterations of the schedule to lay out (default: 1 for a flush schedule, whose
     iterations repeat; for an asynchronous one the fewest, at least 3, that hold ``2 x depth``
     micro-batches: its steady state, and as many copies and activations as any longer run).
-    Linear in the schedule's length: a few seconds for 64 ranks x 128 micro-batches.
+    Linear in the schedule's length: a few seconds for 64 ranks x 128 micro-batches, of
+    which a new partition of a shape already analysed (:mod:`.memory_shape`) pays only the
+    bytes-weighted walk.
     """
     if profile.num_blocks != plan.num_blocks:
         raise ValueError(f"the profile has {profile.num_blocks} blocks but the plan covers "
@@ -114,8 +117,10 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
     if iterations is None:
         iterations = 1 if get_info(plan.schedule).synchronous else max(
             3, -(-2 * plan.depth // plan.microbatches))
-    # lowered, as the runtime runs it: an I directly followed by its W is one B there
-    schedule = lower(build_schedule(plan.schedule, plan.shape(iterations)))
+    # lowered, as the runtime runs it: an I directly followed by its W is one B there; the
+    # analysis that needs only the action lists is shared by every partition of the shape
+    analysis = shape_analysis(plan.schedule, plan.shape(iterations))
+    schedule = analysis.schedule
     if schedule.num_stages != len(plan.stages):
         raise ValueError(f"schedule {plan.schedule!r} lays out {schedule.num_stages} stages but "
                          f"the plan has {len(plan.stages)}; set the plan's chunks to "
@@ -123,7 +128,7 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
     scale = _scale(profile, batch_size // plan.microbatches)
     weights = [profile.stage_parameter_bytes(a, e) for a, e in plan.stages]
     held = stage_activation_bytes(profile, plan, scale)
-    split = {a[1] for program in schedule.programs for a in program if a[0] is Op.BACKWARD_INPUT}
+    split = analysis.split
     stages = [StageBytes(gradients=weights[s], activations=held[s],
                          inputs=scale * _input_bytes(profile, a),
                          pending=scale * _pending_bytes(profile, plan, s) if s in split else 0.0,
@@ -135,11 +140,10 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer
                                if s < len(plan.stages) - 1 else 0.0))
               for s, (a, e) in enumerate(plan.stages)]
     recompute = [plan.recompute_stage(s) for s in range(len(plan.stages))]
-    graphless = graphless_forwards(schedule, recompute=recompute,
-                                   backward=plan.semantics.backward or "recompute")
-    moments = peak_moments(schedule, stages, graphless)
-    copies = weight_copies(schedule, keep_predicted=plan.semantics.backward == "graph")
-    averages = any(a[0] is Op.AVERAGE for program in schedule.programs for a in program)
+    graphless = analysis.graphless(recompute, plan.semantics.backward or "recompute")
+    moments = peak_moments_of(analysis.timelines, stages, graphless)
+    copies = analysis.copies(plan.semantics.backward == "graph")
+    averages = analysis.averages
     state = optimizer_state_bytes(profile, plan, optimizer)
     n = schedule.pipelines
     ranks = []

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from ..ir import GRADIENT_OPS, Action, Op, Schedule, dependencies, ref
 from ..ir.deliveries import every_delivery_proof
 
-__all__ = ["StageBytes", "PeakMoment", "peak_moments", "graphless_forwards", "PREFETCH"]
+__all__ = ["StageBytes", "PeakMoment", "peak_moments", "graphless_forwards", "PREFETCH",
+           "RankTimeline", "analyse_programs", "peak_moments_of"]
 
 PREFETCH = 2
 """Receives the runtime's interpreter posts ahead of need (runtime/execution/interpreter.py)."""
@@ -93,17 +94,45 @@ def peak_moments(schedule: Schedule, stages: Sequence[StageBytes],
                  ) -> list[PeakMoment]:
     """Per rank, the parts at the peak of the walk (module docstring); ``graphless``: the
     forwards ``(stage, micro-batch, piece, pipeline)`` that keep no graph."""
+    return peak_moments_of(analyse_programs(schedule), stages, graphless)
+
+
+@dataclass(frozen=True)
+class RankTimeline:
+    """What the walk of one rank needs from its program alone, whatever the bytes: a shape's
+    analysis, computed once (:func:`analyse_programs`) and reused for every partition."""
+
+    length: int
+    """Actions in the rank's (lowered) program."""
+    holds: tuple[tuple[int, int, int, bool], ...]
+    """Messages in flight: ``(first, stop, stage, sized_as_sent)``: held over program
+    positions ``first .. stop - 1``, of the stage's ``sent`` bytes (else ``received``)."""
+    steps: tuple[tuple[int, Action], ...]
+    """The compute and step actions with their program positions (the rest change nothing
+    the walk counts)."""
+
+
+def analyse_programs(schedule: Schedule) -> list[RankTimeline]:
+    """Per rank, the shape-only part of :func:`peak_moments` (lowered schedule)."""
     proofs = every_delivery_proof(schedule)
-    return [_walk(program, stages, graphless, _in_flight(schedule, rank, stages, proofs[rank]))
+    return [RankTimeline(length=len(program), holds=_holds(schedule, rank, proofs[rank]),
+                         steps=tuple((p, a) for p, a in enumerate(program)
+                                     if a[0] in _COMPUTE_AND_STEP))
             for rank, program in enumerate(schedule.programs)]
 
 
-def _in_flight(schedule: Schedule, rank: int, stages: Sequence[StageBytes],
-               proofs: Mapping[Action, tuple[Action, ...]]) -> list[float]:
-    """Bytes of messages in flight while each action of ``rank``'s program runs."""
+def peak_moments_of(analysis: Sequence[RankTimeline], stages: Sequence[StageBytes],
+                    graphless: frozenset[tuple[int, int | None, int, int]] = frozenset()
+                    ) -> list[PeakMoment]:
+    """:func:`peak_moments` from a shape's analysis: the bytes-weighted pass alone."""
+    return [_walk(rank.steps, stages, graphless, _in_flight(rank, stages)) for rank in analysis]
+
+
+def _holds(schedule: Schedule, rank: int, proofs: Mapping[Action, tuple[Action, ...]]
+           ) -> tuple[tuple[int, int, int, bool], ...]:
+    """Where each message of ``rank`` is in flight (:attr:`RankTimeline.holds`)."""
     program = schedule.programs[rank]
-    size = {Op.RECV_ACT: lambda s: stages[s].received, Op.RECV_GRAD: lambda s: stages[s].sent,
-            Op.SEND_GRAD: lambda s: stages[s].received}
+    sized_as_sent = {Op.RECV_ACT: False, Op.RECV_GRAD: True, Op.SEND_GRAD: False}
     receives = [p for p, a in enumerate(program) if a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
     consumer: dict[int, int] = {}  # receive position -> the compute action that uses it
     waiting: dict[tuple[object, ...], int] = {}
@@ -119,11 +148,11 @@ def _in_flight(schedule: Schedule, rank: int, stages: Sequence[StageBytes],
             consumer[waiting.pop((False, *key))] = position
         elif action.op in GRADIENT_OPS and (True, *key) in waiting:
             consumer[waiting.pop((True, *key))] = position
-    changes = [0.0] * (len(program) + 1)  # difference array over positions
+    holds: list[tuple[int, int, int, bool]] = []
 
-    def hold(first: int, last: int, nbytes: float) -> None:
-        changes[first] += nbytes
-        changes[min(last, len(program) - 1) + 1] -= nbytes
+    def hold(first: int, last: int, action: Action) -> None:
+        holds.append((first, min(last, len(program) - 1) + 1, action.stage,
+                      sized_as_sent[action.op]))
 
     for index, position in enumerate(receives):
         action = program[position]
@@ -133,11 +162,20 @@ def _in_flight(schedule: Schedule, rank: int, stages: Sequence[StageBytes],
         # a forward's input becomes its activation (counted there); a backward's gradient
         # lives while the backward runs
         last = use - 1 if program[use].op is Op.FORWARD else use
-        hold(min(posted, position), last, size[action.op](action.stage))
+        hold(min(posted, position), last, action)
     for position, action in enumerate(program):
         if action.op is Op.SEND_GRAD:
-            hold(position, released_at.get(ref(action), len(program) - 1),
-                 size[action.op](action.stage))
+            hold(position, released_at.get(ref(action), len(program) - 1), action)
+    return tuple(holds)
+
+
+def _in_flight(rank: RankTimeline, stages: Sequence[StageBytes]) -> list[float]:
+    """Bytes of messages in flight while each action of the rank's program runs."""
+    changes = [0.0] * (rank.length + 1)  # difference array over positions
+    for first, stop, stage, sized_as_sent in rank.holds:
+        nbytes = stages[stage].sent if sized_as_sent else stages[stage].received
+        changes[first] += nbytes
+        changes[stop] -= nbytes
     alive, total = [], 0.0
     for change in changes[:-1]:
         total += change
@@ -145,7 +183,7 @@ def _in_flight(schedule: Schedule, rank: int, stages: Sequence[StageBytes],
     return alive
 
 
-def _walk(program: Sequence[tuple[object, ...]], stages: Sequence[StageBytes],
+def _walk(steps: Sequence[tuple[int, Action]], stages: Sequence[StageBytes],
           graphless: frozenset[tuple[int, int | None, int, int]],
           in_flight: Sequence[float]) -> PeakMoment:
     held: dict[_Key, float] = {}
@@ -154,11 +192,9 @@ def _walk(program: Sequence[tuple[object, ...]], stages: Sequence[StageBytes],
     with_gradients: set[tuple[int, int]] = set()
     gradients = activations = 0.0
     best = PeakMoment(0.0, 0.0, 0.0)
-    for position, action in enumerate(program):
+    for position, action in steps:
         op, stage, microbatch, piece, pipeline = (action[0], action[1], action[2], action[3],
                                                    action[6])
-        if op not in _COMPUTE_AND_STEP:
-            continue
         assert isinstance(stage, int) and isinstance(pipeline, int) and isinstance(piece, int)
         assert microbatch is None or isinstance(microbatch, int)
         cost = stages[stage]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +37,7 @@ from ..schedules import Shape, get_info
 from ..schedules.registry import check_options
 from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, shape_bound
-from .budget import Budget
+from .budget import Budget, work_units
 from .links import default_topology
 from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
@@ -247,15 +247,14 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     keyed = sorted(((shape_bound(c, state.profile(c), problem, link), _simplicity(c), i, c)
                     for i, c in enumerate(valid)),
                    key=lambda e: (e[0] / e[3].pipelines, e[1], e[2]))
-    if problem.time_limit is not None:
-        keyed = _safe_first(keyed)
     ranked: list[Prediction] = []
     over: list[Prediction] = []
     slower: list[Timed] = []
     best = 0.0  # samples/s of the best candidate that fits
     last_report = time.perf_counter()
     unexamined = 0
-    for position, (bound, _, _, candidate) in enumerate(keyed):
+    order = keyed if problem.time_limit is None else _safe_first(keyed, lambda: bool(ranked))
+    for position, (bound, _, _, candidate) in enumerate(order):
         if problem.time_limit is not None and ranked and \
                 time.perf_counter() - started > problem.time_limit:
             unexamined = len(keyed) - position
@@ -347,26 +346,38 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
 
 
 SAFE_SCHEDULE = "1f1b"
-"""Under ``--time-limit`` the best-bound candidates of this schedule go first, without and
-with recomputation on every stage (:func:`_safe_first`)."""
+"""Under ``--time-limit`` candidates of this schedule go first (:func:`_safe_first`)."""
+
+Keyed = tuple[float, Any, int, Candidate]
 
 
-def _safe_first(keyed: list[tuple[float, Any, int, Candidate]]
-                ) -> list[tuple[float, Any, int, Candidate]]:
-    """``keyed`` with the best-bound 1F1B candidate, and the best-bound one that recomputes
-    every stage, moved to the front. The order decides nothing in an exact search (every
-    candidate is examined or pruned by a true bound); under a time limit it decides what is
-    examined, and the best bounds are often schedules that hold more activations (zero
-    bubble: up to 2P - 1 micro-batches) and, on a large model, do not fit: starting with the
-    memory-frugal schedule every pipeline runs leaves a plan even when the limit is spent on
-    candidates over the memory limit."""
-    chosen: list[int] = []
-    for wanted in (lambda c: c.recompute == 0, lambda c: c.recompute >= c.stages):
-        found = next((i for i, entry in enumerate(keyed) if entry[3].schedule == SAFE_SCHEDULE
-                      and wanted(entry[3]) and i not in chosen), None)
-        if found is not None:
-            chosen.append(found)
-    return [keyed[i] for i in chosen] + [e for i, e in enumerate(keyed) if i not in chosen]
+def _safe_first(keyed: list[Keyed], found: Callable[[], bool]) -> Iterator[Keyed]:
+    """``keyed`` (best bound first) in the order a time-limited search examines it: until
+    ``found()`` (a candidate that fits was ranked), the 1F1B candidates without
+    recomputation from the cheapest to examine (the fewest actions,
+    :func:`~pipeweave.auto.budget.work_units`), then the best-bound 1F1B candidate recomputing
+    every stage; then every candidate not yet given, best bound first.
+
+    The order decides nothing in an exact search (every candidate is examined or pruned by a
+    true bound, so ``search`` does not call this then); under a time limit it decides what is
+    examined. The best bounds are often schedules that hold more activations (zero bubble: up
+    to 2P - 1 micro-batches) and, on a large model, do not fit, and the first candidate is
+    examined with no measured rate, so a huge one could spend the whole limit. The cheapest
+    candidate of the memory-frugal schedule every pipeline runs that passes the static memory
+    check gives the budget its rate (:mod:`pipeweave.auto.budget`) and, usually, a plan that
+    fits; the candidates it skipped come back in bound order."""
+    given: set[int] = set()
+    safe = [(i, e) for i, e in enumerate(keyed) if e[3].schedule == SAFE_SCHEDULE]
+    seeds = sorted(((i, e) for i, e in safe if e[3].recompute == 0),
+                   key=lambda item: (work_units(item[1][3]), item[0]))
+    seeds += [next(((i, e) for i, e in safe if e[3].recompute >= e[3].stages), (-1, keyed[0]))]
+    for index, entry in seeds:
+        if found():
+            break
+        if index >= 0 and index not in given:
+            given.add(index)
+            yield entry
+    yield from (entry for index, entry in enumerate(keyed) if index not in given)
 
 
 def _cannot_beat(samples: float, bound: float, best: float, candidate: Candidate) -> bool:

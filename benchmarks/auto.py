@@ -17,6 +17,9 @@ trained for ``--steps`` steps on local processes one after another (alternating,
 machine's drift hits every plan alike; the same runner ``auto --run`` uses,
 ``pipeweave.cli.auto_run.measure_plan``):
 
+Each plan runs ``--steps`` steps or more: enough for about a second of timed iterations at its
+predicted speed (``cli.calibrate.timed_steps``, as auto's own calibration run).
+
 * **winner**: auto's plan;
 * **default**: 1F1B, uniform split over all ranks, M = 2 x ranks (what ``pipeweave train``
   runs without options);
@@ -44,6 +47,7 @@ from typing import Any
 
 from pipeweave.auto import AutoProblem, search
 from pipeweave.cli.auto_run import measure_plan
+from pipeweave.cli.calibrate import timed_steps
 from pipeweave.cli.cmd_auto import DEFAULT_MICROBATCH
 from pipeweave.cli.cmd_plan import shared_cores
 from pipeweave.planner.plan import Plan
@@ -132,10 +136,14 @@ def main() -> None:
                                                              schedules).items():
                     plans[label] = (plan, predicted, False)
                 times: dict[str, list[float]] = {label: [] for label in plans}
+                # at least --steps, and about a second of timed iterations: a median of a
+                # handful of 10 ms iterations (cnn) moves by half between runs
+                steps = {label: max(args.steps, timed_steps(predicted))
+                         for label, (_, predicted, _) in plans.items()}
                 for round_ in range(args.rounds):
                     for label, (plan, _, apc) in plans.items():
-                        measured = measure_plan(model, plan, batch_size=batch, steps=args.steps,
-                                                apc=apc, memory=False)
+                        measured = measure_plan(model, plan, batch_size=batch,
+                                                steps=steps[label], apc=apc, memory=False)
                         times[label].append(measured.iteration_time)
                         print(f"{model} R={ranks} round {round_ + 1} {label:<24} "
                               f"{measured.iteration_time * 1e3:8.1f} ms", flush=True)
@@ -146,6 +154,7 @@ def main() -> None:
                                  "stages": [list(s) for s in plan.stages],
                                  "microbatches": plan.microbatches, "chunks": plan.chunks,
                                  "width": plan.width, "pipelines": plan.pipelines,
+                                 "steps": steps[label],
                                  "predicted_s": predicted, "measured_s": median,
                                  "measured_all_s": times[label],
                                  "samples_per_second": batch * plan.pipelines / median,

@@ -72,3 +72,13 @@ def test_message_latency_is_added_to_transfers_and_ring_steps() -> None:
     assert costs.all_reduce[0] == pytest.approx(plain.all_reduce[0])
     assert costs.all_reduce[1] == pytest.approx(plain.all_reduce[1] + 2 * 2 * 2e-3)
     assert costs.forward == plain.forward and costs.backward == plain.backward
+
+
+def test_calibration_runs_last_about_a_second() -> None:
+    from pipeweave.cli.calibrate import TIMED_SECONDS, timed_steps
+
+    assert TIMED_SECONDS == 1.0
+    assert timed_steps(0.3) == 6            # at least 6 (a slow model: 1.5 s timed)
+    assert timed_steps(0.01) == 101         # 100 timed iterations of 10 ms, and the warm-up
+    assert timed_steps(1e-6) == 200         # at most 200
+    assert timed_steps(0.0) == 6

@@ -5,7 +5,8 @@ really has, so that the simulator predicts what ``pipeweave train`` will measure
 only the blocks' compute.
 
 The last is fitted from one real run (:func:`fit_message_latency`): the default plan (1F1B,
-uniform split over the ranks, M = 2 x ranks) is trained for a few steps on local processes and
+uniform split over the ranks, M = 2 x ranks) is trained on local processes for a second or so
+of timed iterations (:func:`timed_steps`) and
 ``message_latency`` is the extra latency per transfer at which its simulated iteration equals
 the measured one (by bisection: the simulated time does not decrease as every transfer gets
 slower). Messages are what a distributed run has that the single-process runs behind the
@@ -16,6 +17,7 @@ machine had at the time."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,7 +27,8 @@ from ..auto.search import default_prediction
 from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
 
-__all__ = ["calibrate", "calibration_skipped", "fit_message_latency", "MessageFit"]
+__all__ = ["calibrate", "calibration_skipped", "fit_message_latency", "MessageFit",
+           "timed_steps"]
 
 
 def calibration_skipped(device: str, precision: str) -> str | None:
@@ -73,13 +76,25 @@ class MessageFit:
                 "message_latency": self.message_latency}
 
 
+TIMED_SECONDS = 1.0
+"""How long the timed iterations of a calibration run last at least: a median of a handful of
+10-millisecond iterations (cnn) moves by half from one run to the next."""
+
+
+def timed_steps(predicted: float, *, least: int = 6, most: int = 200) -> int:
+    """Steps for a run whose iterations (the first is warm-up) last about ``TIMED_SECONDS``
+    together, given a predicted iteration time."""
+    wanted = math.ceil(TIMED_SECONDS / predicted) + 1 if predicted > 0 else least
+    return max(least, min(most, wanted))
+
+
 def _with_latency(profile: Profile, latency: float) -> Profile:
     runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
     return replace(profile, runtime=replace(runtime, message_latency=latency))
 
 
 def fit_message_latency(problem: AutoProblem, model: str,
-                        overrides: dict[str, Any] | None = None, *, steps: int = 6,
+                        overrides: dict[str, Any] | None = None, *, steps: int | None = None,
                         timeout_s: float = 120.0,
                         measure: Callable[..., float] | None = None
                         ) -> tuple[AutoProblem, MessageFit | None]:
@@ -94,6 +109,8 @@ def fit_message_latency(problem: AutoProblem, model: str,
     if measure is None:
         from .auto_run import measure_plan
 
+        if steps is None:
+            steps = timed_steps(before.iteration_time)
         measured = measure_plan(model, before.plan, batch_size=problem.batch, steps=steps,
                                 overrides=overrides, timeout_s=timeout_s,
                                 memory=False).iteration_time

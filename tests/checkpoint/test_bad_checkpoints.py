@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import pipeweave.runtime.checkpoint.writer as checkpoint_module
 from pipeweave.runtime import run_local
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.checkpoint.store import (LATEST, MANIFEST, CheckpointError,
@@ -148,17 +147,18 @@ def test_shards_are_loaded_weights_only(written, tmp_path) -> None:
 
 
 def test_crash_between_shards_and_manifest_keeps_the_previous_checkpoint(tmp_path, monkeypatch) -> None:
-    real = checkpoint_module.finalize
+    import pipeweave.runtime.checkpoint.store as store
 
-    def crash_at_step_4(folder: Path, world_size: int) -> bool:
-        # Crash where the manifest would be written: once every rank's shard is there (a rank
-        # that finishes first finds the other's record missing and writes no manifest).
-        every_shard = all((folder / f"rank{r}.json").exists() for r in range(world_size))
-        if folder.name.startswith("step-00000004-") and every_shard:
+    real = store._atomic_write
+
+    def crash_at_step_4(path: Path, data: bytes) -> None:
+        # Crash exactly where the manifest is written (every rank's shard is there by then);
+        # patching finalize instead raced: a shard could appear between a check and the write.
+        if path.name == MANIFEST and path.parent.name.startswith("step-00000004-"):
             raise OSError("disk full (simulated) while writing the manifest")
-        return real(folder, world_size)
+        real(path, data)
 
-    monkeypatch.setattr(checkpoint_module, "finalize", crash_at_step_4)
+    monkeypatch.setattr(store, "_atomic_write", crash_at_step_4)
     job = mlp_job(depth=2, steps=6)
     with pytest.raises(OSError, match="disk full"):
         run_local(with_checkpoints(job, directory=str(tmp_path), every=2))

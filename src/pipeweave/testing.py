@@ -12,14 +12,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .runtime.job import Job
 from .runtime.observation.summary import iteration_losses
 from .runtime.observation.results import RankResult
 
 __all__ = ["Reference", "reference_run", "iteration_losses", "merged_parameters",
-           "assert_matches_reference", "assert_identical_runs", "relative_error"]
+           "assert_matches_reference", "assert_identical_runs", "relative_error", "TiedHead"]
+
+
+class TiedHead(nn.Module):
+    """An output layer that reuses an embedding's weight (``hidden @ weight.T``): the smallest
+    model with a parameter tied across blocks, for tests of ties (GPT-2's ``wte``/``lm_head``)."""
+
+    def __init__(self, weight: nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        out: Tensor = hidden @ self.weight.t()
+        return out
 
 
 @dataclass(frozen=True)

@@ -9,29 +9,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from pipeweave.models import ModelSpec
 from pipeweave.profiler import BlockProfile, Profile, TieProfile
 from pipeweave.profiler.measure import profile_model
+from pipeweave.testing import TiedHead
 
 VOCAB, WIDTH = 11, 6
-
-
-class Head(nn.Module):
-    def __init__(self, weight: nn.Parameter) -> None:
-        super().__init__()
-        self.weight = weight
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return hidden @ self.weight.t()
 
 
 def _tied() -> ModelSpec:
     torch.manual_seed(0)
     embed = nn.Embedding(VOCAB, WIDTH)
     return ModelSpec.from_blocks(
-        [embed, nn.Linear(WIDTH, WIDTH), nn.Tanh(), Head(embed.weight)],
+        [embed, nn.Linear(WIDTH, WIDTH), nn.Tanh(), TiedHead(embed.weight)],
         lambda logits, targets: nn.functional.cross_entropy(logits.flatten(0, 1),
                                                             targets.flatten()), "tied")
 

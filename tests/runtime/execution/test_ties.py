@@ -18,18 +18,9 @@ from pipeweave.runtime import Job, OptimizerFactory, Plan, run_local
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.execution.ties import split_ties, tie_groups
 from pipeweave.runtime.execution.parts import make_schedule
-from pipeweave.testing import merged_parameters, relative_error
+from pipeweave.testing import TiedHead, merged_parameters, relative_error
 
 VOCAB, WIDTH, SEQ = 11, 6, 5
-
-
-class Head(nn.Module):
-    def __init__(self, weight: nn.Parameter) -> None:
-        super().__init__()
-        self.weight = weight
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return hidden @ self.weight.t()
 
 
 def tied_model() -> ModelSpec:
@@ -37,7 +28,7 @@ def tied_model() -> ModelSpec:
     embed = nn.Embedding(VOCAB, WIDTH).double()
     middle = [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()).double() for _ in range(2)]
     return ModelSpec.from_blocks(
-        [embed, *middle, Head(embed.weight)],
+        [embed, *middle, TiedHead(embed.weight)],
         lambda logits, targets: nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()),
         "tiny-tied")
 

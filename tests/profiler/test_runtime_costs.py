@@ -115,3 +115,14 @@ def test_measured_on_a_real_model() -> None:
     assert costs.notes["runs"] == 4 and len(said) == 4
     with pytest.raises(ValueError, match="blocks"):
         measure_runtime_costs("gpt-tiny", profile)
+
+
+def test_the_runs_use_the_models_own_data_after_its_overrides() -> None:
+    """A sequence model's runs take its overridden seq_len (the profile was measured with it);
+    an image model's have none; an explicit one wins."""
+    from pipeweave.runtime import BuiltinModel
+
+    assert BuiltinModel("gpt-tiny", overrides={"seq_len": 16}).data(8).seq_len == 16
+    assert BuiltinModel("gpt-tiny").data(8, seq_len=12).seq_len == 12
+    image = BuiltinModel("cnn").data(8, seq_len=12)
+    assert image.seq_len is None and image.batch_size == 8

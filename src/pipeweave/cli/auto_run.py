@@ -20,9 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..data import SEQUENCE_DATASETS
-from ..models import build_model, default_seq_len
-from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, launch_local
+from ..runtime import BuiltinModel, Job, OptimizerFactory, Plan, launch_local
 from ..runtime.observation.summary import summarize
 from ..schedules import get_info
 
@@ -69,14 +67,10 @@ def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bo
     if steps < 3:
         raise ValueError(f"--steps {steps} is too few to time: the first iteration is warm-up "
                          f"and the time is a gap between two later ones; use --steps 3 or more")
-    extra = dict(overrides or {})
-    spec = build_model(model, **extra)
-    dataset = spec.dataset or "digits"
-    seq_len = default_seq_len(model, **extra) if dataset in SEQUENCE_DATASETS else None
+    builtin = BuiltinModel(model, seed=seed, overrides=dict(overrides or {}))
     default = get_info(plan.schedule).default_optimizer
     name, kwargs = (default[0], dict(default[1])) if default is not None else (optimizer, {})
-    job = Job(plan=plan, steps=steps, model=BuiltinModel(model, seed=seed, overrides=extra),
-              data=BuiltinData(dataset, batch_size=batch_size, seq_len=seq_len, seed=seed),
+    job = Job(plan=plan, steps=steps, model=builtin, data=builtin.data(batch_size, seed=seed),
               optimizer=OptimizerFactory(name, {"lr": 1e-3, **kwargs}), seed=seed,
               timeout_s=timeout_s, progress=False, apc=apc)
     with _stdout_to_stderr():

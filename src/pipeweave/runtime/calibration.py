@@ -25,7 +25,7 @@ from typing import Any
 
 from ..profiler import Profile
 from ..profiler.runtime_costs import ACTION_KINDS, RuntimeCosts
-from .job import BuiltinData, BuiltinModel, Job, OptimizerFactory
+from .job import BuiltinModel, Job, OptimizerFactory
 from .launch.single_process import run_local
 
 __all__ = ["measure_runtime_costs", "fit_runtime_costs"]
@@ -77,8 +77,6 @@ def measure_runtime_costs(model: str, profile: Profile, *, overrides: dict[str, 
                           microbatches: int = 4, warmup: int = 2, iterations: int = 4,
                           say: Callable[[str], None] | None = None) -> RuntimeCosts:
     """Run ``model`` (a registered name) and fit its :class:`RuntimeCosts` (module docstring)."""
-    from ..data import SEQUENCE_DATASETS
-    from ..models import default_seq_len
     from ..planner.plan import Plan
 
     if profile.batch_size is None:
@@ -91,9 +89,7 @@ def measure_runtime_costs(model: str, profile: Profile, *, overrides: dict[str, 
     if len(spec.blocks) != profile.num_blocks:
         raise ValueError(f"the profile has {profile.num_blocks} blocks but model {model!r} has "
                          f"{len(spec.blocks)}; profile this model first")
-    dataset = spec.dataset or "digits"
-    if seq_len is None and dataset in SEQUENCE_DATASETS:
-        seq_len = default_seq_len(model)
+    data = builtin.data(profile.batch_size * microbatches, seq_len=seq_len)
     samples: list[tuple[str, int, float]] = []
     messages: list[float] = []
     runs = 0
@@ -102,9 +98,7 @@ def measure_runtime_costs(model: str, profile: Profile, *, overrides: dict[str, 
             plan = Plan(num_blocks=profile.num_blocks, stages=bounds, schedule=schedule,
                         microbatches=microbatches)
             job = Job(plan=plan, steps=warmup + iterations, model=builtin,
-                      optimizer=OptimizerFactory(optimizer, {"lr": 1e-4}), seed=0,
-                      data=BuiltinData(dataset, batch_size=profile.batch_size * microbatches,
-                                       seq_len=seq_len, seed=0))
+                      optimizer=OptimizerFactory(optimizer, {"lr": 1e-4}), seed=0, data=data)
             records = [r for result in run_local(job) for r in result.records]
             runs += 1
             durations: dict[tuple[int, str], list[float]] = defaultdict(list)

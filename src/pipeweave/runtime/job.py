@@ -42,6 +42,20 @@ class BuiltinModel:
             raise ValueError(f"dtype {self.dtype!r} unsupported; use one of {sorted(DTYPES)}")
         return build_model(self.name, seed=self.seed, dtype=DTYPES[self.dtype], **self.overrides)
 
+    def data(self, batch_size: int, *, seq_len: int | None = None,
+             seed: int = 0) -> "BuiltinData":
+        """The model's own dataset (``digits`` where it names none) at ``batch_size``; a
+        sequence dataset at ``seq_len``, by default the model's (after its overrides)."""
+        from ..data import SEQUENCE_DATASETS
+        from ..models import default_seq_len
+
+        dataset = self().dataset or "digits"
+        if dataset not in SEQUENCE_DATASETS:
+            seq_len = None
+        elif seq_len is None:
+            seq_len = default_seq_len(self.name, **self.overrides)
+        return BuiltinData(dataset, batch_size=batch_size, seq_len=seq_len, seed=seed)
+
 
 @dataclass(frozen=True)
 class BuiltinData:

@@ -3,6 +3,7 @@ optimum), with links and all-reduces priced, on a two-level topology, with share
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -11,10 +12,30 @@ from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem, enumerate_candidates
 from pipeweave.auto.bounds import plan_bound, shape_bound
 from pipeweave.auto.predict import candidate_costs, predict, simulate_candidate
+from pipeweave.auto.problem import Candidate
 from pipeweave.auto.search import _Search, _valid_shape
+from pipeweave.planner.plan import Plan
 from pipeweave.planner.topology import Topology
 from pipeweave.profiler import LinkProfile, Profile, TieProfile
 from pipeweave.schedules import get_info
+from pipeweave.sim import Costs
+
+
+def _simulated(problem: AutoProblem) -> Iterator[tuple[Candidate, Plan, Profile, Costs, float]]:
+    """Every valid synchronous candidate of ``problem``, partitioned and simulated: the
+    candidate (before partitioning, what the shape bound sees), its plan, the profile scaled
+    to its micro-batch, its costs and its simulated iteration time."""
+    state = _Search(problem, lambda _text: None)
+    for candidate in enumerate_candidates(problem):
+        if not _valid_shape(candidate, problem) or not get_info(candidate.schedule).synchronous:
+            continue
+        try:
+            done, plan, scaled = state.complete(candidate)
+            timed = simulate_candidate(done, scaled, problem)
+        except ValueError:
+            continue
+        yield candidate, plan, scaled, candidate_costs(done, plan, scaled, problem), \
+            timed.iteration_time
 
 
 @pytest.mark.parametrize("shared_cores,prefixes,tied", [
@@ -32,18 +53,8 @@ def test_bounds_are_below_the_simulated_time(shared_cores: int | None, prefixes:
                           shared_cores=shared_cores, methods=("uniform", "time", "pipedream"),
                           microbatches=(4, 8, 16), pipelines=(1, 2),
                           recompute=tuple(range(9)) if prefixes else None)
-    state = _Search(problem, lambda _text: None)
     checked = 0
-    for candidate in enumerate_candidates(problem):
-        if not _valid_shape(candidate, problem) or not get_info(candidate.schedule).synchronous:
-            continue
-        try:
-            done, plan, scaled = state.complete(candidate)
-            prediction = predict(done, scaled, problem)
-        except ValueError:
-            continue
-        costs = candidate_costs(done, plan, scaled, problem)
-        time = prediction.iteration_time
+    for candidate, plan, scaled, costs, time in _simulated(problem):
         assert shape_bound(candidate, scaled, problem, 1e9) <= time * (1 + 1e-9), candidate
         assert plan_bound(plan, costs, problem) <= time * (1 + 1e-9), candidate
         checked += 1
@@ -67,20 +78,10 @@ def test_bounds_hold_where_all_reduces_dominate(ranks: int, topology: str) -> No
     problem = AutoProblem(profile=profile, ranks=ranks, topology=Topology.parse(topology),
                           methods=("uniform", "parameters", "pipedream"),
                           microbatches=(8, 16), pipelines=(1, 2))
-    state = _Search(problem, lambda _text: None)
     link = max(level.bandwidth for level in problem.topology.levels)  # type: ignore[union-attr]
     checked = reduce_heavy = 0
-    for candidate in enumerate_candidates(problem):
-        if not _valid_shape(candidate, problem) or not get_info(candidate.schedule).synchronous:
-            continue
-        try:
-            done, plan, scaled = state.complete(candidate)
-            timed = simulate_candidate(done, scaled, problem)
-        except ValueError:
-            continue
-        costs = candidate_costs(done, plan, scaled, problem)
+    for candidate, plan, scaled, costs, time in _simulated(problem):
         table = costs.resolve(len(plan.stages))
-        time = timed.iteration_time
         assert shape_bound(candidate, scaled, problem, link) <= time * (1 + 1e-9), candidate
         assert plan_bound(plan, costs, problem) <= time * (1 + 1e-9), candidate
         reduce_heavy += max(table.all_reduce) > max(table.forward) + max(table.backward)

@@ -101,9 +101,7 @@ def fit_message_latency(problem: AutoProblem, model: str,
     """``problem`` with its profile's ``message_latency`` fitted to one real run of the
     default plan (module docstring); ``None`` when the default plan cannot be built.
     ``measure(plan, batch_size)`` -> seconds per iteration replaces the real run (tests)."""
-    start = _with_latency(problem.profile, 0.0)
-    base = replace(problem, profile=start)
-    before = default_prediction(base)
+    before = default_prediction(replace(problem, profile=_with_latency(problem.profile, 0.0)))
     if before is None:
         return problem, None
     if measure is None:
@@ -126,14 +124,15 @@ def fit_message_latency(problem: AutoProblem, model: str,
     latency = 0.0
     if before.iteration_time < measured:
         low, high = 0.0, 1e-3
-        while predicted(high) < measured and high < 60.0:
+        reached = predicted(high) >= measured
+        while not reached and high < 60.0:
             low, high = high, high * 4
-        if predicted(high) < measured:  # no message on the default plan's critical path
-            high = low = 0.0
-        for _ in range(40 if high > 0 else 0):
-            middle = (low + high) / 2
-            low, high = (middle, high) if predicted(middle) < measured else (low, middle)
-        latency = high
+            reached = predicted(high) >= measured
+        if reached:  # else no message is on the default plan's critical path: 0
+            for _ in range(40):
+                middle = (low + high) / 2
+                low, high = (middle, high) if predicted(middle) < measured else (low, middle)
+            latency = high
     fit = MessageFit(measured=measured, predicted_before=before.iteration_time,
                      message_latency=latency)
     return replace(problem, profile=_with_latency(problem.profile, latency)), fit

@@ -157,3 +157,14 @@ def test_model_is_calibrated_unless_told_not_to(tmp_path: Path,
     # the costs are priced: the same default plan is predicted differently with them
     assert json.loads(calibrated.out)["default"]["predicted_iteration_time"] != \
         json.loads(plain.out)["default"]["predicted_iteration_time"]
+
+
+def test_calibration_off_cpu_is_said_not_skipped_silently(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With --device cuda the calibration (CPU runs) cannot apply: auto says so in one note."""
+    assert main(["auto", "--model", "gpt-tiny", "--profile", str(_profile(tmp_path)),
+                 "--device", "cuda", "--ranks", "2", "--schedules", "1f1b",
+                 "--out", str(tmp_path / "plan.json"), "--plot", str(tmp_path / "p.png")]) == 0
+    err = capsys.readouterr().err
+    assert "note: runtime costs are measured on CPU only" in err
+    assert "no message latency fitted" in err and "Traceback" not in err

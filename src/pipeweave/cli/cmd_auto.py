@@ -33,7 +33,7 @@ from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
 from ..models import available_models
 from ..planner import Topology
 from ..profiler import Profile
-from .calibrate import calibrate, fit_message_latency
+from .calibrate import calibrate, calibration_skipped, fit_message_latency
 from .cmd_plan import load_profile, parse_bytes, shared_cores
 from .model_options import add_profile_source, chosen_model
 
@@ -185,7 +185,11 @@ def run(args: argparse.Namespace) -> int:
         methods=_names(args.methods), microbatches=_counts(args.microbatches))
     model, overrides = chosen_model(args)
     fit = None
-    if model is not None and not args.no_calibration and args.device == "cpu":
+    skipped = calibration_skipped(args.device, "full")
+    if model is not None and not args.no_calibration and skipped is not None:
+        _say(f"note: {skipped}; no message latency fitted either (--no-calibration silences "
+             "this)")
+    elif model is not None and not args.no_calibration:
         started = time.perf_counter()
         _say(f"timing the default plan on {args.ranks} local processes to fit the message "
              "latency ...")

@@ -48,6 +48,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -56,6 +57,7 @@ from torch import Tensor, nn
 
 from ..models import ModelSpec
 from ..precision import cast_input, cast_module, check_precision, compute
+from ..saved_tensors import observing_saved
 from ..split_backward import input_gradient, recording, weight_gradient
 from ..host import machine_cores
 from .apc_rate import measure_apc_rate
@@ -288,7 +290,7 @@ def measure_block(
         block.zero_grad(set_to_none=True)
         _sync(cuda)
         started = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(*_counter(record, weights)):
+        with _counter(record, weights):
             out = block(x)
             loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
         _sync(cuda)
@@ -330,23 +332,19 @@ def _leaf(inputs: Tensor) -> Tensor:
 
 
 def _counter(record: list[int], excluded: frozenset[int] = frozenset()
-             ) -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]:
-    """Saved-tensor hooks adding each saved storage's bytes to ``record`` once, except the
-    storages in ``excluded`` (the block's parameters and buffers, by data pointer)."""
+             ) -> AbstractContextManager[None]:
+    """Inside: each saved storage's bytes added to ``record`` once, except the storages in
+    ``excluded`` (the block's parameters and buffers, by data pointer)."""
     seen: set[tuple[int, int]] = set()
 
-    def pack(tensor: Tensor) -> Tensor:
+    def count(tensor: Tensor) -> None:
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
         if key[0] not in excluded and key not in seen:
             seen.add(key)
             record.append(storage.nbytes())
-        return tensor
 
-    def unpack(tensor: Tensor) -> Tensor:
-        return tensor
-
-    return pack, unpack
+    return observing_saved(count)
 
 
 def _backward(out: Tensor, loss: Tensor | None) -> None:
@@ -399,8 +397,7 @@ def _split_times(block: nn.Module, inputs: Tensor,
     for run in range(repeats + 1):
         x = _leaf(inputs)
         saved: set[int] = set()
-        with recording(block) as recorded, torch.autograd.graph.saved_tensors_hooks(
-                *_storages(saved)):
+        with recording(block) as recorded, _storages(saved):
             out = block(x)
             loss = (loss_fn(out, targets) if loss_fn is not None and targets is not None
                     else None)
@@ -428,17 +425,9 @@ def _split_times(block: nn.Module, inputs: Tensor,
             statistics.median(weight_times) if has_weights else 0.0, held, sum(unsaved.values()))
 
 
-def _storages(found: set[int]) -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]:
-    """Saved-tensor hooks adding each saved tensor's storage (data pointer) to ``found``."""
-
-    def pack(tensor: Tensor) -> Tensor:
-        found.add(tensor.untyped_storage().data_ptr())
-        return tensor
-
-    def unpack(tensor: Tensor) -> Tensor:
-        return tensor
-
-    return pack, unpack
+def _storages(found: set[int]) -> AbstractContextManager[None]:
+    """Inside: each saved tensor's storage (data pointer) added to ``found``."""
+    return observing_saved(lambda tensor: found.add(tensor.untyped_storage().data_ptr()))
 
 
 def _peak_memory(block: nn.Module, inputs: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor] | None,

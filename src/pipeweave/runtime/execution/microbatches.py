@@ -11,14 +11,36 @@ deterministic stream, so no data travels between ranks.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["MicrobatchSource"]
+from ...ir import Action
+
+__all__ = ["MicrobatchSource", "data_window"]
 
 Batch = tuple[Tensor, Tensor]
+
+
+def data_window(program: Sequence[Action], *, microbatches: int, pipelines: int = 1) -> int:
+    """How many batches a rank running ``program`` must keep at once: at every action, from
+    the oldest batch an action still to come names to the newest one named so far.
+
+    Every action with a micro-batch counts (a conservative superset of those reading data:
+    a recomputed or predicted forward reads its inputs again at its backward), so 1F1B keeps
+    one or two batches, not a fixed window (16 batches of images on a GPU are hundreds of MB).
+    """
+    batches = [(a.microbatch // microbatches) * pipelines + a.pipeline
+               for a in program if a.microbatch is not None]
+    window, newest = 1, -1
+    oldest_ahead = list(batches)
+    for i in range(len(batches) - 2, -1, -1):
+        oldest_ahead[i] = min(batches[i], oldest_ahead[i + 1])
+    for i, batch in enumerate(batches):
+        newest = max(newest, batch)
+        window = max(window, newest - oldest_ahead[i] + 1)
+    return window
 
 
 class MicrobatchSource:

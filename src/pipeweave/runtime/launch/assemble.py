@@ -19,7 +19,7 @@ from ..communication.transport import Transport
 from ..execution.clipping import GradientClipper
 from ..execution.global_check import GlobalCheck, has_global_check
 from ..execution.interpreter import RankInterpreter
-from ..execution.microbatches import MicrobatchSource
+from ..execution.microbatches import MicrobatchSource, data_window
 from ..execution.parts import RankParts, build_rank
 from ..execution.stage import StageRuntime
 from ..execution.ties import TiedGradients
@@ -111,8 +111,10 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
     parts = build_rank(job, rank, prepared.schedule, device, spec=spec)
     recovery = RankRecovery(job=job, schedule=prepared.schedule, rank=rank, parts=parts,
                             device=device, session=session, apply_rng=apply_rng)
+    window = data_window(prepared.schedule.programs[rank], microbatches=job.plan.microbatches,
+                         pipelines=job.plan.pipelines)
     data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,
-                            pipelines=job.plan.pipelines, device=device,
+                            pipelines=job.plan.pipelines, device=device, window=window,
                             first_batch=recovery.first_batch)
     clipper = check = None
     if has_global_check(prepared.schedule):

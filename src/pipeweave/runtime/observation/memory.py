@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ...planner.plan import Plan
+from ...saved_tensors import observing_saved
 
 if TYPE_CHECKING:
     from ...models import ModelSpec
@@ -78,13 +79,9 @@ class ActivationMeter:
                 seen.add(view)
                 total += view[2]
 
-        def pack(tensor: Tensor) -> Tensor:
-            count(tensor)
-            return tensor
-
         outputs: list[Tensor] = []
         count(inputs)
-        with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+        with observing_saved(count):
             yield outputs
         for output in outputs:
             count(output)
@@ -104,10 +101,6 @@ class ActivationMeter:
             tensors = [*module.parameters(), *module.buffers()]
             self._excluded[id(module)] = frozenset(t.untyped_storage().data_ptr() for t in tensors)
         return self._excluded[id(module)]
-
-
-def _unpack(tensor: Tensor) -> Tensor:
-    return tensor
 
 
 def _module_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> int:

@@ -118,9 +118,26 @@ class CausalContext(nn.Module):
     def __init__(self, config: Any, mask: MaskFunction, rotary: nn.Module | None) -> None:
         super().__init__()
         self.config, self.mask, self.rotary = config, mask, rotary
+        self._last: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
     def forward(self, hidden: Tensor, padding: Tensor | None = None) -> dict[str, Any]:
-        """``padding``: HF's 2-d ``attention_mask`` (None: no padding)."""
+        """``padding``: HF's 2-d ``attention_mask`` (None: no padding).
+
+        Without padding the result depends only on the hidden state's batch, length, dtype
+        and device (and the rotary module's frequencies): the layers of a stage, which share
+        this context, compute it once per micro-batch shape instead of once each (HF's own
+        forward computes it once per forward). Nothing in it needs a gradient."""
+        if padding is not None:
+            return self._compute(hidden, padding)
+        frequencies = getattr(self.rotary, "inv_freq", None)
+        key = (tuple(hidden.shape[:2]), hidden.dtype, hidden.device,
+               None if frequencies is None else (frequencies.data_ptr(), frequencies._version))
+        if self._last is None or self._last[0] != key:
+            with torch.no_grad():
+                self._last = (key, self._compute(hidden, None))
+        return dict(self._last[1])
+
+    def _compute(self, hidden: Tensor, padding: Tensor | None) -> dict[str, Any]:
         positions = position_ids(hidden)
         inputs: dict[str, Any] = {
             "attention_mask": self.mask(config=self.config, inputs_embeds=hidden,

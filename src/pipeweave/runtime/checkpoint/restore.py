@@ -143,9 +143,9 @@ def _restore_losses(shards: _Shards, schedule: Schedule, parts: RankParts) -> No
             continue
         for index in range(schedule.pipelines):
             losses = shards.part(entry["file"], index)["losses"]
-            history = parts.pipeline(index).stages[last].losses
             saved = dict(zip(losses["microbatch"].tolist(), losses["value"].tolist()))
-            history.update(rekey_losses(saved, saved_m, schedule.microbatches))
+            parts.pipeline(index).stages[last].loss_log.restore(
+                rekey_losses(saved, saved_m, schedule.microbatches))
 
 
 def _rng_state(shards: _Shards, job: Job, schedule: Schedule, rank: int,

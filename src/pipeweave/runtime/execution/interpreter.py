@@ -317,6 +317,8 @@ class RankInterpreter:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         weights.after_step()
+        if stage.is_last:  # losses already computed: a diverging run stops here (.losses)
+            stage.loss_log.values(wait=False)
         if self.on_step is not None and action.pipeline == 0:
             self.on_step(action, self.stages)
 

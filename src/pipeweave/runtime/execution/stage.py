@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ...precision import cast_input, compute
 from ...split_backward import (PendingWeights, RecordedOutput, input_gradient, recording,
                                weight_gradient)
+from .losses import LossLog
 
 __all__ = ["StageRuntime", "StageError", "HeldActivations"]
 
@@ -118,11 +119,17 @@ class StageRuntime:
         """Split backwards between their ``I`` and ``W``."""
         self.held = held if held is not None else HeldActivations()
         self._alive = 0  # micro-batches with a stash or a pending W here
-        self.losses: dict[int, float] = {}
+        self.loss_log = LossLog(stage)
         """Weighted loss contribution per micro-batch (last stage only)."""
         self.peak_stashed = 0
         self.peak_stashed_bytes = 0
         self._stashed_bytes = 0
+
+    @property
+    def losses(self) -> dict[int, float]:
+        """Weighted loss per micro-batch (last stage only), every one computed so far: on a
+        GPU this waits for the last ones (:mod:`.losses`)."""
+        return self.loss_log.values()
 
     # -- forward ----------------------------------------------------------------------
     def _run(self, inputs: Tensor, replica: nn.Module | None) -> Tensor:
@@ -181,13 +188,7 @@ class StageRuntime:
 
     def _loss(self, output: Tensor, target: Tensor, rows: int, batch_rows: int, key: Key) -> Tensor:
         loss = self.loss_fn(output, target) * (rows / batch_rows)
-        value = float(loss.detach())
-        if value != value or value in (float("inf"), float("-inf")):
-            raise FloatingPointError(
-                f"loss became {value} at micro-batch {key[0]} (stage {self.stage}); lower the "
-                f"learning rate or check the data"
-            )
-        self.losses[key[0]] = self.losses.get(key[0], 0.0) + value
+        self.loss_log.add(key[0], loss)
         return self._for_backward(loss)
 
     def forget(self, key: Key) -> None:
@@ -197,7 +198,7 @@ class StageRuntime:
         if stash is not None:
             self._stashed_bytes -= _nbytes(stash)
         if self.is_last:
-            self.losses.pop(key[0], None)
+            self.loss_log.forget(key[0])
         self._recount()
 
     def _keep(self, key: Key, stash: _Stash) -> None:

@@ -26,7 +26,7 @@ class StepProgress:
     def __call__(self, action: Action, stages: Mapping[int, StageRuntime]) -> None:
         if action.stage != self.stage:
             return
-        losses = stages[self.stage].losses
+        losses = stages[self.stage].loss_log.values(wait=False)  # never stall a GPU
         if losses:
             iteration = max(losses) // self.microbatches
             first = iteration * self.microbatches

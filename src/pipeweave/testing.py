@@ -49,7 +49,7 @@ def reference_run(job: Job) -> Reference:
         raise ValueError("the non-pipelined reference covers one pipeline; use pipelines=1")
     torch.manual_seed(job.seed)
     spec = job.model()
-    model = spec.sequential()
+    model = spec.sequential().train()  # as the runtime trains: whatever mode it came in
     optimizer = job.optimizer(model.parameters())
     data = iter(job.data())
     losses = []

@@ -44,8 +44,8 @@ def test_the_run_leaves_the_models_own_modes() -> None:
 
     job = hf_job("gpt2", sublayer=False)
     spec = job.model()
-    spec.blocks[1].eval()
-    spec.blocks[2].train()
+    spec.blocks[1].layer.eval()  # HF's layer in eval mode, its wrapper not: from_pretrained's
+    spec.blocks[2].eval()        # model through blocks(); and a whole block in eval mode
     before = [m.training for block in spec.blocks for m in block.modules()]
     prepare(job, spec=spec)
     assert [m.training for block in spec.blocks for m in block.modules()] == before

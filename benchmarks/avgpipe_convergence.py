@@ -91,10 +91,10 @@ from vs_torch_pipelining import MAX_FOREIGN  # noqa: E402
 
 from pipeweave.models import build_model  # noqa: E402
 from pipeweave.runtime import (  # noqa: E402
-    BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult, launch_local, run_local,
+    BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult, launch_local,
+    merged_parameters, run_local,
 )
 from pipeweave.runtime.observation.summary import summarize  # noqa: E402
-from pipeweave.testing import merged_parameters  # noqa: E402
 
 # -- settings -------------------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parents[1]

@@ -92,10 +92,10 @@ from machine_load import wait_for_quiet
 from pipeweave.data import build_dataset
 from pipeweave.models import build_model
 from pipeweave.runtime import (
-    BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult, launch_local, run_local,
+    BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult, iteration_losses,
+    launch_local, merged_parameters, run_local,
 )
-from pipeweave.runtime.observation.summary import iteration_losses, summarize
-from pipeweave.testing import merged_parameters
+from pipeweave.runtime.observation.summary import summarize
 
 # -- settings -------------------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parents[1]

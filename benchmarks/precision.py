@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, run_local
-from pipeweave.testing import iteration_losses
+from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan,
+                               iteration_losses, run_local)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "precision.json"
 PRECISIONS = ("full", "bf16-mixed", "bf16")

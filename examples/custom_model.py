@@ -9,9 +9,7 @@ here) and deterministic (same weights, same batches on every rank).
 import torch
 
 from pipeweave.models import ModelSpec
-from pipeweave.runtime import Job, Plan, launch_local, run_local
-from pipeweave.testing import merged_parameters
-from pipeweave.runtime.observation.summary import iteration_losses
+from pipeweave.runtime import Job, Plan, iteration_losses, launch_local, merged_parameters, run_local
 
 STEPS, MICROBATCHES, BATCH = 20, 4, 32
 

@@ -4,6 +4,8 @@ The one shared helper behind the tests that prove synchronous schedules exact (D
 "synchronous schedules give the same gradients as non-pipelined training"), also usable by
 anyone checking their own model: train a deep copy of the model as one ``nn.Sequential`` on
 the same batches with the same optimizer, then compare every parameter.
+``iteration_losses`` and ``merged_parameters`` live in :mod:`pipeweave.runtime` (re-exported
+here for the tests).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from torch import Tensor, nn
 
 from .runtime.job import Job
 from .runtime.observation.summary import iteration_losses
-from .runtime.observation.results import RankResult
+from .runtime.observation.results import RankResult, merged_parameters
 
 __all__ = ["Reference", "reference_run", "iteration_losses", "merged_parameters",
            "assert_matches_reference", "assert_identical_runs", "relative_error", "TiedHead"]
@@ -47,7 +49,7 @@ def reference_run(job: Job) -> Reference:
         raise ValueError("the non-pipelined reference covers one pipeline; use pipelines=1")
     torch.manual_seed(job.seed)
     spec = job.model()
-    model = spec.sequential()
+    model = spec.sequential().train()  # as the runtime trains: whatever mode it came in
     optimizer = job.optimizer(model.parameters())
     data = iter(job.data())
     losses = []
@@ -60,13 +62,6 @@ def reference_run(job: Job) -> Reference:
         losses.append(float(loss.detach()))
     parameters = {name: p.detach().clone() for name, p in model.named_parameters()}
     return Reference(losses, parameters)
-
-
-def merged_parameters(results: Sequence[RankResult]) -> dict[str, Tensor]:
-    merged: dict[str, Tensor] = {}
-    for result in results:
-        merged.update(result.parameters)
-    return merged
 
 
 def assert_identical_runs(got: Sequence[RankResult], want: Sequence[RankResult]) -> None:

@@ -36,7 +36,6 @@ from checkpoint_jobs import KillingData, mlp_job, wait_dead
 pytestmark = pytest.mark.distributed
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
-BOUND_S = 60  # pipeweave's default peer timeout: the most any rank may take to notice
 
 
 def _pids(folder: Path, world: int, within_s: float = 60) -> list[int]:
@@ -57,13 +56,12 @@ def _pids(folder: Path, world: int, within_s: float = 60) -> list[int]:
 ], ids=["2ranks-last", "4ranks-middle", "4ranks-first"])
 def test_sigkilled_rank_stops_the_run_naming_it(world: int, victim: int, how: dict,
                                                 tmp_path: Path) -> None:
-    job = dataclasses.replace(mlp_job(depth=world, steps=400),
+    # The peers' own timeout (600 s) is past the deadline: only the launcher stops them before it.
+    job = dataclasses.replace(mlp_job(depth=world, steps=400), timeout_s=600.0,
                               data=KillingData(rank=victim, pids=str(tmp_path), **how))
-    started = time.monotonic()
     with pytest.raises(RunFailed, match=rf"rank {victim} exited with code -9 \(signal SIGKILL\); "
                                         rf"all other ranks were stopped"):
         launch_local(job, deadline_s=150)
-    assert time.monotonic() - started < BOUND_S
     # Every rank that reached its data wrote its pid; on a loaded machine a rank may still have
     # been building its model when the victim died 2 s in (and been stopped before writing it):
     # those are covered by active_children() below.

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pipeweave.cli.cmd_schedules import CHOOSING
 from pipeweave.cli.main import main
 from pipeweave.schedules import available_schedules
 
@@ -29,6 +31,16 @@ def test_schedules_lists_names_descriptions_and_papers(capsys: pytest.CaptureFix
         assert info.name in out and info.paper in out and info.description in out
     gpipe_line = next(line for line in out.splitlines() if line.startswith("gpipe "))
     assert "sync" in gpipe_line
+
+
+def test_schedules_point_to_the_page_on_choosing(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run(capsys, "schedules")
+    assert out.rstrip().splitlines()[-1] == CHOOSING
+    page = Path(__file__).resolve().parents[2] / "docs" / "choosing.md"
+    assert page.is_file() and "docs/choosing.md" in CHOOSING
+    text = page.read_text()
+    for schedule in available_schedules():  # the page covers every registered schedule
+        assert re.search(rf"`{re.escape(schedule.name)}[` ]", text), schedule.name
 
 
 @pytest.mark.parametrize(("schedule", "sees"), [

@@ -60,6 +60,27 @@ class HFFactory:
 
 
 @dataclass(frozen=True)
+class PretrainedFactory:
+    """Job model factory (picklable): the model saved at ``path`` (``save_pretrained``), loaded
+    with ``from_pretrained`` — which returns it in eval mode — through ``pipeweave.hf.blocks``.
+    ``dropout``: overrides the saved GPT-2's dropout probabilities (None: as saved)."""
+
+    path: str
+    dropout: float | None = None
+
+    def __call__(self) -> Any:
+        import pipeweave.hf
+        import transformers
+
+        overrides = ({} if self.dropout is None else
+                     {"resid_pdrop": self.dropout, "embd_pdrop": self.dropout,
+                      "attn_pdrop": self.dropout})
+        model = transformers.AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float64,
+                                                                  **overrides)
+        return pipeweave.hf.blocks(model)
+
+
+@dataclass(frozen=True)
 class PaddedData:
     """The byte corpus, left-padded: sample ``i`` of a batch keeps its last ``lengths[i]``
     tokens. Inputs ``int64 [B, 2, T]`` (ids with ``pad`` at padding, HF's attention_mask),

@@ -24,6 +24,7 @@ def example() -> str:
 def test_the_example_is_short_and_trains(tmp_path: Path) -> None:
     code = example()
     assert len(code.strip().splitlines()) <= 20
+    assert "pipeweave.testing" not in code  # the example uses the public API only
     script = tmp_path / "example.py"
     script.write_text(code)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,

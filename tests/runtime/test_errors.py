@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import time
 
 import pytest
 
+from pipeweave.runtime.launch import processes
 from pipeweave.runtime import BuiltinData, Job, Plan, RunFailed, launch_local, run_local
 
 from runtime_jobs import RankFaultData, gpt_job, mismatched_model, mlp_job
@@ -38,13 +38,16 @@ def test_plan_for_another_model() -> None:
         run_local(job)
 
 
-def test_shape_mismatch_between_stages_is_reported_before_launch() -> None:
+def test_shape_mismatch_between_stages_is_reported_before_launch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a rank was started before the check")
+
+    monkeypatch.setattr(processes.mp, "start_processes", no_process)
     job = dataclasses.replace(mlp_job(depth=2), model=mismatched_model, plan=Plan.uniform(2, 2))
-    started = time.monotonic()
     with pytest.raises(ValueError, match=r"stage 1 \(blocks 1..1\) cannot run block 1 .* "
                                          r"stage boundary.*shape \(1, 32\)"):
         launch_local(job)
-    assert time.monotonic() - started < 30
     assert not multiprocessing.active_children()
 
 
@@ -59,12 +62,11 @@ def test_nan_loss_names_the_step() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [2, 4])
 def test_rank_that_raises_stops_everyone(world: int) -> None:
-    job = dataclasses.replace(mlp_job(depth=world, steps=50),
+    # The peers' own timeout (600 s) is past the test's: only the launcher can stop them in time.
+    job = dataclasses.replace(mlp_job(depth=world, steps=50), timeout_s=600.0,
                               data=RankFaultData(rank=world - 1, at=3, mode="raise"))
-    started = time.monotonic()
     with pytest.raises(RunFailed, match=f"rank {world - 1} failed: RuntimeError: injected failure"):
         launch_local(job)
-    assert time.monotonic() - started < 60
     assert not multiprocessing.active_children()
 
 
@@ -73,10 +75,8 @@ def test_rank_that_raises_stops_everyone(world: int) -> None:
 def test_hung_peer_times_out_with_its_name() -> None:
     job = dataclasses.replace(mlp_job(depth=2, steps=50), timeout_s=3.0,
                               data=RankFaultData(rank=0, at=2, mode="hang"))
-    started = time.monotonic()
     with pytest.raises(RunFailed, match=r"(?s)rank 1 failed: .*PeerTimeout.*from rank 0.*probably died"):
         launch_local(job)
-    assert time.monotonic() - started < 60
     assert not multiprocessing.active_children()
 
 

@@ -2,7 +2,8 @@
 
 Each line also says how many samples one optimizer step sees, counted from the schedule itself
 (:func:`pipeweave.ir.updates.update_sizes`): that is what ``--lr`` and every optimizer argument
-apply to, exactly as in ``torch.optim``.
+apply to, exactly as in ``torch.optim``. The list ends with a pointer to the page that says
+which schedule to use when (:data:`CHOOSING`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from typing import Any
 from ..ir.updates import update_sizes
 from ..schedules import ScheduleInfo, Shape, available_schedules, build_schedule
 
-__all__ = ["add_parser", "run", "samples_per_update"]
+__all__ = ["add_parser", "run", "samples_per_update", "CHOOSING"]
+
+CHOOSING = ("which schedule and semantics to use when: docs/choosing.md (measured numbers); "
+            "or let `pipeweave auto` choose by simulation")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -54,4 +58,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'':<{width}}         one update sees: {samples_per_update(info)}")
         if info.cost:
             print(f"{'':<{width}}         cost: {info.cost}")
+    print(f"\n{CHOOSING}")
     return 0

@@ -157,6 +157,8 @@ class Job:
         plan: the split and schedule.
         steps: iterations (optimizer steps per stage for flush schedules) to run.
         model: returns the :class:`ModelSpec` (called on every rank; must be deterministic).
+            Its blocks train in train mode whatever mode they come in (a ``from_pretrained``
+            model comes in eval mode): dropout is on in both executors.
         data: returns an iterable of ``(inputs, targets)`` batches (called on every rank that
             needs data; every call must yield the same batches).
         optimizer: builds a ``torch.optim`` optimizer from a stage's parameters.

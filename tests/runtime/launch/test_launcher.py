@@ -12,7 +12,6 @@ import json
 import multiprocessing
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -135,8 +134,6 @@ def test_a_failed_run_brings_back_the_failing_ranks_losses_so_far() -> None:
 def test_a_run_past_its_deadline_is_stopped_with_every_rank() -> None:
     job = dataclasses.replace(mlp_job(depth=2, steps=20), timeout_s=600.0,
                               data=RankFaultData(rank=0, at=1, mode="hang"))
-    started = time.monotonic()
     with pytest.raises(RunFailed, match="run exceeded its deadline of 4 s; stopped all ranks"):
         launch_local(job, deadline_s=4)
-    assert time.monotonic() - started < 60
     assert not multiprocessing.active_children()

@@ -64,7 +64,8 @@ def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor, *, precision: str = "
             f"batch size {inputs.shape[0]} is not divisible by microbatches={plan.microbatches}; "
             f"use a batch size that is a multiple of {plan.microbatches}"
         )
-    modes = [block.training for block in spec.blocks]
+    modules = [module for block in spec.blocks for module in block.modules()]
+    modes = [module.training for module in modules]  # every module's: given back as it came
     for block in spec.blocks:
         block.eval()  # no running-statistics updates, no dropout
     try:
@@ -90,8 +91,8 @@ def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor, *, precision: str = "
                             f"{type(x).__name__}; every block must return one tensor"
                         )
     finally:
-        for block, mode in zip(spec.blocks, modes):
-            block.train(mode)
+        for module, mode in zip(modules, modes):
+            module.training = mode
 
 
 @dataclass
@@ -116,6 +117,10 @@ class RankParts:
 def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
                spec: ModelSpec | None = None) -> RankParts:
     """Stages (deep copies of the model's blocks) and optimizers for the stages ``rank`` hosts.
+
+    Every stage is in train mode, whatever mode its blocks came in (a ``from_pretrained``
+    model comes in eval mode): dropout and batch statistics are on while training, in both
+    executors alike.
 
     With N parallel pipelines (AvgPipe) every pipeline gets its own copies, all starting from
     the same initial weights, and every stage an :class:`ElasticAverager` holding the reference.
@@ -152,6 +157,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         start, end = job.plan.stages[stage]
         module = cast_module(nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end]))).to(device),
                              job.precision)
+        module.train()  # whatever mode the blocks came in (see the docstring)
         stages[stage] = StageRuntime(
             stage=stage, blocks=module, block_range=(start, end), is_first=stage == 0,
             is_last=stage == last, loss_fn=spec.loss_fn, recompute=job.plan.recompute_stage(stage),

@@ -35,7 +35,9 @@ def run_local(job: Job | PreparedJob) -> list[RankResult]:
     """Run ``job`` in this process; one :class:`RankResult` per rank.
 
     Uses the same intra-op thread count as one rank of a local distributed run, so that
-    reductions inside kernels happen in the same order and results agree bit for bit.
+    reductions inside kernels happen in the same order and results agree bit for bit. Every
+    stage trains in train mode, whatever mode the model's blocks came in, as in
+    ``launch_local`` (a ``from_pretrained`` model comes in eval mode; its dropout is on).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(threads_per_rank(job.plan.world_size if isinstance(job, Job)

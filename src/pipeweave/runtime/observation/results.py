@@ -2,14 +2,15 @@
 
 :class:`RankResult` is what both executors return per rank (losses, timeline, memory, weight
 versions, final parameters under their global names); a failed run's error carries the
-results the ranks had so far (:func:`attach_partial`, :func:`partial_results`).
+results the ranks had so far (:func:`attach_partial`, :func:`partial_results`);
+:func:`merged_parameters` puts every rank's final parameters together.
 """
 
 from __future__ import annotations
 
 import resource
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
     from ..execution.parts import RankParts
     from ..execution.stage import StageRuntime
 
-__all__ = ["RankResult", "collect_result", "attach_partial", "partial_results", "peak_rss_bytes",
-           "PARTIAL"]
+__all__ = ["RankResult", "collect_result", "merged_parameters", "attach_partial",
+           "partial_results", "peak_rss_bytes", "PARTIAL"]
 
 
 @dataclass
@@ -100,6 +101,15 @@ PARTIAL = "pipeweave_partial_results"
 """Attribute of an exception raised by a run: the :class:`RankResult` s of the ranks that
 recorded what they had done when it stopped (losses, timeline), for the outputs of a failed
 or interrupted run."""
+
+
+def merged_parameters(results: Sequence[RankResult]) -> dict[str, Tensor]:
+    """Every rank's final parameters (``Job.return_parameters``) in one mapping, by global name
+    (``"<block>.<name>"``): the whole trained model's weights."""
+    merged: dict[str, Tensor] = {}
+    for result in results:
+        merged.update(result.parameters)
+    return merged
 
 
 def attach_partial(error: BaseException, *results: RankResult) -> None:

@@ -148,7 +148,8 @@ def _pack(tensor: Tensor) -> tuple[Tensor, Tensor | None]:
     payload = encoded.payload.detach().contiguous().reshape(-1).view(torch.uint8)
     split = 2 * tensor.numel()
     first = torch.empty(_META_BYTES + split, dtype=torch.uint8, device=tensor.device)
-    first[:_META_BYTES].view(torch.int64).copy_(torch.tensor([encoded.mode, encoded.exponent]))
+    first[:_META_BYTES].view(torch.int64).copy_(
+        torch.tensor([encoded.mode, encoded.exponent], device=tensor.device))
     first[_META_BYTES:].copy_(payload[:split])
     rest = payload[split:]
     return first, rest if encoded.mode == MODE_FULL and rest.numel() else None

@@ -1,0 +1,114 @@
+"""On a GPU (marked ``cuda``: skipped without one, tests/conftest.py; docs/gpu.md): every
+registered schedule equals its reference on CUDA in float64, ranks sharing one GPU agree
+with the single-process executor, and bf16-mixed, APC, clipping and a checkpoint moved from
+the GPU to the CPU work there. Sized to run in well under three minutes on one H100:
+``pytest -m cuda tests/cuda``.
+
+The jobs and references are the CPU tests' own (tests/semantics/), with ``device="cuda"``:
+synchronous schedules against non-pipelined training on the same GPU
+(:func:`pipeweave.testing.reference_run` trains on the job's device), asynchronous ones
+against their sequential oracle (on the CPU: float64 kernels of the two devices differ in
+rounding only, far below the 1e-10 asked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS / "semantics"), str(TESTS / "runtime"), str(TESTS / "checkpoint")]
+
+from pipeweave.runtime import Job, launch_local, run_local  # noqa: E402
+from pipeweave.runtime.checkpoint.options import CheckpointOptions  # noqa: E402
+from pipeweave.runtime.checkpoint.store import complete_checkpoints  # noqa: E402
+from pipeweave.schedules import available_schedules  # noqa: E402
+from pipeweave.testing import (assert_identical_runs, assert_matches_reference,  # noqa: E402
+                               merged_parameters, reference_run, relative_error)
+
+from checkpoint_jobs import with_checkpoints  # noqa: E402
+from runtime_jobs import gpt_job  # noqa: E402
+from test_async_oracle import CASES, assert_equal_to_oracle, oracle_for  # noqa: E402
+from test_async_oracle import make_job as async_job  # noqa: E402
+from test_split_backward_equivalence import split_job  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+SCHEDULES = sorted(info.name for info in available_schedules())
+SYNCHRONOUS = {info.name for info in available_schedules() if info.synchronous}
+
+
+def on_cuda(job: Job) -> Job:
+    return dataclasses.replace(job, device="cuda")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_matches_its_reference_on_cuda(schedule: str) -> None:
+    if schedule in SYNCHRONOUS:
+        job = on_cuda(split_job(schedule, 2))
+        assert_matches_reference(run_local(job), reference_run(job),
+                                 microbatches=job.plan.microbatches, tolerance=1e-10)
+    else:
+        assert schedule in CASES, f"asynchronous {schedule!r} has no oracle case"
+        job = on_cuda(async_job(schedule, 2, "sgd"))
+        assert_equal_to_oracle(run_local(job), oracle_for(schedule, job), job.plan.microbatches)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_two_ranks_share_one_gpu(schedule: str) -> None:
+    """Two processes on one GPU (gloo through host memory) equal the single-process executor
+    on it, bit for bit, and the reference."""
+    job = on_cuda(split_job(schedule, 2))
+    shared = launch_local(job, deadline_s=150)
+    assert_identical_runs(shared, run_local(job))
+    assert_matches_reference(shared, reference_run(job), microbatches=job.plan.microbatches,
+                             tolerance=1e-10)
+
+
+@pytest.mark.timeout(180)
+def test_apc_across_two_ranks_on_one_gpu() -> None:
+    """APC encodes on the GPU and its bytes travel through the host: the same numbers as the
+    single-process executor's, within fp16 rounding of the uncompressed run."""
+    job = on_cuda(gpt_job(depth=2, dtype="float32", optimizer="sgd", apc=True))
+    shared = launch_local(job, deadline_s=150)
+    assert_identical_runs(shared, run_local(job))
+    plain = merged_parameters(run_local(dataclasses.replace(job, apc=False)))
+    got = merged_parameters(shared)
+    assert max(relative_error(got[n], plain[n]) for n in plain) < 1e-2
+
+
+def test_bf16_mixed_trains_close_to_float32_on_cuda() -> None:
+    job = on_cuda(gpt_job(depth=2, dtype="float32", optimizer="adam"))
+    full = merged_parameters(run_local(job))
+    mixed = merged_parameters(run_local(dataclasses.replace(job, precision="bf16-mixed")))
+    assert all(t.dtype == torch.float32 for t in mixed.values())
+    worst = max(float((mixed[n] - full[n]).abs().max()) for n in full)
+    assert 0 < worst < 0.02  # autocast ran; Adam's steps are lr = 1e-3 each
+
+
+def test_clipping_on_cuda_clips_as_on_the_cpu() -> None:
+    job = on_cuda(gpt_job(depth=2, clip_grad_norm=1e-3))
+    clipped = merged_parameters(run_local(job))
+    unclipped = merged_parameters(run_local(dataclasses.replace(job, clip_grad_norm=None)))
+    assert any(relative_error(clipped[n], unclipped[n]) > 1e-6 for n in unclipped)
+    cpu = merged_parameters(run_local(dataclasses.replace(job, device="cpu")))
+    assert max(relative_error(clipped[n], cpu[n]) for n in cpu) < 1e-10
+
+
+def test_checkpoint_written_on_the_gpu_resumes_on_the_cpu_and_back(tmp_path: Path) -> None:
+    job = gpt_job(depth=2, steps=4, optimizer="adam")
+    straight = run_local(job)
+    run_local(with_checkpoints(on_cuda(job), directory=str(tmp_path / "gpu"), every=2))
+    run_local(with_checkpoints(job, directory=str(tmp_path / "cpu"), every=2))
+    for written, device in (("gpu", "cpu"), ("cpu", "cuda")):
+        after2 = complete_checkpoints(tmp_path / written)[0]
+        resumed = run_local(dataclasses.replace(
+            job, device=device, checkpoint=CheckpointOptions(resume=str(after2))))
+        got, want = merged_parameters(resumed), merged_parameters(straight)  # to rounding:
+        # bit for bit holds on one device (tests/checkpoint/test_resume.py)
+        assert max(relative_error(got[n], want[n]) for n in want) < 1e-10, (written, device)

@@ -23,12 +23,12 @@ import torch
 TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS / "semantics"), str(TESTS / "runtime"), str(TESTS / "checkpoint")]
 
-from pipeweave.runtime import Job, launch_local, run_local  # noqa: E402
+from pipeweave.runtime import Job, RankResult, launch_local, run_local  # noqa: E402
 from pipeweave.runtime.checkpoint.options import CheckpointOptions  # noqa: E402
 from pipeweave.runtime.checkpoint.store import complete_checkpoints  # noqa: E402
 from pipeweave.schedules import available_schedules  # noqa: E402
-from pipeweave.testing import (assert_identical_runs, assert_matches_reference,  # noqa: E402
-                               merged_parameters, reference_run, relative_error)
+from pipeweave.testing import (assert_matches_reference, merged_parameters,  # noqa: E402
+                               reference_run, relative_error)
 
 from checkpoint_jobs import with_checkpoints  # noqa: E402
 from runtime_jobs import gpt_job  # noqa: E402
@@ -44,6 +44,15 @@ SYNCHRONOUS = {info.name for info in available_schedules() if info.synchronous}
 
 def on_cuda(job: Job) -> Job:
     return dataclasses.replace(job, device="cuda")
+
+
+def apart(got: list[RankResult], want: list[RankResult]) -> float:
+    """The largest relative difference between two runs' parameters. Between processes on a
+    GPU a tolerance, not bit identity: CUDA kernels with atomics need not repeat their
+    rounding (on the CPU, tests/runtime/test_equivalence.py asserts identity)."""
+    a, b = merged_parameters(got), merged_parameters(want)
+    assert a.keys() == b.keys() and a
+    return max(relative_error(a[name], b[name]) for name in b)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -62,10 +71,10 @@ def test_every_schedule_matches_its_reference_on_cuda(schedule: str) -> None:
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 def test_two_ranks_share_one_gpu(schedule: str) -> None:
     """Two processes on one GPU (gloo through host memory) equal the single-process executor
-    on it, bit for bit, and the reference."""
+    on it and the reference."""
     job = on_cuda(split_job(schedule, 2))
     shared = launch_local(job, deadline_s=150)
-    assert_identical_runs(shared, run_local(job))
+    assert apart(shared, run_local(job)) < 1e-12
     assert_matches_reference(shared, reference_run(job), microbatches=job.plan.microbatches,
                              tolerance=1e-10)
 
@@ -76,10 +85,8 @@ def test_apc_across_two_ranks_on_one_gpu() -> None:
     single-process executor's, within fp16 rounding of the uncompressed run."""
     job = on_cuda(gpt_job(depth=2, dtype="float32", optimizer="sgd", apc=True))
     shared = launch_local(job, deadline_s=150)
-    assert_identical_runs(shared, run_local(job))
-    plain = merged_parameters(run_local(dataclasses.replace(job, apc=False)))
-    got = merged_parameters(shared)
-    assert max(relative_error(got[n], plain[n]) for n in plain) < 1e-2
+    assert apart(shared, run_local(job)) < 1e-4
+    assert apart(shared, run_local(dataclasses.replace(job, apc=False))) < 1e-2
 
 
 def test_bf16_mixed_trains_close_to_float32_on_cuda() -> None:
@@ -93,11 +100,9 @@ def test_bf16_mixed_trains_close_to_float32_on_cuda() -> None:
 
 def test_clipping_on_cuda_clips_as_on_the_cpu() -> None:
     job = on_cuda(gpt_job(depth=2, clip_grad_norm=1e-3))
-    clipped = merged_parameters(run_local(job))
-    unclipped = merged_parameters(run_local(dataclasses.replace(job, clip_grad_norm=None)))
-    assert any(relative_error(clipped[n], unclipped[n]) > 1e-6 for n in unclipped)
-    cpu = merged_parameters(run_local(dataclasses.replace(job, device="cpu")))
-    assert max(relative_error(clipped[n], cpu[n]) for n in cpu) < 1e-10
+    clipped = run_local(job)
+    assert apart(clipped, run_local(dataclasses.replace(job, clip_grad_norm=None))) > 1e-6
+    assert apart(clipped, run_local(dataclasses.replace(job, device="cpu"))) < 1e-10
 
 
 def test_checkpoint_written_on_the_gpu_resumes_on_the_cpu_and_back(tmp_path: Path) -> None:
@@ -109,6 +114,5 @@ def test_checkpoint_written_on_the_gpu_resumes_on_the_cpu_and_back(tmp_path: Pat
         after2 = complete_checkpoints(tmp_path / written)[0]
         resumed = run_local(dataclasses.replace(
             job, device=device, checkpoint=CheckpointOptions(resume=str(after2))))
-        got, want = merged_parameters(resumed), merged_parameters(straight)  # to rounding:
-        # bit for bit holds on one device (tests/checkpoint/test_resume.py)
-        assert max(relative_error(got[n], want[n]) for n in want) < 1e-10, (written, device)
+        # to rounding: bit for bit holds on one device (tests/checkpoint/test_resume.py)
+        assert apart(resumed, straight) < 1e-10, (written, device)

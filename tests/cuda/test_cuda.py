@@ -79,6 +79,18 @@ def test_two_ranks_share_one_gpu(schedule: str) -> None:
                              tolerance=1e-10)
 
 
+@pytest.mark.timeout(120)
+def test_a_rank_with_a_gpu_of_its_own_uses_nccl_without_warnings(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """NCCL is bound to the rank's GPU (``device_id``): it neither guesses the device from the
+    rank nor warns at a barrier (the ranks' stderr is this process's, captured by fd)."""
+    job = on_cuda(split_job("1f1b", 1))
+    alone = launch_local(job, deadline_s=100)
+    err = capfd.readouterr().err
+    assert "Guessing device ID" not in err and "device under current context" not in err, err
+    assert apart(alone, run_local(job)) < 1e-12
+
+
 @pytest.mark.timeout(180)
 def test_apc_across_two_ranks_on_one_gpu() -> None:
     """APC encodes on the GPU and its bytes travel through the host: the same numbers as the

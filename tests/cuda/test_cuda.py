@@ -110,8 +110,11 @@ def test_bf16_mixed_trains_close_to_float32_on_cuda() -> None:
     assert 0 < worst < 0.02  # autocast ran; Adam's steps are lr = 1e-3 each
 
 
-def test_clipping_on_cuda_clips_as_on_the_cpu() -> None:
-    job = on_cuda(gpt_job(depth=2, clip_grad_norm=1e-3))
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h2"])  # zb-h2: the global check's sum
+def test_clipping_on_cuda_clips_as_on_the_cpu(schedule: str) -> None:
+    options = {"post_validation": True} if schedule == "zb-h2" else {}
+    job = on_cuda(gpt_job(depth=2, schedule=schedule, clip_grad_norm=1e-3,
+                          plan_fields={"schedule_options": options}))
     clipped = run_local(job)
     assert apart(clipped, run_local(dataclasses.replace(job, clip_grad_norm=None))) > 1e-6
     assert apart(clipped, run_local(dataclasses.replace(job, device="cpu"))) < 1e-10

@@ -140,3 +140,19 @@ def test_checkpoint_written_on_the_gpu_resumes_on_the_cpu_and_back(tmp_path: Pat
             job, device=device, checkpoint=CheckpointOptions(resume=str(after2))))
         # to rounding: bit for bit holds on one device (tests/checkpoint/test_resume.py)
         assert apart(resumed, straight) < 1e-10, (written, device)
+
+
+def test_profile_on_cuda_measures_the_blocks_and_says_why_the_link_is_skipped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It stopped with a traceback in APC's codec (a CPU exponent beside a CUDA tensor)."""
+    from pipeweave.cli.main import main
+    from pipeweave.devices import gpu_count
+    from pipeweave.profiler import Profile
+
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--model", "gpt-tiny", "--device", "cuda", "--warmup", "0",
+                 "--repeats", "1", "--no-runtime-costs", "--json-out", str(out)]) == 0
+    profile = Profile.load(out)
+    assert profile.device.startswith("cuda:") and profile.apc_bytes_per_second > 0
+    err = capsys.readouterr().err
+    assert ("the GPU link was not measured" in err) == (gpu_count() < 2), err

@@ -55,13 +55,19 @@ def test_cuda_without_a_gpu_is_one_line_naming_the_fix(
     assert err.count("\n") == 1 and "Traceback" not in err and started == []
 
 
+@pytest.mark.parametrize("torchrun", [False, True])
 def test_ranks_outnumbering_gpus_share_them_with_one_warning(
-        started: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        torchrun: bool, started: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(devices, "gpu_count", lambda: 1)
+    if torchrun:  # torchrun --nproc-per-node 2 on a one-GPU machine: local rank 0 says it
+        for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+                            ("MASTER_PORT", "29500"), ("LOCAL_RANK", "0"),
+                            ("LOCAL_WORLD_SIZE", "2")):
+            monkeypatch.setenv(name, value)
     assert main([*TRAIN, "--stages", "2", "--device", "cuda", "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert started == ["launch_local"]  # the run went ahead
+    assert started == ["run_under_torchrun" if torchrun else "launch_local"]  # it went ahead
     warnings = [line for line in err.splitlines() if line.startswith("pipeweave: warning:")]
     assert warnings == ["pipeweave: warning: 2 ranks on 1 GPU: the ranks share it (rank r on "
                         "cuda:(r % 1)) and send their messages through host memory over gloo "

@@ -20,7 +20,7 @@
   parameters, gradients and optimizer state, plus the reference model) reaches it.
 * ``--ranks R``: the ranks given to the run. The plan fixes the rank count, so this is a
   check, and it is what the run is checked against: ``--ranks``, else torchrun's
-  ``WORLD_SIZE``. With ``--device cuda`` and fewer GPUs than ranks, the local spawner's ranks
+  ``WORLD_SIZE``. With ``--device cuda`` and fewer GPUs than a machine's ranks, the ranks
   share the GPUs (a warning; :mod:`pipeweave.devices`); no GPU at all is an error. More ranks
   than CPU cores is legal but slow (a warning).
 """
@@ -163,9 +163,10 @@ def check_ranks(args: argparse.Namespace, plan: Plan, *, under_torchrun: bool) -
                          f"{'s' if needed > 1 else ''} ({how}).{hint} Either {fix}, or change "
                          f"--stages/--width so that the plan needs {given}")
     devices.require_device(args.device)  # both executors: no GPU is one line naming the fix
-    if args.device == "cuda" and not under_torchrun and args.executor == "processes":
-        shared = devices.sharing_warning("cuda", local_ranks=needed, gpus=devices.gpu_count())
-        if shared is not None:
+    if args.device == "cuda" and (under_torchrun or args.executor == "processes"):
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", needed)) if under_torchrun else needed
+        shared = devices.sharing_warning("cuda", local_ranks=local, gpus=devices.gpu_count())
+        if shared is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # once a machine
             print(f"pipeweave: warning: {shared}", file=sys.stderr)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if (args.device == "cpu" and args.executor == "processes" and not under_torchrun

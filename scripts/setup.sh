@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install pipeweave with its test tools. Idempotent.
 # CPU machines: torch==2.13.0 is installed first (the CPU wheel), so the package's loose
-# `torch>=2.2` requirement is already satisfied and no multi-GB CUDA build is pulled.
+# `torch>=2.11` requirement is already satisfied and no multi-GB CUDA build is pulled.
 # The hf extra (transformers, for pipeweave.hf and its tests) does not depend on torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."

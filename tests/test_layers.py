@@ -15,7 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 @pytest.mark.parametrize("module", ["pipeweave.planner", "pipeweave.planner.plan", "pipeweave.sim",
                                     "pipeweave.ir", "pipeweave.schedules", "pipeweave.profiler",
-                                    "pipeweave.host", "pipeweave.auto"])
+                                    "pipeweave.host", "pipeweave.auto",
+                                    "pipeweave.devices"])
 def test_imports_without_torch(module: str) -> None:
     code = (f"import sys; import {module}; "
             f"loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
@@ -45,7 +46,8 @@ def test_every_module_imports_in_any_order() -> None:
 # Layers, lowest first: a package may import only packages of a lower layer (or itself).
 LAYERS = {
     "host": 0, "ir": 0,
-    "schedules": 1, "models": 1, "data": 1, "split_backward": 1, "saved_tensors": 1, "precision": 1, "apc": 1,
+    "schedules": 1, "models": 1, "data": 1, "split_backward": 1, "saved_tensors": 1,
+    "precision": 1, "apc": 1, "devices": 1,
     "sim": 2, "profiler": 2, "hf": 2,
     "planner": 3, "report": 3,
     "avgpipe": 4, "auto": 4,

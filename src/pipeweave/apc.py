@@ -14,6 +14,10 @@ conversion *fails* (full precision is sent) when the input holds inf/nan, when a
 overflow, or when more than ``underflow_tolerance`` of the non-zero elements would flush to
 zero. Multiplying by a power of two is exact, so the only error is fp16's rounding: a relative
 error of at most ``2**-11`` per element for normal values.
+
+Every tensor the codec makes is on its input's device: torch's ``ldexp`` with an integer
+exponent runs one kernel (``_ldexp_int_exponent``) that refuses a CPU exponent beside a CUDA
+tensor, so the exponent is made where the tensor is (:func:`_scaled`).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def encode(tensor: Tensor, *, underflow_tolerance: float = 1e-4) -> Encoded:
     if largest == 0.0:
         return Encoded(torch.zeros_like(tensor, dtype=torch.float16), MODE_HALF, 0)
     exponent = math.ceil(math.log2(largest)) - _TOP_EXPONENT
-    half = torch.ldexp(tensor.detach(), torch.tensor(-exponent, dtype=torch.int32)).to(torch.float16)
+    half = _scaled(tensor.detach(), -exponent).to(torch.float16)
     if not bool(torch.isfinite(half).all()):
         return Encoded(tensor, MODE_FULL, 0)
     flushed = int(((half == 0) & (magnitude != 0)).sum())
@@ -61,5 +65,9 @@ def decode(encoded: Encoded, dtype: torch.dtype) -> Tensor:
     """Restore the sender's dtype (exact inverse of the scaling; fp16 rounding remains)."""
     if encoded.mode == MODE_FULL:
         return encoded.payload.to(dtype)
-    restored = encoded.payload.to(dtype)
-    return torch.ldexp(restored, torch.tensor(encoded.exponent, dtype=torch.int32)).to(dtype)
+    return _scaled(encoded.payload.to(dtype), encoded.exponent).to(dtype)
+
+
+def _scaled(tensor: Tensor, exponent: int) -> Tensor:
+    """``tensor * 2**exponent``, exactly, with the exponent on ``tensor``'s device."""
+    return torch.ldexp(tensor, torch.full((), exponent, dtype=torch.int32, device=tensor.device))

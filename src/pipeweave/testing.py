@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .devices import place
 from .runtime.job import Job
 from .runtime.observation.summary import iteration_losses
 from .runtime.observation.results import RankResult, merged_parameters
@@ -44,23 +45,27 @@ class Reference:
 
 
 def reference_run(job: Job) -> Reference:
-    """Train the job's model without a pipeline: full batch, mean loss, one step per batch."""
+    """Train the job's model without a pipeline: full batch, mean loss, one step per batch, on
+    the job's device (``cuda``: where the single-process executor runs, so that the two use
+    the same kernels); the parameters come back on the CPU, as a run's results do."""
     if job.plan.pipelines != 1:
         raise ValueError("the non-pipelined reference covers one pipeline; use pipelines=1")
     torch.manual_seed(job.seed)
     spec = job.model()
-    model = spec.sequential().train()  # as the runtime trains: whatever mode it came in
+    device = place(job.device, local_rank=0, local_ranks=1).device
+    model = spec.sequential().to(device).train()  # as the runtime trains: whatever mode it came in
     optimizer = job.optimizer(model.parameters())
     data = iter(job.data())
     losses = []
     for _ in range(job.steps):
         inputs, targets = next(data)
+        inputs, targets = inputs.to(device), targets.to(device)
         loss = spec.loss_fn(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-    parameters = {name: p.detach().clone() for name, p in model.named_parameters()}
+    parameters = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
     return Reference(losses, parameters)
 
 

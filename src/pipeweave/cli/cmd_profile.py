@@ -5,7 +5,8 @@
 
 ``--batch-size`` should be the micro-batch size you will train with: the planners take the
 profiled times as the cost of one micro-batch. The link (ping-pong between two local processes
-over gloo, or NCCL with ``--device cuda``) is measured unless ``--no-link``.
+over gloo, or NCCL between two GPUs with ``--device cuda``) is measured unless ``--no-link``;
+with ``--device cuda`` and fewer than two GPUs it is skipped, with a note.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import devices
 from ..models import available_models
 from ..profiler import Profile, read_pipedream_graph
 from ..profiler.link import measure_link
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                              f"{args.colocated_ranks}")
         if args.local_ranks < 1:
             raise ValueError(f"--local-ranks must be >= 1, got {args.local_ranks}")
+        devices.require_device(args.device)
         threads = args.threads
         if threads is None and args.device == "cpu":
             threads = threads_per_rank(args.local_ranks)
@@ -97,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
                                   optimizer=args.optimizer, overrides=overrides,
                                   threads=threads, colocated_ranks=args.colocated_ranks,
                                   precision=args.precision)
-        if not args.no_link:
+        if not args.no_link and args.device == "cuda" and devices.gpu_count() < 2:
+            print(f"note: the GPU link was not measured: it needs two GPUs and "
+                  f"{devices.gpu_count()} is visible (--no-link silences this)", file=sys.stderr)
+        elif not args.no_link:
             profile = profile.with_link(measure_link(device=args.device))
         if not args.no_runtime_costs:
             skipped = calibration_skipped(args.device, args.precision)

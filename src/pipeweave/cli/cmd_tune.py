@@ -76,7 +76,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--iterations", type=int, default=10,
                         help="timed iterations per real run (--source measure); the median counts")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="where real runs train (--source measure); cuda: one GPU per rank")
+                        help="where real runs train (--source measure); cuda: one GPU per "
+                             "rank, or ranks sharing the GPUs where they outnumber them "
+                             "(docs/gpu.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
 

@@ -20,8 +20,9 @@
   parameters, gradients and optimizer state, plus the reference model) reaches it.
 * ``--ranks R``: the ranks given to the run. The plan fixes the rank count, so this is a
   check, and it is what the run is checked against: ``--ranks``, else torchrun's
-  ``WORLD_SIZE``; with ``--device cuda`` the local spawner also needs that many GPUs. More
-  ranks than CPU cores is legal but slow (a warning).
+  ``WORLD_SIZE``. With ``--device cuda`` and fewer GPUs than a machine's ranks, the ranks
+  share the GPUs (a warning; :mod:`pipeweave.devices`); no GPU at all is an error. More ranks
+  than CPU cores is legal but slow (a warning).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from .. import devices
 from ..models import ModelSpec
 from ..runtime import Job, OptimizerFactory, Plan
 from ..runtime.advance.options import AdvanceOptions
@@ -137,7 +139,7 @@ def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec, optimizer: Opti
 
 def check_ranks(args: argparse.Namespace, plan: Plan, *, under_torchrun: bool) -> None:
     """The ranks given (``--ranks``, else torchrun's ``WORLD_SIZE``) against what ``plan``
-    needs, and the GPUs available to the local spawner; ValueError naming the fix."""
+    needs, and the device (GPUs the ranks share are a warning); ValueError naming the fix."""
     needed = plan.world_size
     how = (f"--stages {plan.depth}" + (f" x --width {plan.width}" if plan.width > 1 else "")
            if plan.replicas is None else f"replicas {list(plan.replicas)}")
@@ -160,14 +162,12 @@ def check_ranks(args: argparse.Namespace, plan: Plan, *, under_torchrun: bool) -
         raise ValueError(f"{source} is {given} but the plan needs {needed} rank"
                          f"{'s' if needed > 1 else ''} ({how}).{hint} Either {fix}, or change "
                          f"--stages/--width so that the plan needs {given}")
-    if args.device == "cuda" and not under_torchrun and args.executor == "processes":
-        import torch
-
-        available = torch.cuda.device_count()
-        if available < needed:
-            raise ValueError(f"the plan needs {needed} ranks, one GPU each ({how}), but "
-                             f"{available} CUDA device{'s are' if available != 1 else ' is'} "
-                             f"visible; use fewer --stages/--width, or --device cpu")
+    devices.require_device(args.device)  # both executors: no GPU is one line naming the fix
+    if args.device == "cuda" and (under_torchrun or args.executor == "processes"):
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", needed)) if under_torchrun else needed
+        shared = devices.sharing_warning("cuda", local_ranks=local, gpus=devices.gpu_count())
+        if shared is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # once a machine
+            print(f"pipeweave: warning: {shared}", file=sys.stderr)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if (args.device == "cpu" and args.executor == "processes" and not under_torchrun
             and cores is not None and needed > cores):

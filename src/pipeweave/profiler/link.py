@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..devices import place
 from ..host import free_port
 from .profile import LinkProfile
 
@@ -86,19 +87,20 @@ def measure_link(*, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10, dev
 def _rank(index: int, init_method: str, sizes: list[int], repeats: int, device: str,
           timeout_s: float, out_dir: str) -> None:
     torch.set_num_threads(1)
-    backend = "nccl" if device == "cuda" else "gloo"
-    target = torch.device("cuda", index) if device == "cuda" else torch.device("cpu")
+    placement = place(device, local_rank=index, local_ranks=2)  # as a training rank's
+    target = placement.device
     if device == "cuda":
         torch.cuda.set_device(target)
-    dist.init_process_group(backend, init_method=init_method, rank=index, world_size=2,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(placement.backend, init_method=init_method, rank=index, world_size=2,
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            **placement.group_options())
     try:
         samples = []
         for size in sizes:
             buffer = torch.zeros(max(1, size // 4), dtype=torch.float32, device=target)
             times = []
             for run in range(repeats + 1):  # the first exchange of each size warms up
-                dist.barrier()
+                dist.barrier(**placement.barrier_options())
                 started = time.perf_counter()
                 if index == 0:
                     dist.send(buffer, dst=1)

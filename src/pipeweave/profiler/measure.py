@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..devices import require_device
 from ..models import ModelSpec
 from ..precision import cast_input, cast_module, check_precision, compute
 from ..saved_tensors import observing_saved
@@ -146,11 +147,7 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r} for profiling; choose one of "
                          f"{sorted(OPTIMIZERS)}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked but torch.cuda.is_available() is False; "
-                         "profile on --device cpu or on a machine with a GPU")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    require_device(device)
     target = torch.device(device)
     blocks = [_in_precision(copy.deepcopy(block).to(target).train(), precision)
               for block in spec.blocks]

@@ -163,7 +163,9 @@ class Job:
             needs data; every call must yield the same batches).
         optimizer: builds a ``torch.optim`` optimizer from a stage's parameters.
         seed: seeds torch's RNG on every rank (dropout etc.).
-        device: ``"cpu"`` or ``"cuda"`` (one GPU per rank, ``cuda:local_rank``).
+        device: ``"cpu"`` or ``"cuda"``: rank r on ``cuda:(local_rank % GPUs)``, NCCL when
+            every local rank has a GPU, else the ranks share them over gloo; the
+            single-process executor puts every rank on ``cuda:0`` (:mod:`pipeweave.devices`).
         timeout_s: how long a rank waits for a peer before failing with a clear error.
         record_timeline: record start/end of every action.
         return_parameters: include every rank's final parameters in the results (tests).

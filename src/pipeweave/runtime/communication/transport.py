@@ -2,7 +2,9 @@
 
 Two implementations of one small interface, so that one interpreter serves both executors:
 
-* :class:`DistTransport` — torch.distributed point-to-point (gloo on CPU, NCCL on CUDA).
+* :class:`DistTransport` — torch.distributed point-to-point (gloo on CPU, NCCL on CUDA; gloo
+  through host memory for ranks that share a GPU: a CUDA tensor is copied to the host to be
+  sent and back to the rank's device on receipt, see ``wire``).
   Sends are ``isend`` (never block the rank); receives can be posted early (``prefetch``) so
   the transfer overlaps with compute. The shape and dtype of each kind of message between two
   ranks are exchanged once, in a small header before the first message of that kind. A sent
@@ -148,7 +150,8 @@ def _pack(tensor: Tensor) -> tuple[Tensor, Tensor | None]:
     payload = encoded.payload.detach().contiguous().reshape(-1).view(torch.uint8)
     split = 2 * tensor.numel()
     first = torch.empty(_META_BYTES + split, dtype=torch.uint8, device=tensor.device)
-    first[:_META_BYTES].view(torch.int64).copy_(torch.tensor([encoded.mode, encoded.exponent]))
+    first[:_META_BYTES].view(torch.int64).copy_(
+        torch.tensor([encoded.mode, encoded.exponent], device=tensor.device))
     first[_META_BYTES:].copy_(payload[:split])
     rest = payload[split:]
     return first, rest if encoded.mode == MODE_FULL and rest.numel() else None
@@ -227,13 +230,18 @@ class DistTransport:
     """Point-to-point over an initialised default process group."""
 
     def __init__(self, rank: int, device: torch.device, timeout: datetime.timedelta, *,
-                 send_thread: bool | None = None, apc: bool = False) -> None:
-        """``send_thread``: issue sends from a helper thread (:class:`_Sender`); default on
-        CPU (gloo), where ``isend`` can stall the calling thread; off for CUDA, whose NCCL
-        sends return at once and are ordered on the caller's stream. ``apc``: compress
-        float activations and gradients (see the wire format above); every rank must agree."""
+                 send_thread: bool | None = None, apc: bool = False,
+                 wire: torch.device | None = None) -> None:
+        """``wire``: where messages travel from and arrive (default ``device``); the host
+        under gloo, which sends and receives host memory only: a tensor is copied there to be
+        sent, and a received one is copied to ``device``. ``send_thread``: issue sends from a
+        helper thread (:class:`_Sender`); default when the wire is the host (gloo), where
+        ``isend`` can stall the calling thread; off for NCCL, whose sends return at once and
+        are ordered on the caller's stream. ``apc``: compress float activations and gradients
+        (see the wire format above; encoded on ``device``); every rank must agree."""
         self.rank = rank
         self.device = device
+        self.wire = device if wire is None else wire
         self.timeout = timeout
         self.apc = apc
         self.bytes_sent = 0
@@ -243,7 +251,7 @@ class DistTransport:
         self._in_flight: dict[Action, _Send] = {}
         """Sends (with their header) not yet known to be delivered; they keep their tensors."""
         self._sender: _Sender | None = None
-        self.send_thread = device.type == "cpu" if send_thread is None else send_thread
+        self.send_thread = self.wire.type == "cpu" if send_thread is None else send_thread
         self._proofs: dict[Action, tuple[Action, ...]] = {}
         self._prefetched: dict[Action, tuple[dist.Work, Tensor]] = {}
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
@@ -273,17 +281,17 @@ class DistTransport:
             header[0] = _DTYPES.index(tensor.dtype)
             header[1] = tensor.dim()
             header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-            parts = [(header.to(self.device), tag | _HEADER_BIT)]
+            parts = [(header.to(self.wire), tag | _HEADER_BIT)]
             self._sent_header.add(kind)
         else:
             parts = []
         if _compressed(tensor.dtype, self.apc, message):
             first, rest = _pack(tensor)
-            parts.append((first, tag))
+            parts.append((first.to(self.wire), tag))
             if rest is not None:
-                parts.append((rest, tag | _REST_BIT))
+                parts.append((rest.to(self.wire), tag | _REST_BIT))
         else:
-            parts.append((tensor.contiguous(), tag))
+            parts.append((tensor.contiguous().to(self.wire), tag))
         self.bytes_sent += _nbytes([t for t, _ in parts])
         earlier = self._in_flight.pop(message, None)
         if earlier is not None:  # sent again (a global check undid what made it): the first
@@ -321,7 +329,7 @@ class DistTransport:
     def _shape(self, message: Action, src: int) -> tuple[torch.Size, torch.dtype]:
         kind = _kind(message, src, self.rank)
         if kind not in self._shapes:
-            header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.device)
+            header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.wire)
             self._wait(_posted(dist.irecv(header, src, tag=message_tag(message) | _HEADER_BIT)),
                        message, src)
             header = header.cpu()
@@ -344,10 +352,10 @@ class DistTransport:
         shape, dtype = self._shape(message, src)
         if _compressed(dtype, self.apc, message):
             first, rest = _wire_sizes(shape, dtype)
-            buffer = torch.empty(first + rest, dtype=torch.uint8, device=self.device)
+            buffer = torch.empty(first + rest, dtype=torch.uint8, device=self.wire)
             target = buffer[:first]
         else:
-            buffer = target = torch.empty(shape, dtype=dtype, device=self.device)
+            buffer = target = torch.empty(shape, dtype=dtype, device=self.wire)
         return _posted(dist.irecv(target, src, tag=message_tag(message))), buffer
 
     def prefetch(self, message: Action, src: int) -> None:
@@ -355,7 +363,7 @@ class DistTransport:
             return
         if _kind(message, src, self.rank) not in self._shapes:
             return  # the first message of a kind carries its header; receive it in order
-        if self.apc and self.device.type == "cuda":
+        if self.apc and self.wire.type == "cuda":
             # NCCL runs a pair's point-to-point operations in order on one stream: a fallback's
             # second part, posted once the first arrived, would queue behind a prefetched
             # receive of the next message, which the sender only sends after that second part.
@@ -371,7 +379,7 @@ class DistTransport:
         if self.apc:
             buffer = self._decompress(message, src, buffer)
         self._release(message)
-        return buffer
+        return buffer.to(self.device)
         yield  # pragma: no cover  (makes this a generator; it never waits cooperatively)
 
     def _decompress(self, message: Action, src: int, buffer: Tensor) -> Tensor:
@@ -388,14 +396,15 @@ class DistTransport:
 
     def all_reduce(self, key: Hashable, flat: Tensor, ranks: Sequence[int]) -> Waiting:
         group = self._groups[tuple(ranks)]
-        gathered = [torch.empty_like(flat) for _ in ranks]
-        work = dist.all_gather(gathered, flat, group=group, async_op=True)
+        own = flat.to(self.wire)
+        gathered = [torch.empty_like(own) for _ in ranks]
+        work = dist.all_gather(gathered, own, group=group, async_op=True)
         assert work is not None
         work.wait(self.timeout)
         total = gathered[0].clone()
         for part in gathered[1:]:
             total += part
-        return total
+        return total.to(self.device)
         yield  # pragma: no cover
 
     def finish(self) -> None:

@@ -26,7 +26,7 @@ from ...ir import WEIGHT_GRADIENT_OPS, Action, Op, Schedule
 from ..communication.transport import Transport
 from .stage import StageRuntime
 
-__all__ = ["GradientClipper", "check_clippable", "EPSILON"]
+__all__ = ["GradientClipper", "check_clippable", "squares", "EPSILON"]
 
 EPSILON = 1e-6
 """Added to the norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does."""
@@ -64,16 +64,28 @@ def check_clippable(schedule: Schedule, max_norm: float) -> None:
                         f"another schedule or drop --clip-grad-norm")
 
 
+def squares(grads: Sequence[Tensor], device: torch.device) -> Tensor:
+    """``[sum of every gradient's squares]``, float64, on the rank's ``device`` (where its
+    all-reduce or message goes from): one order of summation, which the clipper and the
+    global check (:mod:`.global_check`) share so their norms agree bit for bit."""
+    total = torch.zeros(1, dtype=torch.float64, device=device)
+    if grads:
+        total += torch.stack([g.double().pow(2).sum() for g in grads]).sum()
+    return total
+
+
 class GradientClipper:
     """One rank's share of the clipping (module docstring)."""
 
     def __init__(self, *, rank: int, schedule: Schedule, max_norm: float,
-                 stages: Mapping[int, StageRuntime], duplicates: Sequence[Tensor] = ()) -> None:
+                 stages: Mapping[int, StageRuntime], duplicates: Sequence[Tensor] = (),
+                 device: torch.device = torch.device("cpu")) -> None:
         """``duplicates``: copies of a tied parameter besides its first use's
         (:meth:`.ties.TiedGradients.duplicates`), left out of the norm: the shared weight's
         gradient counts once, as in
-        the model where it is one parameter."""
+        the model where it is one parameter. ``device``: the rank's."""
         self.rank = rank
+        self.device = device
         self._duplicates = {id(p) for p in duplicates}
         self.max_norm = max_norm
         self.stages = stages
@@ -95,15 +107,13 @@ class GradientClipper:
 
     def clip(self, action: Action, transport: Transport) -> Generator[None, None, None]:
         """Sum the squares with every rank, then scale this rank's gradients."""
-        squares = torch.zeros(1, dtype=torch.float64)
-        for stage in self.counted:
-            grads = self._grads(stage, counted=True)
-            if grads:
-                squares += torch.stack([g.double().pow(2).sum() for g in grads]).sum()
-        total = squares
+        own = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for stage in self.counted:  # + 0 + s is s, bit for bit: one sum per stage as before
+            own += squares(self._grads(stage, counted=True), self.device)
+        total = own
         if len(self.ranks) > 1:
             key = Action(Op.ALL_REDUCE, self.key_stage, version=action.version)
-            total = yield from transport.all_reduce(key, squares, self.ranks)
+            total = yield from transport.all_reduce(key, own, self.ranks)
         norm = math.sqrt(float(total.item()))
         self.norms.append(norm)
         coefficient = min(1.0, self.max_norm / (norm + EPSILON))

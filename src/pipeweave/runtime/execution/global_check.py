@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ...ir import Action, Op, Schedule, dependencies, ref
 from ..communication.transport import Transport
-from .clipping import EPSILON
+from .clipping import EPSILON, squares
 from .stage import StageRuntime
 
 __all__ = ["GlobalCheck", "RedoPlan", "has_global_check", "rng_state", "set_rng_state"]
@@ -57,8 +57,11 @@ class GlobalCheck:
 
     def __init__(self, *, rank: int, schedule: Schedule, max_norm: float | None,
                  stages: Mapping[int, StageRuntime],
-                 optimizers: Mapping[int, torch.optim.Optimizer]) -> None:
+                 optimizers: Mapping[int, torch.optim.Optimizer],
+                 device: torch.device = torch.device("cpu")) -> None:
+        """``device``: the rank's (its check state is made there, as its messages are)."""
         self.rank = rank
+        self.device = device
         self.max_norm = max_norm
         self.stages = stages
         self.optimizers = optimizers
@@ -88,12 +91,9 @@ class GlobalCheck:
         self.partial[(s, v)] = state
 
     def _local(self, stage: int) -> Tensor:
-        grads = _grads(self.stages[stage])
-        squares = torch.zeros(1, dtype=torch.float64)
-        if grads:  # as GradientClipper sums them, so that both give the same norm bit for bit
-            squares += torch.stack([g.double().pow(2).sum() for g in grads]).sum()
-        flag = 0.0 if bool(torch.isfinite(squares).all()) else 1.0
-        return torch.cat([squares, torch.tensor([flag], dtype=torch.float64)])
+        own = squares(_grads(self.stages[stage]), self.device)  # as GradientClipper sums them
+        flag = 0.0 if bool(torch.isfinite(own).all()) else 1.0
+        return torch.cat([own, torch.tensor([flag], dtype=torch.float64, device=self.device)])
 
     # -- U ------------------------------------------------------------------------------------
     def before_step(self, action: Action) -> bool:

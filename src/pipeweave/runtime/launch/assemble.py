@@ -119,13 +119,14 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
     clipper = check = None
     if has_global_check(prepared.schedule):
         check = GlobalCheck(rank=rank, schedule=prepared.schedule, max_norm=job.clip_grad_norm,
-                            stages=parts.stages, optimizers=parts.optimizers)
+                            stages=parts.stages, optimizers=parts.optimizers, device=device)
     elif job.clip_grad_norm is not None:
         ties = TiedGradients(rank=rank, schedule=prepared.schedule, ties=prepared.ties)
         clipper = GradientClipper(rank=rank, schedule=prepared.schedule,
                                   max_norm=job.clip_grad_norm, stages=parts.stages,
                                   duplicates=ties.duplicates(
-                                      {s: stage.module for s, stage in parts.stages.items()}))
+                                      {s: stage.module for s, stage in parts.stages.items()}),
+                                  device=device)
     meter = ActivationMeter() if job.count_activations else None
     return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper,
                          check=check, meter=meter)

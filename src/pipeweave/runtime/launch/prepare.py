@@ -1,6 +1,7 @@
 """Validate once: everything about a job that can be checked before any rank starts.
 
-:func:`prepare` builds the run's lowered schedule, runs one sample through the stages
+:func:`prepare` checks that the job's device exists (:func:`pipeweave.devices.require_device`),
+builds the run's lowered schedule, runs one sample through the stages
 (shape mismatches between stages), checks that a tie split over stages can be kept exact
 (:mod:`..execution.ties`), AvgPipe's online advance, whether the schedule can
 checkpoint and clip gradients, and the checkpoint to resume (it fits the model, optimizer, data stream and
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...devices import require_device
 from ...ir import Schedule
 from ...models import ModelSpec
 from ...precision import check_precision
@@ -54,6 +56,7 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     ``verify_checksums``: hash every shard of the checkpoint to resume (False where another
     process does it, e.g. every torchrun rank but 0).
     """
+    require_device(job.device)
     schedule = make_schedule(job.plan, job.steps)
     spec = job.model() if spec is None else spec
     check_precision(job.precision, dtype=_model_dtype(spec), apc=job.apc)

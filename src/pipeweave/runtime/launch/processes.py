@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 
 from ..job import Job
 from ..observation.results import RankResult, attach_partial, partial_results
+from ...devices import place
 from .faults import exit_with_launcher
 from .prepare import PreparedJob, prepare, prepared
 from .rank import run_rank
@@ -103,7 +104,8 @@ def _spawned_rank(index: int, prepared_job: PreparedJob, world_size: int, store_
                   out_dir: str, launcher_pid: int) -> None:
     exit_with_launcher(launcher_pid)  # the launcher killed (even by SIGKILL): leave nothing behind
     host, port = store_address
-    if host == LOOPBACK and prepared_job.job.device == "cpu":  # gloo's own sockets on loopback too
+    if host == LOOPBACK and place(prepared_job.job.device, local_rank=index,  # gloo's own
+                                  local_ranks=world_size).backend == "gloo":  # sockets too
         interface = loopback_interface()
         if interface is not None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)

@@ -2,8 +2,10 @@
 
 Used by both launchers: pipeweave's local spawner (:mod:`pipeweave.runtime.launch.processes`) and
 torchrun (which sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``). gloo on CPU, NCCL on CUDA; every collective and
-point-to-point wait has the job's timeout, so a dead peer turns into an error, not a hang.
+``MASTER_ADDR``, ``MASTER_PORT``). gloo on CPU, NCCL on CUDA bound to the rank's GPU, gloo
+through host memory where local ranks outnumber the GPUs (:mod:`pipeweave.devices`); every
+collective and point-to-point wait has the job's timeout, so a dead peer turns into an error,
+not a hang.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ...devices import Placement, place
 from ...host import threads_per_rank
 from ..advance.online import OnlineAdvance, run_rank_windows
 from ..checkpoint.resume import Session
@@ -47,19 +50,16 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
             f"plan needs {schedule.num_ranks} ranks but the run has world size {world_size}; "
             f"start {schedule.num_ranks} processes (e.g. torchrun --nproc-per-node {schedule.num_ranks})"
         )
-    if job.device == "cuda":
-        device = torch.device("cuda", local_rank)
+    placement = place(job.device, local_rank=local_rank, local_ranks=local_world_size)
+    device = placement.device
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
     timeout = datetime.timedelta(seconds=job.timeout_s)
     rendezvous = {"store": store} if store is not None else {"init_method": init_method}
-    dist.init_process_group(backend, **rendezvous, rank=rank, world_size=world_size,
-                            timeout=timeout)
+    dist.init_process_group(placement.backend, **rendezvous, rank=rank, world_size=world_size,
+                            timeout=timeout, **placement.group_options())
     try:
-        transport = DistTransport(rank, device, timeout, apc=job.apc)
+        transport = DistTransport(rank, device, timeout, apc=job.apc, wire=placement.wire)
         transport.make_groups([*schedule.layout.stage_ranks,
                                *([range(world_size)] if job.clip_grad_norm is not None else []),
                                *tie_groups(prepared.ties, schedule.layout)])
@@ -70,7 +70,7 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
         assembled = assemble_rank(prepared, rank, device=device,
                                   transport=delayed_transport(transport, rank),  # usually none
                                   session=_agreed(prepared.session))
-        origin = _common_origin(device)
+        origin = _common_origin(placement)
         assembled.start_timeline(origin)
         assembled.on_step = progress = _progress_bar(prepared, rank)
         assembled.extra_hooks = lambda program: injected_fault_hooks(program, rank)
@@ -99,7 +99,7 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
         if progress is not None:
             progress.close()
         if not gather:
-            dist.barrier()
+            dist.barrier(**placement.barrier_options())
             return [result]
         gathered: list[RankResult | None] = [None] * world_size if rank == 0 else []
         dist.gather_object(result, gathered if rank == 0 else None, dst=0)
@@ -126,9 +126,9 @@ def _progress_bar(prepared: PreparedJob, rank: int) -> StepProgress | None:
     return StepProgress(total=job.steps, stage=last, microbatches=job.plan.microbatches)
 
 
-def _common_origin(device: torch.device) -> float:
+def _common_origin(placement: Placement) -> float:
     """Rank 0's wall clock after a barrier, so all ranks' timelines share one zero."""
-    dist.barrier()
-    stamp = torch.tensor([time.time()], dtype=torch.float64, device=device)
+    dist.barrier(**placement.barrier_options())
+    stamp = torch.tensor([time.time()], dtype=torch.float64, device=placement.wire)
     dist.broadcast(stamp, src=0)
     return float(stamp.item())

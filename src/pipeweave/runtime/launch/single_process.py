@@ -7,6 +7,9 @@ the same order on the same data as in the distributed run (all-reduces sum in re
 in both), the numbers are identical — which makes semantics testable without processes.
 Each rank also draws from its own random generator (swapped in whenever its program runs), as
 it would in its own process, so dropout agrees too and a checkpoint can restore it per rank.
+Everything runs on the job's device: with ``cuda``, every rank's stages on ``cuda:0``
+(:func:`pipeweave.devices.place`); there the ranks share one CUDA generator, so with dropout
+the numbers differ from a distributed run's.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from ..observation.memory import ActivationMeter
+from ...devices import place
 from ...host import threads_per_rank
 from ...ir import Schedule, ScheduleError, render_grid
 from ..advance.online import OnlineAdvance, run_local_windows
@@ -58,7 +62,7 @@ def _run(given: Job | PreparedJob) -> list[RankResult]:
     spec = job.model()
     prepared = given if isinstance(given, PreparedJob) else prepare(job, spec=spec)
     schedule = prepared.schedule
-    device = torch.device("cpu")
+    device = place(job.device, local_rank=0, local_ranks=1).device  # every rank on it
     hub = LocalTransport(apc=job.apc)
     origin = time.time()
     ranks: list[AssembledRank] = []

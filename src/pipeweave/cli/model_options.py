@@ -58,10 +58,7 @@ def chosen_model(args: argparse.Namespace, *, default: str | None = None
     path: Path | None = getattr(args, "hf_config", None)
     if path is None:
         return (model if model is not None else default), {}
-    if not path.is_file():
-        raise ValueError(f"--hf-config {path}: no such file; give the path of a transformers "
-                         f"config.json")
-    from ..hf.presets import config_family
+    from ..hf.presets import config_family  # names the file and the fix if it cannot be read
 
     name = f"hf-{config_family(path)}"
     if model is not None and model != name:

@@ -7,10 +7,11 @@ not JSON) into a one-line ``ValueError`` naming the file and the fix, instead of
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_text", "read_json"]
+__all__ = ["read_text", "read_json", "check_can_write"]
 
 
 def read_text(path: str | Path, *, what: str, fix: str) -> str:
@@ -38,3 +39,19 @@ def read_json(path: str | Path, *, what: str, fix: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{what}: not valid JSON ({error}); {fix}") from None
+
+
+def check_can_write(path: str | Path, flag: str) -> None:
+    """Refuse, before any work and without creating anything, an output file ``path`` that
+    could not be written: a folder, or a place under a file or a folder without write
+    permission (its missing folders are created when it is written)."""
+    file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"{flag} {file} is a folder; give a file name, e.g. {file / 'out'}")
+    existing = next(p for p in (file.parent, *file.parent.parents) if p.exists() or p == Path())
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {file} cannot be written: {existing} is a file, not a "
+                         f"folder; give another path")
+    if not os.access(existing, os.W_OK) or (file.exists() and not os.access(file, os.W_OK)):
+        raise ValueError(f"{flag} {file} cannot be written (permission denied); give a path "
+                         f"you can write to")

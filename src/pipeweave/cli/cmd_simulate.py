@@ -146,6 +146,11 @@ def profiled_costs(args: argparse.Namespace, schedule: Schedule) -> Costs:
     if given:
         raise ValueError(f"{', '.join(given)} and a model's profile both give costs; drop "
                          f"{' and '.join(given)}, or --model/--profile")
+    from ..files import check_can_write
+
+    for path, flag in ((args.trace, "--trace"), (args.plot, "--plot")):
+        if path is not None:
+            check_can_write(path, flag)  # before profiling
     args.ranks = schedule.num_ranks  # load_profile sizes the profiling threads by it
     profile = load_profile(args)
     stages = schedule.num_stages

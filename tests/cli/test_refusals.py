@@ -205,3 +205,22 @@ def test_an_unreadable_file_argument_is_named_with_the_fix(
     assert "codec" not in err and "Errno" not in err
     assert "; give" in err or "; create" in err  # the fix
     assert _tree(tmp_path) == [file.name]
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--batch-size", "0"], ["--timeout", "0"],
+                                  ["--stages", "0"], ["--checkpoint-every", "-1"],
+                                  ["--schedule", "nosuch"], ["--lr", "nan"],
+                                  ["--momentum", "0.9"], ["--option", "sliced"]],
+                         ids=lambda argv: " ".join(argv))
+def test_train_checks_its_arguments_before_building_the_model(
+        argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A Hugging Face model takes seconds to build: what does not depend on it comes first."""
+    def forbidden(self: Any) -> Any:
+        raise AssertionError("built the model before the arguments were checked")
+
+    monkeypatch.setattr(cmd_train.BuiltinModel, "__call__", forbidden)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--model", "gpt-tiny", *argv]) == 2
+    _one_line(capsys.readouterr().err)
+    assert _tree(tmp_path) == []

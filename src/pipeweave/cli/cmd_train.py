@@ -163,16 +163,21 @@ def build_job(args: argparse.Namespace) -> Job:
 def build_setup(args: argparse.Namespace) -> Setup:
     limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
     check_precision(args.precision, dtype=DTYPES[args.dtype], apc=args.apc)
+    check_counts(args)
     name, overrides = chosen_model(args, default=DEFAULT_MODEL)
     assert name is not None
     if args.seq_len is not None:
         overrides["seq_len"] = args.seq_len
-    plan = load_plan(args) if args.plan is not None else None  # before building the model
+    # What needs no model is checked before the model is built (an HF model takes seconds).
+    plan = load_plan(args) if args.plan is not None else None
+    info = get_info(plan.schedule if plan is not None else args.schedule or DEFAULT_SCHEDULE)
+    optimizer = optimizer_for(args, info.default_optimizer)
+    checkpoint = checkpoint_options(args)
+    options = parse_options(args.option)
     model = BuiltinModel(name, seed=args.seed, dtype=args.dtype, overrides=overrides)
     spec = model()
     if plan is None:
         schedule = args.schedule or DEFAULT_SCHEDULE
-        info = get_info(schedule)
         stages = DEFAULT_STAGES if args.stages is None else args.stages
         chunks = info.default_chunks if args.chunks is None else args.chunks
         recompute = (True,) * (stages * chunks) if args.recompute else ()
@@ -180,17 +185,16 @@ def build_setup(args: argparse.Namespace) -> Setup:
                             microbatches=(DEFAULT_MICROBATCHES if args.microbatches is None
                                           else args.microbatches),
                             width=1 if args.width is None else args.width, recompute=recompute,
-                            schedule_options=parse_options(args.option))
+                            schedule_options=options)
     dataset = spec.dataset or "digits"
     seq_len = None
     if dataset in SEQUENCE_DATASETS:
         seq_len = default_seq_len(name, **overrides)
-    optimizer = optimizer_for(args, get_info(plan.schedule).default_optimizer)
     if args.prediction_backward is not None:
         plan = replace(plan, semantics=replace(plan.semantics, backward=args.prediction_backward))
     plan, advance = train_avgpipe.apply(args, plan, spec, optimizer, limit)
     job = Job(
-        plan=plan, steps=args.steps, model=model, checkpoint=checkpoint_options(args),
+        plan=plan, steps=args.steps, model=model, checkpoint=checkpoint,
         data=BuiltinData(dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
                          dtype=args.dtype),
         optimizer=optimizer, seed=args.seed, device=args.device, advance=advance,
@@ -198,6 +202,24 @@ def build_setup(args: argparse.Namespace) -> Setup:
         clip_grad_norm=args.clip_grad_norm, precision=args.precision, count_activations=True,
     )
     return Setup(job, spec, limit)
+
+
+COUNTS = ("steps", "batch_size", "stages", "microbatches", "chunks", "width")
+"""Flags that count something, refused below 1 before anything is built."""
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """The counts and the timeout, whatever the model (its size is checked later)."""
+    for name in COUNTS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} must be >= 1, got {value}; give {flag} 1 or more")
+    if args.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got "
+                         f"{args.checkpoint_every}")
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
 
 
 def load_plan(args: argparse.Namespace) -> Plan:

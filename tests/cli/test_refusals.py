@@ -105,11 +105,12 @@ def _no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("profiled or launched before the arguments were checked")
 
-    from pipeweave.cli import calibrate, cmd_plan, cmd_profile
+    from pipeweave.cli import calibrate, cmd_plan, cmd_profile, cmd_tune
 
     for module, name in ((cmd_plan, "profile_builtin"), (cmd_profile, "profile_builtin"),
                          (calibrate, "calibrate"), (cmd_profile, "calibrate"),
-                         (cmd_profile, "measure_link")):
+                         (cmd_profile, "measure_link"), (cmd_tune, "_profile"),
+                         (cmd_tune, "builtin_model")):
         monkeypatch.setattr(module, name, forbidden)
     import pipeweave.cli.cmd_auto as cmd_auto
 
@@ -146,6 +147,10 @@ EARLY = {
                           "--trace", "{outside}/a-file/t.json"], "--trace"),
     "profile --json-out": (["profile", "--model", "gpt-tiny", "--json-out",
                             "{outside}/a-file/p.json"], "--json-out"),
+    "tune --bandwidth": (["tune", "--model", "gpt-tiny", "--stages", "2", "--bandwidth", "0"],
+                         "--bandwidth"),
+    "show --csv": (["show", "1f1b", "--stages", "2", "--microbatches", "4", "--csv",
+                    "{outside}/a-file/s.csv"], "--csv"),
 }
 
 

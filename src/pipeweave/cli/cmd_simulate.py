@@ -92,6 +92,11 @@ def parse_numbers(flag: str, text: str) -> float | list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..files import check_can_write
+
+    for path, flag in ((args.trace, "--trace"), (args.plot, "--plot")):
+        if path is not None:
+            check_can_write(path, flag)  # before profiling or simulating
     schedule = schedule_from_args(args, default_iterations=default_iterations(args.schedule))
     from_model = (args.model is not None or args.profile is not None
                   or getattr(args, "hf_config", None) is not None)
@@ -146,11 +151,6 @@ def profiled_costs(args: argparse.Namespace, schedule: Schedule) -> Costs:
     if given:
         raise ValueError(f"{', '.join(given)} and a model's profile both give costs; drop "
                          f"{' and '.join(given)}, or --model/--profile")
-    from ..files import check_can_write
-
-    for path, flag in ((args.trace, "--trace"), (args.plot, "--plot")):
-        if path is not None:
-            check_can_write(path, flag)  # before profiling
     args.ranks = schedule.num_ranks  # load_profile sizes the profiling threads by it
     profile = load_profile(args)
     stages = schedule.num_stages

@@ -56,6 +56,31 @@ def test_the_readme_block_was_found() -> None:
                                               "profile", "plan"}
 
 
+OUTPUT_FLAGS = ("--json-out", "--out", "--plot", "--trace", "--profile-out", "--output-dir",
+                "--checkpoint-dir")
+
+
+def test_what_the_readme_commands_write_is_ignored_by_git() -> None:
+    """Every file or folder the block's lines write into the working folder (named by an
+    output flag, or a command's default: train's runs/, auto's auto-plan.json and
+    auto-pareto.png) is named in .gitignore, so running the README in a clone leaves
+    `git status` clean."""
+    from pipeweave.cli.main import build_parser
+
+    written = {"runs"}
+    for argv in COMMANDS:
+        args = build_parser().parse_args(argv)
+        for flag in OUTPUT_FLAGS:
+            value = getattr(args, flag[2:].replace("-", "_"), None)
+            if value is not None:
+                written.add(Path(value).parts[0])
+    ignored = {line.strip().strip("/") for line in
+               (README.parent / ".gitignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {"auto-plan.json", "auto-pareto.png", "profile.json"} <= written
+    assert written <= ignored, sorted(written - ignored)
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 def test_every_readme_command_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -70,11 +70,11 @@ def test_malformed_profiles_are_rejected(change: Any, message: str) -> None:
 
 
 def test_unreadable_files(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="does not exist; create one with `pipeweave profile"):
+    with pytest.raises(ValueError, match="no such file; create one with `pipeweave profile"):
         Profile.load(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ValueError, match="is not valid JSON"):
+    with pytest.raises(ValueError, match="not valid JSON"):
         Profile.load(bad)
 
 

@@ -19,11 +19,43 @@ from ..planner.topology import Topology
 from ..profiler import Profile
 from ..sim.costs import check_shared_cores
 
-__all__ = ["AutoProblem", "Candidate", "SEMANTICS"]
+__all__ = ["AutoProblem", "Candidate", "SEMANTICS", "check_settings"]
 
 SEMANTICS = ("sync", "any")
 """``sync``: only synchronous schedules (same gradients as one device); ``any``: asynchronous
 ones too (they change convergence, so the user must ask for them)."""
+
+
+def check_settings(*, ranks: object, batch_size: object = None, memory_limit: object = None,
+                   semantics: str = "sync", topology: Topology | None = None,
+                   shared_cores: object = None, optimizer: str = "adam",
+                   time_limit: object = None, recompute: tuple[int, ...] | None = None) -> None:
+    """The checks of an :class:`AutoProblem` that need no profile, so that ``pipeweave auto``
+    can run them before it profiles anything."""
+    check_shared_cores(shared_cores)
+    for count in recompute or ():
+        _check_recompute(count)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"--ranks must be an integer >= 1, got {ranks!r}")
+    if semantics not in SEMANTICS:
+        raise ValueError(f"--semantics {semantics!r} is not one of {list(SEMANTICS)}; "
+                         "use sync (synchronous schedules only) or any (asynchronous too)")
+    if time_limit is not None and not time_limit > 0:  # type: ignore[operator]
+        raise ValueError(f"--time-limit must be > 0 seconds, got {time_limit!r}")
+    if memory_limit is not None and not memory_limit > 0:  # type: ignore[operator]
+        raise ValueError(f"--memory-limit must be > 0 bytes, got {memory_limit!r}")
+    from ..planner.memory import OPTIMIZER_STATE
+
+    if optimizer not in OPTIMIZER_STATE:
+        raise ValueError(f"optimizer {optimizer!r} has no known state size; choose one "
+                         f"of {', '.join(sorted(OPTIMIZER_STATE))}")
+    if batch_size is not None and (isinstance(batch_size, bool) or
+                                   not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"--batch-size must be an integer >= 1, got {batch_size!r}")
+    if topology is not None and topology.workers != ranks:
+        raise ValueError(
+            f"the topology {topology} has {topology.workers} workers but --ranks is "
+            f"{ranks}; make the product of the machine counts equal --ranks")
 
 
 @dataclass(frozen=True)
@@ -72,23 +104,11 @@ class AutoProblem:
     apc: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_shared_cores(self.shared_cores)
-        for count in self.recompute or ():
-            _check_recompute(count)
-        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
-            raise ValueError(f"--ranks must be an integer >= 1, got {self.ranks!r}")
-        if self.semantics not in SEMANTICS:
-            raise ValueError(f"--semantics {self.semantics!r} is not one of {list(SEMANTICS)}; "
-                             "use sync (synchronous schedules only) or any (asynchronous too)")
-        if self.time_limit is not None and not self.time_limit > 0:
-            raise ValueError(f"--time-limit must be > 0 seconds, got {self.time_limit!r}")
-        if self.memory_limit is not None and not self.memory_limit > 0:
-            raise ValueError(f"--memory-limit must be > 0 bytes, got {self.memory_limit!r}")
-        from ..planner.memory import OPTIMIZER_STATE
-
-        if self.optimizer not in OPTIMIZER_STATE:
-            raise ValueError(f"optimizer {self.optimizer!r} has no known state size; choose one "
-                             f"of {', '.join(sorted(OPTIMIZER_STATE))}")
+        check_settings(ranks=self.ranks, batch_size=self.batch_size,
+                       memory_limit=self.memory_limit, semantics=self.semantics,
+                       topology=self.topology, shared_cores=self.shared_cores,
+                       optimizer=self.optimizer, time_limit=self.time_limit,
+                       recompute=self.recompute)
         if self.profile.batch_size is None:
             raise ValueError(f"profile of {self.profile.model!r} has no batch_size (samples per "
                              "micro-batch); auto scales the block costs to each candidate's "
@@ -100,14 +120,6 @@ class AutoProblem:
                     f"batch_size each; got {other.model!r} ({other.num_blocks} blocks, batch_size "
                     f"{other.batch_size}) beside {self.profile.model!r} "
                     f"({self.profile.num_blocks} blocks)")
-        if self.batch_size is not None and (isinstance(self.batch_size, bool) or
-                                            not isinstance(self.batch_size, int)
-                                            or self.batch_size < 1):
-            raise ValueError(f"--batch-size must be an integer >= 1, got {self.batch_size!r}")
-        if self.topology is not None and self.topology.workers != self.ranks:
-            raise ValueError(
-                f"the topology {self.topology} has {self.topology.workers} workers but --ranks is "
-                f"{self.ranks}; make the product of the machine counts equal --ranks")
 
     @property
     def batch(self) -> int:

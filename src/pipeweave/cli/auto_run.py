@@ -24,7 +24,7 @@ from ..runtime import BuiltinModel, Job, OptimizerFactory, Plan, launch_local
 from ..runtime.observation.summary import summarize
 from ..schedules import get_info
 
-__all__ = ["Measured", "measure_plan"]
+__all__ = ["Measured", "measure_plan", "check_steps"]
 
 
 @contextmanager
@@ -59,14 +59,19 @@ class Measured:
                 "peak_rss_bytes": list(self.peak_rss_bytes)}
 
 
+def check_steps(steps: int) -> None:
+    """Refuse a run too short to time."""
+    if steps < 3:
+        raise ValueError(f"--steps {steps} is too few to time: the first iteration is warm-up "
+                         f"and the time is a gap between two later ones; use --steps 3 or more")
+
+
 def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bool = False,
                  optimizer: str = "adam", seed: int = 0, timeout_s: float = 120.0,
                  overrides: dict[str, Any] | None = None, memory: bool = True) -> Measured:
     """Train ``plan`` for ``steps`` iterations of ``batch_size`` samples and measure it
     (``memory`` False: time only, no second run; ``peak_memory_bytes`` is then empty)."""
-    if steps < 3:
-        raise ValueError(f"--steps {steps} is too few to time: the first iteration is warm-up "
-                         f"and the time is a gap between two later ones; use --steps 3 or more")
+    check_steps(steps)
     builtin = BuiltinModel(model, seed=seed, overrides=dict(overrides or {}))
     default = get_info(plan.schedule).default_optimizer
     name, kwargs = (default[0], dict(default[1])) if default is not None else (optimizer, {})

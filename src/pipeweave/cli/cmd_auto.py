@@ -34,8 +34,9 @@ from ..models import available_models
 from ..planner import Topology
 from ..profiler import Profile
 from .calibrate import calibrate, calibration_skipped, fit_message_latency
-from .cmd_plan import load_profile, parse_bytes, shared_cores
-from .model_options import add_profile_source, chosen_model
+from ..auto.problem import check_settings
+from .cmd_plan import core_count, load_profile, parse_bytes, shared_cores
+from .model_options import add_profile_source, check_profile_source, chosen_model
 
 __all__ = ["add_parser", "run", "format_table", "prediction_json"]
 
@@ -160,26 +161,47 @@ def _calibrated(profile: Profile, model: str, overrides: dict[str, Any],
     return profile
 
 
-def _check(args: argparse.Namespace) -> None:
-    if args.top < 1:
-        raise ValueError(f"--top must be >= 1, got {args.top}")
+def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
+    """Every argument, before anything is profiled or run; the memory limit and topology."""
+    from ..files import check_can_write
     from ..schedules import get_info
     from ..planner import get_method
 
+    if args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    check_profile_source(args)
+    limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
+    topology = Topology.parse(args.topology) if args.topology is not None else None
+    check_settings(ranks=args.ranks, batch_size=args.batch_size, memory_limit=limit,
+                   semantics=args.semantics, topology=topology,
+                   shared_cores=core_count(args.shared_cores), optimizer=args.optimizer,
+                   time_limit=args.time_limit)
     for name in _names(args.schedules) or ():
         get_info(name)
     for name in _names(args.methods) or ():
         get_method(name)
+    for count in _counts(args.microbatches) or ():
+        if count < 1:
+            raise ValueError(f"--microbatches {args.microbatches!r}: each count must be >= 1")
+    if args.run:
+        from .auto_run import check_steps
+
+        check_steps(args.steps)
+        if args.timeout <= 0:
+            raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    for path, flag in ((args.out, "--out"), (args.plot, "--plot"),
+                       (args.profile_out, "--profile-out")):
+        if path is not None:
+            check_can_write(path, flag)
+    return limit, topology
 
 
 def run(args: argparse.Namespace) -> int:
-    _check(args)
+    limit, topology = _check(args)
     profile, *others = _profiles(args)
     problem = AutoProblem(
         profile=profile, extra_profiles=tuple(others), ranks=args.ranks, batch_size=args.batch_size,
-        memory_limit=parse_bytes(args.memory_limit) if args.memory_limit is not None else None,
-        semantics=args.semantics,
-        topology=Topology.parse(args.topology) if args.topology is not None else None,
+        memory_limit=limit, semantics=args.semantics, topology=topology,
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
         optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
         methods=_names(args.methods), microbatches=_counts(args.microbatches))

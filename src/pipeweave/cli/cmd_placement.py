@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         found = placements(topology, depth, width, p2p_bytes=args.p2p_bytes,
                            allreduce_bytes=args.allreduce_bytes)
     else:
+        _total(args.microbatches, topology, width)  # before profiling
         args.ranks = topology.workers  # what load_profile profiles co-located ranks for
         profile = load_profile(args)
         found, simulated = _from_profile(profile, topology, depth, width, args.microbatches,
@@ -95,13 +96,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _from_profile(profile: Profile, topology: Topology, depth: int, width: int,
-                  microbatches: int | None, report: dict[str, Any]
-                  ) -> tuple[list[Placement], dict[int, float]]:
+def _total(microbatches: int | None, topology: Topology, width: int) -> int:
+    """Micro-batches per iteration (default 2 x workers), a positive multiple of ``width``."""
     total = microbatches if microbatches is not None else 2 * topology.workers
     if total < 1 or total % width:
         raise ValueError(f"--microbatches {total} is not a positive multiple of the width "
                          f"{width}; use a multiple of {width}")
+    return total
+
+
+def _from_profile(profile: Profile, topology: Topology, depth: int, width: int,
+                  microbatches: int | None, report: dict[str, Any]
+                  ) -> tuple[list[Placement], dict[int, float]]:
+    total = _total(microbatches, topology, width)
     if depth > profile.num_blocks:
         raise ValueError(f"--depth {depth} exceeds the model's {profile.num_blocks} blocks; "
                          f"use at most {profile.num_blocks}")

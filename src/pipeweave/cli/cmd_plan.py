@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ..models import available_models
-from .model_options import add_profile_source, chosen_model
+from .model_options import add_profile_source, check_profile_source, chosen_model
 from ..planner import PlanRequest, PlanResult, Topology, available_methods, make_plan
+from ..planner.result import check_request
 from ..planner.plan import Plan
 from ..profiler import Profile
 from ..profiler.measure import profile_builtin
@@ -91,9 +92,8 @@ def parse_bytes(text: str) -> float:
 
 
 def load_profile(args: argparse.Namespace) -> Profile:
+    check_profile_source(args)
     model, overrides = chosen_model(args)
-    if args.profile is None and model is None:
-        raise ValueError("give --model NAME (profiled now) or --profile FILE")
     if args.profile is None:
         from ..profiler.colocated import needed_colocation
         from ..host import threads_per_rank
@@ -129,6 +129,14 @@ def shared_cores(option: str, profile: Profile, ranks: int) -> int | None:
 
         cores = profile.metadata.get("cores", machine_cores() if profile.source == "measured" else None)
         return int(cores) if isinstance(cores, int) and ranks > cores else None
+    return core_count(option)
+
+
+def core_count(option: str) -> int | None:
+    """``--shared-cores`` checked before any profile exists: the number it gives (None for
+    ``auto``/``none``, which :func:`shared_cores` decides)."""
+    if option in ("auto", "none"):
+        return None
     try:
         cores = int(option)
     except ValueError:
@@ -151,19 +159,35 @@ def _check_ties(plan: Plan, profile: Profile) -> None:
                          f"tied blocks on one stage") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    profile = load_profile(args)
+def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
+    """Every argument, before anything is profiled; the memory limit and the topology."""
+    from ..files import check_can_write
+    from ..planner import get_method
+    from ..schedules import get_info
+
+    check_profile_source(args)
     if args.topology is not None and args.bandwidth is not None:
         raise ValueError("give --topology or --bandwidth, not both")
-    topology = None
-    if args.topology is not None:
-        topology = Topology.parse(args.topology)
-    elif args.bandwidth is not None:
+    limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
+    topology = Topology.parse(args.topology) if args.topology is not None else None
+    check_request(ranks=args.ranks, microbatches=args.microbatches, memory_limit=limit,
+                  topology=topology, shared_cores=core_count(args.shared_cores))
+    if args.bandwidth is not None:
         topology = Topology.single(args.ranks, args.bandwidth)
+    get_method(args.method)
+    if args.schedule not in (None, "fastest"):
+        get_info(args.schedule)
+    if args.out is not None:
+        check_can_write(args.out, "--out")
+    return limit, topology
+
+
+def run(args: argparse.Namespace) -> int:
+    limit, topology = _check(args)
+    profile = load_profile(args)
     request = PlanRequest(
         profile=profile, ranks=args.ranks, microbatches=args.microbatches,
-        memory_limit=parse_bytes(args.memory_limit) if args.memory_limit is not None else None,
-        topology=topology, straight=args.straight, slicer=args.slicer, schedule=args.schedule,
+        memory_limit=limit, topology=topology, straight=args.straight, slicer=args.slicer, schedule=args.schedule,
         allreduce_overlap=not args.sum_allreduce,
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
     )

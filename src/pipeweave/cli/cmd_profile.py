@@ -75,9 +75,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.json_out is not None:
+        from ..files import check_can_write
+
+        check_can_write(args.json_out, "--json-out")
     if args.pipedream_graph is not None:
-        if not args.pipedream_graph.exists():
-            raise ValueError(f"--pipedream-graph {args.pipedream_graph} does not exist")
         profile = read_pipedream_graph(args.pipedream_graph)
     else:
         name, overrides = chosen_model(args)

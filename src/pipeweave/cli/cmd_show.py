@@ -87,6 +87,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.csv:
+        from ..files import check_can_write
+
+        check_can_write(args.csv, "--csv")
     schedule = schedule_from_args(args)
     if args.lowered:
         schedule = lower(schedule)

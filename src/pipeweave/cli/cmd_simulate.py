@@ -92,6 +92,11 @@ def parse_numbers(flag: str, text: str) -> float | list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..files import check_can_write
+
+    for path, flag in ((args.trace, "--trace"), (args.plot, "--plot")):
+        if path is not None:
+            check_can_write(path, flag)  # before profiling or simulating
     schedule = schedule_from_args(args, default_iterations=default_iterations(args.schedule))
     from_model = (args.model is not None or args.profile is not None
                   or getattr(args, "hf_config", None) is not None)

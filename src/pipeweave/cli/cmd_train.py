@@ -18,10 +18,8 @@ See docs/avgpipe.md and :mod:`pipeweave.cli.train_avgpipe`.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,13 +43,10 @@ from .options import parse_options
 from .train_outputs import write_outputs
 from .cmd_plan import parse_bytes
 from .model_options import add_hf_config, chosen_model
+from .run_folder import Opened, new_run_folder, open_outputs
 
 __all__ = ["add_parser", "run"]
 
-RUNS = Path("runs")
-LATEST = "latest"
-"""Without ``--output-dir`` a run writes to ``runs/<date>-<time>-<schedule>/`` and
-``runs/latest`` is a link to the newest run's folder."""
 DEFAULT_MODEL = "gpt-tiny"
 DEFAULT_SCHEDULE = "1f1b"
 DEFAULT_STAGES = 2
@@ -168,26 +163,21 @@ def build_job(args: argparse.Namespace) -> Job:
 def build_setup(args: argparse.Namespace) -> Setup:
     limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
     check_precision(args.precision, dtype=DTYPES[args.dtype], apc=args.apc)
+    check_counts(args)
     name, overrides = chosen_model(args, default=DEFAULT_MODEL)
     assert name is not None
     if args.seq_len is not None:
         overrides["seq_len"] = args.seq_len
+    # What needs no model is checked before the model is built (an HF model takes seconds).
+    plan = load_plan(args) if args.plan is not None else None
+    info = get_info(plan.schedule if plan is not None else args.schedule or DEFAULT_SCHEDULE)
+    optimizer = optimizer_for(args, info.default_optimizer)
+    checkpoint = checkpoint_options(args)
+    options = parse_options(args.option)
     model = BuiltinModel(name, seed=args.seed, dtype=args.dtype, overrides=overrides)
     spec = model()
-    if args.plan is not None:
-        given = [f"--{name}" for name in PLAN_FLAGS if getattr(args, name) not in (None, [], False)]
-        if given:
-            raise ValueError(
-                f"--plan {args.plan} fixes the split and schedule, and {', '.join(given)} would "
-                f"be ignored; drop {'them' if len(given) > 1 else 'it'}, or edit the plan file "
-                f"(or make a new one with pipeweave plan)")
-        if not args.plan.is_file():
-            raise ValueError(f"--plan {args.plan}: no such file; make one with `pipeweave plan "
-                             f"--json-out {args.plan}` or give the path of an existing plan")
-        plan = Plan.load(args.plan)
-    else:
+    if plan is None:
         schedule = args.schedule or DEFAULT_SCHEDULE
-        info = get_info(schedule)
         stages = DEFAULT_STAGES if args.stages is None else args.stages
         chunks = info.default_chunks if args.chunks is None else args.chunks
         recompute = (True,) * (stages * chunks) if args.recompute else ()
@@ -195,17 +185,16 @@ def build_setup(args: argparse.Namespace) -> Setup:
                             microbatches=(DEFAULT_MICROBATCHES if args.microbatches is None
                                           else args.microbatches),
                             width=1 if args.width is None else args.width, recompute=recompute,
-                            schedule_options=parse_options(args.option))
+                            schedule_options=options)
     dataset = spec.dataset or "digits"
     seq_len = None
     if dataset in SEQUENCE_DATASETS:
         seq_len = default_seq_len(name, **overrides)
-    optimizer = optimizer_for(args, get_info(plan.schedule).default_optimizer)
     if args.prediction_backward is not None:
         plan = replace(plan, semantics=replace(plan.semantics, backward=args.prediction_backward))
     plan, advance = train_avgpipe.apply(args, plan, spec, optimizer, limit)
     job = Job(
-        plan=plan, steps=args.steps, model=model, checkpoint=checkpoint_options(args),
+        plan=plan, steps=args.steps, model=model, checkpoint=checkpoint,
         data=BuiltinData(dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
                          dtype=args.dtype),
         optimizer=optimizer, seed=args.seed, device=args.device, advance=advance,
@@ -213,6 +202,38 @@ def build_setup(args: argparse.Namespace) -> Setup:
         clip_grad_norm=args.clip_grad_norm, precision=args.precision, count_activations=True,
     )
     return Setup(job, spec, limit)
+
+
+COUNTS = ("steps", "batch_size", "stages", "microbatches", "chunks", "width")
+"""Flags that count something, refused below 1 before anything is built."""
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """The counts and the timeout, whatever the model (its size is checked later)."""
+    for name in COUNTS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} must be >= 1, got {value}; give {flag} 1 or more")
+    if args.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got "
+                         f"{args.checkpoint_every}")
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+
+
+def load_plan(args: argparse.Namespace) -> Plan:
+    """``--plan FILE``, refused beside the flags it fixes or when it cannot be read."""
+    given = [f"--{name}" for name in PLAN_FLAGS if getattr(args, name) not in (None, [], False)]
+    if given:
+        raise ValueError(
+            f"--plan {args.plan} fixes the split and schedule, and {', '.join(given)} would "
+            f"be ignored; drop {'them' if len(given) > 1 else 'it'}, or edit the plan file "
+            f"(or make a new one with pipeweave plan)")
+    if not args.plan.exists():
+        raise ValueError(f"--plan {args.plan}: no such file; make one with `pipeweave plan "
+                         f"--out {args.plan}` or give the path of an existing plan")
+    return Plan.load(args.plan)
 
 
 def optimizer_for(args: argparse.Namespace,
@@ -251,76 +272,34 @@ def check_tensorboard() -> None:
                          "pip install -e '.[tensorboard]' or drop --tensorboard") from None
 
 
-def check_writable(directory: Path, flag: str) -> None:
-    """Create ``directory`` and write a probe file there, so a folder that cannot hold the
-    outputs stops the run before training instead of losing its results after it."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".pipeweave-probe-"):
-            pass
-    except OSError as error:
-        raise ValueError(f"{flag} {directory} cannot be written ({error.strerror or error}); "
-                         f"give a folder you can write to") from None
-
-
-def new_run_folder(args: argparse.Namespace) -> Path:
-    """``runs/<date>-<time>-<schedule>`` (a suffix if that exists). Under torchrun every rank
-    must agree and a restarted attempt must find its checkpoints: the folder is named after
-    torchrun's run id instead."""
-    schedule = args.schedule
-    if schedule is None and args.plan is not None:
-        try:
-            schedule = json.loads(Path(args.plan).read_text()).get("schedule")
-        except (OSError, ValueError, AttributeError):
-            schedule = None  # build_setup reports a bad plan file
-    schedule = str(schedule or DEFAULT_SCHEDULE)
-    if under_torchrun():
-        return RUNS / f"{os.environ.get('TORCHELASTIC_RUN_ID', 'torchrun')}-{schedule}"
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    folder, attempt = RUNS / f"{stamp}-{schedule}", 1
-    while folder.exists():
-        attempt += 1
-        folder = RUNS / f"{stamp}-{schedule}-{attempt}"
-    return folder
-
-
-def point_latest_at(folder: Path) -> None:
-    """Make ``runs/latest`` a link to ``folder`` (replaced atomically); a real folder of that
-    name (written by an older pipeweave) is left alone."""
-    latest = folder.parent / LATEST
-    if latest.exists() and not latest.is_symlink():
-        print(f"note: {latest} is a folder, not a link; this run writes to {folder}")
-        return
-    temporary = folder.parent / f".{LATEST}-{os.getpid()}"
-    try:
-        temporary.unlink(missing_ok=True)
-        temporary.symlink_to(folder.name, target_is_directory=True)
-        os.replace(temporary, latest)
-    except OSError:  # no symlinks on this filesystem: the folder's name is printed anyway
-        temporary.unlink(missing_ok=True)
+def _writable(args: argparse.Namespace, job: Job) -> list[tuple[Path, str]]:
+    """The folders the run writes to, each with the flag that names it."""
+    folders = [(Path(args.output_dir), "--output-dir")]
+    if args.json_out is not None:
+        folders.append((args.json_out.parent, "--json-out's folder"))
+    if job.checkpoint is not None and job.checkpoint.directory is not None:
+        folders.append((Path(job.checkpoint.directory), "--checkpoint-dir"))
+    return folders
 
 
 def run(args: argparse.Namespace) -> int:
     fresh_folder = args.output_dir is None
-    if fresh_folder:
-        args.output_dir = new_run_folder(args)
-    setup = build_setup(args)
-    job = setup.job
+    if fresh_folder:  # a name only: nothing is created before every check has passed
+        args.output_dir = new_run_folder(
+            args.schedule, args.plan, DEFAULT_SCHEDULE,
+            torchrun_id=os.environ.get("TORCHELASTIC_RUN_ID", "torchrun") if under_torchrun()
+            else None)
     if args.tensorboard:
         check_tensorboard()
+    setup = build_setup(args)
+    job = setup.job
     reports = not (under_torchrun() and int(os.environ["RANK"]) != 0)  # torchrun: rank 0 does
-    if reports:
-        check_writable(args.output_dir, "--output-dir")
-        if args.json_out is not None:
-            check_writable(args.json_out.parent, "--json-out's folder")
-        if job.checkpoint is not None and job.checkpoint.directory is not None:
-            check_writable(Path(job.checkpoint.directory), "--checkpoint-dir")
-        if fresh_folder:
-            point_latest_at(args.output_dir)
     train_avgpipe.check_ranks(args, job.plan, under_torchrun=under_torchrun())
     # Every check, once, before any rank starts (a checkpoint that does not fit stops us here;
     # under torchrun each process checks, and rank 0 verifies the shards' checksums).
     ready = prepare(job, spec=setup.spec, verify_checksums=reports)
+    opened = open_outputs(_writable(args, job), fresh=args.output_dir if fresh_folder else None
+                          ) if reports else Opened()
     first_step = ready.first_step
     if ready.session is not None and ready.session.resume_from is not None and reports:
         print(f"resuming from {ready.session.resume_from} after step {first_step} of {job.steps}")
@@ -333,8 +312,9 @@ def run(args: argparse.Namespace) -> int:
             results = run_local(ready)
         else:
             results = launch_local(ready)
-    except ValueError:
-        raise  # a bad input: one line from the command line's own handler
+    except ValueError:  # a bad input: one line from the command line's own handler, and
+        opened.undo()   # nothing left of this run
+        raise
     except (Exception, KeyboardInterrupt) as error:  # one line, the trace in a log, and the
         return train_failure.report(args, job, error, first_step)  # outputs of what ran
     summary = summarize(results, schedule=job.plan.schedule, steps=job.steps,

@@ -118,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--profile-at {args.profile_at!r} must be M,N (integers >= 1) with M "
                          f"dividing --batch-size {args.batch_size}, e.g. --profile-at 4,1")
     limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
+    if not args.bandwidth > 0 or not args.latency >= 0:
+        raise ValueError(f"--bandwidth {args.bandwidth} must be > 0 bytes/s (inf: free) and "
+                         f"--latency {args.latency} >= 0 seconds")
     if args.warmup < 1 or args.iterations < 1:
         raise ValueError(f"--warmup {args.warmup} and --iterations {args.iterations} must be >= 1 "
                          f"(a real run leaves its first iteration out), e.g. --warmup 1 "

@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HF_CONFIG_HELP", "add_hf_config", "add_profile_source", "chosen_model"]
+__all__ = ["HF_CONFIG_HELP", "add_hf_config", "add_profile_source", "chosen_model",
+           "check_profile_source"]
 
 HF_CONFIG_HELP = ("a Hugging Face config.json (gpt2, llama, qwen2 or mistral) to build the "
                   "model from, with random weights; implies --model hf-<its model_type>")
@@ -58,13 +59,29 @@ def chosen_model(args: argparse.Namespace, *, default: str | None = None
     path: Path | None = getattr(args, "hf_config", None)
     if path is None:
         return (model if model is not None else default), {}
-    if not path.is_file():
-        raise ValueError(f"--hf-config {path}: no such file; give the path of a transformers "
-                         f"config.json")
-    from ..hf.presets import config_family
+    from ..hf.presets import config_family  # names the file and the fix if it cannot be read
 
     name = f"hf-{config_family(path)}"
     if model is not None and model != name:
         raise ValueError(f"--hf-config {path} is a {name.removeprefix('hf-')} config but --model "
                          f"is {model}; drop --model or use --model {name}")
     return name, {"config_file": str(path)}
+
+
+def check_profile_source(args: argparse.Namespace) -> None:
+    """What :func:`add_profile_source` added, checked before anything is profiled: a model
+    (``--model``/``--hf-config``, readable) or a profile is given, the profile files can be
+    read, and ``--batch-size`` is at least 1."""
+    from ..files import read_text
+
+    model, _ = chosen_model(args)
+    given = args.profile if isinstance(args.profile, list) else \
+        [args.profile] if args.profile is not None else []
+    if not given and model is None:
+        raise ValueError("give --model NAME (profiled now) or --profile FILE")
+    for path in given:
+        read_text(path, what=f"profile file {path}",
+                  fix="create one with `pipeweave profile --model NAME --json-out FILE`")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}; give a positive "
+                         f"number of samples")

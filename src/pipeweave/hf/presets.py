@@ -10,7 +10,6 @@ instead of the small shape.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -100,12 +99,11 @@ PRESETS: dict[str, tuple[str, HFPreset]] = {
 def config_family(path: str | Path) -> str:
     """The supported family (``model_type``) of a ``config.json``; ValueError otherwise. Reads
     the JSON only (no transformers)."""
+    from ..files import read_json
+
     file = Path(path)
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"--hf-config {file}: cannot read it as a JSON config ({error}); give "
-                         f"the path of a transformers config.json") from None
+    data = read_json(file, what=f"--hf-config {file}",
+                     fix="give the path of a transformers config.json")
     family = data.get("model_type") if isinstance(data, dict) else None
     if family not in SUPPORTED:
         raise ValueError(f"--hf-config {file}: model_type {family!r} is not supported; "

@@ -181,8 +181,14 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
+        from ..files import read_json
+
+        fix = "give a plan written by `pipeweave plan --out FILE` (or `pipeweave auto --out`)"
+        data = read_json(path, what=f"plan file {path}", fix=fix)
+        if not isinstance(data, dict):
+            raise ValueError(f"plan file {path}: a JSON object was expected, not "
+                             f"{type(data).__name__}; {fix}")
         try:
-            data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"plan file {path} is not valid JSON: {error}") from None
-        return cls.from_json(data)
+            return cls.from_json(data)
+        except TypeError as error:  # a field this version does not know
+            raise ValueError(f"plan file {path}: {error}; {fix}") from None

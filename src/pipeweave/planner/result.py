@@ -24,7 +24,26 @@ from .evaluate import Network
 from .partition import Bounds
 from .topology import Topology
 
-__all__ = ["PlanRequest", "Partition", "PlanResult", "balance"]
+__all__ = ["PlanRequest", "check_request", "Partition", "PlanResult", "balance"]
+
+
+def check_request(*, ranks: object, microbatches: object = None, memory_limit: object = None,
+                  topology: Topology | None = None, shared_cores: object = None) -> None:
+    """The checks of a :class:`PlanRequest` that need no profile, so that a command line can
+    run them before it profiles anything."""
+    check_shared_cores(shared_cores)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"ranks must be an integer >= 1, got {ranks!r}")
+    if microbatches is not None and (isinstance(microbatches, bool)
+                                     or not isinstance(microbatches, int) or microbatches < 1):
+        raise ValueError(f"microbatches must be an integer >= 1, got {microbatches!r}")
+    if memory_limit is not None and not (memory_limit > 0):  # type: ignore[operator]
+        raise ValueError(f"memory_limit must be > 0 bytes, got {memory_limit!r}")
+    if topology is not None and topology.workers != ranks:
+        raise ValueError(
+            f"the topology {topology} has {topology.workers} workers but ranks is "
+            f"{ranks}; make the product of the machine counts equal --ranks"
+        )
 
 
 @dataclass(frozen=True)
@@ -60,20 +79,9 @@ class PlanRequest:
     shared_cores: int | None = None
 
     def __post_init__(self) -> None:
-        check_shared_cores(self.shared_cores)
-        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
-            raise ValueError(f"ranks must be an integer >= 1, got {self.ranks!r}")
-        if self.microbatches is not None and (isinstance(self.microbatches, bool)
-                                              or not isinstance(self.microbatches, int)
-                                              or self.microbatches < 1):
-            raise ValueError(f"microbatches must be an integer >= 1, got {self.microbatches!r}")
-        if self.memory_limit is not None and not (self.memory_limit > 0):
-            raise ValueError(f"memory_limit must be > 0 bytes, got {self.memory_limit!r}")
-        if self.topology is not None and self.topology.workers != self.ranks:
-            raise ValueError(
-                f"the topology {self.topology} has {self.topology.workers} workers but ranks is "
-                f"{self.ranks}; make the product of the machine counts equal --ranks"
-            )
+        check_request(ranks=self.ranks, microbatches=self.microbatches,
+                      memory_limit=self.memory_limit, topology=self.topology,
+                      shared_cores=self.shared_cores)
 
     @property
     def num_microbatches(self) -> int:

@@ -66,8 +66,12 @@ class GraphNode:
 
 def read_pipedream_graph(path: str | Path) -> Profile:
     """Read a ``graph.txt`` file (see the module docstring)."""
+    from ..files import read_text
+
     path = Path(path)
-    return parse_pipedream_graph(path.read_text(), name=path.parent.name if path.stem == "graph"
+    text = read_text(path, what=f"PipeDream graph {path}",
+                     fix="give the graph.txt that PipeDream's profiler wrote")
+    return parse_pipedream_graph(text, name=path.parent.name if path.stem == "graph"
                                  else path.stem)
 
 

@@ -360,20 +360,16 @@ class Profile:
     @classmethod
     def load(cls, path: str | Path) -> "Profile":
         """Read a JSON profile (or, for a ``.txt`` file, PipeDream's ``graph.txt``)."""
+        from ..files import read_json, read_text
+
         path = Path(path)
-        if not path.exists():
-            raise ValueError(f"profile file {path} does not exist; create one with "
-                             "`pipeweave profile --model NAME --json-out FILE`")
-        text = path.read_text()
+        what, fix = (f"profile file {path}",
+                     "create one with `pipeweave profile --model NAME --json-out FILE`")
         if path.suffix == ".txt":
             from .pipedream_graph import parse_pipedream_graph
 
-            return parse_pipedream_graph(text, name=path.stem)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"profile file {path} is not valid JSON: {error}") from None
-        return cls.from_json(data, origin=f"profile file {path}")
+            return parse_pipedream_graph(read_text(path, what=what, fix=fix), name=path.stem)
+        return cls.from_json(read_json(path, what=what, fix=fix), origin=what)
 
 
 def _number(what: str, value: object) -> float:

@@ -11,15 +11,16 @@ Run on a machine with one GPU (``scripts/gpu_check.sh`` runs it after the ``cuda
 
    * ``plain loop``: the loop a GPU user writes by hand (written out below, ``plain_step``);
    * ``pipeweave``: ``run_local`` of the same model (``pipeweave.hf`` blocks, whole layers),
-     one stage, as ``pipeweave train`` runs it (activation counting and the timeline on);
-   * ``pipeweave lean``: the same without activation counting and timeline.
+     one stage, as ``pipeweave train --device cuda`` runs it (the timeline on, activations not
+     counted);
+   * ``pipeweave counting``: the same with ``--count-activations`` (a hook per saved tensor).
 
    Steps are timed the same way for all: a CUDA event after every optimizer step (torch's
    global post-step hook; no host-device synchronisation), the steady state from step 2 on.
    ``ratio_to_plain_loop`` is pipeweave's samples/s over the plain loop's; MFU counts
-   6 x parameters x tokens per step against ``--peak-flops``. One run of the lean variant is
-   profiled with ``torch.profiler``: the host-side operations that synchronise
-   (``aten::item``, ``aten::_local_scalar_dense``, ``cudaStreamSynchronize``,
+   6 x parameters x tokens per step against ``--peak-flops``. Three steady-state steps of
+   ``pipeweave`` are profiled with ``torch.profiler``: the host-side operations that
+   synchronise (``aten::item``, ``aten::_local_scalar_dense``, ``cudaStreamSynchronize``,
    ``cudaDeviceSynchronize``, ``cudaMemcpy``) are counted per step.
 2. **Every schedule on one GPU.** Each registered schedule trains GPT (d 512, 8 layers,
    sequence 256) on one GPU with ``run_local``, P = 2 stages (its default chunks), M = 8,
@@ -120,7 +121,7 @@ def plain_loop(config_file: Path) -> dict[str, Any]:
             "step_ms": [round(1e3 * s, 2) for s in seconds]}
 
 
-def pipeweave_job(config_file: Path, *, lean: bool, steps: int = STEPS) -> Job:
+def pipeweave_job(config_file: Path, *, counting: bool, steps: int = STEPS) -> Job:
     model = BuiltinModel("hf-llama", overrides={"config_file": str(config_file),
                                                 "seq_len": SEQ, "sublayer": False})
     layers = json.loads(config_file.read_text())["num_hidden_layers"]
@@ -128,13 +129,13 @@ def pipeweave_job(config_file: Path, *, lean: bool, steps: int = STEPS) -> Job:
     return Job(plan=Plan.uniform(blocks, 1, schedule="1f1b", microbatches=M), steps=steps,
                model=model, data=model.data(BATCH, seq_len=SEQ), device="cuda",
                optimizer=OptimizerFactory("adamw", {"lr": 3e-4}), precision="bf16-mixed",
-               count_activations=not lean, record_timeline=not lean)
+               count_activations=counting)
 
 
-def pipeweave_run(config_file: Path, *, lean: bool) -> dict[str, Any]:
+def pipeweave_run(config_file: Path, *, counting: bool) -> dict[str, Any]:
     torch.cuda.reset_peak_memory_stats()
     with StepClock() as clock:
-        run_local(pipeweave_job(config_file, lean=lean))
+        run_local(pipeweave_job(config_file, counting=counting))
     seconds = clock.step_seconds(1, WARM)
     torch.cuda.empty_cache()
     return {"samples_per_second": rate(seconds, BATCH),
@@ -143,17 +144,26 @@ def pipeweave_run(config_file: Path, *, lean: bool) -> dict[str, Any]:
 
 
 def profiled(config_file: Path, out: Path) -> dict[str, Any]:
-    """Host operations that synchronise, per step, in a lean pipeweave run of 4 steps."""
-    from torch.profiler import ProfilerActivity, profile
+    """Host operations that synchronise, per step, over steps 3..5 of a ``pipeweave`` run."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
-    steps = 4
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run_local(pipeweave_job(config_file, lean=True, steps=steps))
-    averages = prof.key_averages()
-    counts = {e.key: e.count / steps for e in averages if e.key in SYNC_OPS}
+    active, captured = 3, []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 schedule=schedule(wait=1, warmup=1, active=active, repeat=1),
+                 on_trace_ready=lambda done: captured.append(done.key_averages())) as prof:
+        handle = register_optimizer_step_post_hook(lambda *_: prof.step())
+        try:
+            run_local(pipeweave_job(config_file, counting=False, steps=active + 3))
+        finally:
+            handle.remove()
+    averages = captured[0]
+    counts = {e.key: e.count / active for e in averages if e.key in SYNC_OPS}
     table = averages.table(sort_by="self_cpu_time_total", row_limit=40)
     (out.parent / "gpu_check_profile.txt").write_text(table)
-    return {"sync_calls_per_step": counts}
+    return {"sync_calls_per_step": counts,
+            "self_cpu_ms_per_step": sum(e.self_cpu_time_total for e in averages) / active / 1e3,
+            "self_cuda_ms_per_step": sum(e.self_device_time_total for e in averages)
+            / active / 1e3}
 
 
 # -- 2. every schedule on one GPU ------------------------------------------------------------
@@ -240,7 +250,7 @@ def table(results: dict[str, Any]) -> str:
     lines = ["part                          samples/s   ratio   peak GiB   MFU"]
     plain = results.get("plain_loop", {}).get("samples_per_second")
     params = results.get("plain_loop", {}).get("parameters", 0)
-    for name in ("plain_loop", "pipeweave", "pipeweave_lean"):
+    for name in ("plain_loop", "pipeweave", "pipeweave_counting"):
         row = results.get(name, {})
         if "samples_per_second" not in row:
             lines.append(f"{name:<29} {row.get('error', 'not run')}")
@@ -284,8 +294,9 @@ def main() -> None:
                                             "sweep_model": SWEEP, "sweep_batch": SWEEP_BATCH,
                                             "sweep_microbatches": SWEEP_M}}
     timed("plain_loop", results, args.out, lambda: plain_loop(args.config))
-    timed("pipeweave", results, args.out, lambda: pipeweave_run(args.config, lean=False))
-    timed("pipeweave_lean", results, args.out, lambda: pipeweave_run(args.config, lean=True))
+    timed("pipeweave", results, args.out, lambda: pipeweave_run(args.config, counting=False))
+    timed("pipeweave_counting", results, args.out,
+          lambda: pipeweave_run(args.config, counting=True))
     plain = results["plain_loop"].get("samples_per_second")
     if plain and "samples_per_second" in results["pipeweave"]:
         results["ratio_to_plain_loop"] = results["pipeweave"]["samples_per_second"] / plain

@@ -116,7 +116,7 @@ class RankInterpreter:
                 for upcoming in receives[next_receive:next_receive + _PREFETCH]:
                     self.transport.prefetch(*routes[upcoming])
                 window_moved = False
-            start = self.recorder.now() if self.recorder else 0.0
+            start = self.recorder.mark() if self.recorder else 0.0
             if ties is not None and position in ties.at:  # before the AR / U it precedes
                 yield from ties.reduce(position, self._modules, self.transport)
             op = action.op
@@ -158,7 +158,7 @@ class RankInterpreter:
             elif op is Op.AVERAGE:
                 self._average(action)
             if self.recorder:
-                self.recorder.add(texts[position], start, self.recorder.now())
+                self.recorder.add(texts[position], start, self.recorder.mark())
             self.executed += 1
             if position in after:
                 after[position]()

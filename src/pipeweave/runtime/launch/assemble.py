@@ -54,10 +54,11 @@ class AssembledRank:
     meter: ActivationMeter | None = None
     """Counts the activation bytes held over the whole run (``Job.count_activations``)."""
 
-    def start_timeline(self, origin: float) -> None:
-        """Record the timeline from now on, its zero at ``origin`` (``time.time()``)."""
+    def start_timeline(self, origin: float, device: torch.device) -> None:
+        """Record the timeline from now on, its zero at ``origin`` (``time.time()``); on a
+        GPU with CUDA events on ``device`` (device time, :mod:`..observation.timeline`)."""
         if self.prepared.job.record_timeline:
-            self.recorder = Recorder(self.rank, origin)
+            self.recorder = Recorder(self.rank, origin, device)
 
     def interpreter(self, program: Schedule | None = None,
                     meter: ActivationMeter | None = None) -> RankInterpreter:

@@ -71,7 +71,7 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
                                   transport=delayed_transport(transport, rank),  # usually none
                                   session=_agreed(prepared.session))
         origin = _common_origin(placement)
-        assembled.start_timeline(origin)
+        assembled.start_timeline(origin, device)
         assembled.on_step = progress = _progress_bar(prepared, rank)
         assembled.extra_hooks = lambda program: injected_fault_hooks(program, rank)
         online = (OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None

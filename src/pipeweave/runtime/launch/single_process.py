@@ -69,7 +69,7 @@ def _run(given: Job | PreparedJob) -> list[RankResult]:
     for rank in range(schedule.num_ranks):
         ranks.append(assemble_rank(prepared, rank, device=device, transport=hub.endpoint(rank),
                                    session=prepared.session, spec=spec, apply_rng=False))
-        ranks[-1].start_timeline(origin)
+        ranks[-1].start_timeline(origin, device)
 
     def interpreters(program: Schedule | None = None,
                      meters: Sequence[ActivationMeter | None] | None = None) -> list[RankInterpreter]:

@@ -13,6 +13,7 @@ from pipeweave.runtime.observation.timeline import Recorder
 
 class FakeEvent:
     clock = 0.0  # the fake device's time, seconds
+    done_until = 0.0  # events up to this time have run
     waited = 0
 
     def __init__(self, enable_timing: bool = False) -> None:
@@ -29,10 +30,14 @@ class FakeEvent:
     def synchronize(self) -> None:
         FakeEvent.waited += 1
 
+    def query(self) -> bool:
+        assert self.at is not None
+        return self.at <= FakeEvent.done_until
+
 
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    FakeEvent.clock, FakeEvent.waited = 0.0, 0
+    FakeEvent.clock, FakeEvent.waited, FakeEvent.done_until = 0.0, 0, 0.0
     monkeypatch.setattr(timeline.torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(timeline.torch.cuda, "synchronize", lambda device=None: None)
 
@@ -63,3 +68,18 @@ def test_on_the_cpu_marks_are_host_seconds() -> None:
     recorder.add("1F0", start, recorder.mark())
     (rank, text, s, e), = recorder.records
     assert (rank, text) == (3, "1F0") and s <= e
+
+
+def test_a_long_run_turns_finished_events_into_records_without_waiting(
+        fake_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "QUEUED", 4)
+    recorder = Recorder(0, origin=0.0, device=torch.device("cuda", 0))
+    for step in range(6):
+        FakeEvent.clock = float(step)
+        start = recorder.mark()
+        FakeEvent.clock = step + 0.5
+        recorder.add(f"0F{step}", start, recorder.mark())
+        FakeEvent.done_until = step - 1.0  # the device runs two actions behind the host
+    assert FakeEvent.waited == 0
+    assert len(recorder._done) == 3 and len(recorder._queued) == 3  # 0F0..0F2 ran
+    assert [text for _, text, _, _ in recorder.records] == [f"0F{k}" for k in range(6)]

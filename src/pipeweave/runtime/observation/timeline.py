@@ -28,6 +28,8 @@ from ...ir import Op, parse_action
 __all__ = ["Recorder", "Record", "efficiency"]
 
 Record = tuple[int, str, float, float]
+QUEUED = 4096
+"""Actions queued with their events before those already run are turned into records."""
 Mark = Union[float, "torch.cuda.Event"]
 """When something happened: seconds since the origin (CPU) or a CUDA event (GPU)."""
 
@@ -70,19 +72,31 @@ class Recorder:
         else:
             assert not isinstance(start, float) and not isinstance(end, float)
             self._queued.append((text, start, end))
+            if len(self._queued) >= QUEUED:  # a long run holds records, not events
+                self._resolve(wait=False)
 
     @property
     def records(self) -> list[Record]:
         """Every record so far; on a GPU this waits for the actions queued last."""
-        if self._queued:
-            assert self._reference is not None
-            zero, at = self._reference
-            self._queued[-1][2].synchronize()
-            for text, start, end in self._queued:
-                self._done.append((self.rank, text, at + zero.elapsed_time(start) / 1e3,
-                                   at + zero.elapsed_time(end) / 1e3))
-            self._queued.clear()
+        self._resolve(wait=True)
         return self._done
+
+    def _resolve(self, *, wait: bool) -> None:
+        """Queued actions into records: all (waiting for the last), or those already done."""
+        if not self._queued:
+            return
+        assert self._reference is not None
+        zero, at = self._reference
+        if wait:
+            self._queued[-1][2].synchronize()
+        done = 0
+        for text, start, end in self._queued:
+            if not wait and not end.query():
+                break
+            self._done.append((self.rank, text, at + zero.elapsed_time(start) / 1e3,
+                               at + zero.elapsed_time(end) / 1e3))
+            done += 1
+        del self._queued[:done]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 
 from ..runtime import Job
-from ..runtime.checkpoint.store import complete_checkpoints
+from ..runtime.checkpoint.store import complete_checkpoints, verified_checkpoints
 from ..runtime.launch.processes import RunFailed, RunInterrupted, under_torchrun
 from ..runtime.observation.summary import TrainSummary, summarize
 from ..runtime.observation.results import RankResult, partial_results
@@ -111,8 +111,14 @@ def _write_partial(args: argparse.Namespace, job: Job, results: list[RankResult]
 
 
 def _resume_hint(job: Job) -> None:
+    """Name the newest checkpoint that verifies (checksums checked): the folder when
+    ``--resume`` of the folder would take it, else that checkpoint itself."""
     folder = job.checkpoint.directory if job.checkpoint is not None else None
-    if folder is None or not complete_checkpoints(folder):
+    if folder is None:
         return
-    print(f"continue from the last complete checkpoint with --resume {folder} "
+    verified = verified_checkpoints(folder, limit=1)
+    if not verified:
+        return
+    target = folder if verified[0] == complete_checkpoints(folder)[-1] else verified[0]
+    print(f"continue from the last complete checkpoint with --resume {target} "
           f"--steps {job.steps}", file=sys.stderr)

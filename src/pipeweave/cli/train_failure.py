@@ -26,11 +26,10 @@ from ..runtime.checkpoint.store import complete_checkpoints, verified_checkpoint
 from ..runtime.launch.processes import RunFailed, RunInterrupted, under_torchrun
 from ..runtime.observation.summary import TrainSummary, summarize
 from ..runtime.observation.results import RankResult, partial_results
+from .main import INTERRUPTED
 from .train_outputs import write_outputs
 
 __all__ = ["report", "write_error_log", "completed_steps"]
-
-INTERRUPTED_STATUS = 130  # what a shell reports for a Ctrl-C
 
 
 def report(args: argparse.Namespace, job: Job, error: BaseException, first_step: int) -> int:
@@ -49,7 +48,8 @@ def report(args: argparse.Namespace, job: Job, error: BaseException, first_step:
     log = write_error_log(args.output_dir, name, trace)
     if args.debug:
         print(trace, file=sys.stderr)
-    print(f"pipeweave: error: {where}{cause} (traceback in {log}"
+    what = "traceback" if "Traceback" in trace else "details"  # a killed rank has none
+    print(f"pipeweave: error: {where}{cause} ({what} in {log}"
           f"{'' if args.debug else '; --debug prints it'})", file=sys.stderr)
     if not (under_torchrun() and os.environ.get("RANK") != "0"):
         done = _write_partial(args, job, partial_results(error), first_step,
@@ -59,7 +59,7 @@ def report(args: argparse.Namespace, job: Job, error: BaseException, first_step:
                   f"{args.output_dir}/ (summary.json says "
                   f"{'interrupted' if interrupted else 'failed'})", file=sys.stderr)
         _resume_hint(job)
-    return INTERRUPTED_STATUS if interrupted else 1
+    return INTERRUPTED if interrupted else 1
 
 
 def write_error_log(directory: Path, name: str, trace: str) -> Path:

@@ -215,7 +215,7 @@ def verified_checkpoints(root: str | Path, *, exclude: Path | None = None,
     """Up to ``limit`` complete checkpoints under ``root`` (not ``exclude``) whose manifest
     reads and whose shards all match their size and sha256, newest first: the ones it is
     safe to recommend."""
-    found = []
+    found: list[Path] = []
     for folder in reversed(complete_checkpoints(root)):
         if len(found) == limit:
             break

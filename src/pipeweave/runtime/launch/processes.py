@@ -4,7 +4,10 @@ The local spawner starts one process per rank (``forkserver`` method), points th
 free loopback port, and watches them: when one rank fails, the others are terminated at once
 and :class:`RunFailed` carries the failing rank's traceback; nothing is left running. Results
 come back through files in a private temporary folder (one pickle per rank, written
-atomically by the rank and read once by the launcher that created the folder).
+atomically by the rank and read once by the launcher that created the folder); while they
+run, each rank also appends what it has done to a journal there after every optimizer step
+(:mod:`..observation.journal`), so a failed, killed or interrupted run still reports every
+step that completed. Ctrl-C stops the run cleanly at any moment (:mod:`.interrupts`).
 """
 
 from __future__ import annotations
@@ -14,19 +17,26 @@ import datetime
 import json
 import os
 import pickle
-import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from multiprocessing.process import BaseProcess
+from typing import Any, TextIO
+from tqdm import tqdm
 
 from ..job import Job
+from ..observation.journal import read_journal
 from ..observation.results import RankResult, attach_partial, partial_results
 from .faults import exit_with_launcher
+from .interrupts import ctrl_c_deferred, listen_for_ctrl_c, start_forkserver_deaf
+from .watch import first_failure, killed_by, let_ranks_stop, stop_ranks
 from .prepare import PreparedJob, prepare, prepared
 from .rank import run_rank
 
@@ -56,6 +66,8 @@ class RunInterrupted(RunFailed):
 
 _ERROR_FILE = "rank{}.error.json"
 _PARTIAL_FILE = "rank{}.partial.pkl"
+_JOURNAL_FILE = "rank{}.journal"
+_STDERR_FILE = "rank{}.stderr"
 _USER_ERRORS = (ValueError, ArithmeticError, LookupError, TypeError, OSError)
 """Error types that report a bad input or a diverging run rather than a lost peer; when
 several ranks fail at once, one of these is the cause to show."""
@@ -102,16 +114,23 @@ def loopback_interface() -> str | None:
 def _spawned_rank(index: int, prepared_job: PreparedJob, world_size: int, store_address: tuple[str, int],
                   out_dir: str, launcher_pid: int) -> None:
     exit_with_launcher(launcher_pid)  # the launcher killed (even by SIGKILL): leave nothing behind
+    sys.stderr = _divert_stderr(Path(out_dir) / _STDERR_FILE.format(index))
     host, port = store_address
     if host == LOOPBACK and prepared_job.job.device == "cpu":  # gloo's own sockets on loopback too
         interface = loopback_interface()
         if interface is not None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    # tqdm's default lock is a named semaphore shared through multiprocessing; a rank killed
+    # while holding one leaks it, and the resource tracker warns about it on the terminal.
+    # Only one rank shows a bar: a thread lock is enough.
+    tqdm.set_lock(threading.RLock())
     try:
+        listen_for_ctrl_c()  # from here on, a Ctrl-C stops this rank through the except below
         store = dist.TCPStore(host, port, None, False,
                               datetime.timedelta(seconds=prepared_job.job.timeout_s))
         (result,) = run_rank(prepared_job, rank=index, world_size=world_size, local_rank=index,
-                             local_world_size=world_size, store=store)
+                             local_world_size=world_size, store=store,
+                             journal=Path(out_dir) / _JOURNAL_FILE.format(index))
     except BaseException as error:  # the launcher shows the cause in one line, logs the trace
         partial = partial_results(error)  # and writes the outputs of what ran
         if partial:
@@ -122,6 +141,34 @@ def _spawned_rank(index: int, prepared_job: PreparedJob, world_size: int, store_
                 "user_error": isinstance(error, _USER_ERRORS), "trace": traceback.format_exc()}))
         raise
     _write_pickle(Path(out_dir) / f"rank{index}.pkl", result)
+
+
+def _divert_stderr(path: Path) -> TextIO:
+    """Send this process's file descriptor 2 to ``path``; return a stream to where it went
+    before, to become ``sys.stderr``.
+
+    What native code and torch's loggers write there (gloo's "Connection closed by peer",
+    NCCL's and torch's C++ warnings) is noise when a peer has died or the run was stopped:
+    the launcher puts it in the run's log (:func:`_rank_output`). Python's own writes, the
+    progress bar and warnings, stay on the terminal.
+    """
+    sys.stderr.flush()
+    terminal = os.fdopen(os.dup(2), "w", buffering=1)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
+    return terminal
+
+
+def _rank_output(out_dir: Path) -> str:
+    """What the ranks wrote to their diverted stderr, each under a heading ("" if nothing)."""
+    parts = []
+    for path in sorted(out_dir.glob(_STDERR_FILE.format("*")), key=_file_rank):
+        with contextlib.suppress(OSError):
+            text = path.read_text(errors="replace").strip()
+            if text:
+                parts.append(f"--- rank {_file_rank(path)} wrote to stderr ---\n{text}\n")
+    return "".join(parts)
 
 
 def _write_pickle(path: Path, value: object) -> None:
@@ -137,15 +184,22 @@ def _file_rank(path: Path) -> int:
 
 
 def _partials(out_dir: Path) -> list[RankResult]:
-    """What failed or interrupted ranks had done (:func:`attach_partial`), by rank."""
+    """What failed, killed or interrupted ranks had done, by rank: what a rank attached to its
+    error (:func:`attach_partial`), else its journal (a killed rank attached nothing)."""
     found: list[RankResult] = []
     # by rank number: sorting the names would put rank10 before rank2
-    for path in sorted(out_dir.glob(_PARTIAL_FILE.format("*")), key=_file_rank):
+    ranks = {_file_rank(path) for pattern in (_PARTIAL_FILE, _JOURNAL_FILE)
+             for path in out_dir.glob(pattern.format("*"))}
+    for rank in sorted(ranks):
         try:
-            with open(path, "rb") as handle:
+            with open(out_dir / _PARTIAL_FILE.format(rank), "rb") as handle:
                 found.extend(pickle.load(handle))
-        except (OSError, pickle.UnpicklingError, EOFError):
             continue
+        except (OSError, pickle.UnpicklingError, EOFError):
+            pass
+        journal = read_journal(out_dir / _JOURNAL_FILE.format(rank))
+        if journal is not None:
+            found.append(journal)
     return found
 
 
@@ -157,7 +211,8 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
     this machine opens it to other hosts), and on loopback gloo's sockets stay there too.
 
     Raises :class:`RunFailed` if any rank fails (the others are terminated), or if the whole
-    run exceeds ``deadline_s`` seconds.
+    run exceeds ``deadline_s`` seconds; :class:`RunInterrupted` on Ctrl-C. Either carries what
+    the ranks had done (:func:`~..observation.results.partial_results`).
     """
     ready = prepared(job)  # every check, before any rank starts
     world_size = ready.schedule.num_ranks
@@ -165,80 +220,112 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
     # exist to break by forking); each launch then forks ranks in milliseconds instead of
     # re-importing torch in every fresh interpreter as ``spawn`` does.
     mp.set_forkserver_preload(["torch", "pipeweave.runtime.launch.rank"])
+    start_forkserver_deaf()
     rendezvous = _LauncherStore(bind, ready.job.timeout_s)
-    with tempfile.TemporaryDirectory(prefix="pipeweave-") as out_dir:
-        context = mp.start_processes(
-            _spawned_rank,
-            args=(ready, world_size, (rendezvous.host, rendezvous.port), out_dir, os.getpid()),
-            nprocs=world_size,
-            join=False, start_method="forkserver",
-        )
-        started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pipeweave-") as folder:
+        out_dir = Path(folder)
+        processes: list[BaseProcess] = []
+        error_files: list[str] = []
+        failure: RunFailed | None = None
         try:
-            while not context.join(timeout=0.5):
-                if deadline_s is not None and time.monotonic() - started > deadline_s:
-                    raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f} s; stopped all ranks")
-        except mp.ProcessRaisedException as error:
-            rank, cause, trace = _root_cause(Path(out_dir), error.error_index, str(error).strip())
-            raise RunFailed(f"rank {rank} failed: {cause}\n"
-                            f"all other ranks were stopped; the failing rank's traceback:\n{trace}",
-                            rank=rank, cause=cause, trace=trace,
-                            partial=_partials(Path(out_dir))) from None
-        except mp.ProcessExitedException as error:
-            raise RunFailed(
-                f"rank {error.error_index} exited with code {error.exit_code} "
-                f"(signal {error.signal_name or 'none'}); all other ranks were stopped",
-                rank=error.error_index, partial=_partials(Path(out_dir))) from None
+            with ctrl_c_deferred():  # not between two starts: every started rank is known
+                context = mp.start_processes(
+                    _spawned_rank,
+                    args=(ready, world_size, (rendezvous.host, rendezvous.port), folder,
+                          os.getpid()),
+                    nprocs=world_size, join=False, start_method="forkserver")
+                processes, error_files = list(context.processes), list(context.error_files)
+            failed = first_failure(processes, deadline_s)
+            if failed is not None:
+                failure = _diagnose(out_dir, processes, error_files, failed)
         except KeyboardInterrupt:
-            _let_ranks_stop(context.processes)
-            raise RunInterrupted("interrupted (Ctrl-C); all ranks were stopped",
-                                 cause="interrupted", partial=_partials(Path(out_dir))) from None
+            let_ranks_stop(processes)
+            failure = RunInterrupted("interrupted (Ctrl-C); all ranks were stopped",
+                                     cause="interrupted (Ctrl-C)")
+        except TimeoutError as error:
+            failure = RunFailed(str(error))
         finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
-            for process in context.processes:
-                process.join(timeout=10)
-                if process.is_alive():
-                    process.kill()
+            stop_ranks(processes)
             rendezvous.close()
-        missing = [r for r in range(world_size) if not (Path(out_dir) / f"rank{r}.pkl").exists()]
-        if missing:  # e.g. the ranks took a Ctrl-C the launcher did not see
-            raise RunInterrupted(f"ranks {missing} stopped without a result",
-                                 cause="interrupted", partial=_partials(Path(out_dir)))
+            for name in error_files:  # torch's, outside our folder
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+        missing = [r for r in range(world_size) if not (out_dir / f"rank{r}.pkl").exists()]
+        if failure is None and missing:  # e.g. the ranks took a Ctrl-C the launcher did not see
+            failure = RunInterrupted(f"ranks {missing} stopped without a result",
+                                     cause="interrupted")
+        output = _rank_output(out_dir)
+        if failure is not None:
+            attach_partial(failure, *_partials(out_dir))
+            failure.trace = "\n".join(part for part in (failure.trace, output) if part)
+            raise failure
+        if output:  # a run that went well: its warnings, late but not lost
+            print(output, file=sys.stderr, end="")
         results = []
         for rank in range(world_size):
-            with open(Path(out_dir) / f"rank{rank}.pkl", "rb") as handle:
+            with open(out_dir / f"rank{rank}.pkl", "rb") as handle:
                 results.append(pickle.load(handle))
         return results
 
 
-def _let_ranks_stop(processes: list[mp.Process], grace_s: float = 5.0) -> None:
-    """After a Ctrl-C, give the ranks a moment to record what they did (they got the SIGINT
-    too from a terminal; otherwise send it), then the caller's ``finally`` stops the rest."""
-    for process in processes:
-        if process.is_alive() and process.pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(process.pid, signal.SIGINT)
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
+def _diagnose(out_dir: Path, processes: list[BaseProcess], error_files: list[str],
+              first: int) -> RunFailed:
+    """Why the run failed, once rank ``first`` exited with a non-zero code.
+
+    A rank killed by a signal (SIGKILL: the out-of-memory killer, ``kill -9``) leaves no
+    traceback, and its peers then fail on the lost connection: unless some rank reported a
+    bad input, the killed rank is the cause."""
+    time.sleep(0.3)  # ranks fail within moments of each other: let their reports arrive
+    reports = _reports(out_dir)
+    killed = [i for i, process in enumerate(processes) if killed_by(process) is not None]
+    if killed and not any(report["user_error"] for report in reports.values()):
+        rank = first if first in killed else killed[0]
+        process = processes[rank]
+        cause = (f"exited with code {process.exitcode} (signal {killed_by(process)}); all other "
+                 f"ranks were stopped")
+        note = (f"rank {rank} (pid {process.pid}) was ended by {killed_by(process)} and left no "
+                f"traceback: it was killed from outside (the kernel's out-of-memory killer, "
+                f"kill -9, a lost machine); the launcher stopped the other ranks.\n")
+        return RunFailed(f"rank {rank} {cause}", rank=rank, cause=cause, trace=note)
+    rank, cause, trace = _root_cause(out_dir, first, _torch_trace(error_files[first]),
+                                     reports=reports)
+    if not trace:
+        cause = f"exited with code {processes[rank].exitcode}; all other ranks were stopped"
+        return RunFailed(f"rank {rank} {cause}", rank=rank, cause=cause)
+    return RunFailed(f"rank {rank} failed: {cause}\n"
+                     f"all other ranks were stopped; the failing rank's traceback:\n{trace}",
+                     rank=rank, cause=cause, trace=trace)
 
 
-def _root_cause(out_dir: Path, first: int, first_trace: str) -> tuple[int, str, str]:
-    """``(rank, one-line cause, traceback)`` of a failed run.
+def _torch_trace(error_file: str) -> str:
+    """The traceback torch's wrapper saved for a rank that raised ("" if none)."""
+    try:
+        with open(error_file, "rb") as handle:
+            return str(pickle.load(handle)).strip()
+    except (OSError, pickle.UnpicklingError, EOFError):
+        return ""
 
-    The rank torch reports first may only have lost its peer (a closed connection) while
-    another rank holds the real cause; ranks fail within moments of each other, so wait a
-    little for their reports and prefer a bad input or a diverging loss over a lost peer.
-    """
-    time.sleep(0.3)
+
+def _reports(out_dir: Path) -> dict[int, dict[str, Any]]:
+    """The error reports failed ranks wrote (``_spawned_rank``), by rank."""
     reports = {}
     for path in out_dir.glob(_ERROR_FILE.format("*")):
         try:
             reports[_file_rank(path)] = json.loads(path.read_text())
         except (ValueError, OSError):
             continue
+    return reports
+
+
+def _root_cause(out_dir: Path, first: int, first_trace: str, *,
+                reports: dict[int, dict[str, Any]] | None = None) -> tuple[int, str, str]:
+    """``(rank, one-line cause, traceback)`` of a failed run.
+
+    The rank that failed first may only have lost its peer (a closed connection) while
+    another rank holds the real cause: prefer a bad input or a diverging loss over a lost
+    peer.
+    """
+    reports = _reports(out_dir) if reports is None else reports
     chosen = next((r for r in sorted(reports) if reports[r]["user_error"]),
                   first if first in reports else None)
     if chosen is None:

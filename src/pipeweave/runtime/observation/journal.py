@@ -1,0 +1,89 @@
+"""A rank's journal: what it has done, appended to a file at every optimizer step.
+
+A rank that is killed (SIGKILL, or SIGTERM from the launcher once a peer failed) runs no
+cleanup, so what it returns at the end or attaches to its error never reaches the launcher.
+The journal does: after each of its optimizer steps the rank appends one pickled frame with
+what changed since the last (new micro-batch losses, new timeline records) and the current
+value of everything else in its :class:`~.results.RankResult`; :func:`read_journal` merges the
+frames back into one result, ignoring a last frame cut short by the kill. The launcher turns
+that into the metrics, trace, plot and ``summary.json`` of the steps that completed.
+
+Cost per step: one partial :class:`RankResult` (no parameters) and a pickle of the frame,
+small beside a step; the file grows with the timeline, as the final result does.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...ir import Action
+from .results import RankResult
+
+if TYPE_CHECKING:
+    from ..execution.stage import StageRuntime
+
+__all__ = ["StepJournal", "read_journal"]
+
+
+class StepJournal:
+    """Appends a frame to ``path`` after every optimizer step (an ``on_step`` hook);
+    ``snapshot`` gives the rank's result so far."""
+
+    def __init__(self, path: Path, snapshot: Callable[[], RankResult]) -> None:
+        self.snapshot = snapshot
+        self._handle = open(path, "ab")
+        self._losses: dict[int, float] = {}
+        self._pipeline_losses: dict[int, dict[int, float]] = {}
+        self._records = 0
+
+    def __call__(self, action: Action, stages: Mapping[int, StageRuntime]) -> None:
+        self.write()
+
+    def write(self) -> None:
+        """Append what changed since the last frame (and flush it to the operating system,
+        which keeps it when the process is killed)."""
+        result = self.snapshot()
+        frame = replace(
+            result, losses=_changed(result.losses, self._losses),
+            pipeline_losses={index: _changed(losses, self._pipeline_losses.setdefault(index, {}))
+                             for index, losses in result.pipeline_losses.items()},
+            records=result.records[self._records:])
+        self._records = len(result.records)
+        pickle.dump(frame, self._handle, protocol=pickle.HIGHEST_PROTOCOL)
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def _changed(now: Mapping[int, float], sent: dict[int, float]) -> dict[int, float]:
+    """Entries of ``now`` not yet in ``sent`` or changed since (``sent`` is updated)."""
+    new = {key: value for key, value in now.items() if sent.get(key) != value}
+    sent.update(new)
+    return new
+
+
+def read_journal(path: Path) -> RankResult | None:
+    """The result a journal adds up to (None if it holds no whole frame)."""
+    merged: RankResult | None = None
+    try:
+        with open(path, "rb") as handle:
+            while True:
+                frame: RankResult = pickle.load(handle)
+                merged = frame if merged is None else _merge(merged, frame)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError):
+        pass  # the end, or a frame the kill cut short
+    return merged
+
+
+def _merge(earlier: RankResult, frame: RankResult) -> RankResult:
+    earlier.losses.update(frame.losses)
+    for index, losses in frame.pipeline_losses.items():
+        earlier.pipeline_losses.setdefault(index, {}).update(losses)
+    earlier.records.extend(frame.records)
+    return replace(frame, losses=earlier.losses, pipeline_losses=earlier.pipeline_losses,
+                   records=earlier.records)

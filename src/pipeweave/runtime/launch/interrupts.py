@@ -20,7 +20,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from multiprocessing import forkserver
+from multiprocessing import forkserver, resource_tracker
 
 __all__ = ["start_forkserver_deaf", "ctrl_c_deferred", "listen_for_ctrl_c"]
 
@@ -32,8 +32,10 @@ def _in_main_thread() -> bool:
 
 def start_forkserver_deaf() -> None:
     """Start multiprocessing's fork server, if it is not running, with SIGINT ignored (an
-    ignored signal stays ignored across exec and fork). A Ctrl-C in the few milliseconds this
-    takes is lost; one already running fork server is left as it is."""
+    ignored signal stays ignored across exec and fork). A Ctrl-C to the launcher in the
+    millisecond the fork server takes to start is lost (another one works); one already
+    running fork server is left as it is."""
+    resource_tracker.ensure_running()  # first, outside that millisecond (it ignores SIGINT)
     if not _in_main_thread():
         forkserver.ensure_running()
         return

@@ -139,10 +139,12 @@ def test_a_killed_rank_is_one_line_and_the_completed_steps_are_kept(tmp_path: Pa
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("target", ["group", "launcher"])
-def test_ctrl_c_mid_run_keeps_the_completed_steps(target: str, tmp_path: Path) -> None:
-    run = Train(["--steps", "2000", "--output-dir", str(tmp_path)])
-    run.wait_for(lambda: run.steps_shown() >= 5)
+@pytest.mark.parametrize(("target", "every"), [("group", 0), ("launcher", 0), ("group", 10)],
+                         ids=["group", "launcher", "group-checkpoints"])
+def test_ctrl_c_mid_run_keeps_the_completed_steps(target: str, every: int, tmp_path: Path) -> None:
+    run = Train(["--steps", "2000", "--output-dir", str(tmp_path),
+                 *(["--checkpoint-every", str(every)] if every else [])])
+    run.wait_for(lambda: run.steps_shown() >= 5 + 2 * every)  # with checkpoints: one complete
     shown = run.steps_shown()
     run.interrupt(target)
     code, stderr = run.finish()
@@ -151,6 +153,8 @@ def test_ctrl_c_mid_run_keeps_the_completed_steps(target: str, tmp_path: Path) -
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert _kept(tmp_path) >= shown
+    if every:
+        assert "continue from the last complete checkpoint with --resume" in stderr
 
 
 @pytest.mark.timeout(240)

@@ -75,8 +75,8 @@ def read_journal(path: Path) -> RankResult | None:
             while True:
                 frame: RankResult = pickle.load(handle)
                 merged = frame if merged is None else _merge(merged, frame)
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError):
-        pass  # the end, or a frame the kill cut short
+    except Exception:  # noqa: BLE001 - the end, or a frame the kill cut short (any error)
+        pass
     return merged
 
 

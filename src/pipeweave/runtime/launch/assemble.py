@@ -76,14 +76,15 @@ class AssembledRank:
                                after=hooks, meter=meter, clipper=self.clipper if whole else None,
                                ties=ties, check=self.check if whole else None)
 
-    def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None, final: bool = True) -> RankResult:
+    def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None,
+               final: bool = True, losses: bool = True) -> RankResult:
         """What the rank reports; ``final`` False: a failed run's partial result (no
-        parameters)."""
+        parameters); ``losses`` False: without the losses (for the journal)."""
         job = self.prepared.job
         result = collect_result(self.rank, self.parts, self.prepared.schedule,
                                 records=self.recorder.records if self.recorder else [],
                                 want_parameters=final and job.return_parameters, wall=wall,
-                                device=device)
+                                device=device, want_losses=losses)
         result.checkpoint_stall_s = self.recovery.stall_s
         if self.clipper is not None:
             result.grad_norms = list(self.clipper.norms)

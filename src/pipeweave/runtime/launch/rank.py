@@ -82,8 +82,10 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
         origin = _common_origin(device)
         assembled.start_timeline(origin)
         progress = _progress_bar(prepared, rank)
-        steps = None if journal is None else StepJournal(journal, lambda: assembled.result(
-            wall=time.time() - origin, device=device, final=False))
+        steps = None if journal is None else StepJournal(
+            journal, lambda: assembled.result(wall=time.time() - origin, device=device,
+                                              final=False, losses=False),
+            assembled.parts, window=4 * job.plan.microbatches)
         assembled.on_step = _each_step(progress, steps)
         assembled.extra_hooks = lambda program: injected_fault_hooks(program, rank)
         online = (OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None

@@ -8,12 +8,14 @@ value of everything else in its :class:`~.results.RankResult`; :func:`read_journ
 frames back into one result, ignoring a last frame cut short by the kill. The launcher turns
 that into the metrics, trace, plot and ``summary.json`` of the steps that completed.
 
-Cost per step: one partial :class:`RankResult` (no parameters) and a pickle of the frame,
-small beside a step; the file grows with the timeline, as the final result does.
+Cost per step: one partial :class:`RankResult` (no parameters, no losses) and a pickle of
+what is new, the same at every step; the file grows with the timeline, as the final result
+does.
 """
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -24,20 +26,29 @@ from ...ir import Action
 from .results import RankResult
 
 if TYPE_CHECKING:
+    from ..execution.parts import RankParts
     from ..execution.stage import StageRuntime
 
 __all__ = ["StepJournal", "read_journal"]
 
 
 class StepJournal:
-    """Appends a frame to ``path`` after every optimizer step (an ``on_step`` hook);
-    ``snapshot`` gives the rank's result so far."""
+    """Appends a frame to ``path`` after every optimizer step (an ``on_step`` hook).
 
-    def __init__(self, path: Path, snapshot: Callable[[], RankResult]) -> None:
+    ``snapshot`` gives the rank's result so far without its losses; those are read from
+    ``parts``' stages, only the new ones: a loss dict keeps insertion order, so what was added
+    since the last frame is at its end, and the last ``window`` entries are sent again in case
+    a micro-batch's loss was still being summed (sliced micro-batches) or was redone. A frame
+    thus costs the same at step 10 and at step 100,000.
+    """
+
+    def __init__(self, path: Path, snapshot: Callable[[], RankResult], parts: RankParts, *,
+                 window: int) -> None:
         self.snapshot = snapshot
+        self.parts = parts
+        self.window = window
         self._handle = open(path, "ab")
-        self._losses: dict[int, float] = {}
-        self._pipeline_losses: dict[int, dict[int, float]] = {}
+        self._lengths: dict[int, int] = {}
         self._records = 0
 
     def __call__(self, action: Action, stages: Mapping[int, StageRuntime]) -> None:
@@ -47,24 +58,30 @@ class StepJournal:
         """Append what changed since the last frame (and flush it to the operating system,
         which keeps it when the process is killed)."""
         result = self.snapshot()
-        frame = replace(
-            result, losses=_changed(result.losses, self._losses),
-            pipeline_losses={index: _changed(losses, self._pipeline_losses.setdefault(index, {}))
-                             for index, losses in result.pipeline_losses.items()},
-            records=result.records[self._records:])
+        losses = self._new_losses()
+        frame = replace(result, losses=losses.pop(0, {}), pipeline_losses=losses,
+                        records=result.records[self._records:])
         self._records = len(result.records)
         pickle.dump(frame, self._handle, protocol=pickle.HIGHEST_PROTOCOL)
         self._handle.flush()
 
+    def _new_losses(self) -> dict[int, dict[int, float]]:
+        """Per pipeline (0, then AvgPipe's others), the losses added since the last frame and
+        the last ``window`` before them."""
+        sources = [(0, stage.losses) for stage in self.parts.stages.values()]
+        sources += [(index, stage.losses) for index, other in enumerate(self.parts.others, 1)
+                    for stage in other.stages.values()]
+        new: dict[int, dict[int, float]] = {}
+        for position, (pipeline, losses) in enumerate(sources):
+            added = max(len(losses) - self._lengths.get(position, 0), 0)
+            self._lengths[position] = len(losses)
+            part = new.setdefault(pipeline, {})
+            for key in itertools.islice(reversed(losses), added + self.window):
+                part[key] = losses[key]
+        return new
+
     def close(self) -> None:
         self._handle.close()
-
-
-def _changed(now: Mapping[int, float], sent: dict[int, float]) -> dict[int, float]:
-    """Entries of ``now`` not yet in ``sent`` or changed since (``sent`` is updated)."""
-    new = {key: value for key, value in now.items() if sent.get(key) != value}
-    sent.update(new)
-    return new
 
 
 def read_journal(path: Path) -> RankResult | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..runtime import Job
 from ..runtime.checkpoint.store import complete_checkpoints, verified_checkpoints
+from ..runtime.launch.interrupts import ctrl_c_deferred
 from ..runtime.launch.processes import RunFailed, RunInterrupted, under_torchrun
 from ..runtime.observation.summary import TrainSummary, summarize
 from ..runtime.observation.results import RankResult, partial_results
@@ -33,7 +34,13 @@ __all__ = ["report", "write_error_log", "completed_steps"]
 
 
 def report(args: argparse.Namespace, job: Job, error: BaseException, first_step: int) -> int:
-    """Tell the user why the run stopped, keep what it did; the exit status (1, 130)."""
+    """Tell the user why the run stopped, keep what it did; the exit status (1, 130). A
+    second Ctrl-C meanwhile does not cut the outputs short."""
+    with ctrl_c_deferred(replay=False):
+        return _report(args, job, error, first_step)
+
+
+def _report(args: argparse.Namespace, job: Job, error: BaseException, first_step: int) -> int:
     interrupted = isinstance(error, (KeyboardInterrupt, RunInterrupted))
     if isinstance(error, RunFailed):
         where = f"rank {error.rank}: " if error.rank is not None else ""

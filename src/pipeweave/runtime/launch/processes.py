@@ -241,7 +241,9 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
         except KeyboardInterrupt:
             let_ranks_stop(processes)
             failure = RunInterrupted("interrupted (Ctrl-C); all ranks were stopped",
-                                     cause="interrupted (Ctrl-C)")
+                                     cause="interrupted (Ctrl-C)",
+                                     trace="the launcher got a Ctrl-C (SIGINT) and stopped "
+                                           "every rank\n")
         except TimeoutError as error:
             failure = RunFailed(str(error))
         finally:

@@ -21,56 +21,26 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 import traceback
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from multiprocessing.process import BaseProcess
-from typing import Any, TextIO
+from typing import TextIO
 from tqdm import tqdm
 
 from ..job import Job
-from ..observation.journal import read_journal
 from ..observation.results import RankResult, attach_partial, partial_results
+from .diagnosis import (ERROR_FILE, JOURNAL_FILE, PARTIAL_FILE, STDERR_FILE, USER_ERRORS,
+                        RunFailed, RunInterrupted, diagnose, partials, rank_output)
 from .faults import exit_with_launcher
 from .interrupts import ctrl_c_deferred, listen_for_ctrl_c, start_forkserver_deaf
-from .watch import first_failure, killed_by, let_ranks_stop, stop_ranks
+from .watch import first_failure, let_ranks_stop, stop_ranks
 from .prepare import PreparedJob, prepare, prepared
 from .rank import run_rank
 
 __all__ = ["launch_local", "run_under_torchrun", "RunFailed", "RunInterrupted", "under_torchrun"]
-
-
-class RunFailed(RuntimeError):
-    """A rank failed; the message names it and includes its error.
-
-    ``rank``, ``cause`` (the error's one-line message, without its type) and ``trace`` (the
-    failing rank's traceback) are kept apart for front ends that show one line and log the
-    rest (``pipeweave train``).
-    """
-
-    def __init__(self, message: str, *, rank: int | None = None, cause: str | None = None,
-                 trace: str = "", partial: list[RankResult] | None = None) -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.cause = cause if cause is not None else message.splitlines()[0]
-        self.trace = trace
-        attach_partial(self, *(partial or []))
-
-
-class RunInterrupted(RunFailed):
-    """The run was interrupted (Ctrl-C); what the ranks had done comes with it."""
-
-
-_ERROR_FILE = "rank{}.error.json"
-_PARTIAL_FILE = "rank{}.partial.pkl"
-_JOURNAL_FILE = "rank{}.journal"
-_STDERR_FILE = "rank{}.stderr"
-_USER_ERRORS = (ValueError, ArithmeticError, LookupError, TypeError, OSError)
-"""Error types that report a bad input or a diverging run rather than a lost peer; when
-several ranks fail at once, one of these is the cause to show."""
 
 
 LOOPBACK = "127.0.0.1"
@@ -114,7 +84,7 @@ def loopback_interface() -> str | None:
 def _spawned_rank(index: int, prepared_job: PreparedJob, world_size: int, store_address: tuple[str, int],
                   out_dir: str, launcher_pid: int) -> None:
     exit_with_launcher(launcher_pid)  # the launcher killed (even by SIGKILL): leave nothing behind
-    sys.stderr = _divert_stderr(Path(out_dir) / _STDERR_FILE.format(index))
+    sys.stderr = _divert_stderr(Path(out_dir) / STDERR_FILE.format(index))
     host, port = store_address
     if host == LOOPBACK and prepared_job.job.device == "cpu":  # gloo's own sockets on loopback too
         interface = loopback_interface()
@@ -130,15 +100,15 @@ def _spawned_rank(index: int, prepared_job: PreparedJob, world_size: int, store_
                               datetime.timedelta(seconds=prepared_job.job.timeout_s))
         (result,) = run_rank(prepared_job, rank=index, world_size=world_size, local_rank=index,
                              local_world_size=world_size, store=store,
-                             journal=Path(out_dir) / _JOURNAL_FILE.format(index))
+                             journal=Path(out_dir) / JOURNAL_FILE.format(index))
     except BaseException as error:  # the launcher shows the cause in one line, logs the trace
         partial = partial_results(error)  # and writes the outputs of what ran
         if partial:
-            _write_pickle(Path(out_dir) / _PARTIAL_FILE.format(index), partial)
+            _write_pickle(Path(out_dir) / PARTIAL_FILE.format(index), partial)
         if isinstance(error, Exception):
-            (Path(out_dir) / _ERROR_FILE.format(index)).write_text(json.dumps({
+            (Path(out_dir) / ERROR_FILE.format(index)).write_text(json.dumps({
                 "type": type(error).__name__, "message": str(error).strip(),
-                "user_error": isinstance(error, _USER_ERRORS), "trace": traceback.format_exc()}))
+                "user_error": isinstance(error, USER_ERRORS), "trace": traceback.format_exc()}))
         raise
     _write_pickle(Path(out_dir) / f"rank{index}.pkl", result)
 
@@ -160,47 +130,11 @@ def _divert_stderr(path: Path) -> TextIO:
     return terminal
 
 
-def _rank_output(out_dir: Path) -> str:
-    """What the ranks wrote to their diverted stderr, each under a heading ("" if nothing)."""
-    parts = []
-    for path in sorted(out_dir.glob(_STDERR_FILE.format("*")), key=_file_rank):
-        with contextlib.suppress(OSError):
-            text = path.read_text(errors="replace").strip()
-            if text:
-                parts.append(f"--- rank {_file_rank(path)} wrote to stderr ---\n{text}\n")
-    return "".join(parts)
-
-
 def _write_pickle(path: Path, value: object) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as handle:
         pickle.dump(value, handle)
     os.replace(tmp, path)
-
-
-def _file_rank(path: Path) -> int:
-    """The rank a ``rank{N}.*`` file of the results folder belongs to."""
-    return int(path.name[4:].split(".")[0])
-
-
-def _partials(out_dir: Path) -> list[RankResult]:
-    """What failed, killed or interrupted ranks had done, by rank: what a rank attached to its
-    error (:func:`attach_partial`), else its journal (a killed rank attached nothing)."""
-    found: list[RankResult] = []
-    # by rank number: sorting the names would put rank10 before rank2
-    ranks = {_file_rank(path) for pattern in (_PARTIAL_FILE, _JOURNAL_FILE)
-             for path in out_dir.glob(pattern.format("*"))}
-    for rank in sorted(ranks):
-        try:
-            with open(out_dir / _PARTIAL_FILE.format(rank), "rb") as handle:
-                found.extend(pickle.load(handle))
-            continue
-        except (OSError, pickle.UnpicklingError, EOFError):
-            pass
-        journal = read_journal(out_dir / _JOURNAL_FILE.format(rank))
-        if journal is not None:
-            found.append(journal)
-    return found
 
 
 def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
@@ -237,7 +171,7 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
                 processes, error_files = list(context.processes), list(context.error_files)
             failed = first_failure(processes, deadline_s)
             if failed is not None:
-                failure = _diagnose(out_dir, processes, error_files, failed)
+                failure = diagnose(out_dir, processes, error_files, failed)
         except KeyboardInterrupt:
             let_ranks_stop(processes)
             failure = RunInterrupted("interrupted (Ctrl-C); all ranks were stopped",
@@ -256,9 +190,9 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
         if failure is None and missing:  # e.g. the ranks took a Ctrl-C the launcher did not see
             failure = RunInterrupted(f"ranks {missing} stopped without a result",
                                      cause="interrupted")
-        output = _rank_output(out_dir)
+        output = rank_output(out_dir)
         if failure is not None:
-            attach_partial(failure, *_partials(out_dir))
+            attach_partial(failure, *partials(out_dir))
             failure.trace = "\n".join(part for part in (failure.trace, output) if part)
             raise failure
         if output:  # a run that went well: its warnings, late but not lost
@@ -268,76 +202,6 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
             with open(out_dir / f"rank{rank}.pkl", "rb") as handle:
                 results.append(pickle.load(handle))
         return results
-
-
-def _diagnose(out_dir: Path, processes: list[BaseProcess], error_files: list[str],
-              first: int) -> RunFailed:
-    """Why the run failed, once rank ``first`` exited with a non-zero code.
-
-    A rank killed by a signal (SIGKILL: the out-of-memory killer, ``kill -9``) leaves no
-    traceback, and its peers then fail on the lost connection: unless some rank reported a
-    bad input, the killed rank is the cause."""
-    time.sleep(0.3)  # ranks fail within moments of each other: let their reports arrive
-    reports = _reports(out_dir)
-    killed = [i for i, process in enumerate(processes) if killed_by(process) is not None]
-    if killed and not any(report["user_error"] for report in reports.values()):
-        rank = first if first in killed else killed[0]
-        process = processes[rank]
-        cause = (f"exited with code {process.exitcode} (signal {killed_by(process)}); all other "
-                 f"ranks were stopped")
-        note = (f"rank {rank} (pid {process.pid}) was ended by {killed_by(process)} and left no "
-                f"traceback: it was killed from outside (the kernel's out-of-memory killer, "
-                f"kill -9, a lost machine); the launcher stopped the other ranks.\n")
-        return RunFailed(f"rank {rank} {cause}", rank=rank, cause=cause, trace=note)
-    rank, cause, trace = _root_cause(out_dir, first, _torch_trace(error_files[first]),
-                                     reports=reports)
-    if not trace:
-        cause = f"exited with code {processes[rank].exitcode}; all other ranks were stopped"
-        return RunFailed(f"rank {rank} {cause}", rank=rank, cause=cause)
-    return RunFailed(f"rank {rank} failed: {cause}\n"
-                     f"all other ranks were stopped; the failing rank's traceback:\n{trace}",
-                     rank=rank, cause=cause, trace=trace)
-
-
-def _torch_trace(error_file: str) -> str:
-    """The traceback torch's wrapper saved for a rank that raised ("" if none)."""
-    try:
-        with open(error_file, "rb") as handle:
-            return str(pickle.load(handle)).strip()
-    except (OSError, pickle.UnpicklingError, EOFError):
-        return ""
-
-
-def _reports(out_dir: Path) -> dict[int, dict[str, Any]]:
-    """The error reports failed ranks wrote (``_spawned_rank``), by rank."""
-    reports = {}
-    for path in out_dir.glob(_ERROR_FILE.format("*")):
-        try:
-            reports[_file_rank(path)] = json.loads(path.read_text())
-        except (ValueError, OSError):
-            continue
-    return reports
-
-
-def _root_cause(out_dir: Path, first: int, first_trace: str, *,
-                reports: dict[int, dict[str, Any]] | None = None) -> tuple[int, str, str]:
-    """``(rank, one-line cause, traceback)`` of a failed run.
-
-    The rank that failed first may only have lost its peer (a closed connection) while
-    another rank holds the real cause: prefer a bad input or a diverging loss over a lost
-    peer.
-    """
-    reports = _reports(out_dir) if reports is None else reports
-    chosen = next((r for r in sorted(reports) if reports[r]["user_error"]),
-                  first if first in reports else None)
-    if chosen is None:
-        lines = first_trace.splitlines()
-        return first, lines[-1] if lines else "unknown error", first_trace
-    report = reports[chosen]
-    message = " ".join(report["message"].split()) if report["message"] else report["type"]
-    if not report["user_error"] and report["message"]:  # not a bad input: say what broke
-        message = f"{report['type']}: {message}"
-    return chosen, message, report["trace"]
 
 
 def under_torchrun() -> bool:

@@ -22,12 +22,12 @@ import sys
 import tempfile
 import threading
 import traceback
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import TextIO
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from multiprocessing.process import BaseProcess
-from typing import TextIO
 from tqdm import tqdm
 
 from ..job import Job
@@ -119,8 +119,8 @@ def _divert_stderr(path: Path) -> TextIO:
 
     What native code and torch's loggers write there (gloo's "Connection closed by peer",
     NCCL's and torch's C++ warnings) is noise when a peer has died or the run was stopped:
-    the launcher puts it in the run's log (:func:`_rank_output`). Python's own writes, the
-    progress bar and warnings, stay on the terminal.
+    the launcher puts it in the run's log (:func:`.diagnosis.rank_output`). Python's own
+    writes, the progress bar and warnings, stay on the terminal.
     """
     sys.stderr.flush()
     terminal = os.fdopen(os.dup(2), "w", buffering=1)
@@ -189,7 +189,7 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
         missing = [r for r in range(world_size) if not (out_dir / f"rank{r}.pkl").exists()]
         if failure is None and missing:  # e.g. the ranks took a Ctrl-C the launcher did not see
             failure = RunInterrupted(f"ranks {missing} stopped without a result",
-                                     cause="interrupted")
+                                     cause="interrupted (Ctrl-C)")
         output = rank_output(out_dir)
         if failure is not None:
             attach_partial(failure, *partials(out_dir))

@@ -14,6 +14,7 @@ The damaged-checkpoint messages are tested in tests/checkpoint/test_bad_checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -61,11 +62,21 @@ class Train:
         return b"".join(self._chunks).decode(errors="replace")
 
     def wait_for(self, ready: Callable[[], bool], within_s: float = 150) -> None:
+        """Until ``ready()``; a run that ends first or takes too long is stopped and fails."""
         deadline = time.monotonic() + within_s
         while not ready():
-            assert self.process.poll() is None, f"ended early:\n{self.stderr}"
-            assert time.monotonic() < deadline, f"not ready in {within_s} s:\n{self.stderr}"
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self._kill()
+                raise AssertionError(f"not ready (status {self.process.returncode}):\n"
+                                     f"{self.stderr}")
             time.sleep(0.05)
+
+    def _kill(self) -> None:
+        """SIGKILL the launcher's whole group (it and its ranks), if it still runs."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
     def steps_shown(self) -> int:
         """The progress bar's latest count of steps done."""
@@ -95,9 +106,7 @@ class Train:
         try:
             code = self.process.wait(timeout=within_s)
         finally:
-            if self.process.poll() is None:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+            self._kill()
         self._reader.join(timeout=10)
         return code, self.stderr
 

@@ -38,6 +38,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_ranks_forked_by_the_fork_server_ignore_ctrl_c_until_they_listen(tmp_path: Path) -> None:
     script = tmp_path / "forked.py"

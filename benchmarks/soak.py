@@ -159,11 +159,15 @@ def main() -> None:
         parser.error(f"--short and --live-steps - {TAIL} must exceed the {WARMUP} warm-up "
                      f"steps, and --short < --middle < --steps")
     names = args.schedules or [info.name for info in available_schedules()]
-    rows = []
-    for name in names:
+    rows: list[dict[str, Any]] = []
+    for name in names:  # the JSON after every row: a long soak stopped early keeps its rows
         rows.append(soak(name, args))
         print(table(rows[-1:], args).splitlines()[-1], flush=True)
+        write(rows, args)
     print(table(rows, args))
+
+
+def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps({
         "settings": {"steps": args.steps, "short": args.short, "middle": args.middle,

@@ -43,6 +43,7 @@ from .options import parse_options
 from .train_outputs import write_outputs
 from .cmd_plan import parse_bytes
 from .model_options import add_hf_config, chosen_model
+from .data_options import add_data_options, own_data
 from .run_folder import Opened, new_run_folder, open_outputs
 
 __all__ = ["add_parser", "run"]
@@ -148,6 +149,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--resume", default=None, metavar="DIR|auto",
                         help="continue from a checkpoint directory (or one step-* folder in it); "
                              "'auto': from --checkpoint-dir's newest checkpoint if any")
+    add_data_options(parser)
     train_avgpipe.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -197,13 +199,15 @@ def build_setup(args: argparse.Namespace) -> Setup:
     seq_len = None
     if dataset in SEQUENCE_DATASETS:
         seq_len = default_seq_len(name, **overrides)
+    own = own_data(args, spec, name=name, seq_len=seq_len)
     if args.prediction_backward is not None:
         plan = replace(plan, semantics=replace(plan.semantics, backward=args.prediction_backward))
     plan, advance = train_avgpipe.apply(args, plan, spec, optimizer, limit)
     job = Job(
         plan=plan, steps=args.steps, model=model, checkpoint=checkpoint,
-        data=BuiltinData(dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
-                         dtype=args.dtype),
+        data=own if own is not None else BuiltinData(
+            dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
+            dtype=args.dtype),
         optimizer=optimizer, seed=args.seed, device=args.device, advance=advance,
         timeout_s=args.timeout, progress=not args.no_progress, apc=args.apc,
         clip_grad_norm=args.clip_grad_norm, precision=args.precision,

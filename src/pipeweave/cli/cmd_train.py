@@ -43,7 +43,7 @@ from .options import parse_options
 from .train_outputs import write_outputs
 from .cmd_plan import parse_bytes
 from .model_options import add_hf_config, chosen_model
-from .data_options import add_data_options, own_data
+from .data_options import add_data_options, held_out, own_data
 from .run_folder import Opened, new_run_folder, open_outputs
 
 __all__ = ["add_parser", "run"]
@@ -213,6 +213,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
         clip_grad_norm=args.clip_grad_norm, precision=args.precision,
         count_activations=(args.device == "cpu" if args.count_activations is None
                            else args.count_activations),
+        eval_every=args.eval_every,
     )
     return Setup(job, spec, limit)
 
@@ -335,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
                         pipelines=job.plan.pipelines, first_step=first_step,
                         advance=train_avgpipe.fixed_advance(job),
                         memory_limit=setup.memory_limit, precision=job.precision)
+    summary = replace(summary, eval_losses=held_out(job, results))
     write_outputs(args.output_dir, job, summary, results, tensorboard=args.tensorboard)
     print(format_summary(summary, args.output_dir))
     if job.checkpoint is not None and job.checkpoint.directory is not None:
@@ -370,6 +372,9 @@ def format_summary(summary: TrainSummary, directory: Path) -> str:
             summary.peak_memory_bytes, summary.peak_stashed_microbatches, counted, state)):
         lines.append(f"{rank:>6} {memory / 2**20:>18.1f} {stashed:>27} {_mib(held):>18} "
                      f"{_mib(kept):>12}")
+    if summary.eval_losses:
+        step, loss = max(summary.eval_losses.items())
+        lines.insert(3, f"{'held-out loss':>24}  {loss:.4f} (step {step})")
     lines.extend(train_avgpipe.summary_lines(summary))
     lines.append(f"outputs in {directory}/ (metrics.jsonl, metrics.csv, summary.json, trace.json, loss.png)")
     return "\n".join(lines)

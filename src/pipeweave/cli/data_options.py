@@ -18,8 +18,15 @@ from ..data import SEQUENCE_DATASETS
 from ..data.own_data import TokenData, check_token_data
 from ..data.token_files import TOKEN_DTYPES, bin_dtype
 from ..models import ModelSpec
+from ..runtime import Job
+from ..runtime.observation.held_out import held_out_losses
+from ..runtime.observation.results import RankResult
 
-__all__ = ["add_data_options", "own_data", "vocabulary_size"]
+__all__ = ["EVAL_BATCHES", "add_data_options", "held_out", "own_data", "vocabulary_size"]
+
+EVAL_BATCHES = 8
+"""Most held-out batches (of ``--batch-size``) one evaluation reads: the whole held-out split
+when it is smaller."""
 
 
 def add_data_options(parser: Any) -> None:
@@ -82,3 +89,18 @@ def own_data(args: argparse.Namespace, spec: ModelSpec, *, name: str,
                      tokenizer=None if args.tokenizer is None else str(args.tokenizer))
     check_token_data(data, vocab_size=vocab, held_out=args.eval_every > 0)
     return data
+
+
+def held_out(job: Job, results: list[RankResult]) -> dict[int, float]:
+    """Step -> held-out loss from the weights the ranks copied (``--eval-every``); ``{}``
+    without. The batches: the held-out split in order, ``min(EVAL_BATCHES, windows // batch)``
+    of them (at least one)."""
+    if not job.eval_every or not isinstance(job.data, TokenData):
+        return {}
+    steps = sorted({step for result in results for step in result.snapshots})
+    snapshots = {step: {name: tensor for result in results
+                        for name, tensor in result.snapshots.get(step, {}).items()}
+                 for step in steps}
+    data = job.data.held_out()
+    batches = min(EVAL_BATCHES, max(1, data.windows() // data.batch_size))
+    return held_out_losses(job.model, data, snapshots, batches=batches)

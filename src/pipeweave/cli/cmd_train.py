@@ -10,6 +10,10 @@ the end into ``--checkpoint-dir`` (default ``<output-dir>/checkpoints``); ``--re
 continues from one (any plan), ``--resume auto`` from the newest in ``--checkpoint-dir`` if
 there is one (for ``torchrun --max-restarts``). See docs/checkpoints.md.
 
+Your own data: ``--data PATH`` (a text file or folder, byte-level or ``--tokenizer DIR``;
+a ``.bin``/``.npy`` token file), ``--eval-every N`` for a held-out loss; see docs/data.md and
+:mod:`pipeweave.cli.data_options`.
+
 AvgPipe (``--schedule avgpipe``): ``--pipelines N``, ``--alpha A``, ``--advance auto|K|all``
 and ``--memory-limit BYTES``; ``--advance auto`` chooses the advance at run time (Algorithm 1).
 See docs/avgpipe.md and :mod:`pipeweave.cli.train_avgpipe`.

@@ -25,7 +25,7 @@ from ..execution.stage import StageRuntime
 from ..execution.ties import TiedGradients
 from ..observation.memory import ActivationMeter, state_bytes
 from ..observation.results import RankResult, collect_result
-from ..observation.snapshots import WeightSnapshots
+from ..checkpoint.snapshots import WeightSnapshots
 from ..observation.timeline import Recorder
 from .prepare import PreparedJob
 

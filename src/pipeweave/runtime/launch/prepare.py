@@ -28,7 +28,7 @@ from ..checkpoint.resume import Session, check_resume, new_session
 from ..execution.clipping import check_clippable
 from ..execution.parts import make_schedule, preflight
 from ..execution.ties import SplitTie, split_ties
-from ..observation.snapshots import check_snapshots
+from ..checkpoint.snapshots import check_snapshots
 from ..job import Job
 
 __all__ = ["PreparedJob", "prepare", "prepared"]

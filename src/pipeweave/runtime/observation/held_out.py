@@ -1,5 +1,5 @@
 """The held-out loss of a run (``pipeweave train --eval-every N``), computed in the launcher
-from the weights the ranks copied after the chosen steps (:mod:`.snapshots`).
+from the weights the ranks copied after the chosen steps (:mod:`..checkpoint.snapshots`).
 
 Design: the ranks train without pausing; at each chosen step boundary they copy their stages'
 parameters, which come back with their results. Here the whole model is built once, each

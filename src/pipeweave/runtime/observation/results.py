@@ -57,7 +57,7 @@ class RankResult:
     parallel pipelines, the reference model's values."""
     snapshots: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     """With ``Job.eval_every``: step -> the ``parameters`` (as above) right after that step
-    (:mod:`.snapshots`), for the held-out loss the launcher computes."""
+    (:mod:`..checkpoint.snapshots`), for the held-out loss the launcher computes."""
     pipeline_losses: dict[int, dict[int, float]] = field(default_factory=dict)
     """AvgPipe: losses of parallel pipelines 1..N-1 (``losses`` holds pipeline 0's)."""
     peak_weight_versions: dict[int, int] = field(default_factory=dict)

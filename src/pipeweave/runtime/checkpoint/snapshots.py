@@ -1,8 +1,8 @@
 """Copies of a rank's weights at chosen iteration boundaries (``Job.eval_every``), for a
-held-out loss computed from them (:mod:`.held_out`).
+held-out loss computed from them (:mod:`..observation.held_out`).
 
 Every ``eval_every`` steps, and after the last step, each rank copies the parameters of the
-stages it holds the first replica of (:func:`~.results.owned_parameters`) at the same point a
+stages it holds the first replica of (:func:`~..observation.results.owned_parameters`) at the same point a
 checkpoint is taken (:func:`~pipeweave.runtime.checkpoint.boundaries.iteration_boundaries`):
 after its update of that step, before any action of the next. Put together over the ranks,
 they are the whole model exactly as it was after that step. Synchronous schedules only (the
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from ...ir import Op, Schedule
-from ..checkpoint.boundaries import iteration_boundaries
-from .results import owned_parameters
+from .boundaries import iteration_boundaries
+from ..observation.results import owned_parameters
 
 if TYPE_CHECKING:
     from ..execution.parts import RankParts

@@ -70,13 +70,22 @@ def test_own_data_trains_differently_from_the_built_in_corpus(corpus: Path,
     assert _losses(tmp_path / "builtin") != _losses(tmp_path / "own")
 
 
-def test_hf_model_trains_on_a_text_file(tmp_path: Path) -> None:
+def test_hf_model_trains_on_a_text_file_with_held_out_loss_in_tensorboard(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     path = tmp_path / "corpus.txt"
     path.write_text(TEXT, encoding="utf-8")
     assert main([*COMMON, "--model", "hf-gpt2", "--data", str(path), "--steps", "2",
-                 "--executor", "local", "--eval-every", "1",
+                 "--executor", "local", "--eval-every", "1", "--tensorboard",
                  "--output-dir", str(tmp_path / "out")]) == 0
-    assert all(row["eval_loss"] for row in _metrics(tmp_path / "out"))
+    rows = _metrics(tmp_path / "out")
+    assert all(row["eval_loss"] for row in rows)
+    assert f"held-out loss  {float(rows[1]['eval_loss']):.4f} (step 2)" in capsys.readouterr().out
+    events = EventAccumulator(str(tmp_path / "out" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/eval_loss")] == [1, 2]
 
 
 def test_resumed_in_the_middle_of_an_epoch_local(corpus: Path, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 from ..data import SEQUENCE_DATASETS
 from ..data.own_data import TokenData, check_token_data
 from ..data.token_files import TOKEN_DTYPES, bin_dtype
+from ..devices import place
 from ..models import ModelSpec
 from ..runtime import Job
 from ..runtime.observation.held_out import held_out_losses
@@ -103,4 +104,5 @@ def held_out(job: Job, results: list[RankResult]) -> dict[int, float]:
                  for step in steps}
     data = job.data.held_out()
     batches = min(EVAL_BATCHES, max(1, data.windows() // data.batch_size))
-    return held_out_losses(job.model, data, snapshots, batches=batches)
+    device = place(job.device, local_rank=0, local_ranks=1).device
+    return held_out_losses(job.model, data, snapshots, batches=batches, device=device)

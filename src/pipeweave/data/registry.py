@@ -18,6 +18,7 @@ Datasets (``available_datasets()``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
@@ -58,11 +59,16 @@ def epoch_rows(index: int, *, batch_size: int, rows: int, seed: int) -> Tensor:
     epochs = positions // rows
     chosen = torch.empty(batch_size, dtype=torch.int64)
     for epoch in sorted(set(epochs.tolist())):
-        gen = torch.Generator().manual_seed(_mix_seed(seed, epoch))
-        perm = torch.randperm(rows, generator=gen)
         in_epoch = epochs == epoch
-        chosen[in_epoch] = perm[positions[in_epoch] % rows]
+        chosen[in_epoch] = _epoch_order(seed, epoch, rows)[positions[in_epoch] % rows]
     return chosen
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_order(seed: int, epoch: int, rows: int) -> Tensor:
+    """Epoch ``epoch``'s permutation of ``rows`` (cached: a corpus of millions of windows
+    would otherwise draw it again for every batch; do not modify it)."""
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(_mix_seed(seed, epoch)))
 
 
 class BatchStream:

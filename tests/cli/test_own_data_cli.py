@@ -181,3 +181,21 @@ def test_data_options_without_data_are_refused(flag: list[str], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*COMMON, "--steps", "1", *flag, "--output-dir", str(tmp_path / "out")]) == 2
     assert f"{flag[0]} applies to --data only" in capsys.readouterr().err
+
+
+def test_text_through_a_local_tokenizer(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    words = sorted(set(TEXT.replace(":", " ").split())) + [":"]
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        {w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    (tmp_path / "tok").mkdir()
+    tokenizer.save(str(tmp_path / "tok" / "tokenizer.json"))
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    common = [*COMMON, "--data", str(path), "--steps", "2", "--executor", "local"]
+    assert main([*common, "--tokenizer", str(tmp_path / "tok"), "--eval-every", "2",
+                 "--output-dir", str(tmp_path / "tok-run")]) == 0
+    assert main([*common, "--output-dir", str(tmp_path / "bytes")]) == 0
+    assert _losses(tmp_path / "tok-run") != _losses(tmp_path / "bytes")
+    assert _metrics(tmp_path / "tok-run")[1]["eval_loss"]

@@ -134,3 +134,25 @@ def test_ids_beyond_the_vocabulary_and_a_small_held_out_split_are_refused(tmp_pa
     check_token_data(_data(tmp_path / "small.bin"), vocab_size=256, held_out=False)
     with pytest.raises(ValueError, match="held-out split .* too few"):
         check_token_data(_data(tmp_path / "small.bin"), vocab_size=256, held_out=True)
+
+
+def test_a_transformers_tokenizer_folder_without_tokenizer_json(tmp_path: Path, text: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "slow"
+    folder.mkdir()
+    vocab = {chr(c): i for i, c in enumerate(range(33, 127))} | {"\u0120": 94, "\u010a": 95}
+    (folder / "vocab.json").write_text(__import__("json").dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    slow = transformers.GPT2Tokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    slow.save_pretrained(str(folder))
+    (folder / "tokenizer.json").unlink(missing_ok=True)  # the AutoTokenizer path, not tokenizers'
+    tokens = open_tokens(str(text), tokenizer=str(folder))
+    ids = tokens.read(0, len(tokens)).tolist()
+    assert ids == slow(TEXT, add_special_tokens=False)["input_ids"] and max(ids) < 96
+
+
+def test_a_folder_without_a_tokenizer_is_one_line(tmp_path: Path, text: Path) -> None:
+    pytest.importorskip("transformers")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="--tokenizer .*: no tokenizer found there"):
+        open_tokens(str(text), tokenizer=str(tmp_path / "empty"))

@@ -82,14 +82,18 @@ class AssembledRank:
                                after=hooks, meter=meter, clipper=self.clipper if whole else None,
                                ties=ties, check=self.check if whole else None)
 
-    def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None, final: bool = True) -> RankResult:
+    def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None,
+               final: bool = True, losses: bool = True) -> RankResult:
         """What the rank reports; ``final`` False: a failed run's partial result (no
-        parameters)."""
+        parameters); ``losses`` False: without the losses, and on a GPU only the timeline of
+        actions that already ran (for the journal, at every step: nothing waits for the GPU)."""
         job = self.prepared.job
+        records = [] if self.recorder is None else (
+            self.recorder.records if losses else self.recorder.ready_records())
         result = collect_result(self.rank, self.parts, self.prepared.schedule,
-                                records=self.recorder.records if self.recorder else [],
+                                records=records,
                                 want_parameters=final and job.return_parameters, wall=wall,
-                                device=device)
+                                device=device, want_losses=losses)
         result.checkpoint_stall_s = self.recovery.stall_s
         if self.clipper is not None:
             result.grad_norms = list(self.clipper.norms)

@@ -125,10 +125,13 @@ def partial_results(error: BaseException) -> list[RankResult]:
 
 
 def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: list[tuple[int, str, float, float]],
-                   want_parameters: bool, wall: float, device: torch.device) -> RankResult:
+                   want_parameters: bool, wall: float, device: torch.device,
+                   want_losses: bool = True) -> RankResult:
+    """``want_losses`` False: without the losses (the journal sends only the new ones)."""
     result = RankResult(rank=rank, records=records, wall_seconds=wall)
     for stage_id, stage in parts.stages.items():
-        result.losses.update(stage.losses)
+        if want_losses:
+            result.losses.update(stage.losses)
         result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.held.peak)
         weights = parts.weights[stage_id]
         result.peak_weight_versions[stage_id] = weights.peak_versions
@@ -141,7 +144,8 @@ def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: 
         result.parameters = owned_parameters(rank, parts, schedule)
     for index, other in enumerate(parts.others, start=1):
         for stage in other.stages.values():
-            result.pipeline_losses.setdefault(index, {}).update(stage.losses)
+            if want_losses:
+                result.pipeline_losses.setdefault(index, {}).update(stage.losses)
     result.peak_memory_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                                 else peak_rss_bytes())
     return result

@@ -102,7 +102,7 @@ class AssembledRank:
             result.redone_updates = list(self.check.redone)
             result.undone_updates = list(self.check.undone)
         result.bytes_sent = self.transport.bytes_sent
-        if self.snapshots is not None:
+        if self.snapshots is not None and losses:  # not in every journal frame
             result.snapshots = self.snapshots.taken
         if self.meter is not None:
             result.peak_activation_bytes = self.meter.peak

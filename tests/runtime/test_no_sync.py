@@ -99,4 +99,4 @@ def test_a_diverged_run_reports_its_losses_after_the_error() -> None:
     with pytest.raises(FloatingPointError, match="micro-batch 1"):
         log.values(wait=False)
     values = log.values()  # the failure report reads the rest without a second error
-    assert values[0] == 2.0 and sorted(values) == [0, 1, 2]
+    assert values == {0: 2.0}  # the diverged micro-batches did not complete

@@ -82,9 +82,13 @@ class LossLog:
             read += 1
 
     def _store(self, microbatch: int, value: float) -> None:
-        self._values[microbatch] = self._values.get(microbatch, 0.0) + value
-        if not math.isfinite(value) and not self._diverged:
-            self._diverged = True  # said once: a failed run's report reads the rest quietly
+        if math.isfinite(value):
+            self._values[microbatch] = self._values.get(microbatch, 0.0) + value
+            return
+        # a diverged micro-batch did not complete (a failed run's report counts the steps
+        # whose losses are all here); said once: the report then reads the rest quietly
+        if not self._diverged:
+            self._diverged = True
             raise FloatingPointError(
                 f"loss became {value} at micro-batch {microbatch} (stage {self.stage}); lower "
                 f"the learning rate or check the data")

@@ -1,8 +1,9 @@
 """Small random-weight Hugging Face models by name: ``hf-gpt2``, ``hf-llama``, ``hf-qwen2``,
 ``hf-mistral`` (registered with :func:`pipeweave.models.build_model` on import).
 
-Each is built from transformers' own config and model classes with the seed's random weights
-(nothing is downloaded): vocabulary 256, byte-level over the built-in ``stdlib-bytes-labels``
+Each is built from transformers' own config and model classes on the meta device, each rank
+making its stage real with the model's own initialisation seeded per block (nothing is
+downloaded): vocabulary 256, byte-level over the built-in ``stdlib-bytes-labels``
 corpus, no dropout, untied word embeddings unless asked (a tie keeps the embedding and the head
 in one stage; see :func:`pipeweave.hf.blocks`). ``config_file`` takes a user's ``config.json``
 instead of the small shape.
@@ -18,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from ..models import register_model
+from ..models.materialize import Init
 from .adapter import SUPPORTED, blocks, require_transformers
 from .loss import CausalLMLoss
 
@@ -154,11 +156,13 @@ def hf_model(family: str, preset: HFPreset) -> nn.Module:
     return model
 
 
-def _build(family: str, preset: HFPreset) -> tuple[list[nn.Module], list[str]]:
+def _build(family: str, preset: HFPreset) -> tuple[list[nn.Module], list[str], Init | None]:
+    """The blocks of the preset's model (built under ``torch.device("meta")`` by
+    ``build_model``) and their initialiser, the model's own ``_init_weights``."""
     spec = blocks(hf_model(family, preset), sublayer=preset.sublayer)
-    return list(spec.blocks), list(spec.block_names)
+    return list(spec.blocks), list(spec.block_names), spec.init
 
 
 for _name, (_family, _preset) in PRESETS.items():
     register_model(_name, config=_preset, build=partial(_build, _family),
-                   loss_fn=CausalLMLoss(), dataset=DATASET)
+                   loss_fn=CausalLMLoss(), dataset=DATASET, meta=True)

@@ -205,8 +205,8 @@ def _init_weights(module: nn.Module, n_layers: int) -> None:
 
 
 def _init_module(module: nn.Module, name: str, n_layers: int) -> None:
-    """:func:`_init_weights` of one module (its own tensors); ``name``: its path in its block.
-    LayerNorms keep torch's ones and zeros."""
+    """:func:`_init_weights` of one module (its own tensors); ``name``: its path (in its block,
+    or with the block's name first). LayerNorms keep torch's ones and zeros."""
     if isinstance(module, nn.Linear):
         std = 0.02 / math.sqrt(2 * n_layers) if name.endswith("proj") else 0.02
         nn.init.normal_(module.weight, mean=0.0, std=std)

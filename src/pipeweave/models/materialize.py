@@ -17,7 +17,8 @@ initialise it) and keeps just the shared tensor. Blocks that come real (a user's
 returns CPU blocks) are deep-copied and moved, as before.
 
 ``init(module, name)``: fills one submodule's own tensors (not its children's) in place from
-the global generator, ``name`` its path in the block (``""`` for the block itself); None:
+the global generator, ``name`` its global name (``"<block name>.<path>"``, the block's name for
+the block itself); None:
 :func:`default_init`, torch's ``reset_parameters()`` (which also resets BatchNorm's running
 statistics).
 """
@@ -35,7 +36,7 @@ __all__ = ["Init", "block_seed", "default_init", "is_meta", "materialize", "meta
 
 Init = Callable[[nn.Module, str], None]
 """``init(module, name)``: initialises one submodule of a materialised block in place (its own
-tensors), drawing from the global torch generator; ``name``: its path in the block."""
+tensors), drawing from the global torch generator; ``name``: ``"<block name>.<path>"``."""
 
 
 def block_seed(seed: int, name: str) -> int:
@@ -127,8 +128,9 @@ def _initialise(block: nn.Module, init: Init, seed: int, name: str,
     with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"), \
             torch.no_grad():
         for path, module in _post_order(block, "", set()):
-            torch.manual_seed(block_seed(seed, f"{name}.{path}" if path else name))
-            init(module, path)
+            full = f"{name}.{path}" if path else name
+            torch.manual_seed(block_seed(seed, full))
+            init(module, full)
 
 
 def _post_order(module: nn.Module, path: str, seen: set[int]) -> list[tuple[str, nn.Module]]:

@@ -133,3 +133,12 @@ def test_meta_copies_allocate_nothing_and_keep_ties() -> None:
     assert all(is_meta(block) for block in copies)
     assert copies[0].weight is copies[3].weight
     assert not is_meta(spec.blocks[0])
+
+
+def test_building_a_stage_leaves_the_callers_generator_alone() -> None:
+    spec = build_model("gpt-tiny", meta=True)
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    spec.stage_blocks(0, 3, "cpu")
+    assert torch.equal(torch.rand(3), want)

@@ -2,12 +2,15 @@
 
 A model factory may build its blocks under ``torch.device("meta")``: shapes and dtypes, no
 storage. A rank then makes real only the blocks of its own stages, directly on its device
-(:func:`materialize`): fresh storage per tensor (``to_empty``'s job, done tensor by tensor
-so that a parameter several blocks share stays one), then the model's initialiser run on each
-submodule of each block, children before parents, under a generator seeded from the
-submodule's global name, ``"<block name>.<path in the block>"`` (:func:`block_seed`). A block's
-values therefore depend on the seed, the names and the device type, never on which other
-blocks were built: a stage built alone equals the same blocks of a whole build, bit for bit.
+(:func:`materialize`), one block at a time: fresh storage per tensor (``to_empty``'s job, done
+tensor by tensor so that a parameter several blocks share stays one), the model's initialiser
+run on each submodule, children before parents, under the CPU generator seeded from the
+submodule's global name, ``"<block name>.<path in the block>"`` (:func:`block_seed`), then the
+block moved to the device. A block's values therefore depend on the seed and the names only,
+never on the device or on which other blocks were built: a stage built alone equals the same
+blocks of a whole build, bit for bit, on any device. (Initialising on the CPU keeps a CPU run
+and a GPU run of one model starting from the same weights; the host holds one block at a
+time.)
 (And a whole layer ``layer0`` holding ``attn`` and ``ffn`` gets the values of the two
 sub-layer blocks ``layer0.attn`` and ``layer0.ffn``.)
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -63,7 +67,7 @@ def meta_copy(blocks: Sequence[nn.Module],
     """Deep copies of ``blocks`` whose every tensor is empty on ``device`` (shared tensors
     stay shared): on the meta device nothing is allocated, and under ``FakeTensorMode`` a
     real device gives fake tensors (no storage either) that optimizers step like real ones."""
-    return _copies(blocks, torch.device(device), every=True)
+    return _copies(blocks, torch.device(device))
 
 
 def materialize(blocks: Sequence[nn.Module], names: Sequence[str], indices: Iterable[int], *,
@@ -83,22 +87,25 @@ def materialize(blocks: Sequence[nn.Module], names: Sequence[str], indices: Iter
             first_of[block] = holders[0]
     extra = {first_of[i] for i in wanted if i in first_of} - set(wanted)
     built = sorted(set(wanted) | extra)
-    copies = dict(zip(built, _copies([blocks[i] for i in built], device, every=False)))
+    copies = dict(zip(built, copy.deepcopy([blocks[i] for i in built])))  # meta stays meta
     fresh = {i for i in built if is_meta(blocks[i])}
     tied_ids = _tied_ids(blocks, tied)
     kept: dict[int, Tensor] = {}  # id of a first holder's tied tensor -> its initial value
-    for index in built:
-        if index not in fresh:
-            continue
-        shared = {id(p): p for p in blocks[index].parameters() if id(p) in tied_ids}
-        restore = {key: kept[key] for key in shared if key in kept}
-        _initialise(copies[index], init or default_init, seed, names[index], device)
-        with torch.no_grad():
-            for key, tensor in shared.items():
-                if key in restore:  # a later use: the first holder's value
-                    _find(copies[index], blocks[index], tensor).copy_(restore[key])
-                else:
-                    kept[key] = _find(copies[index], blocks[index], tensor).detach().clone()
+    made: dict[int, Tensor] = {}  # id of a meta tensor of the copies -> its real tensor
+    cpu = torch.device("cpu")
+    for index in built:  # one block at a time on the host, then on the device
+        if index in fresh:
+            _make_real(copies[index], made, cpu)
+            shared = {id(p): p for p in blocks[index].parameters() if id(p) in tied_ids}
+            restore = {key: kept[key] for key in shared if key in kept}
+            _initialise(copies[index], init or default_init, seed, names[index])
+            with torch.no_grad():
+                for key, tensor in shared.items():
+                    if key in restore:  # a later use: the first holder's value
+                        _find(copies[index], blocks[index], tensor).copy_(restore[key])
+                    else:
+                        kept[key] = _find(copies[index], blocks[index], tensor).detach().clone()
+        copies[index].to(device)
     return [copies[i] for i in wanted]
 
 
@@ -120,13 +127,23 @@ def _find(copied: nn.Module, original: nn.Module, tensor: Tensor) -> Tensor:
     raise AssertionError("a tied tensor vanished from its block")
 
 
-def _initialise(block: nn.Module, init: Init, seed: int, name: str,
-                device: torch.device) -> None:
-    """``init`` on every submodule of ``block`` (children first), each from a generator seeded
-    with its global name on ``device``; the caller's generators are left as they were."""
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"), \
-            torch.no_grad():
+def _make_real(block: nn.Module, made: dict[int, Tensor], device: torch.device) -> None:
+    """Give every meta tensor of ``block`` empty storage on ``device`` (``to_empty``, tensor by
+    tensor: ``made`` maps a meta tensor to its real one, so a shared tensor stays shared)."""
+    for module in block.modules():
+        tables: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+        for table in tables:
+            for key, tensor in table.items():
+                if tensor is not None and tensor.is_meta:
+                    if id(tensor) not in made:
+                        made[id(tensor)] = _empty_like(tensor, device)
+                    table[key] = made[id(tensor)]
+
+
+def _initialise(block: nn.Module, init: Init, seed: int, name: str) -> None:
+    """``init`` on every submodule of ``block`` (children first, on the CPU), each from the
+    CPU generator seeded with its global name; the caller's generator is left as it was."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
         for path, module in _post_order(block, "", set()):
             full = f"{name}.{path}" if path else name
             torch.manual_seed(block_seed(seed, full))
@@ -150,18 +167,15 @@ def _empty_like(tensor: Tensor, device: torch.device) -> Tensor:
     return empty
 
 
-def _copies(blocks: Sequence[nn.Module], device: torch.device, *,
-            every: bool) -> list[nn.Module]:
-    """Deep copies of ``blocks`` with empty tensors on ``device`` in place of every tensor
-    (``every``) or of the meta ones only (the real ones copied, then moved to ``device``); a
-    tensor shared between the blocks stays shared."""
+def _copies(blocks: Sequence[nn.Module], device: torch.device) -> list[nn.Module]:
+    """Deep copies of ``blocks`` with an empty tensor on ``device`` in place of every tensor;
+    a tensor shared between the blocks stays shared."""
     memo: dict[int, object] = {}
     for block in blocks:
         for module in block.modules():
             for table in (module._parameters, module._buffers):
                 for tensor in table.values():
-                    if tensor is not None and (every or tensor.is_meta) \
-                            and id(tensor) not in memo:
+                    if tensor is not None and id(tensor) not in memo:
                         memo[id(tensor)] = _empty_like(tensor, device)
     copied: list[nn.Module] = copy.deepcopy(list(blocks), memo)
-    return copied if every else [block.to(device) for block in copied]
+    return copied

@@ -115,9 +115,13 @@ class ModelSpec:
         *,
         block_names: Sequence[str] | None = None,
         dataset: str | None = None,
+        init: Init | None = None,
+        seed: int = 0,
     ) -> ModelSpec:
         """Wrap a user's model: a list of blocks or an ``nn.Sequential`` (its children become
-        the blocks, named by their keys unless ``block_names`` is given)."""
+        the blocks, named by their keys unless ``block_names`` is given). Blocks built under
+        ``torch.device("meta")`` are made real per stage with ``init`` and ``seed``
+        (:attr:`init`, :attr:`seed`)."""
         if isinstance(blocks, nn.Sequential):
             items = list(blocks.named_children())
             modules = [m for _, m in items]
@@ -137,6 +141,8 @@ class ModelSpec:
             loss_fn=loss_fn,
             block_names=tuple(names),
             dataset=dataset,
+            init=init,
+            seed=seed,
         )
 
     def materialized(self, device: torch.device | str = "cpu") -> ModelSpec:

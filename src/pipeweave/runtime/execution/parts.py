@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import (DataDependentOutputException, FakeTensorMode,
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensorMode,
+                                           UnsupportedFakeTensorException,
                                            UnsupportedOperatorException)
 
 from ...ir import Op, Schedule, lower
@@ -78,7 +80,8 @@ def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor, *, precision: str = "
             for block_index in range(start, end):
                 try:
                     x = blocks[block_index](x)
-                except (DataDependentOutputException, UnsupportedOperatorException):
+                except (DataDependentOutputException, DynamicOutputShapeException,
+                        UnsupportedFakeTensorException, UnsupportedOperatorException):
                     return  # a block that needs values: its shapes are checked when it runs
                 except Exception as error:
                     where = ("the model input" if block_index == 0 else

@@ -3,7 +3,8 @@
 Run on a machine with one GPU (``scripts/gpu_check.sh`` runs it after the ``cuda`` tests)::
 
     PYTHONPATH=src python benchmarks/gpu_check.py [--out benchmarks/results/gpu_check.json]
-        [--config benchmarks/gpu/llama550m.json] [--deadline-s 300] [--skip-schedules]
+        [--config benchmarks/gpu/llama550m.json] [--deadline-s 300]
+        [--parts plain pipeweave counting profile schedules cli plain-again]
 
 1. **Overhead at one stage.** The 551 M-parameter Llama of ``benchmarks/gpu/llama550m.json``
    (sequence 1024, batch 16 in M = 4 micro-batches, bf16 autocast over float32 weights, fused
@@ -57,6 +58,9 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
 SEQ, BATCH, M, STEPS, WARM = 1024, 16, 4, 12, 2
 SWEEP = {"d_model": 512, "n_layers": 8, "n_heads": 8, "d_ff": 2048, "seq_len": 256}
 SWEEP_BATCH, SWEEP_M, SWEEP_STEPS = 32, 8, 8
+PARTS = ("plain", "pipeweave", "counting", "profile", "schedules", "cli", "cli-local",
+         "plain-again")
+DEFAULT_PARTS = PARTS[:-2]
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize",
             "cudaDeviceSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 
@@ -211,14 +215,14 @@ def sweep(deadline: float) -> list[dict[str, Any]]:
 
 
 # -- 3. the command line ---------------------------------------------------------------------
-def command_line(config_file: Path, out: Path) -> dict[str, Any]:
+def command_line(config_file: Path, out: Path, executor: str = "processes") -> dict[str, Any]:
     """``pipeweave train`` at one stage as a user runs it: wall time, its own samples/s."""
-    folder = out.parent / "gpu_check_train"
+    folder = out.parent / f"gpu_check_train_{executor}"
     command = [sys.executable, "-m", "pipeweave", "train", "--hf-config", str(config_file),
                "--device", "cuda", "--stages", "1", "--microbatches", str(M),
                "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--precision", "bf16-mixed",
                "--optimizer", "adamw", "--lr", "3e-4", "--steps", str(STEPS), "--no-progress",
-               "--output-dir", str(folder)]
+               "--output-dir", str(folder), "--executor", executor]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     started = time.time()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
@@ -235,7 +239,7 @@ def command_line(config_file: Path, out: Path) -> dict[str, Any]:
 
 
 # -- the report ------------------------------------------------------------------------------
-def timed(name: str, results: dict[str, Any], out: Path, work: Callable[[], Any]) -> None:
+def timed(name: str, work: Callable[[], Any], *, results: dict[str, Any], out: Path) -> None:
     began = time.time()
     try:
         results[name] = work()
@@ -250,10 +254,11 @@ def table(results: dict[str, Any]) -> str:
     lines = ["part                          samples/s   ratio   peak GiB   MFU"]
     plain = results.get("plain_loop", {}).get("samples_per_second")
     params = results.get("plain_loop", {}).get("parameters", 0)
-    for name in ("plain_loop", "pipeweave", "pipeweave_counting"):
+    for name in ("plain_loop", "pipeweave", "pipeweave_counting", "plain_loop_again"):
         row = results.get(name, {})
         if "samples_per_second" not in row:
-            lines.append(f"{name:<29} {row.get('error', 'not run')}")
+            if "error" in row:
+                lines.append(f"{name:<29} {row['error']}")
             continue
         speed = row["samples_per_second"]
         mfu = speed * 6 * params * SEQ / results["peak_flops"] if params else float("nan")
@@ -265,10 +270,12 @@ def table(results: dict[str, Any]) -> str:
         text = (f"{speed:>9.1f} {row.get('ratio_to_one_stage', 1.0):>7.3f}" if speed
                 else row.get("error", ""))
         lines.append(f"  {row['schedule']:<27} {text}")
-    cli = results.get("command_line", {})
-    if cli:
-        lines.append(f"pipeweave train (CLI)         {cli.get('samples_per_second', 0):>9.2f}   "
-                     f"exit {cli.get('exit_code')} in {cli.get('wall_s')} s")
+    for key, label in (("command_line", "train (processes)"), ("command_line_local",
+                                                            "train --executor local")):
+        cli = results.get(key, {})
+        if cli:
+            lines.append(f"pipeweave {label:<23} {cli.get('samples_per_second', 0):>9.2f}   "
+                         f"exit {cli.get('exit_code')} in {cli.get('wall_s')} s")
     return "\n".join(lines)
 
 
@@ -280,8 +287,9 @@ def main() -> None:
                         help="stop starting schedules of the sweep after this many seconds")
     parser.add_argument("--peak-flops", type=float, default=989e12,
                         help="dense bf16 peak of the card (H100 SXM: 989e12)")
-    parser.add_argument("--skip-schedules", action="store_true")
-    parser.add_argument("--skip-cli", action="store_true")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(DEFAULT_PARTS),
+                        help="what to run, in this order (plain-again: the plain loop once more "
+                             "at the end, to see what running first does to it)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("no CUDA device: run this on a machine with a GPU")
@@ -293,18 +301,22 @@ def main() -> None:
                                             "steps": STEPS, "warm_steps": WARM,
                                             "sweep_model": SWEEP, "sweep_batch": SWEEP_BATCH,
                                             "sweep_microbatches": SWEEP_M}}
-    timed("plain_loop", results, args.out, lambda: plain_loop(args.config))
-    timed("pipeweave", results, args.out, lambda: pipeweave_run(args.config, counting=False))
-    timed("pipeweave_counting", results, args.out,
-          lambda: pipeweave_run(args.config, counting=True))
-    plain = results["plain_loop"].get("samples_per_second")
-    if plain and "samples_per_second" in results["pipeweave"]:
-        results["ratio_to_plain_loop"] = results["pipeweave"]["samples_per_second"] / plain
-    timed("profile", results, args.out, lambda: profiled(args.config, args.out))
-    if not args.skip_schedules:
-        timed("schedules", results, args.out, lambda: sweep(began + args.deadline_s))
-    if not args.skip_cli:
-        timed("command_line", results, args.out, lambda: command_line(args.config, args.out))
+    work: dict[str, tuple[str, Callable[[], Any]]] = {
+        "plain": ("plain_loop", lambda: plain_loop(args.config)),
+        "pipeweave": ("pipeweave", lambda: pipeweave_run(args.config, counting=False)),
+        "counting": ("pipeweave_counting", lambda: pipeweave_run(args.config, counting=True)),
+        "profile": ("profile", lambda: profiled(args.config, args.out)),
+        "schedules": ("schedules", lambda: sweep(began + args.deadline_s)),
+        "cli": ("command_line", lambda: command_line(args.config, args.out)),
+        "cli-local": ("command_line_local",
+                      lambda: command_line(args.config, args.out, executor="local")),
+        "plain-again": ("plain_loop_again", lambda: plain_loop(args.config)),
+    }
+    for part in args.parts:
+        timed(*work[part], results=results, out=args.out)
+        plain = results.get("plain_loop", {}).get("samples_per_second")
+        if plain and "samples_per_second" in results.get("pipeweave", {}):
+            results["ratio_to_plain_loop"] = results["pipeweave"]["samples_per_second"] / plain
     results["total_seconds"] = round(time.time() - began, 1)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))

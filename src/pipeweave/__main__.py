@@ -1,6 +1,12 @@
 """``python -m pipeweave`` runs the command-line interface."""
 
-from .cli.main import main
+import sys
+
+try:
+    from .cli.main import main
+except KeyboardInterrupt:  # Ctrl-C while the command line itself is imported: no traceback
+    print("pipeweave: error: interrupted (Ctrl-C)", file=sys.stderr)
+    raise SystemExit(130) from None
 
 if __name__ == "__main__":
     raise SystemExit(main())

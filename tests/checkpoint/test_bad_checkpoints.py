@@ -17,7 +17,7 @@ from pipeweave.runtime import run_local
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.checkpoint.store import (LATEST, MANIFEST, CheckpointError,
                                                 StoredCheckpoint, complete_checkpoints, resolve,
-                                                sha256_of)
+                                                sha256_of, verified_checkpoints)
 
 from checkpoint_jobs import assert_same_run, gpt_job, mlp_job, with_checkpoints
 
@@ -76,6 +76,42 @@ def test_corrupted_shard_is_refused_and_the_older_checkpoint_still_loads(written
     _refused(root, r"step-00000004-\w+ is damaged: rank 1's shard rank1.pt \(blocks 2..3\) does "
                    r"not match its sha256 checksum \(corrupted\).*resume from instead.*step-00000002")
     _older_still_loads(root, written[1])
+
+
+def _flip_a_bit(shard: Path) -> None:
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit in the middle of the tensor bytes
+    shard.write_bytes(bytes(data))
+
+
+def test_with_both_checkpoints_damaged_neither_is_recommended(written, tmp_path) -> None:
+    root = _copy(written[0], tmp_path)
+    older, newest = complete_checkpoints(root)
+    _flip_a_bit(older / "rank0.pt")
+    _flip_a_bit(newest / "rank1.pt")
+    messages = []
+    for folder in (root, older, newest):  # the directory resolves to the newest
+        with pytest.raises(CheckpointError) as caught:
+            _resume(folder)
+        messages.append(str(caught.value))
+    for message in messages:
+        assert "is damaged" in message and "resume from instead" not in message
+        assert f"no other checkpoint in {root} verifies; start afresh without --resume" in message
+    assert older.name not in messages[0] and older.name not in messages[2]  # newest's refusal
+    assert newest.name not in messages[1]  # older's refusal
+    assert verified_checkpoints(root) == []
+
+
+def test_only_checkpoints_that_verify_are_recommended(written, tmp_path) -> None:
+    root = _copy(written[0], tmp_path)
+    older, newest = complete_checkpoints(root)
+    _flip_a_bit(newest / "rank1.pt")
+    with pytest.raises(CheckpointError, match=rf"{newest.name} is damaged.*checkpoints that "
+                                              rf"verify, to resume from instead \(newest first\): "
+                                              rf"{older}$"):
+        _resume(older.parent)
+    assert verified_checkpoints(root) == [older]
+    assert verified_checkpoints(root, exclude=older) == []
 
 
 def test_truncated_shard_is_refused(written, tmp_path) -> None:

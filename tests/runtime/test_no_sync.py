@@ -88,3 +88,15 @@ def test_a_diverging_loss_still_stops_the_run() -> None:
               optimizer=OptimizerFactory("sgd", {"lr": 1e30}))
     with pytest.raises(FloatingPointError, match="loss became"):
         run_local(job)
+
+
+def test_a_diverged_run_reports_its_losses_after_the_error() -> None:
+    from pipeweave.runtime.execution.losses import LossLog
+
+    log = LossLog(stage=1)
+    for microbatch, value in enumerate([2.0, float("nan"), float("inf")]):
+        log.add(microbatch, torch.tensor(value))
+    with pytest.raises(FloatingPointError, match="micro-batch 1"):
+        log.values(wait=False)
+    values = log.values()  # the failure report reads the rest without a second error
+    assert values[0] == 2.0 and sorted(values) == [0, 1, 2]

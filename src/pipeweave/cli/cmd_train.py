@@ -10,6 +10,10 @@ the end into ``--checkpoint-dir`` (default ``<output-dir>/checkpoints``); ``--re
 continues from one (any plan), ``--resume auto`` from the newest in ``--checkpoint-dir`` if
 there is one (for ``torchrun --max-restarts``). See docs/checkpoints.md.
 
+Your own data: ``--data PATH`` (a text file or folder, byte-level or ``--tokenizer DIR``;
+a ``.bin``/``.npy`` token file), ``--eval-every N`` for a held-out loss; see docs/data.md and
+:mod:`pipeweave.cli.data_options`.
+
 AvgPipe (``--schedule avgpipe``): ``--pipelines N``, ``--alpha A``, ``--advance auto|K|all``
 and ``--memory-limit BYTES``; ``--advance auto`` chooses the advance at run time (Algorithm 1).
 See docs/avgpipe.md and :mod:`pipeweave.cli.train_avgpipe`.
@@ -43,6 +47,7 @@ from .options import parse_options
 from .train_outputs import write_outputs
 from .cmd_plan import parse_bytes
 from .model_options import add_hf_config, add_hf_pretrained, chosen_model
+from .data_options import add_data_options, held_out, own_data
 from .run_folder import Opened, new_run_folder, open_outputs
 
 __all__ = ["add_parser", "run"]
@@ -149,6 +154,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--resume", default=None, metavar="DIR|auto",
                         help="continue from a checkpoint directory (or one step-* folder in it); "
                              "'auto': from --checkpoint-dir's newest checkpoint if any")
+    add_data_options(parser)
     train_avgpipe.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -198,18 +204,21 @@ def build_setup(args: argparse.Namespace) -> Setup:
     seq_len = None
     if dataset in SEQUENCE_DATASETS:
         seq_len = default_seq_len(name, **overrides)
+    own = own_data(args, spec, name=name, seq_len=seq_len)
     if args.prediction_backward is not None:
         plan = replace(plan, semantics=replace(plan.semantics, backward=args.prediction_backward))
     plan, advance = train_avgpipe.apply(args, plan, spec, optimizer, limit)
     job = Job(
         plan=plan, steps=args.steps, model=model, checkpoint=checkpoint,
-        data=BuiltinData(dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
-                         dtype=args.dtype),
+        data=own if own is not None else BuiltinData(
+            dataset, batch_size=args.batch_size, seq_len=seq_len, seed=args.seed,
+            dtype=args.dtype),
         optimizer=optimizer, seed=args.seed, device=args.device, advance=advance,
         timeout_s=args.timeout, progress=not args.no_progress, apc=args.apc,
         clip_grad_norm=args.clip_grad_norm, precision=args.precision,
         count_activations=(args.device == "cpu" if args.count_activations is None
                            else args.count_activations),
+        eval_every=args.eval_every,
     )
     return Setup(job, spec, limit)
 
@@ -332,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
                         pipelines=job.plan.pipelines, first_step=first_step,
                         advance=train_avgpipe.fixed_advance(job),
                         memory_limit=setup.memory_limit, precision=job.precision)
+    summary = replace(summary, eval_losses=held_out(job, results))
     write_outputs(args.output_dir, job, summary, results, tensorboard=args.tensorboard)
     print(format_summary(summary, args.output_dir))
     if job.checkpoint is not None and job.checkpoint.directory is not None:
@@ -367,6 +377,9 @@ def format_summary(summary: TrainSummary, directory: Path) -> str:
             summary.peak_memory_bytes, summary.peak_stashed_microbatches, counted, state)):
         lines.append(f"{rank:>6} {memory / 2**20:>18.1f} {stashed:>27} {_mib(held):>18} "
                      f"{_mib(kept):>12}")
+    if summary.eval_losses:
+        step, loss = max(summary.eval_losses.items())
+        lines.insert(3, f"{'held-out loss':>24}  {loss:.4f} (step {step})")
     lines.extend(train_avgpipe.summary_lines(summary))
     lines.append(f"outputs in {directory}/ (metrics.jsonl, metrics.csv, summary.json, trace.json, loss.png)")
     return "\n".join(lines)

@@ -3,7 +3,8 @@
 Each module exposes ``add_parser(subparsers)``, which adds its parser and sets ``func`` (a
 function ``(args) -> int``). Library errors (``ValueError``: an unknown schedule, a bad
 shape, a deadlocking schedule) are printed as ``pipeweave: error: <message>`` and exit with
-status 2, without a traceback.
+status 2, without a traceback; a Ctrl-C at any moment (even while modules are imported) as
+``pipeweave: error: interrupted (Ctrl-C)`` with status 130.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from types import ModuleType
 
 from .. import __version__
 
-__all__ = ["COMMANDS", "build_parser", "main", "HelpFormatter"]
+__all__ = ["COMMANDS", "INTERRUPTED", "build_parser", "main", "HelpFormatter"]
 
+INTERRUPTED = 130
+"""The exit status of a Ctrl-C (what a shell reports for a process ended by SIGINT)."""
 COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan", "placement", "tune",
             "auto"]
 """Sub-commands, in help order; each is the module ``pipeweave.cli.cmd_<name>``."""
@@ -64,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # Ctrl-C where no command handles it (importing, preparing)
+        print("pipeweave: error: interrupted (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

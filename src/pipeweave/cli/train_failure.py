@@ -22,19 +22,25 @@ import traceback
 from pathlib import Path
 
 from ..runtime import Job
-from ..runtime.checkpoint.store import complete_checkpoints
+from ..runtime.checkpoint.store import complete_checkpoints, verified_checkpoints
+from ..runtime.launch.interrupts import ctrl_c_deferred
 from ..runtime.launch.processes import RunFailed, RunInterrupted, under_torchrun
 from ..runtime.observation.summary import TrainSummary, summarize
 from ..runtime.observation.results import RankResult, partial_results
+from .main import INTERRUPTED
 from .train_outputs import write_outputs
 
 __all__ = ["report", "write_error_log", "completed_steps"]
 
-INTERRUPTED_STATUS = 130  # what a shell reports for a Ctrl-C
-
 
 def report(args: argparse.Namespace, job: Job, error: BaseException, first_step: int) -> int:
-    """Tell the user why the run stopped, keep what it did; the exit status (1, 130)."""
+    """Tell the user why the run stopped, keep what it did; the exit status (1, 130). A
+    second Ctrl-C meanwhile does not cut the outputs short."""
+    with ctrl_c_deferred(replay=False):
+        return _report(args, job, error, first_step)
+
+
+def _report(args: argparse.Namespace, job: Job, error: BaseException, first_step: int) -> int:
     interrupted = isinstance(error, (KeyboardInterrupt, RunInterrupted))
     if isinstance(error, RunFailed):
         where = f"rank {error.rank}: " if error.rank is not None else ""
@@ -49,7 +55,8 @@ def report(args: argparse.Namespace, job: Job, error: BaseException, first_step:
     log = write_error_log(args.output_dir, name, trace)
     if args.debug:
         print(trace, file=sys.stderr)
-    print(f"pipeweave: error: {where}{cause} (traceback in {log}"
+    what = "traceback" if "Traceback" in trace else "details"  # a killed rank has none
+    print(f"pipeweave: error: {where}{cause} ({what} in {log}"
           f"{'' if args.debug else '; --debug prints it'})", file=sys.stderr)
     if not (under_torchrun() and os.environ.get("RANK") != "0"):
         done = _write_partial(args, job, partial_results(error), first_step,
@@ -59,7 +66,7 @@ def report(args: argparse.Namespace, job: Job, error: BaseException, first_step:
                   f"{args.output_dir}/ (summary.json says "
                   f"{'interrupted' if interrupted else 'failed'})", file=sys.stderr)
         _resume_hint(job)
-    return INTERRUPTED_STATUS if interrupted else 1
+    return INTERRUPTED if interrupted else 1
 
 
 def write_error_log(directory: Path, name: str, trace: str) -> Path:
@@ -111,8 +118,14 @@ def _write_partial(args: argparse.Namespace, job: Job, results: list[RankResult]
 
 
 def _resume_hint(job: Job) -> None:
+    """Name the newest checkpoint that verifies (checksums checked): the folder when
+    ``--resume`` of the folder would take it, else that checkpoint itself."""
     folder = job.checkpoint.directory if job.checkpoint is not None else None
-    if folder is None or not complete_checkpoints(folder):
+    if folder is None:
         return
-    print(f"continue from the last complete checkpoint with --resume {folder} "
+    verified = verified_checkpoints(folder, limit=1)
+    if not verified:
+        return
+    target = folder if verified[0] == complete_checkpoints(folder)[-1] else verified[0]
+    print(f"continue from the last complete checkpoint with --resume {target} "
           f"--steps {job.steps}", file=sys.stderr)

@@ -29,6 +29,8 @@ def write_outputs(directory: Path, job: Job, summary: TrainSummary,
     ]
     for row in rows[:summary.first_step]:  # restored from a checkpoint: not timed by this run
         del row["time_s"]
+    for step, eval_loss in summary.eval_losses.items():
+        rows[step - 1]["eval_loss"] = eval_loss
     train_avgpipe.add_metrics(rows, summary)
     write_metrics(rows, directory)
     if tensorboard:

@@ -18,6 +18,7 @@ Datasets (``available_datasets()``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
@@ -27,7 +28,7 @@ from pipeweave.data.digits import load_digits_split
 from pipeweave.data.stdlib_corpus import corpus_split, load_stdlib_bytes, sample_lm_batch
 
 __all__ = ["DEFAULT_SEQ_LEN", "SEQUENCE_DATASETS", "BatchStream", "available_datasets",
-           "build_dataset"]
+           "build_dataset", "epoch_rows"]
 
 Batch = tuple[Tensor, Tensor]
 
@@ -47,6 +48,27 @@ def _mix_seed(seed: int, index: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (z ^ (z >> 31)) >> 1
+
+
+def epoch_rows(index: int, *, batch_size: int, rows: int, seed: int) -> Tensor:
+    """The rows (of ``rows``) in batch ``index`` when every epoch visits all rows once in its
+    own order: batch k covers positions ``[k*B, (k+1)*B)`` of ``perm(epoch 0) ++ perm(epoch 1)
+    ++ ...``, ``perm(e)`` seeded by ``(seed, e)``, so batch k needs no earlier batch (a stream
+    resumes in the middle of an epoch from its position alone)."""
+    positions = torch.arange(index * batch_size, (index + 1) * batch_size)
+    epochs = positions // rows
+    chosen = torch.empty(batch_size, dtype=torch.int64)
+    for epoch in sorted(set(epochs.tolist())):
+        in_epoch = epochs == epoch
+        chosen[in_epoch] = _epoch_order(seed, epoch, rows)[positions[in_epoch] % rows]
+    return chosen
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_order(seed: int, epoch: int, rows: int) -> Tensor:
+    """Epoch ``epoch``'s permutation of ``rows`` (cached: a corpus of millions of windows
+    would otherwise draw it again for every batch; do not modify it)."""
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(_mix_seed(seed, epoch)))
 
 
 class BatchStream:
@@ -166,16 +188,8 @@ def _digits(
     features, labels = load_digits_split(split, dtype=dtype)
     n = len(labels)
 
-    # Batch k covers positions [k*B, (k+1)*B) of perm(epoch 0) ++ perm(epoch 1) ++ ...
     def make_batch(index: int) -> Batch:
-        positions = torch.arange(index * batch_size, (index + 1) * batch_size)
-        epochs = positions // n
-        rows = torch.empty(batch_size, dtype=torch.int64)
-        for epoch in sorted(set(epochs.tolist())):
-            gen = torch.Generator().manual_seed(_mix_seed(seed, epoch))
-            perm = torch.randperm(n, generator=gen)
-            in_epoch = epochs == epoch
-            rows[in_epoch] = perm[positions[in_epoch] % n]
+        rows = epoch_rows(index, batch_size=batch_size, rows=n, seed=seed)
         return features[rows], labels[rows]
 
     return make_batch, None

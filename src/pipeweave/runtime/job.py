@@ -198,6 +198,10 @@ class Job:
             backwards (:class:`~.observation.memory.ActivationMeter`) and report the peak and
             the model state bytes per rank (``RankResult.peak_activation_bytes``,
             ``state_bytes``): the same on CPU and GPU, unlike the process's peak memory.
+        eval_every: every this many steps, and after the last, each rank copies its stages'
+            weights at the iteration boundary (``RankResult.snapshots``) for a held-out loss
+            (:mod:`pipeweave.runtime.observation.held_out`); 0: never. Synchronous
+            schedules, one pipeline.
     """
 
     plan: Plan
@@ -218,12 +222,15 @@ class Job:
     track_allocations: bool = False
     precision: str = "full"
     count_activations: bool = False
+    eval_every: int = 0
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0 (0: never), got {self.eval_every}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not isinstance(self.apc, bool):

@@ -1,8 +1,8 @@
-"""The local launcher's parts (runtime/launch/processes.py) that tests/runtime/test_errors.py
-does not reach: which rank's report becomes the cause, reading back what failed ranks had done,
-the fields of RunFailed, torchrun detection, and, with real processes, the partial results and
-the deadline. (A raising rank named in RunFailed, a hung peer and a SIGKILLed rank are tested
-in test_errors.py and tests/checkpoint/test_faults.py.)
+"""The local launcher's parts (runtime/launch/processes.py and diagnosis.py) that
+tests/runtime/test_errors.py does not reach: which rank's report becomes the cause, reading
+back what failed ranks had done, the fields of RunFailed, torchrun detection, and, with real
+processes, the partial results and the deadline. (A raising rank named in RunFailed, a hung
+peer and a SIGKILLed rank are tested in test_errors.py and tests/checkpoint/test_faults.py.)
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 
 from pipeweave.runtime import RunFailed, launch_local, run_local
 from pipeweave.runtime.observation.results import RankResult, partial_results
-from pipeweave.runtime.launch.processes import (_partials, _root_cause, _write_pickle,
-                                                loopback_interface, restart_safe_store,
-                                                under_torchrun)
+from pipeweave.runtime.launch.diagnosis import _root_cause, partials
+from pipeweave.runtime.launch.processes import (_write_pickle, loopback_interface,
+                                                restart_safe_store, under_torchrun)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runtime_jobs import RankFaultData, mlp_job  # noqa: E402
@@ -66,7 +66,7 @@ def test_partial_results_are_read_back_by_rank_and_unreadable_ones_skipped(
         _write_pickle(tmp_path / f"rank{rank}.partial.pkl",
                       [RankResult(rank=rank, losses={rank: rank / 10})])
     (tmp_path / "rank3.partial.pkl").write_bytes(b"\x80\x04\x95")  # a torn write
-    found = _partials(tmp_path)
+    found = partials(tmp_path)
     assert [r.rank for r in found] == [0, 2, 10]  # rank order, not file-name order
     assert [r.losses for r in found] == [{0: 0.0}, {2: 0.2}, {10: 1.0}]
     assert not list(tmp_path.glob("*.tmp"))  # written atomically, nothing left over

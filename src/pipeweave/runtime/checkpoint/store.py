@@ -42,8 +42,8 @@ from typing import Any, BinaryIO
 import torch
 
 __all__ = ["CheckpointError", "StoredCheckpoint", "write_shard", "finalize", "resolve",
-           "find_resume", "complete_checkpoints", "step_folder", "sha256_of", "FORMAT",
-           "MANIFEST", "LATEST"]
+           "find_resume", "complete_checkpoints", "verified_checkpoints", "step_folder",
+           "sha256_of", "FORMAT", "MANIFEST", "LATEST"]
 
 FORMAT = "pipeweave-checkpoint"
 VERSION = 1
@@ -210,12 +210,33 @@ def complete_checkpoints(root: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def verified_checkpoints(root: str | Path, *, exclude: Path | None = None,
+                         limit: int = 3) -> list[Path]:
+    """Up to ``limit`` complete checkpoints under ``root`` (not ``exclude``) whose manifest
+    reads and whose shards all match their size and sha256, newest first: the ones it is
+    safe to recommend."""
+    found: list[Path] = []
+    for folder in reversed(complete_checkpoints(root)):
+        if len(found) == limit:
+            break
+        if folder == exclude:
+            continue
+        try:
+            StoredCheckpoint(folder, suggest=False)
+        except CheckpointError:
+            continue
+        found.append(folder)
+    return found
+
+
 def _alternatives(root: Path, exclude: Path) -> str:
-    others = [p for p in complete_checkpoints(root) if p != exclude]
+    """The way out of a checkpoint that cannot be used: the others that verify, or none."""
+    others = verified_checkpoints(root, exclude=exclude)
     if not others:
-        return "there is no other complete checkpoint in that directory"
-    listed = ", ".join(str(p) for p in reversed(others[-3:]))
-    return f"complete checkpoints you can resume from instead (newest first): {listed}"
+        return (f"no other checkpoint in {root} verifies; start afresh without --resume (and "
+                f"with a new --checkpoint-dir to keep these folders apart)")
+    listed = ", ".join(str(p) for p in others)
+    return f"checkpoints that verify, to resume from instead (newest first): {listed}"
 
 
 def resolve(path: str | Path) -> Path:
@@ -276,15 +297,17 @@ def sha256_of(path: Path) -> str:
 class StoredCheckpoint:
     """A complete checkpoint folder: its manifest, and its shards loaded on demand."""
 
-    def __init__(self, folder: str | Path, *, verify: bool = True) -> None:
-        """Read the manifest; check every shard's presence and size (and sha256 if ``verify``)."""
+    def __init__(self, folder: str | Path, *, verify: bool = True, suggest: bool = True) -> None:
+        """Read the manifest; check every shard's presence and size (and sha256 if ``verify``).
+        ``suggest``: a refusal names the other checkpoints that verify (checking them)."""
         self.folder = Path(folder)
+        self._suggest = suggest
         path = self.folder / MANIFEST
         try:
             manifest = json.loads(path.read_text())
         except FileNotFoundError:
-            raise CheckpointError(f"{self.folder} is not a complete checkpoint (no {MANIFEST}); "
-                                  f"{_alternatives(self.folder.parent, self.folder)}") from None
+            raise CheckpointError(f"{self.folder} is not a complete checkpoint (no {MANIFEST})"
+                                  f"{self._way_out()}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise self._damaged(f"its {MANIFEST} is not valid JSON ({error})") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -301,7 +324,10 @@ class StoredCheckpoint:
 
     def _damaged(self, problem: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {self.folder} is damaged: {problem}. It cannot be "
-                               f"used; {_alternatives(self.folder.parent, self.folder)}")
+                               f"used{self._way_out()}")
+
+    def _way_out(self) -> str:
+        return f"; {_alternatives(self.folder.parent, self.folder)}" if self._suggest else ""
 
     def _check(self, name: str, shard: Mapping[str, Any], *, digest: bool) -> None:
         path = self.folder / name

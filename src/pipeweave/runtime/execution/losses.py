@@ -37,6 +37,7 @@ class LossLog:
         self._unread: deque[tuple[int, Tensor, torch.cuda.Event | None]] = deque()
         self._host: Tensor | None = None
         self._next_slot = 0
+        self._diverged = False
 
     def add(self, microbatch: int, loss: Tensor) -> None:
         """Record ``loss`` (a scalar, maybe still being computed on a GPU) for ``microbatch``."""
@@ -81,8 +82,9 @@ class LossLog:
             read += 1
 
     def _store(self, microbatch: int, value: float) -> None:
-        if not math.isfinite(value):
+        self._values[microbatch] = self._values.get(microbatch, 0.0) + value
+        if not math.isfinite(value) and not self._diverged:
+            self._diverged = True  # said once: a failed run's report reads the rest quietly
             raise FloatingPointError(
                 f"loss became {value} at micro-batch {microbatch} (stage {self.stage}); lower "
                 f"the learning rate or check the data")
-        self._values[microbatch] = self._values.get(microbatch, 0.0) + value

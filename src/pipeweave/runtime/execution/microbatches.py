@@ -43,6 +43,15 @@ def data_window(program: Sequence[Action], *, microbatches: int, pipelines: int 
     return window
 
 
+def _to(tensor: Tensor, device: torch.device) -> Tensor:
+    """``tensor`` on ``device``; to a GPU through pinned memory without waiting (a copy from
+    pageable memory makes the host wait until the GPU reaches it: once per batch, the GPU
+    then idles while the host queues the next kernels)."""
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 class MicrobatchSource:
     """Lazily draws batches from ``stream`` and serves micro-batch row slices of them."""
 
@@ -78,7 +87,7 @@ class MicrobatchSource:
                 ) from None
             self._check(inputs, targets)
             if self.device is not None:
-                inputs, targets = inputs.to(self.device), targets.to(self.device)
+                inputs, targets = _to(inputs, self.device), _to(targets, self.device)
             self._cache[self._drawn] = (inputs, targets)
             self._drawn += 1
             while len(self._cache) > self.window:

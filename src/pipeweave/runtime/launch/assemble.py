@@ -25,6 +25,7 @@ from ..execution.stage import StageRuntime
 from ..execution.ties import TiedGradients
 from ..observation.memory import ActivationMeter, state_bytes
 from ..observation.results import RankResult, collect_result
+from ..checkpoint.snapshots import WeightSnapshots
 from ..observation.timeline import Recorder
 from .prepare import PreparedJob
 
@@ -53,6 +54,8 @@ class AssembledRank:
     instead of the clipper."""
     meter: ActivationMeter | None = None
     """Counts the activation bytes held over the whole run (``Job.count_activations``)."""
+    snapshots: WeightSnapshots | None = None
+    """Copies the weights for the held-out loss (``Job.eval_every``)."""
 
     def start_timeline(self, origin: float, device: torch.device) -> None:
         """Record the timeline from now on, its zero at ``origin`` (``time.time()``); on a
@@ -68,7 +71,9 @@ class AssembledRank:
         program = self.prepared.schedule if program is None else program
         if meter is None and whole:
             meter = self.meter
-        hooks = combine_hooks(self.recovery.hooks if whole else {}, self.extra_hooks(program))
+        hooks = combine_hooks(self.recovery.hooks if whole else {},
+                              self.snapshots.hooks if whole and self.snapshots else {},
+                              self.extra_hooks(program))
         ties = (TiedGradients(rank=self.rank, schedule=program, ties=self.prepared.ties)
                 if self.prepared.ties else None)
         return RankInterpreter(rank=self.rank, schedule=program, parts=self.parts,
@@ -77,14 +82,18 @@ class AssembledRank:
                                after=hooks, meter=meter, clipper=self.clipper if whole else None,
                                ties=ties, check=self.check if whole else None)
 
-    def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None, final: bool = True) -> RankResult:
+    def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None,
+               final: bool = True, losses: bool = True) -> RankResult:
         """What the rank reports; ``final`` False: a failed run's partial result (no
-        parameters)."""
+        parameters); ``losses`` False: without the losses, and on a GPU only the timeline of
+        actions that already ran (for the journal, at every step: nothing waits for the GPU)."""
         job = self.prepared.job
+        records = [] if self.recorder is None else (
+            self.recorder.records if losses else self.recorder.ready_records())
         result = collect_result(self.rank, self.parts, self.prepared.schedule,
-                                records=self.recorder.records if self.recorder else [],
+                                records=records,
                                 want_parameters=final and job.return_parameters, wall=wall,
-                                device=device)
+                                device=device, want_losses=losses)
         result.checkpoint_stall_s = self.recovery.stall_s
         if self.clipper is not None:
             result.grad_norms = list(self.clipper.norms)
@@ -93,6 +102,8 @@ class AssembledRank:
             result.redone_updates = list(self.check.redone)
             result.undone_updates = list(self.check.undone)
         result.bytes_sent = self.transport.bytes_sent
+        if self.snapshots is not None and losses:  # not in every journal frame
+            result.snapshots = self.snapshots.taken
         if self.meter is not None:
             result.peak_activation_bytes = self.meter.peak
             result.state_bytes = state_bytes(self.parts)
@@ -129,5 +140,8 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
                                       {s: stage.module for s, stage in parts.stages.items()}),
                                   device=device)
     meter = ActivationMeter() if job.count_activations else None
+    snapshots = (WeightSnapshots(rank=rank, parts=parts, schedule=prepared.schedule,
+                                 every=job.eval_every, steps_done=recovery.steps_done)
+                 if job.eval_every else None)
     return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper,
-                         check=check, meter=meter)
+                         check=check, meter=meter, snapshots=snapshots)

@@ -28,6 +28,7 @@ from ..checkpoint.resume import Session, check_resume, new_session
 from ..execution.clipping import check_clippable
 from ..execution.parts import make_schedule, preflight
 from ..execution.ties import SplitTie, split_ties
+from ..checkpoint.snapshots import check_snapshots
 from ..job import Job
 
 __all__ = ["PreparedJob", "prepare", "prepared"]
@@ -65,6 +66,9 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     ties = split_ties(spec, job.plan, schedule)
     check_advance(job, spec)
     check_checkpointable(job, schedule)
+    if job.eval_every:
+        check_snapshots(schedule, pipelines=job.plan.pipelines,
+                        online_advance=job.advance is not None)
     if job.clip_grad_norm is not None:
         if job.advance is not None:
             raise ValueError("--clip-grad-norm with --advance auto is not supported (the online "

@@ -4,7 +4,10 @@ The local spawner starts one process per rank (``forkserver`` method), points th
 free loopback port, and watches them: when one rank fails, the others are terminated at once
 and :class:`RunFailed` carries the failing rank's traceback; nothing is left running. Results
 come back through files in a private temporary folder (one pickle per rank, written
-atomically by the rank and read once by the launcher that created the folder).
+atomically by the rank and read once by the launcher that created the folder); while they
+run, each rank also appends what it has done to a journal there after every optimizer step
+(:mod:`..observation.journal`), so a failed, killed or interrupted run still reports every
+step that completed. Ctrl-C stops the run cleanly at any moment (:mod:`.interrupts`).
 """
 
 from __future__ import annotations
@@ -14,52 +17,31 @@ import datetime
 import json
 import os
 import pickle
-import signal
 import socket
+import sys
 import tempfile
-import time
+import threading
 import traceback
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import TextIO
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tqdm import tqdm
 
 from ..job import Job
 from ..observation.results import RankResult, attach_partial, partial_results
 from ...devices import place
+from .diagnosis import (ERROR_FILE, JOURNAL_FILE, PARTIAL_FILE, STDERR_FILE, USER_ERRORS,
+                        RunFailed, RunInterrupted, diagnose, partials, rank_output)
 from .faults import exit_with_launcher
+from .interrupts import ctrl_c_deferred, listen_for_ctrl_c, start_forkserver_deaf
+from .watch import first_failure, let_ranks_stop, stop_ranks
 from .prepare import PreparedJob, prepare, prepared
 from .rank import run_rank
 
 __all__ = ["launch_local", "run_under_torchrun", "RunFailed", "RunInterrupted", "under_torchrun"]
-
-
-class RunFailed(RuntimeError):
-    """A rank failed; the message names it and includes its error.
-
-    ``rank``, ``cause`` (the error's one-line message, without its type) and ``trace`` (the
-    failing rank's traceback) are kept apart for front ends that show one line and log the
-    rest (``pipeweave train``).
-    """
-
-    def __init__(self, message: str, *, rank: int | None = None, cause: str | None = None,
-                 trace: str = "", partial: list[RankResult] | None = None) -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.cause = cause if cause is not None else message.splitlines()[0]
-        self.trace = trace
-        attach_partial(self, *(partial or []))
-
-
-class RunInterrupted(RunFailed):
-    """The run was interrupted (Ctrl-C); what the ranks had done comes with it."""
-
-
-_ERROR_FILE = "rank{}.error.json"
-_PARTIAL_FILE = "rank{}.partial.pkl"
-_USER_ERRORS = (ValueError, ArithmeticError, LookupError, TypeError, OSError)
-"""Error types that report a bad input or a diverging run rather than a lost peer; when
-several ranks fail at once, one of these is the cause to show."""
 
 
 LOOPBACK = "127.0.0.1"
@@ -103,27 +85,51 @@ def loopback_interface() -> str | None:
 def _spawned_rank(index: int, prepared_job: PreparedJob, world_size: int, store_address: tuple[str, int],
                   out_dir: str, launcher_pid: int) -> None:
     exit_with_launcher(launcher_pid)  # the launcher killed (even by SIGKILL): leave nothing behind
+    sys.stderr = _divert_stderr(Path(out_dir) / STDERR_FILE.format(index))
     host, port = store_address
     if host == LOOPBACK and place(prepared_job.job.device, local_rank=index,  # gloo's own
                                   local_ranks=world_size).backend == "gloo":  # sockets too
         interface = loopback_interface()
         if interface is not None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    # tqdm's default lock is a named semaphore shared through multiprocessing; a rank killed
+    # while holding one leaks it, and the resource tracker warns about it on the terminal.
+    # Only one rank shows a bar: a thread lock is enough.
+    tqdm.set_lock(threading.RLock())
     try:
+        listen_for_ctrl_c()  # from here on, a Ctrl-C stops this rank through the except below
         store = dist.TCPStore(host, port, None, False,
                               datetime.timedelta(seconds=prepared_job.job.timeout_s))
         (result,) = run_rank(prepared_job, rank=index, world_size=world_size, local_rank=index,
-                             local_world_size=world_size, store=store)
+                             local_world_size=world_size, store=store,
+                             journal=Path(out_dir) / JOURNAL_FILE.format(index))
     except BaseException as error:  # the launcher shows the cause in one line, logs the trace
         partial = partial_results(error)  # and writes the outputs of what ran
         if partial:
-            _write_pickle(Path(out_dir) / _PARTIAL_FILE.format(index), partial)
+            _write_pickle(Path(out_dir) / PARTIAL_FILE.format(index), partial)
         if isinstance(error, Exception):
-            (Path(out_dir) / _ERROR_FILE.format(index)).write_text(json.dumps({
+            (Path(out_dir) / ERROR_FILE.format(index)).write_text(json.dumps({
                 "type": type(error).__name__, "message": str(error).strip(),
-                "user_error": isinstance(error, _USER_ERRORS), "trace": traceback.format_exc()}))
+                "user_error": isinstance(error, USER_ERRORS), "trace": traceback.format_exc()}))
         raise
     _write_pickle(Path(out_dir) / f"rank{index}.pkl", result)
+
+
+def _divert_stderr(path: Path) -> TextIO:
+    """Send this process's file descriptor 2 to ``path``; return a stream to where it went
+    before, to become ``sys.stderr``.
+
+    What native code and torch's loggers write there (gloo's "Connection closed by peer",
+    NCCL's and torch's C++ warnings) is noise when a peer has died or the run was stopped:
+    the launcher puts it in the run's log (:func:`.diagnosis.rank_output`). Python's own
+    writes, the progress bar and warnings, stay on the terminal.
+    """
+    sys.stderr.flush()
+    terminal = os.fdopen(os.dup(2), "w", buffering=1)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
+    return terminal
 
 
 def _write_pickle(path: Path, value: object) -> None:
@@ -131,24 +137,6 @@ def _write_pickle(path: Path, value: object) -> None:
     with open(tmp, "wb") as handle:
         pickle.dump(value, handle)
     os.replace(tmp, path)
-
-
-def _file_rank(path: Path) -> int:
-    """The rank a ``rank{N}.*`` file of the results folder belongs to."""
-    return int(path.name[4:].split(".")[0])
-
-
-def _partials(out_dir: Path) -> list[RankResult]:
-    """What failed or interrupted ranks had done (:func:`attach_partial`), by rank."""
-    found: list[RankResult] = []
-    # by rank number: sorting the names would put rank10 before rank2
-    for path in sorted(out_dir.glob(_PARTIAL_FILE.format("*")), key=_file_rank):
-        try:
-            with open(path, "rb") as handle:
-                found.extend(pickle.load(handle))
-        except (OSError, pickle.UnpicklingError, EOFError):
-            continue
-    return found
 
 
 def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
@@ -159,7 +147,8 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
     this machine opens it to other hosts), and on loopback gloo's sockets stay there too.
 
     Raises :class:`RunFailed` if any rank fails (the others are terminated), or if the whole
-    run exceeds ``deadline_s`` seconds.
+    run exceeds ``deadline_s`` seconds; :class:`RunInterrupted` on Ctrl-C. Either carries what
+    the ranks had done (:func:`~..observation.results.partial_results`).
     """
     ready = prepared(job)  # every check, before any rank starts
     world_size = ready.schedule.num_ranks
@@ -167,90 +156,54 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
     # exist to break by forking); each launch then forks ranks in milliseconds instead of
     # re-importing torch in every fresh interpreter as ``spawn`` does.
     mp.set_forkserver_preload(["torch", "pipeweave.runtime.launch.rank"])
+    start_forkserver_deaf()
     rendezvous = _LauncherStore(bind, ready.job.timeout_s)
-    with tempfile.TemporaryDirectory(prefix="pipeweave-") as out_dir:
-        context = mp.start_processes(
-            _spawned_rank,
-            args=(ready, world_size, (rendezvous.host, rendezvous.port), out_dir, os.getpid()),
-            nprocs=world_size,
-            join=False, start_method="forkserver",
-        )
-        started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pipeweave-") as folder:
+        out_dir = Path(folder)
+        processes: list[BaseProcess] = []
+        error_files: list[str] = []
+        failure: RunFailed | None = None
         try:
-            while not context.join(timeout=0.5):
-                if deadline_s is not None and time.monotonic() - started > deadline_s:
-                    raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f} s; stopped all ranks")
-        except mp.ProcessRaisedException as error:
-            rank, cause, trace = _root_cause(Path(out_dir), error.error_index, str(error).strip())
-            raise RunFailed(f"rank {rank} failed: {cause}\n"
-                            f"all other ranks were stopped; the failing rank's traceback:\n{trace}",
-                            rank=rank, cause=cause, trace=trace,
-                            partial=_partials(Path(out_dir))) from None
-        except mp.ProcessExitedException as error:
-            raise RunFailed(
-                f"rank {error.error_index} exited with code {error.exit_code} "
-                f"(signal {error.signal_name or 'none'}); all other ranks were stopped",
-                rank=error.error_index, partial=_partials(Path(out_dir))) from None
+            with ctrl_c_deferred():  # not between two starts: every started rank is known
+                context = mp.start_processes(
+                    _spawned_rank,
+                    args=(ready, world_size, (rendezvous.host, rendezvous.port), folder,
+                          os.getpid()),
+                    nprocs=world_size, join=False, start_method="forkserver")
+                processes, error_files = list(context.processes), list(context.error_files)
+            failed = first_failure(processes, deadline_s)
+            if failed is not None:
+                failure = diagnose(out_dir, processes, error_files, failed)
         except KeyboardInterrupt:
-            _let_ranks_stop(context.processes)
-            raise RunInterrupted("interrupted (Ctrl-C); all ranks were stopped",
-                                 cause="interrupted", partial=_partials(Path(out_dir))) from None
+            let_ranks_stop(processes)
+            failure = RunInterrupted("interrupted (Ctrl-C); all ranks were stopped",
+                                     cause="interrupted (Ctrl-C)",
+                                     trace="the launcher got a Ctrl-C (SIGINT) and stopped "
+                                           "every rank\n")
+        except TimeoutError as error:
+            failure = RunFailed(str(error))
         finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
-            for process in context.processes:
-                process.join(timeout=10)
-                if process.is_alive():
-                    process.kill()
+            stop_ranks(processes)
             rendezvous.close()
-        missing = [r for r in range(world_size) if not (Path(out_dir) / f"rank{r}.pkl").exists()]
-        if missing:  # e.g. the ranks took a Ctrl-C the launcher did not see
-            raise RunInterrupted(f"ranks {missing} stopped without a result",
-                                 cause="interrupted", partial=_partials(Path(out_dir)))
+            for name in error_files:  # torch's, outside our folder
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+        missing = [r for r in range(world_size) if not (out_dir / f"rank{r}.pkl").exists()]
+        if failure is None and missing:  # e.g. the ranks took a Ctrl-C the launcher did not see
+            failure = RunInterrupted(f"ranks {missing} stopped without a result",
+                                     cause="interrupted (Ctrl-C)")
+        output = rank_output(out_dir)
+        if failure is not None:
+            attach_partial(failure, *partials(out_dir))
+            failure.trace = "\n".join(part for part in (failure.trace, output) if part)
+            raise failure
+        if output:  # a run that went well: its warnings, late but not lost
+            print(output, file=sys.stderr, end="")
         results = []
         for rank in range(world_size):
-            with open(Path(out_dir) / f"rank{rank}.pkl", "rb") as handle:
+            with open(out_dir / f"rank{rank}.pkl", "rb") as handle:
                 results.append(pickle.load(handle))
         return results
-
-
-def _let_ranks_stop(processes: list[mp.Process], grace_s: float = 5.0) -> None:
-    """After a Ctrl-C, give the ranks a moment to record what they did (they got the SIGINT
-    too from a terminal; otherwise send it), then the caller's ``finally`` stops the rest."""
-    for process in processes:
-        if process.is_alive() and process.pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(process.pid, signal.SIGINT)
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def _root_cause(out_dir: Path, first: int, first_trace: str) -> tuple[int, str, str]:
-    """``(rank, one-line cause, traceback)`` of a failed run.
-
-    The rank torch reports first may only have lost its peer (a closed connection) while
-    another rank holds the real cause; ranks fail within moments of each other, so wait a
-    little for their reports and prefer a bad input or a diverging loss over a lost peer.
-    """
-    time.sleep(0.3)
-    reports = {}
-    for path in out_dir.glob(_ERROR_FILE.format("*")):
-        try:
-            reports[_file_rank(path)] = json.loads(path.read_text())
-        except (ValueError, OSError):
-            continue
-    chosen = next((r for r in sorted(reports) if reports[r]["user_error"]),
-                  first if first in reports else None)
-    if chosen is None:
-        lines = first_trace.splitlines()
-        return first, lines[-1] if lines else "unknown error", first_trace
-    report = reports[chosen]
-    message = " ".join(report["message"].split()) if report["message"] else report["type"]
-    if not report["user_error"] and report["message"]:  # not a bad input: say what broke
-        message = f"{report['type']}: {message}"
-    return chosen, message, report["trace"]
 
 
 def under_torchrun() -> bool:

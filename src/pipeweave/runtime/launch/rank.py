@@ -13,17 +13,22 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ...devices import Placement, place
 from ...host import threads_per_rank
+from ...ir import Action
 from ..advance.online import OnlineAdvance, run_rank_windows
 from ..checkpoint.resume import Session
 from ..communication.delay import delayed_transport
 from ..communication.transport import DistTransport
+from ..execution.stage import StageRuntime
 from ..execution.ties import tie_groups
+from ..observation.journal import StepJournal
 from ..observation.progress import StepProgress
 from ..observation.allocations import AllocationTracker
 from ..observation.results import RankResult, attach_partial
@@ -33,14 +38,18 @@ from .prepare import PreparedJob
 
 __all__ = ["run_rank"]
 
+StepHook = Callable[[Action, Mapping[int, StageRuntime]], None]
+
 
 def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: int,
              local_world_size: int, init_method: str = "env://", gather: bool = False,
-             store: dist.Store | None = None) -> list[RankResult]:
+             store: dist.Store | None = None, journal: Path | None = None) -> list[RankResult]:
     """Run ``prepared`` as ``rank`` of ``world_size`` (rendezvous through ``store`` if given).
 
     Returns ``[this rank's result]``, or with ``gather`` every rank's results on rank 0 (and
-    an empty list elsewhere).
+    an empty list elsewhere). ``journal``: append what the rank has done to this file after
+    every optimizer step (:mod:`..observation.journal`), for a launcher to read if the rank
+    is killed.
     """
     job, schedule = prepared.job, prepared.schedule
     torch.set_num_threads(threads_per_rank(local_world_size))
@@ -72,7 +81,12 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
                                   session=_agreed(prepared.session))
         origin = _common_origin(placement)
         assembled.start_timeline(origin, device)
-        assembled.on_step = progress = _progress_bar(prepared, rank)
+        progress = _progress_bar(prepared, rank)
+        steps = None if journal is None else StepJournal(
+            journal, lambda: assembled.result(wall=time.time() - origin, device=device,
+                                              final=False, losses=False),
+            assembled.parts, window=4 * job.plan.microbatches)
+        assembled.on_step = _each_step(progress, steps)
         assembled.extra_hooks = lambda program: injected_fault_hooks(program, rank)
         online = (OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None
                   else None)
@@ -88,6 +102,9 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
                 attach_partial(error, assembled.result(
                     wall=time.time() - origin, device=device, final=False))
             raise
+        finally:
+            if steps is not None:
+                steps.close()
         assembled.recovery.close()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -106,6 +123,18 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
         return [r for r in gathered if r is not None]
     finally:
         dist.destroy_process_group()
+
+
+def _each_step(*hooks: StepHook | None) -> StepHook | None:
+    """One ``on_step`` hook that calls each of ``hooks`` given (None if none is)."""
+    given = [hook for hook in hooks if hook is not None]
+    if not given:
+        return None
+
+    def on_step(action: Action, stages: Mapping[int, StageRuntime]) -> None:
+        for hook in given:
+            hook(action, stages)
+    return on_step
 
 
 def _agreed(session: Session | None) -> Session | None:

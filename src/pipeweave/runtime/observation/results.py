@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..execution.parts import RankParts
     from ..execution.stage import StageRuntime
 
-__all__ = ["RankResult", "collect_result", "merged_parameters", "attach_partial",
+__all__ = ["RankResult", "collect_result", "merged_parameters", "owned_parameters", "attach_partial",
            "partial_results", "peak_rss_bytes", "PARTIAL"]
 
 
@@ -55,6 +55,9 @@ class RankResult:
     parameters: dict[str, Tensor] = field(default_factory=dict)
     """``"<block>.<name>" -> tensor`` for the blocks this rank owns (first replica only); with
     parallel pipelines, the reference model's values."""
+    snapshots: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    """With ``Job.eval_every``: step -> the ``parameters`` (as above) right after that step
+    (:mod:`..checkpoint.snapshots`), for the held-out loss the launcher computes."""
     pipeline_losses: dict[int, dict[int, float]] = field(default_factory=dict)
     """AvgPipe: losses of parallel pipelines 1..N-1 (``losses`` holds pipeline 0's)."""
     peak_weight_versions: dict[int, int] = field(default_factory=dict)
@@ -122,10 +125,13 @@ def partial_results(error: BaseException) -> list[RankResult]:
 
 
 def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: list[tuple[int, str, float, float]],
-                   want_parameters: bool, wall: float, device: torch.device) -> RankResult:
+                   want_parameters: bool, wall: float, device: torch.device,
+                   want_losses: bool = True) -> RankResult:
+    """``want_losses`` False: without the losses (the journal sends only the new ones)."""
     result = RankResult(rank=rank, records=records, wall_seconds=wall)
     for stage_id, stage in parts.stages.items():
-        result.losses.update(stage.losses)
+        if want_losses:
+            result.losses.update(stage.losses)
         result.peak_stashed_microbatches = max(result.peak_stashed_microbatches, stage.held.peak)
         weights = parts.weights[stage_id]
         result.peak_weight_versions[stage_id] = weights.peak_versions
@@ -134,16 +140,27 @@ def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: 
         result.weight_bytes_copied[stage_id] = weights.replicas.bytes_copied
         result.updates[stage_id] = weights.live_version
         result.prediction_seconds[stage_id] = weights.prediction_seconds
-        if want_parameters and schedule.layout.stage_ranks[stage_id][0] == rank:
-            averager = parts.averagers.get(stage_id)
-            result.parameters.update(_named_parameters(
-                stage, averager.reference_parameters() if averager is not None else None))
+    if want_parameters:
+        result.parameters = owned_parameters(rank, parts, schedule)
     for index, other in enumerate(parts.others, start=1):
         for stage in other.stages.values():
-            result.pipeline_losses.setdefault(index, {}).update(stage.losses)
+            if want_losses:
+                result.pipeline_losses.setdefault(index, {}).update(stage.losses)
     result.peak_memory_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                                 else peak_rss_bytes())
     return result
+
+
+def owned_parameters(rank: int, parts: RankParts, schedule: Schedule) -> dict[str, Tensor]:
+    """CPU copies of the parameters of the stages ``rank`` holds the first replica of, by
+    global name; with parallel pipelines, the reference model's values."""
+    owned: dict[str, Tensor] = {}
+    for stage_id, stage in parts.stages.items():
+        if schedule.layout.stage_ranks[stage_id][0] == rank:
+            averager = parts.averagers.get(stage_id)
+            owned.update(_named_parameters(
+                stage, averager.reference_parameters() if averager is not None else None))
+    return owned
 
 
 def _named_parameters(stage: StageRuntime,

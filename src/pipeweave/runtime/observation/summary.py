@@ -60,6 +60,8 @@ class TrainSummary:
     """Per rank: parameters + gradients + optimizer state, counted (as above)."""
     precision: str = "full"
     """``full``, ``bf16-mixed`` or ``bf16`` (pipeweave.precision)."""
+    eval_losses: dict[int, float] = field(default_factory=dict)
+    """Step -> held-out loss after that step (``--eval-every``; observation/held_out.py)."""
     status: str = "completed"
     """``completed``, ``failed`` (a rank raised; the summary covers the steps every rank
     finished) or ``interrupted`` (Ctrl-C)."""

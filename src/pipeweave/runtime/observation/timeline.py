@@ -81,6 +81,12 @@ class Recorder:
         self._resolve(wait=True)
         return self._done
 
+    def ready_records(self) -> list[Record]:
+        """The records of the actions that have run; never waits (on a GPU the last queued
+        ones come later)."""
+        self._resolve(wait=False)
+        return self._done
+
     def _resolve(self, *, wait: bool) -> None:
         """Queued actions into records: all (waiting for the last), or those already done."""
         if not self._queued:

@@ -158,7 +158,7 @@ def run_reference(case: Case, ranks: int, steps: int) -> dict[str, Any]:
 def _one_process_worker(case: Case, threads: int, steps: int, out: Any) -> None:
     """The whole model in this process: whole batches, ``threads`` intra-op threads."""
     torch.set_num_threads(threads)
-    spec = BuiltinModel(case.model, overrides=case.overrides)()
+    spec = BuiltinModel(case.model, overrides=case.overrides)().materialized()
     model = torch.nn.Sequential(*spec.blocks)
     optimizer = OptimizerFactory("sgd", {"lr": case.lr})(model.parameters())
     batches = iter(BuiltinData(case.dataset, batch_size=case.batch_size, seq_len=case.seq_len)())

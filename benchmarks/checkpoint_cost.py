@@ -75,7 +75,7 @@ def training_seconds(results: list[RankResult]) -> float:
 
 def rank_payloads(job: Job) -> list[tuple[dict, dict]]:
     """Per rank: a shard payload like a real one (parameters, Adam moments) and its record."""
-    spec = job.model()
+    spec = job.model().materialized()  # real values (the factory builds on meta)
     out = []
     for start, end in job.plan.stages:
         params = {f"{b}.{n}": p.detach() for b in range(start, end)
@@ -94,7 +94,7 @@ def rank_payloads(job: Job) -> list[tuple[dict, dict]]:
 
 def measure(mib: float, repeats: int, root: Path) -> dict[str, float]:
     job = make_job(hidden_for(mib))
-    spec = job.model()
+    spec = job.model().materialized()  # real values (the factory builds on meta)
     params = [p for block in spec.blocks for p in block.parameters()]
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     copy_s = timed(lambda: [p.detach().clone() for p in params], repeats)

@@ -43,7 +43,6 @@ Nothing here uses the runtime: ΔW comes from two consecutive versions in the hi
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -143,7 +142,7 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; the oracle knows {METHODS}")
     depth = len(stages) // 2 if method == "wpipe" else len(stages)
-    modules = [nn.Sequential(*copy.deepcopy(list(spec.blocks[a:b]))).train() for a, b in stages]
+    modules = [nn.Sequential(*spec.stage_blocks(a, b, "cpu")).train() for a, b in stages]
     state = [_Stage(m, optimizer) for m in modules]
     iterator = iter(data)
     losses: list[float] = []
@@ -244,7 +243,8 @@ def run_elastic_oracle(*, spec: ModelSpec, pipelines: int, steps: int,
     model and the mean loss over the parallel models per iteration.
     """
     alpha = 1.0 / pipelines if alpha is None else alpha
-    models = [copy.deepcopy(spec.sequential()).train() for _ in range(pipelines)]
+    models = [nn.Sequential(*spec.stage_blocks(0, len(spec.blocks), "cpu")).train()
+              for _ in range(pipelines)]
     optimizers = [optimizer(m.parameters()) for m in models]
     reference = {n: p.detach().clone() for n, p in models[0].named_parameters()}
     iterator = iter(data)

@@ -51,8 +51,8 @@ def reference_run(job: Job) -> Reference:
     if job.plan.pipelines != 1:
         raise ValueError("the non-pipelined reference covers one pipeline; use pipelines=1")
     torch.manual_seed(job.seed)
-    spec = job.model()
     device = place(job.device, local_rank=0, local_ranks=1).device
+    spec = job.model().materialized(device)  # the values every stage built alone has
     model = spec.sequential().to(device).train()  # as the runtime trains: whatever mode it came in
     optimizer = job.optimizer(model.parameters())
     data = iter(job.data())

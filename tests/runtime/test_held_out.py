@@ -53,7 +53,7 @@ def test_held_out_loss_is_the_models_loss_on_the_held_out_batches(tmp_path: Path
     assert isinstance(job.data, TokenData)
     held = job.data.held_out()
     got = held_out_losses(job.model, held, {2: final}, batches=2)
-    spec = job.model()
+    spec = job.model().materialized()
     network = spec.sequential()
     network.load_state_dict(final, strict=False)
     network.eval()

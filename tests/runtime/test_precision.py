@@ -34,7 +34,7 @@ def autocast_reference(job: Job) -> tuple[list[float], dict[str, torch.Tensor]]:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads_per_rank(job.plan.world_size))  # as run_local does
     try:
-        spec = job.model()
+        spec = job.model().materialized()  # the values the stages are built with
         model = spec.sequential()
         optimizer = job.optimizer(model.parameters())
         data = iter(job.data())

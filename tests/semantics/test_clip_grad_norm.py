@@ -22,7 +22,7 @@ MAX_NORM = 0.05  # below the model's gradient norms, so most updates are clipped
 def clipped_reference(job):  # type: ignore[no-untyped-def]
     """Non-pipelined training with ``torch.nn.utils.clip_grad_norm_`` before every step."""
     torch.manual_seed(job.seed)
-    spec = job.model()
+    spec = job.model().materialized()
     model = spec.sequential()
     optimizer = job.optimizer(model.parameters())
     data, norms = iter(job.data()), []

@@ -26,9 +26,9 @@ from pipeweave.testing import assert_identical_runs, merged_parameters, relative
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from runtime_jobs import gpt_job  # noqa: E402
 
-MAX_NORM = 2.3
-"""Between the first stage's own gradient norm and the global one at steps 1 and 3 (2.55,
-2.34; step 2's is 2.27): there the first stage steps optimistically and must undo it."""
+MAX_NORM = 2.45
+"""Between the first stage's own gradient norm and the global one at steps 1 and 2 (2.72,
+2.49; step 3's is 2.41): there the first stage steps optimistically and must undo it."""
 
 
 def zb_h2(depth: int, *, post: bool | None, clip: float | None, steps: int = 3) -> Job:
@@ -47,7 +47,7 @@ def assert_same_parameters(got, want, tolerance: float = 0.0) -> None:  # type: 
 def reference(job: Job):  # type: ignore[no-untyped-def]
     """Torch on the whole model: clip_grad_norm_ before each step, a non-finite step skipped."""
     torch.manual_seed(job.seed)
-    spec = job.model()
+    spec = job.model().materialized()
     model = spec.sequential()
     optimizer = job.optimizer(model.parameters())
     data = iter(job.data())
@@ -76,10 +76,10 @@ def test_without_clipping_it_is_plain_zb_h2(depth: int) -> None:
 def test_a_clipped_step_is_undone_and_redone_as_the_flushed_schedule_does(depth: int) -> None:
     checked = run_local(zb_h2(depth, post=True, clip=MAX_NORM))
     flushed = run_local(zb_h2(depth, post=None, clip=MAX_NORM))
-    # the first stage stepped on its partial state and had to undo steps 1 and 3; every
-    # stage redid them clipped; step 2 (norm 2.27) stood
-    assert checked[0].undone_updates == [1, 3]
-    assert all(r.redone_updates == [1, 3] for r in checked)
+    # the first stage stepped on its partial state and had to undo steps 1 and 2; every
+    # stage redid them clipped; step 3 (norm 2.41) stood
+    assert checked[0].undone_updates == [1, 2]
+    assert all(r.redone_updates == [1, 2] for r in checked)
     assert_same_parameters(checked, flushed)  # bit for bit
     assert checked[0].grad_norms == flushed[0].grad_norms
     expected = reference(zb_h2(depth, post=True, clip=MAX_NORM))
@@ -186,7 +186,7 @@ def test_distributed_undo_and_redo_equal_local(depth: int) -> None:
     local = run_local(job)
     assert_identical_runs(distributed, local)
     assert [r.redone_updates for r in distributed] == [r.redone_updates for r in local]
-    assert distributed[0].undone_updates == [1, 3]
+    assert distributed[0].undone_updates == [1, 2]
     assert_same_parameters(distributed, run_local(zb_h2(depth, post=None, clip=MAX_NORM)))
 
 

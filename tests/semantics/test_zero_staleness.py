@@ -61,7 +61,7 @@ def make_job(schedule: str, optimizer: str) -> Job:
 
 def torch_loop(job: Job, schedule: str) -> dict[str, torch.Tensor]:
     """Plain training, written out: mean loss over an update's samples, ``optimizer.step()``."""
-    spec = job.model()
+    spec = job.model().materialized()
     model = spec.sequential()
     optimizer = job.optimizer(model.parameters())
     stale = STALE_GROUP.get(schedule)
@@ -109,7 +109,7 @@ def test_one_rank_equals_plain_torch_optim(schedule: str, optimizer: str) -> Non
     assert got.keys() == want.keys()
     for name, expected in want.items():
         assert relative_error(got[name], expected) <= 1e-12, (name, relative_error(got[name], expected))
-    initial = dict(copy.deepcopy(job.model().sequential()).named_parameters())
+    initial = dict(copy.deepcopy(job.model().materialized().sequential()).named_parameters())
     assert any(not torch.equal(want[n], initial[n]) for n in want), "the loop must train"
 
 

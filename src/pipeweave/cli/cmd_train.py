@@ -46,7 +46,7 @@ from . import train_avgpipe, train_failure
 from .options import parse_options
 from .train_outputs import write_outputs
 from .cmd_plan import parse_bytes
-from .model_options import add_hf_config, chosen_model
+from .model_options import add_hf_config, add_hf_pretrained, chosen_model
 from .data_options import add_data_options, held_out, own_data
 from .run_folder import Opened, new_run_folder, open_outputs
 
@@ -68,6 +68,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--model", default=None, choices=available_models(),
                         help=f"model to train (default {DEFAULT_MODEL})")
     add_hf_config(parser)
+    add_hf_pretrained(parser)
     parser.add_argument("--schedule", default=None,
                         help=f"schedule name (see `pipeweave schedules`; default {DEFAULT_SCHEDULE})")
     parser.add_argument("--stages", type=int, default=None,

@@ -4,7 +4,8 @@
 
 ``--hf-config`` takes a transformers ``config.json`` of a family ``pipeweave.hf`` adapts; the
 model is then ``hf-<model_type>`` built from that config with random weights (``--model`` may
-be left out, or must name that same family).
+be left out, or must name that same family). ``--hf-pretrained`` (``train``) takes a folder
+``save_pretrained`` wrote: its config and its weights, read per stage.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HF_CONFIG_HELP", "add_hf_config", "add_profile_source", "chosen_model",
-           "check_profile_source"]
+__all__ = ["HF_CONFIG_HELP", "add_hf_config", "add_hf_pretrained", "add_profile_source",
+           "chosen_model", "check_profile_source"]
 
 HF_CONFIG_HELP = ("a Hugging Face config.json (gpt2, llama, qwen2 or mistral) to build the "
                   "model from, with random weights; implies --model hf-<its model_type>")
@@ -24,6 +25,15 @@ def add_hf_config(parser: Any) -> None:
     """Add ``--hf-config FILE`` to a parser or argument group."""
     parser.add_argument("--hf-config", type=Path, default=None, metavar="FILE.json",
                         help=HF_CONFIG_HELP)
+
+
+def add_hf_pretrained(parser: Any) -> None:
+    """Add ``--hf-pretrained DIR`` to a parser or argument group."""
+    parser.add_argument("--hf-pretrained", type=Path, default=None, metavar="DIR",
+                        help="a local folder written by save_pretrained (config.json and "
+                             "model.safetensors or a sharded index; gpt2, llama, qwen2 or "
+                             "mistral): its weights, each rank reading only its own stage's; "
+                             "implies --model hf-<its model_type>")
 
 
 MODEL_HELP = "built-in model (profiled now unless --profile is given)"
@@ -57,15 +67,29 @@ def chosen_model(args: argparse.Namespace, *, default: str | None = None
     where the command has it, is left to the caller."""
     model: str | None = args.model
     path: Path | None = getattr(args, "hf_config", None)
-    if path is None:
+    folder: Path | None = getattr(args, "hf_pretrained", None)
+    if path is None and folder is None:
         return (model if model is not None else default), {}
     from ..hf.presets import config_family  # names the file and the fix if it cannot be read
 
-    name = f"hf-{config_family(path)}"
+    if folder is not None:
+        if path is not None:
+            raise ValueError("give --hf-pretrained DIR or --hf-config FILE, not both (the "
+                             "folder has its own config.json)")
+        from ..hf.pretrained import check_pretrained
+
+        flag, given = "--hf-pretrained", folder
+        name = f"hf-{config_family(check_pretrained(folder), flag=flag)}"
+        overrides: dict[str, Any] = {"pretrained": str(folder)}
+    else:
+        assert path is not None
+        flag, given = "--hf-config", path
+        name = f"hf-{config_family(path)}"
+        overrides = {"config_file": str(path)}
     if model is not None and model != name:
-        raise ValueError(f"--hf-config {path} is a {name.removeprefix('hf-')} config but --model "
+        raise ValueError(f"{flag} {given} is a {name.removeprefix('hf-')} model but --model "
                          f"is {model}; drop --model or use --model {name}")
-    return name, {"config_file": str(path)}
+    return name, overrides
 
 
 def check_profile_source(args: argparse.Namespace) -> None:

@@ -7,6 +7,7 @@ own submodules are wrapped in the blocks of :mod:`pipeweave.hf.layers`.
 
 from __future__ import annotations
 
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -69,6 +70,10 @@ def blocks(model: Any, *, sublayer: bool = False, padding: bool = False,
     stacked on dim 1, and the mask rides with the hidden state to every attention block
     (:mod:`.layers`); pad positions' labels should be ``-100``.
 
+    A model built under ``torch.device("meta")`` has no values yet: each rank makes real only
+    its stage's blocks, initialised by the model's own ``_init_weights`` (:func:`init_module`)
+    from a seed per block (:mod:`pipeweave.models.materialize`).
+
     The blocks hold the model's modules, not copies: ``spec.sequential()`` is the model, and
     training it trains the model. pipeweave's runtime, though, deep-copies each stage's blocks
     into the rank that runs it. Tied word embeddings (GPT-2 by default: ``wte`` and
@@ -116,7 +121,15 @@ def blocks(model: Any, *, sublayer: bool = False, padding: bool = False,
     names.append("head")
     return ModelSpec(name=name or f"hf-{family}", blocks=tuple(found),
                      loss_fn=CausalLMLoss(_loss_function(model)),
-                     block_names=tuple(names), dataset=dataset)
+                     block_names=tuple(names), dataset=dataset, init=partial(init_module, model))
+
+
+def init_module(model: Any, module: nn.Module, name: str = "") -> None:
+    """The model's own initialisation of one module of a block made real from the meta
+    device: its ``_init_weights``, which the materialiser calls children before parents as
+    ``init_weights`` does (GPT-2's scaled ``c_proj`` after its plain one; the rotary
+    frequencies recomputed)."""
+    model._init_weights(module)
 
 
 def _loss_function(model: Any) -> Any:

@@ -1,8 +1,9 @@
 """Small random-weight Hugging Face models by name: ``hf-gpt2``, ``hf-llama``, ``hf-qwen2``,
 ``hf-mistral`` (registered with :func:`pipeweave.models.build_model` on import).
 
-Each is built from transformers' own config and model classes with the seed's random weights
-(nothing is downloaded): vocabulary 256, byte-level over the built-in ``stdlib-bytes-labels``
+Each is built from transformers' own config and model classes on the meta device, each rank
+making its stage real with the model's own initialisation seeded per block (nothing is
+downloaded): vocabulary 256, byte-level over the built-in ``stdlib-bytes-labels``
 corpus, no dropout, untied word embeddings unless asked (a tie keeps the embedding and the head
 in one stage; see :func:`pipeweave.hf.blocks`). ``config_file`` takes a user's ``config.json``
 instead of the small shape.
@@ -18,8 +19,10 @@ from typing import Any
 from torch import nn
 
 from ..models import register_model
+from ..models.materialize import Init
 from .adapter import SUPPORTED, blocks, require_transformers
 from .loss import CausalLMLoss
+from .pretrained import PretrainedInit, check_pretrained
 
 __all__ = ["ATTENTION", "DATASET", "HFPreset", "PRESETS", "config_family", "hf_config",
            "hf_model"]
@@ -72,7 +75,15 @@ class HFPreset:
     """A transformers ``config.json`` of a supported family, used instead of the fields above
     (except ``seq_len`` and ``sublayer``); its ``vocab_size`` must cover the 256 bytes."""
 
+    pretrained: str | None = None
+    """A local folder written by ``save_pretrained`` (``config.json`` and safetensors
+    weights): its config instead of the fields above (except ``seq_len`` and ``sublayer``) and
+    its weights, each rank reading only its own blocks' (:mod:`pipeweave.hf.pretrained`)."""
+
     def __post_init__(self) -> None:
+        if self.pretrained is not None and self.config_file is not None:
+            raise ValueError("give --hf-pretrained DIR or --hf-config FILE, not both (the "
+                             "folder has its own config.json)")
         for field in ("n_layers", "d_model", "n_heads", "d_ff", "seq_len"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -96,17 +107,17 @@ PRESETS: dict[str, tuple[str, HFPreset]] = {
 """Registered name -> (family, default shape)."""
 
 
-def config_family(path: str | Path) -> str:
-    """The supported family (``model_type``) of a ``config.json``; ValueError otherwise. Reads
-    the JSON only (no transformers)."""
+def config_family(path: str | Path, *, flag: str = "--hf-config") -> str:
+    """The supported family (``model_type``) of a ``config.json``; ValueError otherwise
+    (naming ``flag``, the option that gave it). Reads the JSON only (no transformers)."""
     from ..files import read_json
 
     file = Path(path)
-    data = read_json(file, what=f"--hf-config {file}",
+    data = read_json(file, what=f"{flag} {file}",
                      fix="give the path of a transformers config.json")
     family = data.get("model_type") if isinstance(data, dict) else None
     if family not in SUPPORTED:
-        raise ValueError(f"--hf-config {file}: model_type {family!r} is not supported; "
+        raise ValueError(f"{flag} {file}: model_type {family!r} is not supported; "
                          f"pipeweave.hf adapts {', '.join(sorted(SUPPORTED))} (decoder-only "
                          f"causal LMs)")
     return str(family)
@@ -118,16 +129,18 @@ def hf_config(family: str, preset: HFPreset) -> Any:
         raise ValueError(f"unknown family {family!r}; choose one of {sorted(SUPPORTED)}")
     transformers = require_transformers()
     config_class = getattr(transformers, _CONFIGS[family])
-    if preset.config_file is not None:
-        found = config_family(preset.config_file)
+    file = (str(check_pretrained(preset.pretrained)) if preset.pretrained is not None
+            else preset.config_file)
+    if file is not None:
+        flag = "--hf-pretrained" if preset.pretrained is not None else "--hf-config"
+        given = preset.pretrained if preset.pretrained is not None else file
+        found = config_family(file, flag=flag)
         if found != family:
-            raise ValueError(f"--hf-config {preset.config_file} is a {found} config; use "
-                             f"--model hf-{found}")
-        config = config_class.from_json_file(preset.config_file)
+            raise ValueError(f"{flag} {given} is a {found} model; use --model hf-{found}")
+        config = config_class.from_json_file(file)
         if config.vocab_size < _BYTES:
-            raise ValueError(f"--hf-config {preset.config_file}: vocab_size={config.vocab_size} "
-                             f"< {_BYTES}; the built-in corpus is byte-level and needs "
-                             f"vocab_size >= {_BYTES}")
+            raise ValueError(f"{flag} {given}: vocab_size={config.vocab_size} < {_BYTES}; the "
+                             f"built-in corpus is byte-level and needs vocab_size >= {_BYTES}")
         return config
     shape: dict[str, Any] = {"vocab_size": _BYTES, "tie_word_embeddings": preset.tie_word_embeddings,
                              "bos_token_id": None, "eos_token_id": None}
@@ -154,11 +167,17 @@ def hf_model(family: str, preset: HFPreset) -> nn.Module:
     return model
 
 
-def _build(family: str, preset: HFPreset) -> tuple[list[nn.Module], list[str]]:
-    spec = blocks(hf_model(family, preset), sublayer=preset.sublayer)
-    return list(spec.blocks), list(spec.block_names)
+def _build(family: str, preset: HFPreset) -> tuple[list[nn.Module], list[str], Init | None]:
+    """The blocks of the preset's model (built under ``torch.device("meta")`` by
+    ``build_model``) and their initialiser, the model's own ``_init_weights``."""
+    model = hf_model(family, preset)
+    spec = blocks(model, sublayer=preset.sublayer)
+    if preset.pretrained is None:
+        return list(spec.blocks), list(spec.block_names), spec.init
+    return (list(spec.blocks), list(spec.block_names),
+            PretrainedInit(model, spec.blocks, spec.block_names, preset.pretrained))
 
 
 for _name, (_family, _preset) in PRESETS.items():
     register_model(_name, config=_preset, build=partial(_build, _family),
-                   loss_fn=CausalLMLoss(), dataset=DATASET)
+                   loss_fn=CausalLMLoss(), dataset=DATASET, meta=True)

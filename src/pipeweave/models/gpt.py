@@ -18,7 +18,9 @@ across stages, ``runtime/execution/ties.py``; the Hugging Face models use it).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +35,7 @@ __all__ = [
     "Head",
     "TransformerLayer",
     "gpt_blocks",
+    "gpt_init",
     "gpt_loss",
 ]
 
@@ -198,13 +201,21 @@ def _init_weights(module: nn.Module, n_layers: int) -> None:
     """GPT-2 initialisation: N(0, 0.02) weights, zero biases, residual projections scaled by
     ``1/sqrt(2 * n_layers)`` (Radford et al. 2019, section 2.3)."""
     for name, sub in module.named_modules():
-        if isinstance(sub, nn.Linear):
-            std = 0.02 / math.sqrt(2 * n_layers) if name.endswith("proj") else 0.02
-            nn.init.normal_(sub.weight, mean=0.0, std=std)
-            if sub.bias is not None:
-                nn.init.zeros_(sub.bias)
-        elif isinstance(sub, nn.Embedding):
-            nn.init.normal_(sub.weight, mean=0.0, std=0.02)
+        _init_module(sub, name, n_layers)
+
+
+def _init_module(module: nn.Module, name: str, n_layers: int) -> None:
+    """:func:`_init_weights` of one module (its own tensors); ``name``: its path (in its block,
+    or with the block's name first). LayerNorms keep torch's ones and zeros."""
+    if isinstance(module, nn.Linear):
+        std = 0.02 / math.sqrt(2 * n_layers) if name.endswith("proj") else 0.02
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    elif isinstance(module, nn.LayerNorm):
+        module.reset_parameters()
 
 
 def gpt_blocks(config: GPTConfig) -> tuple[list[nn.Module], list[str]]:
@@ -227,6 +238,12 @@ def gpt_blocks(config: GPTConfig) -> tuple[list[nn.Module], list[str]]:
     for block in blocks:
         _init_weights(block, config.n_layers)
     return blocks, names
+
+
+def gpt_init(config: GPTConfig) -> Callable[[nn.Module, str], None]:
+    """The initialiser of the modules of ``gpt_blocks(config)``'s blocks made real from the
+    meta device (:mod:`pipeweave.models.materialize`): GPT-2's, as :func:`_init_weights`."""
+    return partial(_init_module, n_layers=config.n_layers)
 
 
 def gpt_loss(logits: Tensor, targets: Tensor) -> Tensor:

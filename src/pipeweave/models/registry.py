@@ -27,7 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from pipeweave.models.cnn import CNNConfig, MLPConfig, classification_loss, cnn_blocks, mlp_blocks
-from pipeweave.models.gpt import GPT_PRESETS, GPTConfig, gpt_blocks, gpt_loss
+from pipeweave.models.gpt import GPT_PRESETS, GPTConfig, gpt_blocks, gpt_init, gpt_loss
+from pipeweave.models.materialize import Init, is_meta, materialize
 
 __all__ = ["LossFn", "ModelSpec", "available_models", "build_model", "default_seq_len",
            "register_model"]
@@ -55,6 +56,15 @@ class ModelSpec:
     dataset: str | None = None
     """Name of the default dataset for :func:`pipeweave.data.build_dataset`; ``None`` for
     user models that bring their own data."""
+
+    init: Init | None = None
+    """Initialises one block made real from the meta device, in place, from the global
+    generator (:mod:`pipeweave.models.materialize`); None: every submodule's
+    ``reset_parameters()``. Unused for blocks that come with values."""
+
+    seed: int = 0
+    """Seeds each meta block's initialisation, with the block's name
+    (:func:`~pipeweave.models.materialize.block_seed`)."""
 
     tied: tuple[tuple[str, ...], ...] = field(init=False, default=())
     """Parameters shared by several blocks, found on construction: one group of global names
@@ -105,9 +115,13 @@ class ModelSpec:
         *,
         block_names: Sequence[str] | None = None,
         dataset: str | None = None,
+        init: Init | None = None,
+        seed: int = 0,
     ) -> ModelSpec:
         """Wrap a user's model: a list of blocks or an ``nn.Sequential`` (its children become
-        the blocks, named by their keys unless ``block_names`` is given)."""
+        the blocks, named by their keys unless ``block_names`` is given). Blocks built under
+        ``torch.device("meta")`` are made real per stage with ``init`` and ``seed``
+        (:attr:`init`, :attr:`seed`)."""
         if isinstance(blocks, nn.Sequential):
             items = list(blocks.named_children())
             modules = [m for _, m in items]
@@ -127,7 +141,24 @@ class ModelSpec:
             loss_fn=loss_fn,
             block_names=tuple(names),
             dataset=dataset,
+            init=init,
+            seed=seed,
         )
+
+    def materialized(self, device: torch.device | str = "cpu") -> ModelSpec:
+        """This model with every block real on ``device`` (blocks on the meta device made
+        real and initialised per block, :mod:`pipeweave.models.materialize`); ``self`` when
+        no block is on meta. The values equal those of any stage built alone."""
+        if not any(is_meta(block) for block in self.blocks):
+            return self
+        return dataclasses.replace(self, blocks=tuple(self.stage_blocks(0, len(self.blocks),
+                                                                        device)))
+
+    def stage_blocks(self, start: int, end: int, device: torch.device | str) -> list[nn.Module]:
+        """Real copies of ``blocks[start:end]`` on ``device`` (what a stage trains): meta
+        blocks made real and initialised per block, the others deep-copied."""
+        return materialize(self.blocks, self.block_names, range(start, end), device=device,
+                           tied=self.tied, init=self.init, seed=self.seed)
 
     def sequential(self) -> nn.Sequential:
         """An ``nn.Sequential`` over the SAME block objects (shared parameters), keyed
@@ -148,18 +179,30 @@ def _shared_parameters(blocks: Sequence[nn.Module]) -> tuple[tuple[str, ...], ..
 @dataclass(frozen=True)
 class _Entry:
     config: Any
-    build: Callable[[Any], tuple[list[nn.Module], list[str]]]
+    build: Callable[[Any], Built]
     loss_fn: LossFn
     dataset: str
+    meta: bool = False
+    """``build`` runs on the meta device (blocks made real per stage) rather than with values."""
+
+
+Built = tuple[list[nn.Module], list[str]] | tuple[list[nn.Module], list[str], Init | None]
+"""What a registered ``build(config)`` returns: blocks, names and (a meta build) the
+initialiser of one block made real (None: ``reset_parameters()``)."""
+
+
+def _gpt_build(config: GPTConfig) -> Built:
+    blocks, names = gpt_blocks(config)
+    return blocks, names, gpt_init(config)
 
 
 _MODELS: dict[str, _Entry] = {
     **{
-        name: _Entry(config, gpt_blocks, gpt_loss, "stdlib-bytes")
+        name: _Entry(config, _gpt_build, gpt_loss, "stdlib-bytes", meta=True)
         for name, config in GPT_PRESETS.items()
     },
-    "mlp": _Entry(MLPConfig(), mlp_blocks, classification_loss, "digits"),
-    "cnn": _Entry(CNNConfig(), cnn_blocks, classification_loss, "digits"),
+    "mlp": _Entry(MLPConfig(), mlp_blocks, classification_loss, "digits", meta=True),
+    "cnn": _Entry(CNNConfig(), cnn_blocks, classification_loss, "digits", meta=True),
 }
 
 
@@ -173,17 +216,20 @@ layer cannot import it; the registering module is imported on the first use of o
 names instead (which also keeps ``transformers`` out of ``import pipeweave.models``)."""
 
 
-def register_model(name: str, *, config: Any, build: Callable[[Any], tuple[list[nn.Module], list[str]]],
-                   loss_fn: LossFn, dataset: str) -> None:
+def register_model(name: str, *, config: Any, build: Callable[[Any], Built],
+                   loss_fn: LossFn, dataset: str, meta: bool = False) -> None:
     """Add a named model: ``config`` a frozen dataclass of its defaults (its fields are the
     options :func:`build_model` accepts), ``build(config) -> (blocks, names)`` drawing any
-    random initialisation from the global torch RNG."""
+    random initialisation from the global torch RNG. ``meta=True``: ``build`` runs under
+    ``torch.device("meta")`` and returns ``(blocks, names, init)``, ``init`` the initialiser
+    of one block made real (:attr:`ModelSpec.init`; None: ``reset_parameters()``), so that
+    every rank builds only its stage; otherwise every rank builds the whole model."""
     if not dataclasses.is_dataclass(config) or isinstance(config, type):
         raise TypeError(f"register_model({name!r}): config={config!r} is not a dataclass "
                         f"instance; pass the model's default config object")
     if name in _MODELS:
         raise ValueError(f"model {name!r} is already registered; choose another name")
-    _MODELS[name] = _Entry(config, build, loss_fn, dataset)
+    _MODELS[name] = _Entry(config, build, loss_fn, dataset, meta)
 
 
 def _entry(name: str) -> _Entry | None:
@@ -214,9 +260,15 @@ def build_model(
     *,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    meta: bool = False,
     **overrides: Any,
 ) -> ModelSpec:
     """Build a named model with deterministic initialisation.
+
+    ``meta=True``: the blocks on the meta device (no storage), to be made real per stage
+    (:meth:`ModelSpec.stage_blocks`, :mod:`pipeweave.models.materialize`); False: the whole
+    model real on the CPU, with the same values. Each block is initialised from a seed derived
+    from ``seed`` and its name, so its values do not depend on which other blocks are built.
 
     ``overrides`` replace fields of the preset's config (``GPTConfig``, ``MLPConfig``,
     ``CNNConfig``, or ``pipeweave.hf.HFPreset`` for the ``hf-*`` models), e.g. ``build_model("gpt-tiny", n_layers=2, sublayer=False)``.  The weights
@@ -237,15 +289,17 @@ def build_model(
             f"{type(entry.config).__name__} accepts {sorted(fields)}"
         )
     config = dataclasses.replace(entry.config, **overrides)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        blocks, names = entry.build(config)
+    if entry.meta:
+        with torch.device("meta"):
+            built = entry.build(config)
+    else:  # built with values, whole
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            built = entry.build(config)
+    blocks, names = built[0], built[1]
+    init = built[2] if len(built) == 3 else None
     for block in blocks:
         block.to(dtype)
-    return ModelSpec(
-        name=name,
-        blocks=tuple(blocks),
-        loss_fn=entry.loss_fn,
-        block_names=tuple(names),
-        dataset=entry.dataset,
-    )
+    spec = ModelSpec(name=name, blocks=tuple(blocks), loss_fn=entry.loss_fn,
+                     block_names=tuple(names), dataset=entry.dataset, init=init, seed=seed)
+    return spec if meta else spec.materialized("cpu")

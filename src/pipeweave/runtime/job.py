@@ -30,7 +30,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 @dataclass(frozen=True)
 class BuiltinModel:
-    """Factory for a registered model (``pipeweave.models.build_model``)."""
+    """Factory for a registered model (``pipeweave.models.build_model``), on the meta device:
+    every rank makes real only its own stages' blocks (:meth:`ModelSpec.stage_blocks`)."""
 
     name: str = "gpt-tiny"
     seed: int = 0
@@ -40,7 +41,8 @@ class BuiltinModel:
     def __call__(self) -> ModelSpec:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} unsupported; use one of {sorted(DTYPES)}")
-        return build_model(self.name, seed=self.seed, dtype=DTYPES[self.dtype], **self.overrides)
+        return build_model(self.name, seed=self.seed, dtype=DTYPES[self.dtype], meta=True,
+                           **self.overrides)
 
     def data(self, batch_size: int, *, seq_len: int | None = None,
              seed: int = 0) -> "BuiltinData":
@@ -157,6 +159,8 @@ class Job:
         plan: the split and schedule.
         steps: iterations (optimizer steps per stage for flush schedules) to run.
         model: returns the :class:`ModelSpec` (called on every rank; must be deterministic).
+            Its blocks may be on the meta device (each rank then makes real only its own
+            stages', :meth:`ModelSpec.stage_blocks`) or real (each rank copies its own).
             Its blocks train in train mode whatever mode they come in (a ``from_pretrained``
             model comes in eval mode): dropout is on in both executors.
         data: returns an iterable of ``(inputs, targets)`` batches (called on every rank that

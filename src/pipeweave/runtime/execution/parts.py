@@ -7,18 +7,22 @@ function on every rank, so no schedule travels between processes).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensorMode,
+                                           UnsupportedFakeTensorException,
+                                           UnsupportedOperatorException)
 
 from ...ir import Op, Schedule, lower
 from ...ir.updates import update_sizes
 from ...models import ModelSpec
-from ...precision import cast_module, compute
+from ...models.materialize import meta_copy
+from ...precision import cast_module
 from ...schedules import build_schedule
 from ..job import Job
 from ...planner.plan import Plan
@@ -51,12 +55,14 @@ def check_model_fits_plan(spec: ModelSpec, plan: Plan) -> None:
 
 
 def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor, *, precision: str = "full") -> None:
-    """Run one sample through the stages in order, before any process starts.
+    """Run one sample through the stages in order, before any process starts, from shapes.
 
     A stage that cannot take its predecessor's output (a shape or dtype mismatch between
-    stages) is reported with both stages' block ranges and the shape that was passed. With
-    ``bf16-mixed`` it runs under autocast as the stages will (``bf16`` casts the stages' own
-    copies only, so it runs in the model's dtype here).
+    stages) is reported with both stages' block ranges and the shape that was passed. It runs
+    under ``FakeTensorMode`` on meta copies of the blocks: no value is computed and nothing is
+    allocated, whether the blocks come on the meta device or real. ``bf16`` casts the stages'
+    own copies only and ``bf16-mixed``'s autocast acts on real devices, so it runs in the
+    model's dtype here.
     """
     check_model_fits_plan(spec, plan)
     if inputs.shape[0] % plan.microbatches:
@@ -64,35 +70,34 @@ def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor, *, precision: str = "
             f"batch size {inputs.shape[0]} is not divisible by microbatches={plan.microbatches}; "
             f"use a batch size that is a multiple of {plan.microbatches}"
         )
-    modules = [module for block in spec.blocks for module in block.modules()]
-    modes = [module.training for module in modules]  # every module's: given back as it came
-    for block in spec.blocks:
-        block.eval()  # no running-statistics updates, no dropout
-    try:
-        x = inputs[:1]
-        with torch.no_grad(), compute(precision, x.device.type):
-            for index, (start, end) in enumerate(plan.stages):
-                for block_index in range(start, end):
-                    try:
-                        x = spec.blocks[block_index](x)
-                    except Exception as error:
-                        where = ("the model input" if block_index == 0 else
-                                 f"the output of block {block_index - 1}")
-                        boundary = " (a stage boundary)" if block_index == start and index else ""
-                        raise ValueError(
-                            f"stage {index} (blocks {start}..{end - 1}) cannot run block "
-                            f"{block_index} ({spec.block_names[block_index]}) on {where}{boundary}, "
-                            f"shape {tuple(x.shape)} dtype {x.dtype}: {error}. Check that "
-                            f"consecutive blocks agree on shapes"
-                        ) from error
-                    if not isinstance(x, Tensor):
-                        raise TypeError(
-                            f"block {block_index} ({spec.block_names[block_index]}) returned "
-                            f"{type(x).__name__}; every block must return one tensor"
-                        )
-    finally:
-        for module, mode in zip(modules, modes):
-            module.training = mode
+    blocks = meta_copy(spec.blocks)  # the spec's own blocks keep no trace of the check
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    for block in blocks:
+        block.eval()  # no dropout
+    with mode, torch.no_grad():
+        x = mode.from_tensor(inputs[:1].to("meta"))
+        for index, (start, end) in enumerate(plan.stages):
+            for block_index in range(start, end):
+                try:
+                    x = blocks[block_index](x)
+                except (DataDependentOutputException, DynamicOutputShapeException,
+                        UnsupportedFakeTensorException, UnsupportedOperatorException):
+                    return  # a block that needs values: its shapes are checked when it runs
+                except Exception as error:
+                    where = ("the model input" if block_index == 0 else
+                             f"the output of block {block_index - 1}")
+                    boundary = " (a stage boundary)" if block_index == start and index else ""
+                    raise ValueError(
+                        f"stage {index} (blocks {start}..{end - 1}) cannot run block "
+                        f"{block_index} ({spec.block_names[block_index]}) on {where}{boundary}, "
+                        f"shape {tuple(x.shape)} dtype {x.dtype}: {error}. Check that "
+                        f"consecutive blocks agree on shapes"
+                    ) from error
+                if not isinstance(x, Tensor):
+                    raise TypeError(
+                        f"block {block_index} ({spec.block_names[block_index]}) returned "
+                        f"{type(x).__name__}; every block must return one tensor"
+                    )
 
 
 @dataclass
@@ -116,7 +121,9 @@ class RankParts:
 
 def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
                spec: ModelSpec | None = None) -> RankParts:
-    """Stages (deep copies of the model's blocks) and optimizers for the stages ``rank`` hosts.
+    """Stages and optimizers for the stages ``rank`` hosts: each stage's blocks made real on
+    ``device`` (from the meta device, initialised per block) or deep-copied there
+    (:meth:`ModelSpec.stage_blocks`); no other block is built.
 
     Every stage is in train mode, whatever mode its blocks came in (a ``from_pretrained``
     model comes in eval mode): dropout and batch statistics are on while training, in both
@@ -155,8 +162,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
     backward = job.plan.semantics.backward_mode
     for stage in schedule.layout.stages_of(rank):
         start, end = job.plan.stages[stage]
-        module = cast_module(nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end]))).to(device),
-                             job.precision)
+        module = cast_module(nn.Sequential(*spec.stage_blocks(start, end, device)), job.precision)
         module.train()  # whatever mode the blocks came in (see the docstring)
         stages[stage] = StageRuntime(
             stage=stage, blocks=module, block_range=(start, end), is_first=stage == 0,

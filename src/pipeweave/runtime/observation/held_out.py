@@ -29,7 +29,7 @@ def held_out_losses(model: Callable[[], ModelSpec], data: Callable[[], Iterable[
     ``data`` (the same batches for every step), computed on ``device`` (default: the CPU)."""
     if not snapshots:
         return {}
-    spec = model()
+    spec = model().materialized(device if device is not None else "cpu")
     network = spec.sequential().eval().to(device)
     stream = iter(data())
     held = [(x.to(device), y.to(device)) for x, y in (next(stream) for _ in range(batches))]

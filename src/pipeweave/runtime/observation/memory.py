@@ -20,14 +20,15 @@ GPUs. Transient tensors (inside one forward or backward) are not counted.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ...models.materialize import meta_copy
 from ...planner.plan import Plan
 from ...saved_tensors import observing_saved
 
@@ -131,19 +132,20 @@ def estimate_state_bytes(spec: ModelSpec, plan: Plan,
     """:func:`state_bytes` per rank of ``plan``, before anything runs.
 
     The optimizer state is measured, not assumed: one step with zero gradients on a copy of
-    each stage (so any ``torch.optim`` optimizer is counted right, e.g. Adam's two moments,
-    SGD's momentum buffer or none). ``averaging``: count the reference model (AvgPipe).
+    each stage made of fake tensors, which hold no storage (so any ``torch.optim`` optimizer
+    is counted right, e.g. Adam's two moments, SGD's momentum buffer or none). ``averaging``: count the reference model (AvgPipe).
     """
     per_stage = []
     for start, end in plan.stages:
-        module = nn.Sequential(*copy.deepcopy(list(spec.blocks[start:end])))
-        probe = optimizer(module.parameters())
-        for param in module.parameters():
-            if param.requires_grad:
-                param.grad = torch.zeros_like(param)
-        probe.step()
-        reference = sum(_nbytes(p) for p in module.parameters()) if averaging else 0
-        per_stage.append((_module_state_bytes(module, probe), reference))
+        with FakeTensorMode():  # fake CPU tensors: sizes and a real optimizer step, no storage
+            module = nn.Sequential(*meta_copy(spec.blocks[start:end], "cpu"))
+            probe = optimizer(module.parameters())
+            for param in module.parameters():
+                if param.requires_grad:
+                    param.grad = torch.zeros_like(param)
+            probe.step()
+            reference = sum(_nbytes(p) for p in module.parameters()) if averaging else 0
+            per_stage.append((_module_state_bytes(module, probe), reference))
     layout = plan.layout()
     return [sum(plan.pipelines * per_stage[s][0] + per_stage[s][1] for s in layout.stages_of(rank))
             for rank in range(layout.num_ranks)]

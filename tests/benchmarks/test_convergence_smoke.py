@@ -72,7 +72,10 @@ def test_all_losses_finite_and_gpt_losses_decrease(study: dict) -> None:
         # takes the same updates: in the equal-micro-batch geometry the per-micro-batch methods
         # take M times as many full-lr steps on M times smaller micro-batches, which this tiny
         # setting's lr of 0.1 does not survive for every stale method (PipeDream + vertical sync).
-        assert groups[0] == pytest.approx(math.log(256), abs=0.1)
+        if geometry == "equal-update":  # the first group meets the initial weights only
+            assert groups[0] == pytest.approx(math.log(256), abs=0.1)
+        else:  # M updates already happen inside the first group
+            assert groups[0] < math.log(256) + 0.1
         if geometry == "equal-update" and method not in HOVERING:
             assert sum(groups[-2:]) / 2 < groups[0] - 0.05, (method, geometry, groups)
         elif geometry == "equal-update":  # trains, but 8 stale updates barely move it

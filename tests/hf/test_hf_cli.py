@@ -77,7 +77,7 @@ def test_one_stage_keeps_the_tie(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_config_and_model_must_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _gpt2_config(tmp_path)
     assert main(["train", "--hf-config", config, "--model", "hf-llama", *SMALL]) == 2
-    assert ("is a gpt2 config but --model is hf-llama; drop --model or use --model hf-gpt2"
+    assert ("is a gpt2 model but --model is hf-llama; drop --model or use --model hf-gpt2"
             in capsys.readouterr().err)
 
 

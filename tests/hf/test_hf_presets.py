@@ -75,7 +75,7 @@ def test_config_file_gives_the_whole_config(tmp_path: Path) -> None:
 def test_config_file_of_another_family_names_the_model(tmp_path: Path) -> None:
     path = _config_file(tmp_path, transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2,
                                                           vocab_size=256))
-    with pytest.raises(ValueError, match="is a gpt2 config; use --model hf-gpt2"):
+    with pytest.raises(ValueError, match="is a gpt2 model; use --model hf-gpt2"):
         build_model("hf-llama", config_file=path)
 
 

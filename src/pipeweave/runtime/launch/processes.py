@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import pickle
+import signal
 import socket
 import sys
 import tempfile
@@ -104,6 +105,9 @@ def _spawned_rank(index: int, prepared_job: PreparedJob, world_size: int, store_
                              local_world_size=world_size, store=store,
                              journal=Path(out_dir) / JOURNAL_FILE.format(index))
     except BaseException as error:  # the launcher shows the cause in one line, logs the trace
+        # stopping already: a second Ctrl-C (the terminal's and the launcher's) must not cut
+        # this short, nor reach multiprocessing's bootstrap, which prints a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         partial = partial_results(error)  # and writes the outputs of what ran
         if partial:
             _write_pickle(Path(out_dir) / PARTIAL_FILE.format(index), partial)
@@ -112,6 +116,7 @@ def _spawned_rank(index: int, prepared_job: PreparedJob, world_size: int, store_
                 "type": type(error).__name__, "message": str(error).strip(),
                 "user_error": isinstance(error, USER_ERRORS), "trace": traceback.format_exc()}))
         raise
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # done: the result is written whole
     _write_pickle(Path(out_dir) / f"rank{index}.pkl", result)
 
 

@@ -11,6 +11,7 @@ measuring runs, not for every step of training.
 from __future__ import annotations
 
 import gc
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ class LiveTensors:
 def live_tensors() -> LiveTensors:
     """Count the live tensors now (after a full garbage collection)."""
     gc.collect()
-    tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    with warnings.catch_warnings():  # isinstance on a deprecated torch alias object warns
+        warnings.simplefilter("ignore", FutureWarning)
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
     storages: dict[tuple[str, int], int] = {}
     for tensor in tensors:
         if tensor.device.type != "meta":

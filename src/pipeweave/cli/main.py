@@ -21,8 +21,8 @@ __all__ = ["COMMANDS", "INTERRUPTED", "build_parser", "main", "HelpFormatter"]
 
 INTERRUPTED = 130
 """The exit status of a Ctrl-C (what a shell reports for a process ended by SIGINT)."""
-COMMANDS = ["schedules", "show", "simulate", "train", "profile", "plan", "placement", "tune",
-            "auto"]
+COMMANDS = ["schedules", "show", "simulate", "train", "export", "profile", "plan", "placement",
+            "tune", "auto"]
 """Sub-commands, in help order; each is the module ``pipeweave.cli.cmd_<name>``."""
 
 

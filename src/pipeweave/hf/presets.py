@@ -24,8 +24,8 @@ from .adapter import SUPPORTED, blocks, require_transformers
 from .loss import CausalLMLoss
 from .pretrained import PretrainedInit, check_pretrained
 
-__all__ = ["ATTENTION", "DATASET", "HFPreset", "PRESETS", "config_family", "hf_config",
-           "hf_model"]
+__all__ = ["ATTENTION", "DATASET", "HFPreset", "PRESETS", "config_family", "exported_names",
+           "hf_config", "hf_model"]
 
 DATASET = "stdlib-bytes-labels"
 """The presets' corpus: bytes, targets equal to the inputs (HF's loss shifts them)."""
@@ -181,3 +181,25 @@ def _build(family: str, preset: HFPreset) -> tuple[list[nn.Module], list[str], I
 for _name, (_family, _preset) in PRESETS.items():
     register_model(_name, config=_preset, build=partial(_build, _family),
                    loss_fn=CausalLMLoss(), dataset=DATASET, meta=True)
+
+
+def exported_names(name: str, **overrides: Any) -> tuple[dict[str, str], Any]:
+    """For the registered HF model ``name`` (with ``build_model``'s ``overrides``): each
+    parameter's global name (``"<block>.<name>"``) -> its name in transformers' state dict,
+    and the model's config. A parameter tied to another (GPT-2's LM head) gets the name
+    ``save_pretrained`` stores it under. Built on the meta device: nothing is allocated."""
+    import dataclasses
+
+    import torch
+
+    if name not in PRESETS:
+        raise ValueError(f"unknown HF model {name!r}; choose one of {sorted(PRESETS)}")
+    family, preset = PRESETS[name]
+    preset = dataclasses.replace(preset, **overrides)
+    with torch.device("meta"):
+        model = hf_model(family, preset)
+    spec = blocks(model, sublayer=preset.sublayer)
+    stored = {id(p): key for key, p in model.named_parameters()}  # tied: the first name only
+    names = {f"{index}.{local}": stored[id(p)] for index, block in enumerate(spec.blocks)
+             for local, p in block.named_parameters(remove_duplicate=False)}
+    return names, model.config

@@ -22,6 +22,7 @@ from torch import Tensor
 from ...ir import Op, Schedule
 from ...models.naming import global_name, global_names
 from .boundaries import combine_hooks
+from .export import model_record
 from .resume import Session, optimizer_hyper
 from .store import FORMAT, finalize, step_folder, write_shard
 from ..job import Job
@@ -211,6 +212,7 @@ class CheckpointWriter:
                       for name, digest in held.items()} for held in copies],
             "common": {
                 "plan": self.job.plan.to_json(), "schedule": self.schedule.name,
+                "model": model_record(self.job.model),
                 "seed": self.job.seed, "steps_total": self.job.steps,
                 "optimizer": {"type": type(optimizer).__name__, "hyper": optimizer_hyper(optimizer)},
                 "data": {"batches_done": steps_done * self.job.plan.pipelines,

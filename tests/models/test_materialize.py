@@ -142,3 +142,20 @@ def test_building_a_stage_leaves_the_callers_generator_alone() -> None:
     torch.manual_seed(0)
     spec.stage_blocks(0, 3, "cpu")
     assert torch.equal(torch.rand(3), want)
+
+
+def test_a_meta_build_of_a_builtin_model_runs_no_init() -> None:
+    """torch's init functions on meta tensors import torch._dynamo and sympy (~80 MB in every
+    process that builds a model); a built-in model's meta build runs none."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from pipeweave.models import build_model; "
+            "spec = build_model('gpt-tiny', meta=True); "
+            "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)")
+    src = Path(__file__).resolve().parents[2] / "src"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(src)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]

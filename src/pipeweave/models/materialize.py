@@ -28,15 +28,17 @@ statistics).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Init", "block_seed", "default_init", "is_meta", "materialize", "meta_copy"]
+__all__ = ["Init", "block_seed", "default_init", "is_meta", "materialize", "meta_copy",
+           "on_meta"]
 
 Init = Callable[[nn.Module, str], None]
 """``init(module, name)``: initialises one submodule of a materialised block in place (its own
@@ -53,6 +55,28 @@ def block_seed(seed: int, name: str) -> int:
 def is_meta(module: nn.Module) -> bool:
     """Whether any parameter or buffer of ``module`` is on the meta device (has no values)."""
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Build modules on the meta device without running their initialisation: a block made
+    real is initialised again anyway (:func:`materialize`), and torch's init functions on meta
+    tensors go through ``torch._refs``, which imports ``torch._dynamo`` and sympy (~80 MB of
+    resident memory in every process that builds a model, the launcher included)."""
+    names = [n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {name: getattr(nn.init, name) for name in names}
+
+    def unchanged(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return tensor
+
+    try:
+        for name in names:
+            setattr(nn.init, name, unchanged)
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
 
 
 def default_init(module: nn.Module, name: str = "") -> None:

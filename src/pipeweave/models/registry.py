@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from pipeweave.models.cnn import CNNConfig, MLPConfig, classification_loss, cnn_blocks, mlp_blocks
 from pipeweave.models.gpt import GPT_PRESETS, GPTConfig, gpt_blocks, gpt_init, gpt_loss
-from pipeweave.models.materialize import Init, is_meta, materialize
+from pipeweave.models.materialize import Init, is_meta, materialize, on_meta
 
 __all__ = ["LossFn", "ModelSpec", "available_models", "build_model", "default_seq_len",
            "register_model"]
@@ -184,6 +184,10 @@ class _Entry:
     dataset: str
     meta: bool = False
     """``build`` runs on the meta device (blocks made real per stage) rather than with values."""
+    skip_init: bool = False
+    """A meta build runs no init function (:func:`~pipeweave.models.materialize.on_meta`):
+    for pipeweave's own models, whose code is imported before the build. Not for a library
+    imported during its build (transformers keeps torch's init functions at import time)."""
 
 
 Built = tuple[list[nn.Module], list[str]] | tuple[list[nn.Module], list[str], Init | None]
@@ -198,11 +202,13 @@ def _gpt_build(config: GPTConfig) -> Built:
 
 _MODELS: dict[str, _Entry] = {
     **{
-        name: _Entry(config, _gpt_build, gpt_loss, "stdlib-bytes", meta=True)
+        name: _Entry(config, _gpt_build, gpt_loss, "stdlib-bytes", meta=True, skip_init=True)
         for name, config in GPT_PRESETS.items()
     },
-    "mlp": _Entry(MLPConfig(), mlp_blocks, classification_loss, "digits", meta=True),
-    "cnn": _Entry(CNNConfig(), cnn_blocks, classification_loss, "digits", meta=True),
+    "mlp": _Entry(MLPConfig(), mlp_blocks, classification_loss, "digits", meta=True,
+                  skip_init=True),
+    "cnn": _Entry(CNNConfig(), cnn_blocks, classification_loss, "digits", meta=True,
+                  skip_init=True),
 }
 
 
@@ -290,7 +296,7 @@ def build_model(
         )
     config = dataclasses.replace(entry.config, **overrides)
     if entry.meta:
-        with torch.device("meta"):
+        with on_meta() if entry.skip_init else torch.device("meta"):
             built = entry.build(config)
     else:  # built with values, whole
         with torch.random.fork_rng(devices=[]):

@@ -26,6 +26,8 @@ is zero and goes back with the hidden state's::
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +121,7 @@ class CausalContext(nn.Module):
         super().__init__()
         self.config, self.mask, self.rotary = config, mask, rotary
         self._last: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self._no_cache = _no_cache_argument(mask)
 
     def forward(self, hidden: Tensor, padding: Tensor | None = None) -> dict[str, Any]:
         """``padding``: HF's 2-d ``attention_mask`` (None: no padding).
@@ -141,13 +144,24 @@ class CausalContext(nn.Module):
         positions = position_ids(hidden)
         inputs: dict[str, Any] = {
             "attention_mask": self.mask(config=self.config, inputs_embeds=hidden,
-                                        attention_mask=padding, past_key_values=None,
-                                        position_ids=positions),
+                                        attention_mask=padding, position_ids=positions,
+                                        **self._no_cache),
             "position_ids": positions,
         }
         if self.rotary is not None:
             inputs["position_embeddings"] = self.rotary(hidden, positions)  # (cos, sin)
         return inputs
+
+
+def _no_cache_argument(mask: MaskFunction) -> dict[str, None]:
+    """"No KV cache" as the installed transformers spells it: ``cache=None`` (from 5.2x on;
+    ``past_key_values`` is deprecated there) or ``past_key_values=None`` (5.17, the GPU
+    machine's)."""
+    try:
+        parameters = inspect.signature(mask).parameters
+    except (TypeError, ValueError):
+        return {"past_key_values": None}
+    return {"cache": None} if "cache" in parameters else {"past_key_values": None}
 
 
 class DecoderLayer(nn.Module):

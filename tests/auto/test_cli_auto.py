@@ -168,3 +168,29 @@ def test_calibration_off_cpu_is_said_not_skipped_silently(
     err = capsys.readouterr().err
     assert "note: runtime costs are measured on CPU only" in err
     assert "no message latency fitted" in err and "Traceback" not in err
+
+
+def test_the_winner_is_written_in_megatron_and_torchtitan_words(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from pipeweave.planner.interchange import megatron_layout
+
+    names = ["embed", *(f"layer{i}" for i in range(8)), "head"]
+    blocks = [dataclasses.replace(b, name=n) for b, n in zip(small_profile(11, blocks=10).blocks,
+                                                               names)]
+    Profile(tuple(blocks), model="gpt-tiny", batch_size=4, device="synthetic",
+            source="synthetic").save(tmp_path / "named.json")
+    assert main(["auto", "--profile", str(tmp_path / "named.json"), "--ranks", "2", "--json",
+                 "--out", str(tmp_path / "plan.json"), "--plot", str(tmp_path / "f.png")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    exports = report["plan_exports"]
+    plan = Plan.load(tmp_path / "plan.json")
+    assert exports["megatron"] == str(tmp_path / "plan.megatron.txt")
+    layout = (tmp_path / "plan.megatron.txt").read_text().strip()
+    assert layout == megatron_layout(plan, names) and layout.count("|") == len(plan.stages) - 1
+    if exports["torchtitan"].startswith("none: "):  # a schedule torch does not run
+        assert not (tmp_path / "plan.torchtitan.toml").exists()
+    else:
+        assert f"pipeline_parallel_degree = {len(plan.stages) // plan.chunks}" in \
+            (tmp_path / "plan.torchtitan.toml").read_text()

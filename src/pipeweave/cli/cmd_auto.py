@@ -37,6 +37,7 @@ from .calibrate import calibrate, calibration_skipped, fit_message_latency
 from ..auto.problem import check_settings
 from .cmd_plan import core_count, load_profile, parse_bytes, shared_cores
 from .model_options import add_profile_source, check_profile_source, chosen_model
+from .plan_exports import write_plan_exports
 
 __all__ = ["add_parser", "run", "format_table", "prediction_json"]
 
@@ -237,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
                        title=f"pipeweave auto: {profile.model} on {args.ranks} ranks")
     report = report_json(result, args.top)
     report["plan_file"] = str(args.out)
+    report["plan_exports"] = write_plan_exports(
+        winner.plan, [b.name for b in profile.blocks], batch_size=problem.batch, plan_file=args.out)
     if fit is not None:
         report["calibration"] = fit.to_json()
     report["plot"] = str(plot)
@@ -254,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     apc = " --apc" if winner.candidate.apc else ""
     print(f"wrote {args.out} (run it: pipeweave train{model} --plan {args.out} --batch-size "
           f"{problem.batch}{apc}) and {plot}")
+    for system, written in report["plan_exports"].items():
+        print(f"  {system}: {written}")
     return 0
 
 

@@ -27,31 +27,35 @@ allocator (``Job.track_allocations``) for every schedule.
 from __future__ import annotations
 
 from ..memory import (OPTIMIZER_STATE, ModelState, RankMemory, StageBytes, StageWeights,
-                      check_optimizer, model_state, peak_moments_of, rank_memory)
+                      check_optimizer, held_activations, model_state, peak_moments_of,
+                      rank_memory)
 from ..memory import optimizer_state_bytes as counted_state
 from ..profiler import Profile
-from ..schedules import get_info
+from ..schedules import Shape, get_info
 from .memory_shape import ShapeAnalysis, shape_analysis
 from .plan import Plan
 
 __all__ = ["RankMemory", "ModelState", "predicted_memory", "predicted_state", "OPTIMIZER_STATE",
            "optimizer_state_bytes", "stage_activation_bytes", "stage_weights", "plan_analysis",
-           "plan_weight_copies"]
+           "plan_weight_copies", "held_microbatches"]
 
-def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer: str = "adam",
+def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
+                     optimizer: str | None = "adam",
                      iterations: int | None = None) -> list[RankMemory]:
     """Peak memory of every rank of ``plan`` (rank order), per kind (:mod:`pipeweave.memory`).
 
     ``batch_size``: samples per iteration and pipeline (the plan's micro-batch holds
     ``batch_size / microbatches`` of them; the profile's bytes are scaled from its own
-    ``batch_size``). ``optimizer``: a name of :data:`OPTIMIZER_STATE`. ``iterations``: how
+    ``batch_size``). ``optimizer``: a name of :data:`OPTIMIZER_STATE`, or ``None``: the one
+    the profile was made with (its ``optimizer_bytes`` as measured). ``iterations``: how
     many iterations of the schedule to lay out (:func:`plan_analysis`). Linear in the
     schedule's length: a few seconds for 64 ranks x 128 micro-batches, of which a new
     partition of a shape already analysed (:mod:`.memory_shape`) pays only the
     bytes-weighted walk.
     """
     _check_profile(profile, plan)
-    check_optimizer(optimizer)
+    if optimizer is not None:
+        check_optimizer(optimizer)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if batch_size % plan.microbatches:
@@ -84,14 +88,28 @@ def plan_analysis(plan: Plan, iterations: int | None = None) -> ShapeAnalysis:
     an asynchronous one the fewest, at least 3, that hold ``2 x depth`` micro-batches: its
     steady state, and as many copies and activations as any longer run)."""
     if iterations is None:
-        iterations = 1 if get_info(plan.schedule).synchronous else max(
-            3, -(-2 * plan.depth // plan.microbatches))
+        iterations = _iterations(plan.schedule, plan.depth, plan.microbatches)
     analysis = shape_analysis(plan.schedule, plan.shape(iterations))
     if analysis.schedule.num_stages != len(plan.stages):
         raise ValueError(f"schedule {plan.schedule!r} lays out {analysis.schedule.num_stages} "
                          f"stages but the plan has {len(plan.stages)}; set the plan's chunks to "
                          f"{analysis.schedule.num_stages // plan.depth}")
     return analysis
+
+
+def held_microbatches(schedule: str, ranks: int, microbatches: int) -> list[float]:
+    """Per rank of ``schedule`` laid out on ``ranks`` ranks: the most micro-batches whose
+    activations it holds at once (the model's walk, :func:`pipeweave.memory.held_activations`,
+    of the schedule as :func:`plan_analysis` lays it out; a Slicer half counts 0.5)."""
+    shape = Shape(stages=ranks, microbatches=microbatches,
+                  iterations=_iterations(schedule, ranks, microbatches))
+    lowered = shape_analysis(schedule, shape).schedule
+    counts, _ = held_activations(lowered, [1.0] * lowered.num_stages)
+    return counts
+
+
+def _iterations(schedule: str, depth: int, microbatches: int) -> int:
+    return 1 if get_info(schedule).synchronous else max(3, -(-2 * depth // microbatches))
 
 
 def plan_weight_copies(plan: Plan, iterations: int | None = None) -> list[int]:
@@ -106,7 +124,7 @@ def stage_weights(profile: Profile, plan: Plan) -> list[StageWeights]:
     return [StageWeights(parameters=w, trainable=w) for w in held]
 
 
-def _state(profile: Profile, plan: Plan, optimizer: str,
+def _state(profile: Profile, plan: Plan, optimizer: str | None,
            analysis: ShapeAnalysis) -> list[ModelState]:
     layout = analysis.schedule.layout
     return model_state(stage_weights(profile, plan), optimizer_state_bytes(profile, plan, optimizer),
@@ -138,14 +156,16 @@ def _check_profile(profile: Profile, plan: Plan) -> None:
                          f"{plan.num_blocks}; profile the model the plan was made for")
 
 
-def optimizer_state_bytes(profile: Profile, plan: Plan, optimizer: str) -> list[float]:
+def optimizer_state_bytes(profile: Profile, plan: Plan, optimizer: str | None) -> list[float]:
     """Per stage: the optimizer's state bytes, as measured by the profiler when it profiled
-    with ``optimizer`` (Adam's moments plus its per-tensor step counters), else counted
-    (:func:`pipeweave.memory.optimizer_state_bytes`; a profile records no tensor count, so
-    the step counters, 4 bytes a tensor, are left out)."""
-    check_optimizer(optimizer)
-    measured = profile.metadata.get("optimizer") == optimizer
-    per_block = [b.optimizer_bytes if measured else counted_state(optimizer, b.parameter_bytes)
+    with ``optimizer`` (Adam's moments plus its per-tensor step counters) or ``optimizer`` is
+    ``None``, else counted (:func:`pipeweave.memory.optimizer_state_bytes`; a profile records
+    no tensor count, so the step counters, 4 bytes a tensor, are left out)."""
+    if optimizer is not None:
+        check_optimizer(optimizer)
+    measured = optimizer is None or profile.metadata.get("optimizer") == optimizer
+    per_block = [b.optimizer_bytes if measured or optimizer is None
+                 else counted_state(optimizer, b.parameter_bytes)
                  for b in profile.blocks]
     return [sum(per_block[a:e]) * _held_share(profile, a, e) for a, e in plan.stages]
 

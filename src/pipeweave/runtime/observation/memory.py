@@ -179,8 +179,8 @@ def check_memory_limit(limit: float, state: Sequence[int], plan: Plan) -> None:
     n = plan.pipelines
     raise ValueError(
         f"--memory-limit {limit:.0f} B is below what rank {worst} needs before any activation: "
-        f"{state[worst]:.0f} B of parameters, gradients, optimizer state and weight copies for "
-        f"N={n} parallel pipeline{'s' if n > 1 else ''} plus the reference model; give --memory-limit above "
+        f"{state[worst]:.0f} B of parameters, gradients and optimizer state for N={n} parallel "
+        f"pipeline{'s' if n > 1 else ''} plus the reference model; give --memory-limit above "
         f"{state[worst]:.0f} B (e.g. {_suggest(state[worst])}), or use fewer --pipelines or "
         f"more --stages")
 

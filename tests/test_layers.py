@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 @pytest.mark.parametrize("module", ["pipeweave.planner", "pipeweave.planner.plan", "pipeweave.sim",
                                     "pipeweave.ir", "pipeweave.schedules", "pipeweave.profiler",
-                                    "pipeweave.host", "pipeweave.auto",
+                                    "pipeweave.host", "pipeweave.auto", "pipeweave.memory",
                                     "pipeweave.devices"])
 def test_imports_without_torch(module: str) -> None:
     code = (f"import sys; import {module}; "
@@ -47,7 +47,7 @@ def test_every_module_imports_in_any_order() -> None:
 LAYERS = {
     "host": 0, "ir": 0, "files": 0,
     "schedules": 1, "models": 1, "data": 1, "split_backward": 1, "saved_tensors": 1,
-    "precision": 1, "apc": 1, "devices": 1,
+    "precision": 1, "apc": 1, "devices": 1, "memory": 1,
     "sim": 2, "profiler": 2, "hf": 2,
     "planner": 3, "report": 3,
     "avgpipe": 4, "auto": 4,

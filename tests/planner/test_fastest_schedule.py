@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeweave.planner import PlanRequest, make_plan
+from pipeweave.planner import Plan, PlanRequest, make_plan
+from pipeweave.planner.memory import predicted_memory
 from pipeweave.profiler import BlockProfile, Profile
 
 # Four equal blocks, F = 1, B = 2 split I = W = 1 (the zero-bubble papers' unit costs): on
@@ -35,12 +36,20 @@ def test_zero_bubble_wins_at_unit_costs() -> None:
     assert result.predicted_iteration_time == pytest.approx(27.0)
 
 
+def _peak(schedule: str) -> float:
+    """The memory model's fullest rank for the uniform split of UNIT under ``schedule``."""
+    plan = Plan(num_blocks=4, stages=((0, 1), (1, 2), (2, 3), (3, 4)), schedule=schedule,
+                microbatches=8)
+    return max(r.total for r in predicted_memory(UNIT, plan, batch_size=8, optimizer=None))
+
+
 def test_the_memory_limit_leaves_out_what_holds_more() -> None:
-    """GPipe holds M = 8 micro-batches on the first rank and ZB-H2 up to 2P-1 = 7, 1F1B and
-    ZB-H1 P = 4: a limit between keeps GPipe and ZB-H2 out, and ZB-H1 still wins."""
-    fixed = 2e6  # parameters + optimizer state of one block
-    limit = fixed + 4.5e6  # room for 4 held activations of 1 MB on rank 0, not 5
-    result = make_plan(request(memory_limit=limit), "uniform")
+    """GPipe holds M = 8 micro-batches on every rank and ZB-H2 up to 2P-1 = 7, 1F1B and
+    ZB-H1 at most P = 4 (the memory model, which the check asks): a limit between keeps GPipe
+    and ZB-H2 out, and ZB-H1 still wins."""
+    fits, holds_more = max(_peak("1f1b"), _peak("zb-h1")), min(_peak("gpipe"), _peak("zb-h2"))
+    assert fits < holds_more
+    result = make_plan(request(memory_limit=(fits + holds_more) / 2), "uniform")
     tried = result.details["schedules"]
     assert result.plan.schedule == "zb-h1"
     assert isinstance(tried["gpipe"], str) and "memory-limit" in tried["gpipe"]

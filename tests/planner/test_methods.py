@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeweave.planner import PlanRequest, Topology, available_methods, make_plan
+from pipeweave.planner.memory import predicted_memory
 from pipeweave.planner.methods import held_microbatches, straight_network
 from pipeweave.profiler import BlockProfile, Profile
 from pipeweave.runtime import Plan
@@ -75,12 +76,16 @@ def test_memory_limit_shapes_the_time_partition() -> None:
     rng = random.Random(3)
     profile = random_profile(rng, 8)
     free = make_plan(PlanRequest(profile, 3, microbatches=6), "time")
-    needs = [sum(b.parameter_bytes + b.optimizer_bytes for b in profile.blocks[a:e])
-             + held_microbatches("1f1b", 3, 6, s) * sum(b.activation_bytes for b in profile.blocks[a:e])
-             for s, (a, e) in enumerate(free.plan.stages)]
-    limit = max(needs) * 0.9  # the unconstrained optimum does not fit
+
+    def peak(plan: Plan) -> float:  # the memory model, as the plan's check asks it
+        return max(r.total for r in predicted_memory(profile, plan, batch_size=6, optimizer=None))
+
+    # the held micro-batches the partition's memory mask uses, read off the schedule
+    assert [held_microbatches("1f1b", 3, 6, s) for s in range(3)] == [3, 2, 1]
+    assert [held_microbatches("gpipe", 3, 6, s) for s in range(3)] == [6, 6, 6]
+    limit = peak(free.plan) * 0.9  # the unconstrained optimum does not fit
     bounded = make_plan(PlanRequest(profile, 3, microbatches=6, memory_limit=limit), "time")
-    assert bounded.plan.stages != free.plan.stages
+    assert bounded.plan.stages != free.plan.stages and peak(bounded.plan) <= limit
     assert max(bounded.stage_times) >= max(free.stage_times)
     with pytest.raises(ValueError, match="no partition of 8 blocks into 3 stages satisfies"):
         make_plan(PlanRequest(profile, 3, microbatches=6, memory_limit=1.0), "time")

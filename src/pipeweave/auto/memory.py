@@ -15,9 +15,10 @@ weighs, so the floor never exceeds the model's peak (``tests/auto/test_memory_fl
 
 from __future__ import annotations
 
-from ..ir import Op, Schedule
-from ..planner.memory import (OPTIMIZER_STATE, optimizer_state_bytes, predicted_memory,
-                              stage_activation_bytes)
+from ..ir import Schedule
+from ..memory import held_activations, model_state
+from ..planner.memory import (optimizer_state_bytes, predicted_memory, stage_activation_bytes,
+                              stage_weights)
 from ..planner.plan import Plan
 from ..schedules import get_info
 from .copies import one_copy_plan
@@ -27,16 +28,17 @@ __all__ = ["rank_memory", "static_memory", "memory_floor"]
 
 
 def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
-    """Per rank: ``N * (2 + k) * |w|`` of the stages it hosts (``k`` optimizer tensors per
-    parameter), at most the model's prediction for every schedule."""
+    """Per rank: the memory model's state (:func:`pipeweave.memory.model_state`) without the
+    weight copies and the reference model (they need the schedule): ``N * (2 + k) * |w|`` of
+    the stages it hosts (``k`` optimizer tensors per parameter), at most the model's
+    prediction for every schedule."""
     layout = plan.layout()
-    factor = plan.pipelines * (2 + OPTIMIZER_STATE[problem.optimizer])
-    out = [0.0] * layout.num_ranks
-    for (a, e), ranks in zip(plan.stages, layout.stage_ranks):
-        weights = problem.profile.stage_parameter_bytes(a, e)
-        for r in ranks:
-            out[r] += factor * weights
-    return out
+    profile = problem.profile
+    states = model_state(stage_weights(profile, plan),
+                         optimizer_state_bytes(profile, plan, problem.optimizer),
+                         [layout.stages_of(r) for r in range(layout.num_ranks)],
+                         pipelines=plan.pipelines, reference=False)
+    return [s.total for s in states]
 
 
 def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> list[float]:
@@ -66,23 +68,10 @@ def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
     scale = 1.0 if profile.batch_size is None else rows / profile.batch_size
     # a forward keeps its graph unless its stage recomputes (synchronous: no predictions)
     kept = stage_activation_bytes(profile, own, scale)
-    weights = [profile.stage_parameter_bytes(a, e) for a, e in own.stages]
+    _, held = held_activations(schedule, kept)
     state = optimizer_state_bytes(profile, own, problem.optimizer)
-    n = own.pipelines
-    floor = []
-    for rank, program in enumerate(schedule.programs):
-        hosted = schedule.layout.stages_of(rank)
-        held: dict[tuple[int, int | None, int], float] = {}
-        now = peak = 0.0
-        for action in program:
-            op = action[0]
-            if op is Op.FORWARD:
-                share = 0.5 if action[3] else 1.0
-                key = (action[1], action[2], action[6])
-                held[key] = held.get(key, 0.0) + share * kept[action[1]]
-                now += share * kept[action[1]]
-                peak = max(peak, now)
-            elif op is Op.BACKWARD or op is Op.BACKWARD_WEIGHT:
-                now -= held.pop((action[1], action[2], action[6]), 0.0)
-        floor.append(n * sum(weights[s] + state[s] for s in hosted) + peak)
-    return floor
+    states = model_state(stage_weights(profile, own), state,
+                         [schedule.layout.stages_of(r) for r in range(schedule.num_ranks)],
+                         pipelines=own.pipelines, reference=False)
+    # without the gradients, which the model counts at the peak's moment
+    return [s.parameters + s.optimizer_state + peak for s, peak in zip(states, held)]

@@ -44,7 +44,7 @@ def check_settings(*, ranks: object, batch_size: object = None, memory_limit: ob
         raise ValueError(f"--time-limit must be > 0 seconds, got {time_limit!r}")
     if memory_limit is not None and not memory_limit > 0:  # type: ignore[operator]
         raise ValueError(f"--memory-limit must be > 0 bytes, got {memory_limit!r}")
-    from ..planner.memory import OPTIMIZER_STATE
+    from ..memory import OPTIMIZER_STATE
 
     if optimizer not in OPTIMIZER_STATE:
         raise ValueError(f"optimizer {optimizer!r} has no known state size; choose one "

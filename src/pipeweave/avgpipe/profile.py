@@ -326,11 +326,13 @@ def profile_from_timeline(
 
 def profile_from_simulation(result: Any, *, model_bytes: Sequence[float],
                             fixed_bytes: Sequence[float] | None = None,
+                            data_bytes: Sequence[float] | None = None,
                             levels: Sequence[Levels] | None = None, bin_s: float | None = None,
                             batch_size: int | None = None,
                             notes: Mapping[str, Any] | None = None) -> TuningProfile:
     """Profile from a :class:`pipeweave.sim.SimulationResult` of an ``avgpipe`` (or other
-    straight, one-chunk) schedule: its timeline, message times and peak activation bytes."""
+    straight, one-chunk) schedule: its timeline, message times and ``data_bytes`` (default:
+    its peak activation bytes)."""
     schedule = result.schedule
     if schedule.num_stages != schedule.num_ranks:
         raise ValueError(f"the tuner models a straight pipeline (one stage per rank); "
@@ -344,7 +346,8 @@ def profile_from_simulation(result: Any, *, model_bytes: Sequence[float],
         result.timeline, stages=schedule.num_stages, microbatches=schedule.microbatches,
         pipelines=schedule.pipelines, iterations=iterations,
         transfer_s=[costs.comm(b) for b in range(schedule.num_stages - 1)],
-        model_bytes=model_bytes, data_bytes=result.peak_activation_bytes, fixed_bytes=fixed_bytes,
+        model_bytes=model_bytes, fixed_bytes=fixed_bytes,
+        data_bytes=result.peak_activation_bytes if data_bytes is None else data_bytes,
         window=result.window, levels=levels, bin_s=bin_s,
         advance=advance, source="simulated",
         batch_size=batch_size, notes=notes,

@@ -3,11 +3,15 @@
 A setting of a model is simulated from a per-block profile *measured at that setting's
 micro-batch size* (``batch_size / M`` samples; the profile gives the compute times, the bytes
 crossing each boundary and the activation bytes), a fixed split of the blocks into stages and
-a link. Memory per rank is counted as AvgPipe holds it::
+a link. Memory per rank is the memory model's (:mod:`pipeweave.memory`, asked through
+:func:`pipeweave.planner.memory.predicted_memory`, as ``plan`` and ``auto`` ask it), split as
+AvgPipe's Equation 8 needs it::
 
     fixed   = the reference model's weights (one copy, §3.2)
-    F_mod   = N x (weights + gradients + optimizer state)     (the parallel models)
-    F_dat   = the most activation bytes held at once          (simulator, all N pipelines)
+    F_mod   = N x (weights + optimizer state) + the gradients present at the peak
+                                                            (the parallel models)
+    F_dat   = the rest of the model's peak: activations of all N pipelines, messages in
+              flight, the backward's workspace
 
 This is what the tuner's simulated profile, the traversal's "measurement" and the advance
 controller's tests all use. Pure Python (no torch) once the profiles exist.
@@ -20,7 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..planner.evaluate import Network, plan_costs
+from ..planner.memory import predicted_memory, stage_weights
 from ..planner.partition import Bounds
+from ..planner.plan import Plan
 from ..profiler.profile import Profile
 from ..schedules import build_schedule
 from ..sim import Costs, SimulationResult, simulate
@@ -93,6 +99,8 @@ class SimulatedModel:
         batch_size: samples per batch (per pipeline); ``M`` must divide it.
         network: the link between consecutive ranks.
         iterations: iterations simulated per setting.
+        optimizer: the optimizer trained with (a name of
+            :data:`pipeweave.memory.OPTIMIZER_STATE`), for the optimizer state.
     """
 
     profile_at: Callable[[int], Profile]
@@ -100,6 +108,7 @@ class SimulatedModel:
     batch_size: int
     network: Network = field(default_factory=Network)
     iterations: int = 2
+    optimizer: str = "adam"
 
     @property
     def stages(self) -> int:
@@ -126,14 +135,24 @@ class SimulatedModel:
         stash = profile.stash_bytes
         return [sum(stash[a:e]) for a, e in self.bounds]
 
-    def model_bytes(self, profile: Profile, pipelines: int) -> list[float]:
-        """``F_mod`` per rank: ``N`` x (weights + gradients + optimizer state)."""
-        return [pipelines * sum(2 * b.parameter_bytes + b.optimizer_bytes for b in profile.blocks[a:e])
-                for a, e in self.bounds]
+    def plan(self, microbatches: int, pipelines: int, advance: int | str = 0) -> Plan:
+        """The ``avgpipe`` plan of a setting (what the memory model is asked about)."""
+        return Plan(num_blocks=self.bounds[-1][1], stages=tuple((a, e) for a, e in self.bounds),
+                    schedule="avgpipe", microbatches=microbatches, pipelines=pipelines,
+                    schedule_options={"advance": advance})
 
-    def reference_bytes(self, profile: Profile) -> list[float]:
-        """The reference model's weights per rank (one copy, whatever ``N``)."""
-        return [sum(b.parameter_bytes for b in profile.blocks[a:e]) for a, e in self.bounds]
+    def memory_parts(self, profile: Profile, microbatches: int, pipelines: int,
+                     advance: int | str = 0) -> tuple[list[float], list[float], list[float]]:
+        """Per rank, the memory model's peak of the setting (``profile`` at its micro-batch
+        size) as Equation 8 splits it: ``(fixed, F_mod, F_dat)`` (module docstring), which
+        add up to the model's total."""
+        plan = self.plan(microbatches, pipelines, advance)
+        ranks = predicted_memory(profile, plan, batch_size=self.batch_size,
+                                 optimizer=self.optimizer)
+        fixed = [w.parameters for w in stage_weights(profile, plan)]
+        model = [r.parameters - f + r.gradients + r.optimizer_state for r, f in zip(ranks, fixed)]
+        data = [r.total - m - f for r, m, f in zip(ranks, model, fixed)]
+        return fixed, model, data
 
     def run(self, microbatches: int, pipelines: int, advance: int | str = 0
             ) -> tuple[Profile, SimulationResult]:
@@ -142,16 +161,16 @@ class SimulatedModel:
                                   pipelines=pipelines, advance=advance, iterations=self.iterations)
         return profile, result
 
-    def memory(self, profile: Profile, result: SimulationResult, pipelines: int) -> list[float]:
-        """Per rank: reference + parallel models + peak activations."""
-        return [r + m + d for r, m, d in zip(self.reference_bytes(profile),
-                                             self.model_bytes(profile, pipelines),
-                                             result.peak_activation_bytes)]
+    def memory(self, profile: Profile, microbatches: int, pipelines: int,
+               advance: int | str = 0) -> list[float]:
+        """Per rank: the memory model's peak of the setting."""
+        parts = self.memory_parts(profile, microbatches, pipelines, advance)
+        return [sum(rank) for rank in zip(*parts)]
 
     def measure(self, microbatches: int, pipelines: int, advance: int | str = 0) -> Measurement:
         """One setting "measured" by simulation (a traversal's ``measure``)."""
         profile, result = self.run(microbatches, pipelines, advance)
-        memory = self.memory(profile, result, pipelines)
+        memory = self.memory(profile, microbatches, pipelines, advance)
         afab = simulate_setting(self.stages, microbatches, self.costs(profile),
                                 pipelines=pipelines, advance="all", iterations=self.iterations)
         return Measurement(microbatches, pipelines, result.iteration_time, max(memory),
@@ -164,9 +183,10 @@ class SimulatedModel:
                        notes: dict[str, Any] | None = None) -> TuningProfile:
         """The tuner's profile of one setting, from its simulated timeline (§5.2.1)."""
         profile, result = self.run(microbatches, pipelines, advance)
+        fixed, model, data = self.memory_parts(profile, microbatches, pipelines, advance)
         return profile_from_simulation(
-            result, model_bytes=self.model_bytes(profile, pipelines),
-            fixed_bytes=self.reference_bytes(profile), levels=levels, bin_s=bin_s,
+            result, model_bytes=model, fixed_bytes=fixed, data_bytes=data, levels=levels,
+            bin_s=bin_s,
             batch_size=self.batch_size,
             notes={"model": profile.model, "microbatch_size": self.microbatch_size(microbatches),
                    **(notes or {})},

@@ -1,49 +1,24 @@
-"""Predicted peak memory per rank of a plan: model state, weight versions, activations, buffers.
+"""The memory model (:mod:`pipeweave.memory`) asked about a plan, with bytes read off a profile.
 
 Everything is read off the profile and the schedule the plan builds (one representation: the
 same action lists the simulator times and the runtime runs), never off per-schedule formulas.
-For a rank hosting stages ``S`` (its chunks, the V's two halves, a replica, in each of ``N``
-parallel pipelines), with ``|w_s|`` the parameter bytes of stage ``s``, the parts that do not
-change during a run::
+This module only gathers the per-stage bytes from the profile; :mod:`pipeweave.memory` adds
+them up (its docstrings give the formulas):
 
-    parameters       N * sum |w_s|                 (+ sum |w_s| for AvgPipe's reference model)
-    optimizer_state  N * sum (state of s)          the profile's measured optimizer_bytes when
-                                                    it was profiled with this optimizer, else
-                                                    k |w_s|: k = 0 SGD, 1 SGD+momentum/RMSprop/
-                                                    Adagrad, 2 Adam/AdamW (their two moments)
-    weight_versions  sum (copies_s * |w_s|)        module replicas holding other versions
-                                                    (stashing, 2BW, vertical sync, WPipe's G0,
-                                                    PipeOptim's predictions)
-
-and the parts that do, taken at the moment of the rank's peak, found by walking its program
-(:mod:`.memory_timeline`)::
-
-    gradients        the weight gradients present (from the first backward after an update
-                     to the next update)
-    activations      what forwards left for their backwards: per micro-batch and stage the
-                     profile's saved bytes plus the stage's output (a recomputed or
-                     predicted forward: its input only), scaled to the plan's micro-batch;
-                     split backwards keep them until their W, with the output gradients
-                     the W needs (``pending_bytes``, from the I) and the parameter
-                     holders' outputs autograd does not save (``recorded_bytes``, from the F)
-    buffers          messages in flight: received activations and gradients from when the
-                     receive is posted (the runtime posts two ahead) to their use, sent input
-                     gradients until a later receive proves them delivered
-    workspace        the running backward's own tensors: the largest of its blocks'
-                     ``peak_memory_bytes`` less what the block keeps (saved tensors, output,
-                     gradients), plus what a recomputing backward rebuilds
-
-``|w_s|`` counts a tied parameter (``Profile.ties``: tied word embeddings) once when the stage
-holds several of its blocks, and once on every holding stage when the plan splits them: the
-runtime gives each holder a copy, with its own gradient and optimizer state
-(``runtime/execution/ties.py``), so the split costs one more of each.
-
-``copies_s`` is what :mod:`pipeweave.runtime.execution.weights` allocates: the simulator's
-weight versions of the stage (live + every older version still named + transient
-predictions, ``sim.metrics.weight_versions``) less the live one, plus one where a forward at
-the live version has an update of the stage before its backward: the runtime runs that
-forward on a copy (autograd keeps the tensors it ran on; the update is in place). The
-runtime builds replicas once and keeps them, so the peak count holds for the whole run.
+* weights ``|w_s|`` (``Profile.stage_parameter_bytes``): a tied parameter (``Profile.ties``:
+  tied word embeddings) once when the stage holds several of its blocks, and once on every
+  holding stage when the plan splits them: the runtime gives each holder a copy, with its own
+  gradient and optimizer state (``runtime/execution/ties.py``);
+* optimizer state: the profile's measured ``optimizer_bytes`` when it was profiled with this
+  optimizer, else counted (:mod:`pipeweave.memory.optimizers`);
+* activations per micro-batch and stage: the profile's saved bytes plus the stage's output (a
+  recomputed or predicted forward: its input only), scaled to the plan's micro-batch; split
+  backwards keep them until their W, with the output gradients the W needs
+  (``pending_bytes``, from the I) and the parameter holders' outputs autograd does not save
+  (``recorded_bytes``, from the F);
+* messages: one received activation (the stage's input) and one sent (its output);
+* workspace: the largest of the stage's blocks' ``peak_memory_bytes`` less what the block
+  keeps (saved tensors, output, gradients), plus what a recomputing backward rebuilds.
 
 ``docs/memory.md`` compares the total with the peak of live tensor bytes measured at the
 allocator (``Job.track_allocations``) for every schedule.
@@ -51,122 +26,146 @@ allocator (``Job.track_allocations``) for every schedule.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
-from ..ir import GRADIENT_OPS, Op, Schedule
+from ..memory import (OPTIMIZER_STATE, ModelState, RankMemory, StageBytes, StageWeights,
+                      check_optimizer, held_activations, model_state, peak_moments_of,
+                      rank_memory)
+from ..memory import optimizer_state_bytes as counted_state
 from ..profiler import Profile
-from ..schedules import get_info
-from ..sim.metrics import weight_versions
-from .memory_shape import shape_analysis
-from .memory_timeline import StageBytes, peak_moments_of
+from ..schedules import Shape, get_info
+from .memory_shape import ShapeAnalysis, shape_analysis
 from .plan import Plan
 
-__all__ = ["RankMemory", "predicted_memory", "OPTIMIZER_STATE", "optimizer_state_bytes",
-           "stage_activation_bytes", "weight_copies"]
+__all__ = ["RankMemory", "ModelState", "predicted_memory", "predicted_state", "OPTIMIZER_STATE",
+           "optimizer_state_bytes", "stage_activation_bytes", "stage_weights", "plan_analysis",
+           "plan_weight_copies", "held_microbatches"]
 
-OPTIMIZER_STATE: dict[str, int] = {
-    "sgd": 0, "sgd-momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2,
-}
-"""State tensors per parameter of each optimizer (torch.optim): plain SGD keeps none, SGD
-with momentum one buffer, RMSprop its square average, Adagrad its sum, Adam and AdamW their
-first and second moments."""
-
-
-@dataclass(frozen=True)
-class RankMemory:
-    """Predicted peak bytes of one rank, by kind (module docstring)."""
-
-    parameters: float
-    gradients: float
-    optimizer_state: float
-    weight_versions: float
-    activations: float
-    buffers: float
-    workspace: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return sum(getattr(self, f.name) for f in fields(self))
-
-
-def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int, optimizer: str = "adam",
+def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
+                     optimizer: str | None = "adam",
                      iterations: int | None = None) -> list[RankMemory]:
-    """Peak memory of every rank of ``plan`` (rank order), per kind (module docstring).
+    """Peak memory of every rank of ``plan`` (rank order), per kind (:mod:`pipeweave.memory`).
 
     ``batch_size``: samples per iteration and pipeline (the plan's micro-batch holds
     ``batch_size / microbatches`` of them; the profile's bytes are scaled from its own
-    ``batch_size``). ``optimizer``: a name of :data:`OPTIMIZER_STATE`. ``iterations``: how
-    many iterations of the schedule to lay out (default: 1 for a flush schedule, whose
-    iterations repeat; for an asynchronous one the fewest, at least 3, that hold ``2 x depth``
-    micro-batches: its steady state, and as many copies and activations as any longer run).
-    Linear in the schedule's length: a few seconds for 64 ranks x 128 micro-batches, of
-    which a new partition of a shape already analysed (:mod:`.memory_shape`) pays only the
+    ``batch_size``). ``optimizer``: a name of :data:`OPTIMIZER_STATE`, or ``None``: the one
+    the profile was made with (its ``optimizer_bytes`` as measured). ``iterations``: how
+    many iterations of the schedule to lay out (:func:`plan_analysis`). Linear in the
+    schedule's length: a few seconds for 64 ranks x 128 micro-batches, of which a new
+    partition of a shape already analysed (:mod:`.memory_shape`) pays only the
     bytes-weighted walk.
     """
-    if profile.num_blocks != plan.num_blocks:
-        raise ValueError(f"the profile has {profile.num_blocks} blocks but the plan covers "
-                         f"{plan.num_blocks}; profile the model the plan was made for")
-    if optimizer not in OPTIMIZER_STATE:
-        raise ValueError(f"optimizer {optimizer!r} has no known state size; choose one of "
-                         f"{', '.join(sorted(OPTIMIZER_STATE))}")
+    _check_profile(profile, plan)
+    if optimizer is not None:
+        check_optimizer(optimizer)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if batch_size % plan.microbatches:
         raise ValueError(f"batch_size {batch_size} is not divisible by microbatches="
                          f"{plan.microbatches}; give a multiple of {plan.microbatches}")
-    if iterations is None:
-        iterations = 1 if get_info(plan.schedule).synchronous else max(
-            3, -(-2 * plan.depth // plan.microbatches))
-    # lowered, as the runtime runs it: an I directly followed by its W is one B there; the
-    # analysis that needs only the action lists is shared by every partition of the shape
-    analysis = shape_analysis(plan.schedule, plan.shape(iterations))
-    schedule = analysis.schedule
-    if schedule.num_stages != len(plan.stages):
-        raise ValueError(f"schedule {plan.schedule!r} lays out {schedule.num_stages} stages but "
-                         f"the plan has {len(plan.stages)}; set the plan's chunks to "
-                         f"{schedule.num_stages // plan.depth}")
+    analysis = plan_analysis(plan, iterations)
     scale = _scale(profile, batch_size // plan.microbatches)
-    weights = [profile.stage_parameter_bytes(a, e) for a, e in plan.stages]
-    held = stage_activation_bytes(profile, plan, scale)
-    split = analysis.split
-    stages = [StageBytes(gradients=weights[s], activations=held[s],
-                         inputs=scale * _input_bytes(profile, a),
-                         pending=scale * _pending_bytes(profile, plan, s) if s in split else 0.0,
-                         recorded=(scale * sum(b.recorded_bytes for b in profile.blocks[a:e])
-                                   if s in split else 0.0),
-                         workspace=scale * _workspace(profile, a, e),
-                         received=scale * _input_bytes(profile, a) if s > 0 else 0.0,
-                         sent=(scale * profile.blocks[e - 1].output_bytes
-                               if s < len(plan.stages) - 1 else 0.0))
-              for s, (a, e) in enumerate(plan.stages)]
+    stages = _stage_bytes(profile, plan, scale, analysis.split)
     recompute = [plan.recompute_stage(s) for s in range(len(plan.stages))]
     graphless = analysis.graphless(recompute, plan.semantics.backward or "recompute")
     moments = peak_moments_of(analysis.timelines, stages, graphless)
-    copies = analysis.copies(plan.semantics.backward == "graph")
-    averages = analysis.averages
-    state = optimizer_state_bytes(profile, plan, optimizer)
-    n = schedule.pipelines
-    ranks = []
-    for rank, moment in enumerate(moments):
-        hosted = schedule.layout.stages_of(rank)
-        own = sum(weights[s] for s in hosted)
-        ranks.append(RankMemory(
-            parameters=n * own + (own if averages else 0.0),
-            gradients=moment.gradients,
-            optimizer_state=n * sum(state[s] for s in hosted),
-            weight_versions=sum(copies[s] * weights[s] for s in hosted),
-            activations=moment.activations,
-            buffers=moment.buffers,
-            workspace=moment.workspace,
-        ))
-    return ranks
+    state = _state(profile, plan, optimizer, analysis)
+    return [rank_memory(fixed, moment) for fixed, moment in zip(state, moments)]
 
 
-def optimizer_state_bytes(profile: Profile, plan: Plan, optimizer: str) -> list[float]:
+def predicted_state(profile: Profile, plan: Plan, *, optimizer: str = "adam",
+                    iterations: int | None = None) -> list[ModelState]:
+    """Per rank of ``plan``: the model state (parameters, all gradients, optimizer state,
+    weight copies; :func:`pipeweave.memory.model_state`): what it holds before any
+    activation, as ``train --memory-limit`` checks it."""
+    _check_profile(profile, plan)
+    check_optimizer(optimizer)
+    return _state(profile, plan, optimizer, plan_analysis(plan, iterations))
+
+
+def plan_analysis(plan: Plan, iterations: int | None = None) -> ShapeAnalysis:
+    """The schedule of ``plan``, lowered as the runtime runs it (an I directly followed by its
+    W is one B there), analysed once per shape (:mod:`.memory_shape`). ``iterations``: how
+    many iterations to lay out (default: 1 for a flush schedule, whose iterations repeat; for
+    an asynchronous one the fewest, at least 3, that hold ``2 x depth`` micro-batches: its
+    steady state, and as many copies and activations as any longer run)."""
+    if iterations is None:
+        iterations = _iterations(plan.schedule, plan.depth, plan.microbatches)
+    analysis = shape_analysis(plan.schedule, plan.shape(iterations))
+    if analysis.schedule.num_stages != len(plan.stages):
+        raise ValueError(f"schedule {plan.schedule!r} lays out {analysis.schedule.num_stages} "
+                         f"stages but the plan has {len(plan.stages)}; set the plan's chunks to "
+                         f"{analysis.schedule.num_stages // plan.depth}")
+    return analysis
+
+
+def held_microbatches(schedule: str, ranks: int, microbatches: int) -> list[float]:
+    """Per rank of ``schedule`` laid out on ``ranks`` ranks: the most micro-batches whose
+    activations it holds at once (the model's walk, :func:`pipeweave.memory.held_activations`,
+    of the schedule as :func:`plan_analysis` lays it out; a Slicer half counts 0.5)."""
+    shape = Shape(stages=ranks, microbatches=microbatches,
+                  iterations=_iterations(schedule, ranks, microbatches))
+    lowered = shape_analysis(schedule, shape).schedule
+    counts, _ = held_activations(lowered, [1.0] * lowered.num_stages)
+    return counts
+
+
+def _iterations(schedule: str, depth: int, microbatches: int) -> int:
+    return 1 if get_info(schedule).synchronous else max(3, -(-2 * depth // microbatches))
+
+
+def plan_weight_copies(plan: Plan, iterations: int | None = None) -> list[int]:
+    """Per stage of ``plan``: the weight sets held besides the live ones
+    (:func:`pipeweave.memory.weight_copies` of its lowered schedule)."""
+    return plan_analysis(plan, iterations).copies(plan.semantics.backward == "graph")
+
+
+def stage_weights(profile: Profile, plan: Plan) -> list[StageWeights]:
+    """Per stage: the parameter bytes it holds (ties once), all trainable."""
+    held = [profile.stage_parameter_bytes(a, e) for a, e in plan.stages]
+    return [StageWeights(parameters=w, trainable=w) for w in held]
+
+
+def _state(profile: Profile, plan: Plan, optimizer: str | None,
+           analysis: ShapeAnalysis) -> list[ModelState]:
+    layout = analysis.schedule.layout
+    return model_state(stage_weights(profile, plan), optimizer_state_bytes(profile, plan, optimizer),
+                       [layout.stages_of(r) for r in range(layout.num_ranks)],
+                       pipelines=analysis.schedule.pipelines, reference=analysis.averages,
+                       copies=analysis.copies(plan.semantics.backward == "graph"))
+
+
+def _stage_bytes(profile: Profile, plan: Plan, scale: float,
+                 split: frozenset[int]) -> list[StageBytes]:
+    """Per stage: what a micro-batch costs there (:class:`pipeweave.memory.StageBytes`)."""
+    weights = [profile.stage_parameter_bytes(a, e) for a, e in plan.stages]
+    held = stage_activation_bytes(profile, plan, scale)
+    last = len(plan.stages) - 1
+    return [StageBytes(gradients=weights[s], activations=held[s],
+                       inputs=scale * _input_bytes(profile, a),
+                       pending=scale * _pending_bytes(profile, plan, s) if s in split else 0.0,
+                       recorded=(scale * sum(b.recorded_bytes for b in profile.blocks[a:e])
+                                 if s in split else 0.0),
+                       workspace=scale * _workspace(profile, a, e),
+                       received=scale * _input_bytes(profile, a) if s > 0 else 0.0,
+                       sent=scale * profile.blocks[e - 1].output_bytes if s < last else 0.0)
+            for s, (a, e) in enumerate(plan.stages)]
+
+
+def _check_profile(profile: Profile, plan: Plan) -> None:
+    if profile.num_blocks != plan.num_blocks:
+        raise ValueError(f"the profile has {profile.num_blocks} blocks but the plan covers "
+                         f"{plan.num_blocks}; profile the model the plan was made for")
+
+
+def optimizer_state_bytes(profile: Profile, plan: Plan, optimizer: str | None) -> list[float]:
     """Per stage: the optimizer's state bytes, as measured by the profiler when it profiled
-    with ``optimizer`` (Adam's moments plus its per-tensor step counters), else counted."""
-    measured = profile.metadata.get("optimizer") == optimizer
-    per_block = [b.optimizer_bytes if measured else OPTIMIZER_STATE[optimizer] * b.parameter_bytes
+    with ``optimizer`` (Adam's moments plus its per-tensor step counters) or ``optimizer`` is
+    ``None``, else counted (:func:`pipeweave.memory.optimizer_state_bytes`; a profile records
+    no tensor count, so the step counters, 4 bytes a tensor, are left out)."""
+    if optimizer is not None:
+        check_optimizer(optimizer)
+    measured = optimizer is None or profile.metadata.get("optimizer") == optimizer
+    per_block = [b.optimizer_bytes if measured or optimizer is None
+                 else counted_state(optimizer, b.parameter_bytes)
                  for b in profile.blocks]
     return [sum(per_block[a:e]) * _held_share(profile, a, e) for a, e in plan.stages]
 
@@ -192,40 +191,6 @@ def stage_activation_bytes(profile: Profile, plan: Plan, scale: float = 1.0) -> 
         else:
             held.append(scale * (sum(stash[start:end]) + output))
     return held
-
-
-def weight_copies(schedule: Schedule, *, keep_predicted: bool = False) -> list[int]:
-    """Per stage: weight sets held besides the live parameters (module docstring)."""
-    versions = weight_versions(schedule, keep_predicted=keep_predicted)
-    stashing = _stashes_live(schedule)
-    return [v - 1 + (1 if s in stashing else 0) for s, v in enumerate(versions)]
-
-
-def _stashes_live(schedule: Schedule) -> set[int]:
-    """The stages where some forward runs at the live version and an update of the stage
-    comes before its backward (so the runtime copies the live weights for it)."""
-    found: set[int] = set()
-    for program in schedule.programs:
-        live: dict[tuple[int, int], int] = {}
-        # per (stage, pipeline): (micro-batch, piece) -> ran at the live version; and the
-        # forwards an update has passed since
-        pending: dict[tuple[int, int], dict[tuple[int | None, int], bool]] = {}
-        passed: dict[tuple[int, int], set[tuple[int | None, int]]] = {}
-        for op, stage, microbatch, piece, version, lookahead, pipeline in program:
-            where = (stage, pipeline)
-            now = live.setdefault(where, 0)
-            waiting = pending.setdefault(where, {})
-            if op is Op.STEP:
-                live[where] = version if version is not None else now + 1
-                passed[where] = set(waiting)
-            elif op is Op.FORWARD and not lookahead:
-                waiting[(microbatch, piece)] = version is None or version == now
-            elif op in GRADIENT_OPS:
-                for key in [k for k in ((microbatch, 0), (microbatch, 1), (microbatch, 2))
-                            if k in waiting]:
-                    if waiting.pop(key) and key in passed.get(where, ()):
-                        found.add(stage)
-    return found
 
 
 def _pending_bytes(profile: Profile, plan: Plan, stage: int) -> float:

@@ -11,7 +11,7 @@ the stage boundaries fall or how many bytes a stage holds::
 
 So :func:`shape_analysis` computes them once per shape and keeps the last
 :data:`CACHE_SIZE` shapes; a new partition of the same shape then costs only the
-bytes-weighted walk (:func:`pipeweave.planner.memory_timeline.peak_moments_of`). This is what
+bytes-weighted walk (:func:`pipeweave.memory.timeline.peak_moments_of`). This is what
 makes ``pipeweave auto`` affordable at scale: it asks the memory model about several
 partition methods of every shape it simulates. The results are the same numbers, computed in
 the same order (``tests/planner/test_memory_shape.py`` compares them with fresh analyses).
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from ..ir import Op, Schedule, lower
 from ..schedules import Shape, build_schedule
-from .memory_timeline import RankTimeline, analyse_programs, graphless_forwards
+from ..memory.timeline import RankTimeline, analyse_programs, graphless_forwards
+from ..memory.versions import weight_copies
 
 __all__ = ["ShapeAnalysis", "shape_analysis", "clear_shape_cache", "CACHE_SIZE"]
 
@@ -52,7 +53,7 @@ class ShapeAnalysis:
     _copies: dict[bool, list[int]] = field(default_factory=dict)
 
     def graphless(self, recompute: Sequence[bool], backward: str) -> Graphless:
-        """:func:`~pipeweave.planner.memory_timeline.graphless_forwards`, remembered."""
+        """:func:`~pipeweave.memory.timeline.graphless_forwards`, remembered."""
         key = (tuple(recompute), backward)
         if key not in self._graphless:
             self._graphless[key] = graphless_forwards(self.schedule, recompute=recompute,
@@ -60,10 +61,8 @@ class ShapeAnalysis:
         return self._graphless[key]
 
     def copies(self, keep_predicted: bool) -> list[int]:
-        """:func:`~pipeweave.planner.memory.weight_copies`, remembered."""
+        """:func:`~pipeweave.memory.weight_copies`, remembered."""
         if keep_predicted not in self._copies:
-            from .memory import weight_copies  # memory.py imports this module
-
             self._copies[keep_predicted] = weight_copies(self.schedule,
                                                          keep_predicted=keep_predicted)
         return self._copies[keep_predicted]

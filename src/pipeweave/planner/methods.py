@@ -24,6 +24,7 @@ import numpy as np
 
 from .autopipe import autopipe_search
 from .evaluate import Evaluator, Network
+from .memory import held_microbatches as planned_held
 from .partition import FeasibleFn, min_max_partition, uniform_partition
 from .pipedream import PipeDreamSolution, pipedream_partition
 from .result import Partition, PlanRequest
@@ -125,19 +126,21 @@ def _pipedream_solution(
     )
 
 
-def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int) -> int:
-    """Micro-batches stage ``stage`` keeps activations for at once: GPipe all ``M``; 1F1B and
-    the sliced 1F1B ``min(P - s, M)`` (its warm-up depth)."""
-    if schedule == "gpipe":
-        return microbatches
-    return min(stages - stage, microbatches)
+def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int) -> float:
+    """Micro-batches stage ``stage`` (on rank ``stage``) keeps activations for at once, read
+    off the schedule by the memory model (:func:`.memory.held_microbatches`): GPipe all
+    ``M``, 1F1B ``min(P - s, M)`` (its warm-up depth), ..."""
+    return planned_held(schedule, stages, microbatches)[stage]
 
 
 def memory_mask(request: PlanRequest, schedule: str) -> FeasibleFn:
     """``feasible(j)[k, i]``: stage ``j`` holding blocks ``k..i-1`` fits ``memory_limit``.
 
-    A stage keeps its parameters, its optimizer state and the activations of the micro-batches
-    in flight (:func:`held_microbatches`).
+    A stage keeps its parameters, their gradients, its optimizer state and the activations
+    (saved tensors and output) of the micro-batches in flight (:func:`held_microbatches`):
+    the memory model's parts that add up block by block (messages in flight and the
+    backward's workspace left out); :func:`.registry.make_plan` then checks the partition's
+    plan against the model itself (:func:`.memory.predicted_memory`).
     """
     assert request.memory_limit is not None
     blocks = request.profile.blocks
@@ -147,14 +150,18 @@ def memory_mask(request: PlanRequest, schedule: str) -> FeasibleFn:
         out: np.ndarray = prefix[None, :] - prefix[:, None]
         return out
 
-    fixed = spans([b.parameter_bytes + b.optimizer_bytes for b in blocks])
-    stash = spans([b.activation_bytes for b in blocks])
+    # parameters, their gradients and the optimizer state; per held micro-batch the saved
+    # tensors and the stage's output (none on the last stage: the loss)
+    fixed = spans([2 * b.parameter_bytes + b.optimizer_bytes for b in blocks])
+    stash = spans(list(request.profile.stash_bytes))
+    output = np.array([0.0] + [b.output_bytes for b in blocks])[None, :]
     limit = float(request.memory_limit)
     stages, microbatches = request.ranks, request.num_microbatches
+    counts = planned_held(schedule, stages, microbatches)
 
     def feasible(stage: int) -> np.ndarray:
-        held = held_microbatches(schedule, stages, microbatches, stage)
-        mask: np.ndarray = fixed + held * stash <= limit
+        kept = stash + (output if stage < stages - 1 else 0.0)
+        mask: np.ndarray = fixed + counts[stage] * kept <= limit
         return mask
 
     return feasible

@@ -3,8 +3,9 @@
 ``make_plan`` runs the method (timing it: ``planning_seconds``), applies AutoPipe's Slicer when
 asked (Algorithm 2's ``k`` from the plan's stage costs, schedule ``sliced-1f1b``), builds the
 runtime's :class:`~pipeweave.planner.plan.Plan`, simulates it for the predicted iteration time
-and, with a memory limit, checks every rank's simulated peak (parameters + optimizer state +
-held activations) against it.
+and, with a memory limit, checks every rank's peak by the memory model
+(:func:`.memory.predicted_memory`: parameters, gradients, optimizer state, weight copies, held
+activations, messages in flight) against it.
 
 ``schedule="fastest"`` (:data:`FASTEST`) keeps the method's partition and picks, among the
 registered synchronous schedules that run one stage per rank (1F1B, GPipe, the zero-bubble
@@ -27,6 +28,7 @@ from ..schedules.sliced import slicer_count
 from ..sim import SimulationResult
 from . import methods
 from .evaluate import Evaluator, Network, sharing_overhead_of
+from .memory import predicted_memory
 from .result import Partition, PlanRequest, PlanResult
 
 __all__ = ["MethodInfo", "register_method", "available_methods", "get_method", "make_plan",
@@ -115,7 +117,7 @@ def make_plan(request: PlanRequest, method: str) -> PlanResult:
                 replicas=partition.replicas, schedule_options=dict(partition.schedule_options))
     simulation = _simulate(request, partition, network, microbatches)
     if request.memory_limit is not None and partition.replicas is None:
-        _check_memory(request, partition, simulation)
+        _check_memory(request, partition, microbatches)
     replicas = partition.replicas or (1,) * len(partition.bounds)
     compute = request.profile.compute
     stage_times = tuple(sum(compute[a:e]) / r for (a, e), r in zip(partition.bounds, replicas))
@@ -140,7 +142,7 @@ def _fastest_schedule(request: PlanRequest, partition: Partition, network: Netwo
         try:
             simulation = _simulate(request, candidate, network, microbatches)
             if request.memory_limit is not None and candidate.replicas is None:
-                _check_memory(request, candidate, simulation)
+                _check_memory(request, candidate, microbatches)
         except ValueError as error:  # needs more micro-batches, over the memory limit, ...
             tried[name] = str(error).split(";")[0]
             continue
@@ -188,19 +190,24 @@ def _apply_slicer(request: PlanRequest, partition: Partition, network: Network,
     return replace(partition, schedule="sliced-1f1b", schedule_options=options)
 
 
-def _check_memory(request: PlanRequest, partition: Partition, simulation: SimulationResult) -> None:
+def _check_memory(request: PlanRequest, partition: Partition, microbatches: int) -> None:
+    """Every rank's peak by the memory model (:func:`.memory.predicted_memory`, what ``auto``
+    asks) within the limit; the profile is taken at the plan's micro-batch size, with the
+    optimizer it was profiled with."""
     assert request.memory_limit is not None
-    blocks = request.profile.blocks
-    layout = simulation.schedule.layout
-    for rank in range(simulation.schedule.num_ranks):
-        fixed = sum(b.parameter_bytes + b.optimizer_bytes for s in layout.stages_of(rank)
-                    for b in blocks[partition.bounds[s][0]:partition.bounds[s][1]])
-        need = fixed + simulation.peak_activation_bytes[rank]
-        if need > request.memory_limit:
+    profile = request.profile
+    plan = Plan(num_blocks=profile.num_blocks, stages=partition.bounds,
+                schedule=partition.schedule, microbatches=microbatches,
+                schedule_options=dict(partition.schedule_options))
+    ranks = predicted_memory(profile, plan, batch_size=(profile.batch_size or 1) * microbatches,
+                             optimizer=None)
+    for rank, memory in enumerate(ranks):
+        if memory.total > request.memory_limit:
+            fixed = memory.parameters + memory.optimizer_state + memory.weight_versions
             raise ValueError(
                 f"the {partition.schedule} plan {list(map(list, partition.bounds))} needs "
-                f"{need:.6g} bytes on rank {rank} (parameters and optimizer state {fixed:.6g}, "
-                f"held activations {simulation.peak_activation_bytes[rank]:.6g}) but "
+                f"{memory.total:.6g} bytes on rank {rank} (parameters, optimizer state and "
+                f"weight copies {fixed:.6g}, held activations {memory.activations:.6g}) but "
                 f"--memory-limit is {request.memory_limit:.6g}; raise the limit, use more ranks, "
                 "fewer micro-batches, or a memory-aware method (time, autopipe, pipedream)"
             )

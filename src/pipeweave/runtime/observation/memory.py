@@ -6,7 +6,10 @@ device, so that a run's numbers are deterministic and the CPU and GPU agree:
 
 * **state** (:func:`state_bytes`, :func:`estimate_state_bytes`): per parallel pipeline,
   parameters + gradients + optimizer state of the stages a rank hosts, times ``N``, plus the
-  reference model's parameters when the schedule averages (one copy, §3.2);
+  reference model's parameters when the schedule averages (one copy, §3.2). Before a run,
+  :func:`estimate_state_bytes` asks the memory model (:mod:`pipeweave.memory`, the one
+  ``plan``, ``auto`` and ``tune`` ask) with the parameters counted from the blocks' shapes;
+  :func:`state_bytes` counts what a built rank holds;
 * **activations** (:class:`ActivationMeter`): the bytes a rank keeps between a forward and
   its backward, i.e. the tensors autograd saves (seen through
   ``torch.autograd.graph.saved_tensors_hooks``), the stage's input and its output, each
@@ -26,9 +29,9 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ...models.materialize import meta_copy
+from ...memory import StageWeights, model_state, optimizer_key, stage_state
+from ...planner.memory import plan_analysis
 from ...planner.plan import Plan
 from ...saved_tensors import observing_saved
 
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
     from ...models import ModelSpec
     from ..execution.parts import RankParts
 
-__all__ = ["ActivationMeter", "state_bytes", "estimate_state_bytes", "check_memory_limit"]
+__all__ = ["ActivationMeter", "state_bytes", "estimate_state_bytes", "stage_weights_of",
+           "model_optimizer", "check_memory_limit"]
 
 _Key = tuple[int, int, int, int]
 """(stage, micro-batch, piece, pipeline)."""
@@ -129,26 +133,42 @@ def state_bytes(parts: RankParts) -> int:
 def estimate_state_bytes(spec: ModelSpec, plan: Plan,
                          optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
                          *, averaging: bool = True) -> list[int]:
-    """:func:`state_bytes` per rank of ``plan``, before anything runs.
-
-    The optimizer state is measured, not assumed: one step with zero gradients on a copy of
-    each stage made of fake tensors, which hold no storage (so any ``torch.optim`` optimizer
-    is counted right, e.g. Adam's two moments, SGD's momentum buffer or none). ``averaging``: count the reference model (AvgPipe).
+    """Per rank of ``plan``, before anything runs: the memory model's state
+    (:func:`pipeweave.planner.memory.predicted_state`'s parts: parameters, gradients,
+    optimizer state, weight copies, times ``N`` pipelines, plus the reference model when the
+    schedule averages), with the parameters counted from the blocks' shapes (nothing is
+    copied, allocated or stepped). ``averaging`` False: leave the reference model out.
     """
-    per_stage = []
-    for start, end in plan.stages:
-        with FakeTensorMode():  # fake CPU tensors: sizes and a real optimizer step, no storage
-            module = nn.Sequential(*meta_copy(spec.blocks[start:end], "cpu"))
-            probe = optimizer(module.parameters())
-            for param in module.parameters():
-                if param.requires_grad:
-                    param.grad = torch.zeros_like(param)
-            probe.step()
-            reference = sum(_nbytes(p) for p in module.parameters()) if averaging else 0
-            per_stage.append((_module_state_bytes(module, probe), reference))
-    layout = plan.layout()
-    return [sum(plan.pipelines * per_stage[s][0] + per_stage[s][1] for s in layout.stages_of(rank))
-            for rank in range(layout.num_ranks)]
+    weights = [stage_weights_of(spec.blocks[start:end]) for start, end in plan.stages]
+    analysis = plan_analysis(plan)
+    layout = analysis.schedule.layout
+    states = model_state(weights, stage_state(weights, model_optimizer(optimizer)),
+                         [layout.stages_of(r) for r in range(layout.num_ranks)],
+                         pipelines=analysis.schedule.pipelines,
+                         reference=averaging and analysis.averages,
+                         copies=analysis.copies(plan.semantics.backward == "graph"))
+    return [int(s.total) for s in states]
+
+
+def stage_weights_of(blocks: Sequence[nn.Module]) -> StageWeights:
+    """What a stage of ``blocks`` holds, from the parameters' shapes (a parameter the blocks
+    share once; meta tensors are fine): bytes, trainable bytes and trainable tensors."""
+    params = list(nn.Sequential(*blocks).parameters())
+    trainable = [p for p in params if p.requires_grad]
+    return StageWeights(parameters=float(sum(_nbytes(p) for p in params)),
+                        trainable=float(sum(_nbytes(p) for p in trainable)),
+                        tensors=len(trainable))
+
+
+def model_optimizer(optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]) -> str:
+    """The memory model's name (:data:`pipeweave.memory.OPTIMIZER_STATE`) for what
+    ``optimizer`` builds: read off its name and keyword arguments when it has them
+    (``OptimizerFactory``), else off an optimizer it builds over one stand-in scalar."""
+    name, kwargs = getattr(optimizer, "name", None), getattr(optimizer, "kwargs", None)
+    if isinstance(name, str) and isinstance(kwargs, dict):
+        return optimizer_key(name, kwargs)
+    probe = optimizer([nn.Parameter(torch.zeros(()))])
+    return optimizer_key(type(probe).__name__.lower(), probe.defaults)
 
 
 def check_memory_limit(limit: float, state: Sequence[int], plan: Plan) -> None:

@@ -27,7 +27,7 @@ forward or backward consumes it, and a sent input gradient until a later receive
 delivered (``ir.deliveries``); a sent activation is the stage's output, already counted.
 
 The peak is the largest sum over the rank's program, and the parts reported are those at
-that moment (``sim.metrics.peak_activations`` is the same walk for ``a_s`` alone; with
+that moment (:func:`.held.held_activations` is the same walk for ``a_s`` alone; with
 ``x = p = g = 0`` the two agree, which a test checks).
 """
 

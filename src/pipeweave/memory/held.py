@@ -1,0 +1,53 @@
+"""Activations in flight, read off a schedule: the most a rank holds at once, in count and bytes.
+
+A forward's activation is held from the forward to its backward on the rank that runs both;
+a split backward's ``I`` leaves it to its ``W`` (the weight gradient still needs the saved
+inputs). A Slicer half (piece ``a``/``b``) holds half a micro-batch. Ranks run their programs
+in order, so the peak is read off program order, whatever the costs. The simulator reports
+this (``sim.metrics.peak_activations``); the search's lower bound uses it
+(``auto.memory.memory_floor``); :mod:`.timeline` is the same walk with every other part of a
+rank's memory added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..ir import Op, Schedule
+
+__all__ = ["held_activations"]
+
+_F, _B, _W = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_WEIGHT
+
+
+def held_activations(schedule: Schedule, sizes: Sequence[float]
+                     ) -> tuple[list[float], list[float]]:
+    """Per rank: the peak number of held activations and the peak held bytes, ``sizes[s]``
+    bytes per micro-batch on stage ``s`` (module docstring).
+
+    With chunks a rank holds one activation per (chunk, micro-batch), so a micro-batch that is
+    in flight on two chunks of the same rank counts twice.
+    """
+    counts, volumes = [], []
+    for program in schedule.programs:
+        held: dict[tuple[int, int | None, int], float] = {}  # (stage, mb, pipeline) -> share
+        count = volume = peak_count = peak_volume = 0.0
+        for action in program:
+            op = action[0]
+            if op is _F:
+                share = 0.5 if action[3] else 1.0
+                key = (action[1], action[2], action[6])
+                held[key] = held.get(key, 0.0) + share
+                count += share
+                volume += share * sizes[action[1]]
+                if count > peak_count:
+                    peak_count = count
+                if volume > peak_volume:
+                    peak_volume = volume
+            elif op is _B or op is _W:  # an I leaves the activation to its W
+                share = held.pop((action[1], action[2], action[6]), 0.0)
+                count -= share
+                volume -= share * sizes[action[1]]
+        counts.append(peak_count)
+        volumes.append(peak_volume)
+    return counts, volumes

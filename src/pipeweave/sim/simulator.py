@@ -249,8 +249,8 @@ def _duration_fn(costs: StageCosts) -> DurationFn:
     table = {op: by_op.get(op, zero) for op in Op}
 
     def duration(_rank: int, action: Action) -> float:
-        t = table[action[0]][action[1]]
-        return t * 0.5 if action[3] else t  # a Slicer half costs half
+        t = table[action.op][action.stage]
+        return t * 0.5 if action.piece else t  # a Slicer half costs half
 
     return duration
 

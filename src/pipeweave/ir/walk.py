@@ -196,7 +196,7 @@ class _Walker:
             if resume is not None:
                 deps, first, t0, bind = resume
                 resume = None
-            elif action[0] is _ALL_REDUCE:  # action.op, read fast
+            elif action.op is _ALL_REDUCE:
                 if not self._collective(rank, position, action):
                     return  # wait for the other replicas
                 position += 1

@@ -261,11 +261,11 @@ def _delay_fn(costs: StageCosts) -> DelayFn | None:
     latency, transfer = costs.latency, costs.transfer
 
     def delay(producer: Action, _from_rank: int, consumer: Action, _to_rank: int) -> float:
-        if producer[0] in CHECK_OPS:  # a global check's state: a few numbers
+        if producer.op in CHECK_OPS:  # a global check's state: a few numbers
             return latency
         # boundary between stages b and b+1; the gradient crosses it the other way
-        t = transfer[min(producer[1], consumer[1])]
-        return latency + (t * 0.5 if producer[3] else t)
+        t = transfer[min(producer.stage, consumer.stage)]
+        return latency + (t * 0.5 if producer.piece else t)
 
     return delay
 

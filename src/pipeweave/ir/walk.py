@@ -183,7 +183,7 @@ class _Walker:
     def _advance(self, rank: int) -> None:
         """Run ``rank``'s program until it ends or waits (on a dependency or a collective).
 
-        This runs once per action of the schedule: the dependency scan and the finish are
+        Its loop runs once per action of the schedule: the dependency scan and the finish are
         inlined (a method call each would cost a third of the walk's time)."""
         program, duration, delay, get = self.programs[rank], self.duration, self.delay, self.get
         start_row, end_row, binding_row = self.start[rank], self.end[rank], self.binding[rank]

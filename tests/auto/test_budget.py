@@ -46,20 +46,19 @@ def test_under_a_time_limit_cheap_1f1b_goes_first_until_one_fits() -> None:
     best-bound one recomputing every stage; then the rest by bound, none given twice."""
     from dataclasses import replace
 
-    from pipeweave.auto.search import SAFE_SCHEDULE, _safe_first
+    from pipeweave.auto.search import SAFE_SCHEDULE, Keyed, _safe_first
 
-    def entry(bound: float, schedule: str, recompute: int = 0,
-              microbatches: int = 8) -> tuple[float, tuple[()], int, Candidate]:
-        return (bound, (), int(bound), replace(_candidate(4, 1, microbatches),
-                                               schedule=schedule, recompute=recompute))
+    def entry(bound: float, schedule: str, recompute: int = 0, microbatches: int = 8) -> Keyed:
+        return Keyed(bound, (), int(bound), replace(_candidate(4, 1, microbatches),
+                                                    schedule=schedule, recompute=recompute))
 
     keyed = [entry(1, "zb-h2"), entry(2, "zb-h1"), entry(3, "1f1b", 4), entry(4, "1f1b", 0, 64),
              entry(5, "gpipe"), entry(6, "1f1b", 0, 4), entry(7, "1f1b")]
     assert SAFE_SCHEDULE == "1f1b"
-    never = [e[0] for e in _safe_first(keyed, lambda: False)]
+    never = [e.bound for e in _safe_first(keyed, lambda: False)]
     assert never == [6, 7, 4, 3, 1, 2, 5]  # cheapest 1F1B up, recomputing one, then by bound
     given: list[float] = []
-    at_once = [e[0] for e in _safe_first(keyed, lambda: len(given) >= 1)
-               if not given.append(e[0])]
+    at_once = [e.bound for e in _safe_first(keyed, lambda: len(given) >= 1)
+               if not given.append(e.bound)]
     assert at_once == [6, 1, 2, 3, 4, 5, 7]  # the first seed fitted: the rest by bound
-    assert [e[0] for e in _safe_first(keyed[:2], lambda: False)] == [1, 2]  # no 1F1B
+    assert [e.bound for e in _safe_first(keyed[:2], lambda: False)] == [1, 2]  # no 1F1B

@@ -58,7 +58,7 @@ def test_search_improves_on_algorithm_1_for_gpt() -> None:
     search = autopipe_search(evaluator, profile.forward, profile.backward, 8)
     assert search.result.iteration_time < search.start_result.iteration_time
     assert search.simulations == evaluator.calls == len(search.trace)
-    assert search.trace[0][0] == "algorithm1"
+    assert search.trace[0].step == "algorithm1"
     # the start is Algorithm 1's partition, whose heaviest stage is optimal
     loads = [sum(profile.compute[a:e]) for a, e in search.start]
     assert max(loads) <= max(sum(profile.compute[a:e]) for a, e in search.bounds) + 1e-15

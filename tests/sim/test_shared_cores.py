@@ -17,10 +17,10 @@ import random
 
 import pytest
 
-from pipeweave.ir import ScheduleError, lower
+from pipeweave.ir import CORE_OPS, ScheduleError, lower
 from pipeweave.ir.walk import walk
 from pipeweave.sim import Costs, simulate
-from pipeweave.sim.shared_cores import COMPUTE_OPS, walk_shared_cores
+from pipeweave.sim.shared_cores import walk_shared_cores
 from pipeweave.sim.simulator import _delay_fn, _duration_fn
 
 from test_simulator import build, hand_written, registered
@@ -74,7 +74,7 @@ def test_gpipe_on_two_ranks_and_one_core_timed_by_hand() -> None:
 def compute_work(schedule, costs: Costs) -> float:  # type: ignore[no-untyped-def]
     duration = _duration_fn(costs.resolve(schedule.num_stages))
     return sum(duration(rank, action) for rank, _, action in schedule.actions()
-               if action.op in COMPUTE_OPS)
+               if action.op in CORE_OPS)
 
 
 @pytest.mark.parametrize("name", ["1f1b", "gpipe", "pipedream", "avgpipe", "wpipe"])

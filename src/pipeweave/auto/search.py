@@ -29,7 +29,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..planner.plan import Plan
 from ..profiler import Profile
@@ -147,6 +147,16 @@ class _Search:
     over_budget: int = 0
     refused_ties: int = 0
     tie_reason: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+    ranked: list[Prediction] = field(default_factory=list)
+    """Simulated candidates that fit the memory limit."""
+    over: list[Prediction] = field(default_factory=list)
+    """Simulated candidates over the memory limit."""
+    slower: list[Timed] = field(default_factory=list)
+    """Simulated candidates that could not win: their memory is asked later, for the table."""
+    best: float = 0.0
+    """Samples/s of the best candidate that fits."""
+    unexamined: int = 0
 
     def __post_init__(self) -> None:
         self.partitioner = Partitioner(self.problem)
@@ -234,121 +244,171 @@ def _fastest_link(problem: AutoProblem) -> float:
 def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
            progress: Progress | None = None) -> SearchResult:
     """Search ``problem``'s space (module docstring)."""
-    started = time.perf_counter()
     say = progress or (lambda _text: None)
     state = _Search(problem, say)
     candidates = list(enumerate_candidates(problem, axes))
-    considered = len(candidates)
-    say(f"{considered} candidates from {len(axes)} axes")
-    valid = [c for c in candidates if _valid_shape(c, problem)]
-    state.invalid += considered - len(valid)
-    link = _fastest_link(problem)
-    # best bound per sample first: the first simulations set a high bar for the rest
-    keyed = sorted(((shape_bound(c, state.profile(c), problem, link), _simplicity(c), i, c)
-                    for i, c in enumerate(valid)),
-                   key=lambda e: (e[0] / e[3].pipelines, e[1], e[2]))
-    ranked: list[Prediction] = []
-    over: list[Prediction] = []
-    slower: list[Timed] = []
-    best = 0.0  # samples/s of the best candidate that fits
+    say(f"{len(candidates)} candidates from {len(axes)} axes")
+    keyed = _by_bound(state, candidates)
     last_report = time.perf_counter()
-    unexamined = 0
-    order = keyed if problem.time_limit is None else _safe_first(keyed, lambda: bool(ranked))
-    for position, (bound, _, _, candidate) in enumerate(order):
-        if problem.time_limit is not None and ranked and \
-                time.perf_counter() - started > problem.time_limit:
-            unexamined = len(keyed) - position
-            say(f"--time-limit {problem.time_limit:g} s spent: {unexamined} candidates left "
-                "unexamined (the weakest bounds)")
+    order = keyed if problem.time_limit is None else _safe_first(keyed,
+                                                                 lambda: bool(state.ranked))
+    for position, entry in enumerate(order):
+        if problem.time_limit is not None and state.ranked and \
+                time.perf_counter() - state.started > problem.time_limit:
+            state.unexamined = len(keyed) - position
+            say(f"--time-limit {problem.time_limit:g} s spent: {state.unexamined} candidates "
+                "left unexamined (the weakest bounds)")
             break
-        samples = problem.batch * candidate.pipelines
-        if _cannot_beat(samples, bound, best, candidate):
-            state.pruned_time += 1
-            continue
-        if problem.time_limit is not None and not state.budget.fits(
-                candidate, problem.time_limit - (time.perf_counter() - started)):
-            state.over_budget += 1  # too long for the time left; a cheaper one may fit
-            continue
-        try:
-            done, plan, profile = state.complete(candidate)
-        except ValueError:
-            state.invalid += 1
-            continue
-        if problem.memory_limit is not None and \
-                max(static_memory(problem, plan)) > problem.memory_limit:
-            state.pruned_memory += 1
-            continue
-        key = json.dumps([plan.to_json(), done.apc], sort_keys=True)
-        if key in state.seen:
-            state.duplicates += 1
-            continue
-        state.seen.add(key)
-        costs = candidate_costs(done, plan, profile, problem)
-        if _cannot_beat(samples, plan_bound(plan, costs, problem), best, done):
-            state.pruned_time += 1
-            continue
-        if not state.fits(done, started):
-            state.over_budget += 1
-            continue
-        try:
-            check_ties(plan, problem.profile)
-            timed = state.evaluate(done, profile)
-        except TieRefused as refused:
-            state.invalid += 1
-            state.refused_ties += 1
-            state.tie_reason = state.tie_reason or str(refused)
-            continue
-        except ValueError:
-            state.invalid += 1
-            continue
-        if timed.samples_per_second <= best:  # cannot win: its memory is asked only if
-            slower.append(timed)              # it makes the table (below)
-            continue
-        if state.over_floor(plan):  # surely over the limit: the memory model is not asked
-            state.pruned_memory += 1
-            continue
-        if not state.fits(done, started, simulation=False):
-            state.over_budget += 1
-            continue
-        prediction = state.memory(timed)
-        if problem.memory_limit is not None and prediction.max_memory > problem.memory_limit:
-            over.append(prediction)
-            continue
-        ranked.append(prediction)
-        best = max(best, prediction.samples_per_second)
-        if time.perf_counter() - last_report > 2.0:
+        if _examine(state, entry) and time.perf_counter() - last_report > 2.0:
             last_report = time.perf_counter()
             say(f"searched {position + 1}/{len(keyed)}: {state.simulated} simulated, "
-                f"best {best:.4g} samples/s")
-    # the memory of the fastest of those that could not win, for the table and the plot
-    slower.sort(key=lambda t: -t.samples_per_second)
-    for timed in slower[:TABLE_MEMORY]:
+                f"best {state.best:.4g} samples/s")
+    _table_memory(state)
+    return _result(state, len(candidates))
+
+
+class Keyed(NamedTuple):
+    """A valid candidate with its sort key: best bound per sample first, then the simplest."""
+
+    bound: float
+    """:func:`~pipeweave.auto.bounds.shape_bound` of the candidate (seconds per iteration)."""
+    simplicity: tuple[Any, ...]
+    order: int
+    """Its position among the valid candidates (the last tie-break)."""
+    candidate: Candidate
+
+
+def _by_bound(state: _Search, candidates: list[Candidate]) -> list[Keyed]:
+    """The valid ``candidates``, best bound per sample first: the first simulations set a
+    high bar for the rest. The invalid ones are counted in ``state``."""
+    problem = state.problem
+    valid = [c for c in candidates if _valid_shape(c, problem)]
+    state.invalid += len(candidates) - len(valid)
+    link = _fastest_link(problem)
+    return sorted((Keyed(shape_bound(c, state.profile(c), problem, link), _simplicity(c), i, c)
+                   for i, c in enumerate(valid)),
+                  key=lambda e: (e.bound / e.candidate.pipelines, e.simplicity, e.order))
+
+
+def _examine(state: _Search, entry: Keyed) -> bool:
+    """Prune, simulate and rank one candidate; True when it joined the ranked (it fits and
+    was the fastest so far)."""
+    problem = state.problem
+    simulated = _simulate_unless_pruned(state, entry)
+    if simulated is None:
+        return False
+    timed, plan, done = simulated
+    if timed.samples_per_second <= state.best:  # cannot win: its memory is asked only if
+        state.slower.append(timed)              # it makes the table (_table_memory)
+        return False
+    if state.over_floor(plan):  # surely over the limit: the memory model is not asked
+        state.pruned_memory += 1
+        return False
+    if not state.fits(done, state.started, simulation=False):
+        state.over_budget += 1
+        return False
+    prediction = state.memory(timed)
+    if problem.memory_limit is not None and prediction.max_memory > problem.memory_limit:
+        state.over.append(prediction)
+        return False
+    state.ranked.append(prediction)
+    state.best = max(state.best, prediction.samples_per_second)
+    return True
+
+
+class _Simulated(NamedTuple):
+    timed: Timed
+    plan: Plan
+    candidate: Candidate
+    """The candidate completed: partition and options filled in."""
+
+
+def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
+    """Complete and simulate ``entry``'s candidate unless a bound, the static memory, the time
+    budget or a validation rules it out first (counted in ``state``; None then)."""
+    problem, candidate = state.problem, entry.candidate
+    samples = problem.batch * candidate.pipelines
+    if _cannot_beat(samples, entry.bound, state.best, candidate):
+        state.pruned_time += 1
+        return None
+    if problem.time_limit is not None and not state.budget.fits(
+            candidate, problem.time_limit - (time.perf_counter() - state.started)):
+        state.over_budget += 1  # too long for the time left; a cheaper one may fit
+        return None
+    try:
+        done, plan, profile = state.complete(candidate)
+    except ValueError:
+        state.invalid += 1
+        return None
+    if problem.memory_limit is not None and \
+            max(static_memory(problem, plan)) > problem.memory_limit:
+        state.pruned_memory += 1
+        return None
+    key = json.dumps([plan.to_json(), done.apc], sort_keys=True)
+    if key in state.seen:
+        state.duplicates += 1
+        return None
+    state.seen.add(key)
+    costs = candidate_costs(done, plan, profile, problem)
+    if _cannot_beat(samples, plan_bound(plan, costs, problem), state.best, done):
+        state.pruned_time += 1
+        return None
+    if not state.fits(done, state.started):
+        state.over_budget += 1
+        return None
+    return _checked_simulation(state, done, plan, profile)
+
+
+def _checked_simulation(state: _Search, done: Candidate, plan: Plan,
+                        profile: Profile) -> _Simulated | None:
+    """Simulate a complete candidate whose ties its schedule keeps exact (None: refused)."""
+    try:
+        check_ties(plan, state.problem.profile)
+        return _Simulated(state.evaluate(done, profile), plan, done)
+    except TieRefused as refused:
+        state.invalid += 1
+        state.refused_ties += 1
+        state.tie_reason = state.tie_reason or str(refused)
+    except ValueError:
+        state.invalid += 1
+    return None
+
+
+def _table_memory(state: _Search) -> None:
+    """The memory of the fastest of those that could not win, for the table and the plot."""
+    problem = state.problem
+    state.slower.sort(key=lambda t: -t.samples_per_second)
+    for timed in state.slower[:TABLE_MEMORY]:
         if problem.time_limit is not None and not state.budget.fits(
-                timed.candidate, problem.time_limit - (time.perf_counter() - started),
+                timed.candidate, problem.time_limit - (time.perf_counter() - state.started),
                 simulation=False):
             continue  # the table then lists fewer of the candidates that could not win
         prediction = state.memory(timed)
         fits = problem.memory_limit is None or prediction.max_memory <= problem.memory_limit
-        (ranked if fits else over).append(prediction)
-    ranked.sort(key=lambda p: (-p.samples_per_second, p.max_memory, _simplicity(p.candidate)))
-    default = _default_prediction(state, problem)
-    say(f"done: {considered} considered, {state.invalid} invalid, "
+        (state.ranked if fits else state.over).append(prediction)
+
+
+def _result(state: _Search, considered: int) -> SearchResult:
+    state.ranked.sort(key=lambda p: (-p.samples_per_second, p.max_memory,
+                                     _simplicity(p.candidate)))
+    default = _default_prediction(state, state.problem)
+    state.progress(
+        f"done: {considered} considered, {state.invalid} invalid, "
         f"{state.pruned_time + state.pruned_memory} pruned, {state.simulated} simulated, "
         f"{state.duplicates} duplicates"
         + (f", {state.over_budget} over the time budget" if state.over_budget else ""))
-    return SearchResult(problem=problem, ranked=tuple(ranked), over_limit=tuple(over),
-                        default=default, considered=considered, invalid=state.invalid,
-                        pruned_time=state.pruned_time, pruned_memory=state.pruned_memory,
-                        simulated=state.simulated, duplicates=state.duplicates,
-                        seconds=time.perf_counter() - started, unexamined=unexamined,
-                        over_budget=state.over_budget, refused_ties=state.refused_ties,
-                        tie_reason=state.tie_reason)
+    return SearchResult(problem=state.problem, ranked=tuple(state.ranked),
+                        over_limit=tuple(state.over), default=default, considered=considered,
+                        invalid=state.invalid, pruned_time=state.pruned_time,
+                        pruned_memory=state.pruned_memory, simulated=state.simulated,
+                        duplicates=state.duplicates,
+                        seconds=time.perf_counter() - state.started,
+                        unexamined=state.unexamined, over_budget=state.over_budget,
+                        refused_ties=state.refused_ties, tie_reason=state.tie_reason)
 
 
 SAFE_SCHEDULE = "1f1b"
 """Under ``--time-limit`` candidates of this schedule go first (:func:`_safe_first`)."""
-
-Keyed = tuple[float, Any, int, Candidate]
 
 
 def _safe_first(keyed: list[Keyed], found: Callable[[], bool]) -> Iterator[Keyed]:
@@ -367,10 +427,11 @@ def _safe_first(keyed: list[Keyed], found: Callable[[], bool]) -> Iterator[Keyed
     check gives the budget its rate (:mod:`pipeweave.auto.budget`) and, usually, a plan that
     fits; the candidates it skipped come back in bound order."""
     given: set[int] = set()
-    safe = [(i, e) for i, e in enumerate(keyed) if e[3].schedule == SAFE_SCHEDULE]
-    seeds = sorted(((i, e) for i, e in safe if e[3].recompute == 0),
-                   key=lambda item: (work_units(item[1][3]), item[0]))
-    seeds += [next(((i, e) for i, e in safe if e[3].recompute >= e[3].stages), (-1, keyed[0]))]
+    safe = [(i, e) for i, e in enumerate(keyed) if e.candidate.schedule == SAFE_SCHEDULE]
+    seeds = sorted(((i, e) for i, e in safe if e.candidate.recompute == 0),
+                   key=lambda item: (work_units(item[1].candidate), item[0]))
+    seeds += [next(((i, e) for i, e in safe if e.candidate.recompute >= e.candidate.stages),
+                   (-1, keyed[0]))]
     for index, entry in seeds:
         if found():
             break

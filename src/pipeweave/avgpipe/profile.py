@@ -277,6 +277,31 @@ def profile_from_timeline(
         busy: ``"compute"`` (compute actions) or ``"host"`` (all but waiting, module doc).
     """
     records = list(records)
+    per_rank = _check_timeline_inputs(records, stages, iterations, transfer_s, model_bytes,
+                                      data_bytes, fixed_bytes, busy)
+    levels = list(levels) if levels is not None else [BUSY] * stages
+    if len(levels) != stages:
+        raise ValueError(f"levels has {len(levels)} entries; give one per rank ({stages})")
+    if window is None:
+        window = (min(start for _, _, start, _ in records), max(end for _, _, _, end in records))
+    ranks = tuple(
+        _rank_profile(records, k, window, iterations=iterations, microbatches=microbatches,
+                      messages=microbatches * pipelines, transfer_s=transfer_s,
+                      levels=levels[k], bin_s=bin_s, busy=busy,
+                      bytes_=[float(values[k]) for values in per_rank])
+        for k in range(stages))
+    lo, hi = window
+    return TuningProfile(microbatches=microbatches, pipelines=pipelines,
+                         iteration_s=(hi - lo) / iterations, ranks=ranks, advance=advance,
+                         source=source, batch_size=batch_size, notes=dict(notes or {}))
+
+
+def _check_timeline_inputs(records: list[Record], stages: int, iterations: int,
+                           transfer_s: Sequence[float], model_bytes: Sequence[float],
+                           data_bytes: Sequence[float], fixed_bytes: Sequence[float] | None,
+                           busy: str) -> list[Sequence[float]]:
+    """Refuse what :func:`profile_from_timeline` cannot use; the per-rank model, data and
+    fixed bytes (fixed: zeros by default)."""
     if not records:
         raise ValueError("the timeline has no records; profile a run with record_timeline=True")
     if iterations < 1:
@@ -289,39 +314,38 @@ def profile_from_timeline(
     for name, values in per_rank.items():
         if len(values) != stages:
             raise ValueError(f"{name} has {len(values)} values; give one per rank ({stages})")
-    levels = list(levels) if levels is not None else [BUSY] * stages
-    if len(levels) != stages:
-        raise ValueError(f"levels has {len(levels)} entries; give one per rank ({stages})")
     if busy not in ("compute", "host"):
         raise ValueError(f"busy must be 'compute' or 'host', got {busy!r}")
-    if window is None:
-        window = (min(r[2] for r in records), max(r[3] for r in records))
+    return list(per_rank.values())
+
+
+def _rank_profile(records: list[Record], k: int, window: tuple[float, float], *,
+                  iterations: int, microbatches: int, messages: int,
+                  transfer_s: Sequence[float], levels: Levels, bin_s: float | None, busy: str,
+                  bytes_: list[float]) -> RankProfile:
+    """Rank ``k``'s profile over ``window``; ``messages``: each crossing of a boundary, per
+    direction, per iteration; ``bytes_``: its model, data and fixed bytes."""
     lo, hi = window
     iteration = (hi - lo) / iterations
-    messages = microbatches * pipelines  # each crossing of a boundary, per direction
-    ranks = []
-    for k in range(stages):
-        segments = (busy_segments(records, k, window, per_iteration=False) if busy == "compute"
-                    else host_segments(records, k, window, microbatches))
-        compute = sum(e - s for s, e in segments) / iterations
-        update = sum(min(e, hi) - max(s, lo) for r, text, s, e in records
-                     if r == k and parse_action(text).op in _PER_ITERATION and e > lo and s < hi)
-        received = (transfer_s[k - 1] if k > 0 else 0.0) + (transfer_s[k] if k < stages - 1 else 0.0)
-        waits = [min(e, hi) - max(s, lo) for r, text, s, e in records
-                 if r == k and parse_action(text).op in _RECV and e > lo and s < hi]
-        histogram = utilisation_histogram(segments, window, levels=levels[k], bin_s=bin_s)
-        ranks.append(RankProfile(
-            compute_s=compute, idle_s=max(iteration - compute - update / iterations, 0.0),
-            comm_total_s=messages * received,
-            utilisation=tuple((level, seconds / iterations) for level, seconds in histogram),
-            model_bytes=float(per_rank["model_bytes"][k]), data_bytes=float(per_rank["data_bytes"][k]),
-            fixed_bytes=float(per_rank["fixed_bytes"][k]),
-            receive_wait_s=sum(waits) / iterations if waits else None,
-            update_s=update / iterations,
-        ))
-    return TuningProfile(microbatches=microbatches, pipelines=pipelines, iteration_s=iteration,
-                         ranks=tuple(ranks), advance=advance, source=source,
-                         batch_size=batch_size, notes=dict(notes or {}))
+    stages = len(transfer_s) + 1
+    segments = (busy_segments(records, k, window, per_iteration=False) if busy == "compute"
+                else host_segments(records, k, window, microbatches))
+    compute = sum(e - s for s, e in segments) / iterations
+    update = sum(min(e, hi) - max(s, lo) for r, text, s, e in records
+                 if r == k and parse_action(text).op in _PER_ITERATION and e > lo and s < hi)
+    received = (transfer_s[k - 1] if k > 0 else 0.0) + (transfer_s[k] if k < stages - 1 else 0.0)
+    waits = [min(e, hi) - max(s, lo) for r, text, s, e in records
+             if r == k and parse_action(text).op in _RECV and e > lo and s < hi]
+    histogram = utilisation_histogram(segments, window, levels=levels, bin_s=bin_s)
+    model, data, fixed = bytes_
+    return RankProfile(
+        compute_s=compute, idle_s=max(iteration - compute - update / iterations, 0.0),
+        comm_total_s=messages * received,
+        utilisation=tuple((level, seconds / iterations) for level, seconds in histogram),
+        model_bytes=model, data_bytes=data, fixed_bytes=fixed,
+        receive_wait_s=sum(waits) / iterations if waits else None,
+        update_s=update / iterations,
+    )
 
 
 def profile_from_simulation(result: Any, *, model_bytes: Sequence[float],

@@ -58,6 +58,13 @@ def add_parser(subparsers: Any) -> None:
         batch_size_help="samples per iteration (default: the profile's micro-batch x 2 x "
                         "ranks); with --model and no --profile the model is profiled at "
                         "batch-size / (2 x ranks) samples per micro-batch")
+    _add_search_arguments(parser)
+    _add_output_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cluster, the limits and the space searched."""
     parser.add_argument("--ranks", type=int, required=True, help="workers to plan for")
     parser.add_argument("--topology", default=None, metavar="MxB[,MxB...]",
                         help="hierarchical levels, lowest first: machines x bandwidth (bytes/s), "
@@ -94,6 +101,10 @@ def add_parser(subparsers: Any) -> None:
                         help="stop examining candidates after this long and take the best so "
                              "far (candidates go best bound first; the rest are counted as "
                              "unexamined); default: search everything")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is written, and the optional run of the winner."""
     parser.add_argument("--out", type=Path, default=Path("auto-plan.json"),
                         help="write the winner's plan here (for pipeweave train --plan)")
     parser.add_argument("--plot", type=Path, default=Path("auto-pareto.png"),
@@ -105,7 +116,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="with --run: seconds a rank waits for a peer")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    parser.set_defaults(func=run)
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:

@@ -65,6 +65,17 @@ def add_parser(subparsers: Any) -> None:
         "train", help="train a model with a pipeline schedule on local ranks",
         description=__doc__,
     )
+    _add_shape_arguments(parser)
+    _add_optimizer_arguments(parser)
+    _add_run_arguments(parser)
+    _add_checkpoint_arguments(parser)
+    add_data_options(parser)
+    train_avgpipe.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and the pipeline's shape (what a plan file fixes)."""
     parser.add_argument("--model", default=None, choices=available_models(),
                         help=f"model to train (default {DEFAULT_MODEL})")
     add_hf_config(parser)
@@ -89,6 +100,10 @@ def add_parser(subparsers: Any) -> None:
                         help="plan JSON (pipeweave plan --json-out); it fixes the schedule, "
                              "stages, micro-batches, chunks, width, options and recomputation, "
                              "so those flags are refused beside it")
+
+
+def _add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:
+    """The optimizer and what each update computes (clipping, recomputation, compression)."""
     parser.add_argument("--optimizer", default=None, choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"],
                         help="torch.optim optimizer (default: the schedule's own, SGD with "
                              "momentum 0.9 for spectrain, else adam)")
@@ -113,6 +128,10 @@ def add_parser(subparsers: Any) -> None:
                         help="automatic precision compression: send float activations/gradients "
                              "between ranks as fp16 with a power-of-two scaler (WPipe; about half "
                              "the bytes, relative error <= 2**-11)")
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Precision, device, executor and the run's outputs."""
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                         help="the model's dtype: its parameters, gradients and optimizer state "
@@ -146,6 +165,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--debug", action="store_true",
                         help="when a rank fails, print its full traceback as well (it is always "
                              "written to error.log in the output folder)")
+
+
+def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-dir", type=Path, default=None,
                         help="write checkpoints here (every --checkpoint-every steps and at the end)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
@@ -154,9 +176,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--resume", default=None, metavar="DIR|auto",
                         help="continue from a checkpoint directory (or one step-* folder in it); "
                              "'auto': from --checkpoint-dir's newest checkpoint if any")
-    add_data_options(parser)
-    train_avgpipe.add_arguments(parser)
-    parser.set_defaults(func=run)
 
 
 @dataclass(frozen=True)

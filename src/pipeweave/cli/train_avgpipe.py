@@ -31,7 +31,7 @@ import argparse
 import os
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import devices
 from ..models import ModelSpec
@@ -196,18 +196,26 @@ def add_metrics(rows: list[dict[str, Any]], summary: TrainSummary) -> None:
                        activation_bytes=entry["activation_bytes"], decision=entry["decision"])
 
 
+class _AdvanceRun(NamedTuple):
+    """Consecutive steps at one advance."""
+
+    advance: int
+    first: int
+    last: int
+
+
 def summary_lines(summary: TrainSummary) -> list[str]:
     """The advance per step (runs of equal values) and the memory limit, for AvgPipe runs."""
     lines = []
     if summary.advance_per_step:
-        runs: list[tuple[int, int, int]] = []  # (advance, first step, last step)
+        runs: list[_AdvanceRun] = []
         for step, advance in enumerate(summary.advance_per_step, start=1):
-            if runs and runs[-1][0] == advance:
-                runs[-1] = (advance, runs[-1][1], step)
+            if runs and runs[-1].advance == advance:
+                runs[-1] = runs[-1]._replace(last=step)
             else:
-                runs.append((advance, step, step))
-        text = ", ".join(f"{a} (step {f})" if f == l else f"{a} (steps {f}-{l})"
-                         for a, f, l in runs)
+                runs.append(_AdvanceRun(advance, step, step))
+        text = ", ".join(f"{run.advance} (step {run.first})" if run.first == run.last
+                         else f"{run.advance} (steps {run.first}-{run.last})" for run in runs)
         lines.append(f"{'advance':>24}  {text}")
     if summary.memory_limit is not None:
         peak = max((e["peak_bytes"] for e in summary.advance_log), default=None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
@@ -90,7 +90,35 @@ def blocks(model: Any, *, sublayer: bool = False, padding: bool = False,
         raise TypeError(f"padding={padding!r}; pass True (inputs carry an attention_mask) or "
                         f"False")
     family = family_of(model)
-    masking: Any = require_transformers().masking_utils
+    parts = _parts(model, family, padding)
+    found: list[nn.Module] = [parts.embed]
+    names = ["embed"]
+    for index, layer in enumerate(parts.layers[: model.config.num_hidden_layers]):
+        blocks_of_layer = _layer_blocks(model, family, index, layer, parts.rotary,
+                                        sublayer=sublayer, padding=padding)
+        found += blocks_of_layer
+        names += ([f"layer{index}.attn", f"layer{index}.ffn"] if sublayer
+                  else [f"layer{index}"])
+    found.append(Head(parts.norm, model.lm_head, padding))
+    names.append("head")
+    return ModelSpec(name=name or f"hf-{family}", blocks=tuple(found),
+                     loss_fn=CausalLMLoss(_loss_function(model)),
+                     block_names=tuple(names), dataset=dataset, init=partial(init_module, model))
+
+
+class _Parts(NamedTuple):
+    """The modules of a causal LM that the blocks wrap."""
+
+    embed: nn.Module
+    layers: list[Any]
+    """The decoder layers."""
+    norm: Any
+    """The final norm."""
+    rotary: Any
+    """The rotary embedding (Llama family; None for GPT-2)."""
+
+
+def _parts(model: Any, family: str, padding: bool) -> _Parts:
     config: Any = model.config
     if family == "gpt2":
         if config.add_cross_attention:
@@ -98,30 +126,24 @@ def blocks(model: Any, *, sublayer: bool = False, padding: bool = False,
                              "needs encoder states a pipeline block cannot carry; use a "
                              "decoder-only config")
         base: Any = model.transformer
-        embed: nn.Module = GPT2Embedding(base.wte, base.wpe, base.drop, padding)
-        layers, norm, rotary = list(base.h), base.ln_f, None
-    else:
-        base = model.model
-        embed = TokenEmbedding(base.embed_tokens, padding)
-        layers, norm, rotary = list(base.layers), base.norm, base.rotary_emb
-    found: list[nn.Module] = [embed]
-    names = ["embed"]
-    for index, layer in enumerate(layers[: config.num_hidden_layers]):
-        context = CausalContext(config, _mask_function(family, config, index, masking), rotary)
-        if sublayer:
-            (norm1, attention), (norm2, mlp) = _HALVES.get(family, _LLAMA_HALVES)
-            found += [AttentionHalf(getattr(layer, norm1), getattr(layer, attention), context,
-                                    padding),
-                      MLPHalf(getattr(layer, norm2), getattr(layer, mlp), padding)]
-            names += [f"layer{index}.attn", f"layer{index}.ffn"]
-        else:
-            found.append(DecoderLayer(layer, context, padding))
-            names.append(f"layer{index}")
-    found.append(Head(norm, model.lm_head, padding))
-    names.append("head")
-    return ModelSpec(name=name or f"hf-{family}", blocks=tuple(found),
-                     loss_fn=CausalLMLoss(_loss_function(model)),
-                     block_names=tuple(names), dataset=dataset, init=partial(init_module, model))
+        return _Parts(GPT2Embedding(base.wte, base.wpe, base.drop, padding), list(base.h),
+                      base.ln_f, None)
+    base = model.model
+    return _Parts(TokenEmbedding(base.embed_tokens, padding), list(base.layers), base.norm,
+                  base.rotary_emb)
+
+
+def _layer_blocks(model: Any, family: str, index: int, layer: Any, rotary: Any, *,
+                  sublayer: bool, padding: bool) -> list[nn.Module]:
+    """Decoder layer ``index`` as one block, or (``sublayer``) its attention and MLP halves."""
+    masking: Any = require_transformers().masking_utils
+    config: Any = model.config
+    context = CausalContext(config, _mask_function(family, config, index, masking), rotary)
+    if not sublayer:
+        return [DecoderLayer(layer, context, padding)]
+    (norm1, attention), (norm2, mlp) = _HALVES.get(family, _LLAMA_HALVES)
+    return [AttentionHalf(getattr(layer, norm1), getattr(layer, attention), context, padding),
+            MLPHalf(getattr(layer, norm2), getattr(layer, mlp), padding)]
 
 
 def init_module(model: Any, module: nn.Module, name: str = "") -> None:

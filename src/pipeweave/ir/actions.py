@@ -35,8 +35,8 @@ import enum
 import re
 from typing import Any, NamedTuple
 
-__all__ = ["Op", "Action", "parse_action", "COMPUTE_OPS", "COMM_OPS", "GRADIENT_OPS",
-           "WEIGHT_GRADIENT_OPS", "CHECK_OPS"]
+__all__ = ["Op", "Action", "parse_action", "COMPUTE_OPS", "CORE_OPS", "COMM_OPS",
+           "GRADIENT_OPS", "WEIGHT_GRADIENT_OPS", "CHECK_OPS"]
 
 
 class Op(str, enum.Enum):
@@ -61,6 +61,13 @@ class Op(str, enum.Enum):
 
 
 COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT})
+"""A micro-batch's computation (forward, backward or its halves): busy time, bubbles, the
+critical path. The optimizer step is not one of them: it runs once per update, not per
+micro-batch."""
+CORE_OPS = COMPUTE_OPS | {Op.STEP}
+"""The actions that occupy a processor core: a micro-batch's computation and the optimizer step.
+The others (sends, receives, all-reduce, averaging, the gradient check) wait on the network;
+ranks sharing CPU cores (:mod:`pipeweave.sim.shared_cores`) share them only among these."""
 GRADIENT_OPS = frozenset({Op.BACKWARD, Op.BACKWARD_INPUT})
 """The ops that produce a micro-batch's input gradient (what the previous stage waits for)."""
 WEIGHT_GRADIENT_OPS = frozenset({Op.BACKWARD, Op.BACKWARD_WEIGHT})

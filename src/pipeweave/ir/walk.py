@@ -13,18 +13,23 @@ done with a work list so the cost is linear in the number of actions.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Callable
-from itertools import repeat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from typing import NamedTuple
 
 from .actions import CHECK_OPS, Action, Op
 from .deps import collective_key, dependencies, ref
 from .schedule import Schedule, render_grid
 
-__all__ = ["Walk", "walk", "ScheduleError", "Location", "index_actions"]
+__all__ = ["Walk", "walk", "ScheduleError", "Location", "index_actions", "collective_participants"]
 
 Location = tuple[int, int]
 """``(rank, position)`` of an action in a schedule."""
+
+_ALL_REDUCE = Op.ALL_REDUCE
+_new = tuple.__new__
+"""A named tuple's own ``__new__`` without its extra call (as :class:`Action` does)."""
 
 
 class ScheduleError(ValueError):
@@ -70,17 +75,17 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
     backward, backward_input = Op.BACKWARD, Op.BACKWARD_INPUT
     total = 0
     for rank, program in enumerate(schedule.programs):
-        positions = [p for p, a in enumerate(program) if a[2] is not None]
+        positions = [p for p, a in enumerate(program) if a.microbatch is not None]
         keys = [
-            a if a[4] is None and a[5] == 0 and a[0] is not backward_input
-            else new(Action, (backward if a[0] is backward_input else a[0], a[1], a[2], a[3],
-                              None, 0, a[6]))
+            a if a.version is None and a.lookahead == 0 and a.op is not backward_input
+            else new(Action, (backward if a.op is backward_input else a.op, a.stage, a.microbatch,
+                              a.piece, None, 0, a.pipeline))
             for a in map(program.__getitem__, positions)
         ]
         index.update(zip(keys, zip(repeat(rank), positions)))
         total += len(keys)
         for position, action in enumerate(program):  # a global check's halves, by version
-            if action[0] in CHECK_OPS:
+            if action.op in CHECK_OPS:
                 index[action.with_(lookahead=0)] = (rank, position)
                 total += 1
     if len(index) != total:
@@ -112,123 +117,155 @@ def walk(
     index: dict[Action, Location] | None = None,
 ) -> Walk:
     """Time every action of ``schedule`` (see module docstring)."""
-    programs = schedule.programs
-    layout = schedule.layout
-    lowered = schedule.lowered
     index = index_actions(schedule) if index is None else index
-    all_reduce = Op.ALL_REDUCE
+    return _Walker(schedule, duration, delay, index).run()
+
+
+def collective_participants(programs: Sequence[Sequence[Action]]) -> dict[object, int]:
+    """How many ranks take part in each collective (``AR``), by :func:`collective_key`."""
     participants: dict[object, int] = defaultdict(int)
+    all_reduce = Op.ALL_REDUCE
     for program in programs:
         for action in program:
-            if action[0] is all_reduce:
+            if action.op is all_reduce:
                 participants[collective_key(action)] += 1
+    return participants
 
-    n = len(programs)
-    start = [[0.0] * len(p) for p in programs]
-    end = [[0.0] * len(p) for p in programs]
-    binding: list[list[Location | None]] = [[None] * len(p) for p in programs]
-    # Ranks run their programs in order, so action (r, p) is done exactly when p < pointer[r].
-    pointer = [0] * n
-    clock = [0.0] * n
-    # waiting[r][p]: ranks blocked until action (r, p) finishes.
-    waiting: list[dict[int, list[int]]] = [{} for _ in range(n)]
-    arrived: dict[object, list[Location]] = defaultdict(list)
-    # A rank blocked on a dependency resumes where it stopped: (its dependencies, index of
-    # the unfinished one, start so far, binding so far).
-    pending: list[tuple[tuple[Action, ...], int, float, Location | None] | None] = [None] * n
-    queue = deque(range(n))
-    queued = [True] * n
-    get = index.get
 
-    def wake(rank: int, position: int) -> None:
-        for waiter in waiting[rank].pop(position, ()):
-            if not queued[waiter]:
-                queued[waiter] = True
-                queue.append(waiter)
+class _Resume(NamedTuple):
+    """Where a rank blocked on a dependency resumes."""
 
-    def finish(rank: int, position: int, t0: float, bind: Location | None) -> None:
-        action = programs[rank][position]
-        start[rank][position] = t0
-        end[rank][position] = t1 = t0 + duration(rank, action)
-        binding[rank][position] = bind
-        clock[rank] = t1
-        pointer[rank] = position + 1
-        wake(rank, position)
+    deps: tuple[Action, ...]
+    """The dependencies of its next action."""
+    first: int
+    """Index in ``deps`` of the one it waits for (those before it are done)."""
+    start: float
+    """The start so far (the latest end among the finished dependencies)."""
+    binding: Location | None
+    """The predecessor that fixed that start."""
 
-    while queue:
-        rank = queue.popleft()
-        queued[rank] = False
-        program = programs[rank]
-        length = len(program)
-        start_row, end_row, binding_row, waiting_row = (
-            start[rank], end[rank], binding[rank], waiting[rank]
-        )
-        position = pointer[rank]
-        resume = pending[rank]
-        pending[rank] = None
-        while position < length:
+
+class _Walker:
+    """The state of one :func:`walk`: a work list of ranks that may move.
+
+    Ranks run their programs in order, so action ``(r, p)`` is done exactly when
+    ``p < pointer[r]``; ``waiting[r][p]`` lists the ranks blocked until ``(r, p)`` finishes.
+    """
+
+    def __init__(self, schedule: Schedule, duration: DurationFn, delay: DelayFn | None,
+                 index: dict[Action, Location]) -> None:
+        self.programs = programs = schedule.programs
+        self.layout, self.lowered = schedule.layout, schedule.lowered
+        self.duration, self.delay, self.get = duration, delay, index.get
+        self.participants = collective_participants(programs)
+        n = len(programs)
+        self.start = [[0.0] * len(p) for p in programs]
+        self.end = [[0.0] * len(p) for p in programs]
+        self.binding: list[list[Location | None]] = [[None] * len(p) for p in programs]
+        self.pointer = [0] * n
+        self.clock = [0.0] * n
+        self.waiting: list[dict[int, list[int]]] = [{} for _ in range(n)]
+        self.arrived: dict[object, list[Location]] = defaultdict(list)
+        self.pending: list[_Resume | None] = [None] * n
+        self.queue = deque(range(n))
+        self.queued = [True] * n
+
+    def run(self) -> Walk:
+        queue, queued, advance = self.queue, self.queued, self._advance
+        while queue:
+            rank = queue.popleft()
+            queued[rank] = False
+            advance(rank)
+        programs, pointer = self.programs, self.pointer
+        stuck = [(r, pointer[r]) for r in range(len(programs)) if pointer[r] < len(programs[r])]
+        return Walk(start=self.start, end=self.end, binding=self.binding, stuck=stuck)
+
+    def _advance(self, rank: int) -> None:
+        """Run ``rank``'s program until it ends or waits (on a dependency or a collective).
+
+        Its loop runs once per action of the schedule: the dependency scan and the finish are
+        inlined (a method call each would cost a third of the walk's time)."""
+        program, duration, delay, get = self.programs[rank], self.duration, self.delay, self.get
+        start_row, end_row, binding_row = self.start[rank], self.end[rank], self.binding[rank]
+        waiting_row, clock, pointer, end = self.waiting[rank], self.clock, self.pointer, self.end
+        queue, queued = self.queue, self.queued
+        position, resume = pointer[rank], self.pending[rank]
+        self.pending[rank] = None
+        while position < len(program):
             action = program[position]
             if resume is not None:
                 deps, first, t0, bind = resume
                 resume = None
-                todo = deps[first:]
-            else:
-                if action[0] is all_reduce:
-                    key = collective_key(action)
-                    group = arrived[key]
-                    if (rank, position) not in group:
-                        group.append((rank, position))
-                    if len(group) < participants[key]:
-                        break  # wait for the other replicas
-                    latest = max(group, key=lambda loc: clock[loc[0]])
-                    t_all = clock[latest[0]]
-                    for other_rank, other_pos in group:
-                        if other_rank != rank:
-                            pointer[other_rank] = other_pos
-                            finish(other_rank, other_pos, t_all, latest)
-                            if not queued[other_rank]:
-                                queued[other_rank] = True
-                                queue.append(other_rank)
-                    finish(rank, position, t_all, latest)
-                    position += 1
-                    continue
-                t0 = clock[rank]
-                bind = (rank, position - 1) if position else None
-                todo = deps = dependencies(action, layout, lowered=lowered)
-            for dep in todo:
-                loc = get(dep)
-                if loc is None:
-                    raise ScheduleError(
-                        f"rank {rank} step {position}: {action} depends on {dep}, which no rank "
-                        f"schedules; add it (or lower the schedule so sends/receives exist)"
-                    )
-                dep_rank, dep_pos = loc
-                if dep_pos >= pointer[dep_rank]:  # not finished yet: wait for it
-                    waiting[dep_rank].setdefault(dep_pos, []).append(rank)
-                    pending[rank] = (deps, len(deps) - len(todo) + todo.index(dep), t0, bind)
-                    break
-                ready = end[dep_rank][dep_pos]
-                if dep_rank != rank and delay is not None:
-                    ready += delay(programs[dep_rank][dep_pos], dep_rank, action, rank)
-                if ready > t0:
-                    t0, bind = ready, loc
-            else:
-                # every dependency is done: finish(rank, position, t0, bind), inlined
-                start_row[position] = t0
-                end_row[position] = t1 = t0 + duration(rank, action)
-                binding_row[position] = bind
-                clock[rank] = t1
-                pointer[rank] = position + 1
-                if waiting_row:
-                    waiters = waiting_row.pop(position, None)
-                    if waiters is not None:
-                        for waiter in waiters:
-                            if not queued[waiter]:
-                                queued[waiter] = True
-                                queue.append(waiter)
+            elif action.op is _ALL_REDUCE:
+                if not self._collective(rank, position, action):
+                    return  # wait for the other replicas
                 position += 1
                 continue
-            break  # blocked on a dependency
+            else:
+                deps, first = dependencies(action, self.layout, lowered=self.lowered), 0
+                t0, bind = clock[rank], ((rank, position - 1) if position else None)
+            for dep in (deps[first:] if first else deps):
+                loc = get(dep)
+                if loc is None:
+                    raise _missing(rank, position, action, dep)
+                dep_rank, dep_pos = loc
+                if dep_pos >= pointer[dep_rank]:  # not finished yet: wait for it
+                    self.waiting[dep_rank].setdefault(dep_pos, []).append(rank)
+                    self.pending[rank] = _new(_Resume, (deps, deps.index(dep, first), t0, bind))
+                    return
+                ready = end[dep_rank][dep_pos]
+                if dep_rank != rank and delay is not None:
+                    ready += delay(self.programs[dep_rank][dep_pos], dep_rank, action, rank)
+                if ready > t0:
+                    t0, bind = ready, loc
+            # every dependency is done: self._finish(rank, position, t0, bind), inlined
+            start_row[position], binding_row[position] = t0, bind
+            end_row[position] = clock[rank] = t0 + duration(rank, action)
+            pointer[rank] = position + 1
+            if waiting_row and position in waiting_row:
+                for waiter in waiting_row.pop(position):  # self._enqueue(waiter), inlined
+                    if not queued[waiter]:
+                        queued[waiter] = True
+                        queue.append(waiter)
+            position += 1
 
-    stuck = [(r, pointer[r]) for r in range(n) if pointer[r] < len(programs[r])]
-    return Walk(start=start, end=end, binding=binding, stuck=stuck)
+    def _collective(self, rank: int, position: int, action: Action) -> bool:
+        """``rank`` reaches an all-reduce: True once every replica has (all finish it together,
+        when the last one arrives), False while it waits for the others."""
+        key = collective_key(action)
+        group = self.arrived[key]
+        if (rank, position) not in group:
+            group.append((rank, position))
+        if len(group) < self.participants[key]:
+            return False
+        clock = self.clock
+        latest = max(group, key=lambda loc: clock[loc[0]])
+        t_all = clock[latest[0]]
+        for other_rank, other_pos in group:
+            if other_rank != rank:
+                self.pointer[other_rank] = other_pos
+                self._finish(other_rank, other_pos, t_all, latest)
+                self._enqueue(other_rank)
+        self._finish(rank, position, t_all, latest)
+        return True
+
+    def _finish(self, rank: int, position: int, t0: float, bind: Location | None) -> None:
+        self.start[rank][position] = t0
+        self.end[rank][position] = t1 = t0 + self.duration(rank, self.programs[rank][position])
+        self.binding[rank][position] = bind
+        self.clock[rank] = t1
+        self.pointer[rank] = position + 1
+        for waiter in self.waiting[rank].pop(position, ()):
+            self._enqueue(waiter)
+
+    def _enqueue(self, rank: int) -> None:
+        if not self.queued[rank]:
+            self.queued[rank] = True
+            self.queue.append(rank)
+
+
+def _missing(rank: int, position: int, action: Action, dep: Action) -> ScheduleError:
+    return ScheduleError(
+        f"rank {rank} step {position}: {action} depends on {dep}, which no rank "
+        f"schedules; add it (or lower the schedule so sends/receives exist)"
+    )

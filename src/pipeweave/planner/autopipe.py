@@ -37,12 +37,22 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..sim import SimulationResult
 from .partition import Bounds, FeasibleFn, min_max_partition, stage_sums
 
-__all__ = ["AutoPipeSearch", "autopipe_search", "cooldown_violation"]
+__all__ = ["AutoPipeSearch", "SearchStep", "autopipe_search", "cooldown_violation"]
+
+
+class SearchStep(NamedTuple):
+    """One scheme the search simulated."""
+
+    step: str
+    """Why it was simulated: ``algorithm1``, ``queued``, ``cooldown`` or ``shift``."""
+    master_stage: int
+    iteration_time: float
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,7 @@ class AutoPipeSearch:
         start: Algorithm 1's scheme.
         start_result: its simulation.
         simulations: distinct schemes simulated.
-        trace: ``(step, master stage, iteration time)`` of every scheme simulated, in order.
+        trace: every scheme simulated, in order.
     """
 
     bounds: Bounds
@@ -63,7 +73,7 @@ class AutoPipeSearch:
     start: Bounds
     start_result: SimulationResult
     simulations: int
-    trace: tuple[tuple[str, int, float], ...]
+    trace: tuple[SearchStep, ...]
 
 
 def cooldown_violation(loads: Sequence[float], backward: Sequence[float], master: int) -> int | None:
@@ -88,49 +98,98 @@ def autopipe_search(
     """Run the search of the module docstring on blocks with these forward/backward times."""
     compute = [f + b for f, b in zip(forward, backward)]
     start, _ = min_max_partition(compute, stages, feasible=feasible)
-    cache: dict[Bounds, SimulationResult] = {}
-    trace: list[tuple[str, int, float]] = []
+    search = _Heuristic(evaluate, compute, list(backward), feasible, max_simulations)
+    start_result = search.simulate(start, "algorithm1")
+    search.run(start)
+    best, best_result = search.best(start_result)
+    return AutoPipeSearch(bounds=best, result=best_result, start=start, start_result=start_result,
+                          simulations=len(search.cache), trace=tuple(search.trace))
 
-    def simulate(bounds: Bounds, step: str) -> SimulationResult:
-        result = cache.get(bounds)
+
+@dataclass
+class _Heuristic:
+    """The state of one :func:`autopipe_search`: the schemes simulated (memoised)."""
+
+    evaluate: Callable[[Bounds], SimulationResult]
+    compute: list[float]
+    """``f + b`` of every block."""
+    backward: list[float]
+    feasible: FeasibleFn | None
+    max_simulations: int
+    cache: dict[Bounds, SimulationResult] = field(default_factory=dict)
+    trace: list[SearchStep] = field(default_factory=list)
+
+    def run(self, start: Bounds) -> None:
+        """Steps 2 and 3 of the module docstring from ``start``, breadth first."""
+        queue: deque[Bounds] = deque([start])
+        processed: set[Bounds] = set()
+        while queue and len(self.cache) < self.max_simulations:
+            bounds = queue.popleft()
+            if bounds in processed:
+                continue
+            processed.add(bounds)
+            master = self.simulate(bounds, "queued").master_stage
+            bounds = self.cooldown(bounds, master)
+            master = self.simulate(bounds, "cooldown").master_stage
+            if master == 0:
+                continue
+            for candidate in self.shifted(bounds, master):
+                if candidate in self.cache or len(self.cache) >= self.max_simulations:
+                    continue
+                if self.simulate(candidate, "shift").master_stage <= master:
+                    queue.append(candidate)
+
+    def best(self, start_result: SimulationResult) -> tuple[Bounds, SimulationResult]:
+        """The simulated-fastest scheme (equal up to rounding: the lighter heaviest stage)."""
+        scale = start_result.iteration_time or 1.0
+
+        def key(item: tuple[Bounds, SimulationResult]) -> tuple[float, float]:
+            bounds, result = item
+            return (round(result.iteration_time / scale, 9),
+                    max(stage_sums(self.compute, bounds)))
+
+        return min(self.cache.items(), key=key)
+
+    def simulate(self, bounds: Bounds, step: str) -> SimulationResult:
+        result = self.cache.get(bounds)
         if result is None:
-            result = cache[bounds] = evaluate(bounds)
-            trace.append((step, result.master_stage, result.iteration_time))
+            result = self.cache[bounds] = self.evaluate(bounds)
+            self.trace.append(SearchStep(step, result.master_stage, result.iteration_time))
         return result
 
-    def allowed(bounds: Bounds) -> bool:
-        if feasible is None:
+    def allowed(self, bounds: Bounds) -> bool:
+        if self.feasible is None:
             return True
-        return all(bool(feasible(s)[a, e]) for s, (a, e) in enumerate(bounds))
+        return all(bool(self.feasible(s)[a, e]) for s, (a, e) in enumerate(bounds))
 
-    def rebalance(bounds: Bounds, count: int) -> Bounds | None:
+    def rebalance(self, bounds: Bounds, count: int) -> Bounds | None:
         """Algorithm 1 on the first ``count`` stages, over the blocks they hold."""
         end = bounds[count - 1][1]
         if count < 2 or end < count:
             return None
-        head, _ = min_max_partition(compute[:end], count)
+        head, _ = min_max_partition(self.compute[:end], count)
         return head + bounds[count:]
 
-    def cooldown(bounds: Bounds, master: int) -> Bounds:
+    def cooldown(self, bounds: Bounds, master: int) -> Bounds:
         """Step 2: push load towards the last stage until eq. (1) holds or the master moves."""
-        while len(cache) < max_simulations:
+        while len(self.cache) < self.max_simulations:
             ends = list(bounds)
-            loads = stage_sums(compute, bounds)
-            stage_backward = stage_sums(backward, bounds)
+            loads = stage_sums(self.compute, bounds)
+            stage_backward = stage_sums(self.backward, bounds)
             s = cooldown_violation(loads, stage_backward, master)
             if s is None or s == len(bounds) - 1 or ends[s][1] - ends[s][0] < 2:
                 return bounds
             a, e = ends[s]
             ends[s], ends[s + 1] = (a, e - 1), (e - 1, ends[s + 1][1])
             moved = tuple(ends)
-            if not allowed(moved):
+            if not self.allowed(moved):
                 return bounds
             bounds = moved
-            if simulate(bounds, "cooldown").master_stage != master:
+            if self.simulate(bounds, "cooldown").master_stage != master:
                 return bounds
         return bounds
 
-    def shifted(bounds: Bounds, master: int) -> list[Bounds]:
+    def shifted(self, bounds: Bounds, master: int) -> list[Bounds]:
         """Step 3: the schemes with the master stage's first/last block moved out."""
         out: list[Bounds] = []
         a, e = bounds[master]
@@ -140,43 +199,14 @@ def autopipe_search(
         first = ends[:]
         first[master - 1], first[master] = (first[master - 1][0], a + 1), (a + 1, e)
         out.append(tuple(first))
-        rebalanced = rebalance(tuple(first), master)
+        rebalanced = self.rebalance(tuple(first), master)
         if rebalanced is not None:
             out.append(rebalanced)
         if master + 1 < len(bounds):
             last = ends[:]
             last[master], last[master + 1] = (a, e - 1), (e - 1, last[master + 1][1])
             out.append(tuple(last))
-            rebalanced = rebalance(tuple(last), master + 1)
+            rebalanced = self.rebalance(tuple(last), master + 1)
             if rebalanced is not None:
                 out.append(rebalanced)
-        return [b for b in out if allowed(b)]
-
-    start_result = simulate(start, "algorithm1")
-    queue: deque[Bounds] = deque([start])
-    processed: set[Bounds] = set()
-    while queue and len(cache) < max_simulations:
-        bounds = queue.popleft()
-        if bounds in processed:
-            continue
-        processed.add(bounds)
-        master = simulate(bounds, "queued").master_stage
-        bounds = cooldown(bounds, master)
-        master = simulate(bounds, "cooldown").master_stage
-        if master == 0:
-            continue
-        for candidate in shifted(bounds, master):
-            if candidate in cache or len(cache) >= max_simulations:
-                continue
-            if simulate(candidate, "shift").master_stage <= master:
-                queue.append(candidate)
-
-    scale = start_result.iteration_time or 1.0
-
-    def key(item: tuple[Bounds, SimulationResult]) -> tuple[float, float]:
-        bounds, result = item  # equal up to rounding: prefer the lighter heaviest stage
-        return (round(result.iteration_time / scale, 9), max(stage_sums(compute, bounds)))
-
-    best, best_result = min(cache.items(), key=key)
-    return AutoPipeSearch(bounds=best, result=best_result, start=start, start_result=start_result,
-                          simulations=len(cache), trace=tuple(trace))
+        return [b for b in out if self.allowed(b)]

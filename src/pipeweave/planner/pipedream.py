@@ -49,6 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,7 +57,7 @@ from .partition import Bounds
 from .pipedream_dp import LevelSolver, Memory, prefix_sums
 from .topology import Topology
 
-__all__ = ["PipeDreamSolution", "pipedream_partition", "allreduce_time", "noam"]
+__all__ = ["PipeDreamSolution", "TopStage", "pipedream_partition", "allreduce_time", "noam"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class PipeDreamSolution:
         stage_times: per stage, its effective time per minibatch: ``max(compute, all-reduce)``
             over its replicas (the all-reduce at the bandwidth of the highest level they span),
             divided by its replica count.
-        top_level: the top level's stages as ``(start, end, components)``.
+        top_level: the top level's stages.
         boundary_levels: for each boundary between consecutive stages, the 1-based level of the
             link it crosses.
         replica_levels: for each stage, the highest 1-based level its replicas span (0: one
@@ -83,7 +84,7 @@ class PipeDreamSolution:
     replicas: tuple[int, ...]
     time_per_minibatch: float
     stage_times: tuple[float, ...]
-    top_level: tuple[tuple[int, int, int], ...]
+    top_level: tuple[TopStage, ...]
     boundary_levels: tuple[int, ...]
     replica_levels: tuple[int, ...]
     noam: int
@@ -101,16 +102,33 @@ def noam(workers: int, input_replicas: int) -> int:
     return -(-workers // input_replicas)
 
 
-def _stages(level: LevelSolver, start: int, end: int,
-            machines: int) -> list[tuple[int, int, int]]:
+class TopStage(NamedTuple):
+    """A stage of the top level: blocks ``[start, end)`` on ``components`` of its machines."""
+
+    start: int
+    end: int
+    components: int
+
+
+class _FlatStage(NamedTuple):
+    """A stage of the flattened plan."""
+
+    start: int
+    end: int
+    replicas: int
+    level: int
+    """The highest 1-based level its replicas span (0: one replica)."""
+
+
+def _stages(level: LevelSolver, start: int, end: int, machines: int) -> list[TopStage]:
     """Level ``level``'s stages of ``[start, end)`` on ``machines`` components, first first."""
     out = []
     while True:
         split, replicas = level.choice(start, end, machines)
         if split < 0:
-            out.append((start, end, machines))
+            out.append(TopStage(start, end, machines))
             break
-        out.append((split, end, replicas))
+        out.append(TopStage(split, end, replicas))
         end, machines = split, machines - replicas
     out.reverse()
     return out
@@ -130,6 +148,37 @@ def pipedream_partition(
 ) -> PipeDreamSolution:
     """Solve the dynamic program of the module docstring for a chain of blocks."""
     n = len(compute)
+    _check_chain(compute, parameter_bytes, output_bytes, topology, straight)
+    memory = _memory(topology, memory_limit,
+                     output_bytes if activation_bytes is None else activation_bytes,
+                     parameter_bytes, optimizer_bytes)
+    levels = _solve_levels(compute, parameter_bytes, output_bytes, topology, straight,
+                           allreduce_overlap, memory)
+    top_level = levels[-1]
+    best = float(top_level.time[0, n, topology.levels[-1].machines])
+    if not math.isfinite(best):
+        raise ValueError(_infeasible_message(n, topology, straight, memory_limit))
+    flat: list[_FlatStage] = []
+    boundaries: list[int] = []
+    _flatten(levels, topology, len(levels) - 1, 0, n, topology.levels[-1].machines, 1, 0,
+             flat, boundaries)
+    replicas = tuple(stage.replicas for stage in flat)
+    stage_times = tuple(
+        _stage_time(compute, parameter_bytes, a, b, r, topology, level, allreduce_overlap)
+        for a, b, r, level in flat
+    )
+    return PipeDreamSolution(
+        bounds=tuple((stage.start, stage.end) for stage in flat), replicas=replicas,
+        time_per_minibatch=best, stage_times=stage_times,
+        top_level=tuple(_stages(top_level, 0, n, topology.levels[-1].machines)),
+        boundary_levels=tuple(boundaries), replica_levels=tuple(stage.level for stage in flat),
+        noam=noam(topology.workers, replicas[0]),
+    )
+
+
+def _check_chain(compute: Sequence[float], parameter_bytes: Sequence[float],
+                 output_bytes: Sequence[float], topology: Topology, straight: bool) -> None:
+    n = len(compute)
     if n == 0 or len(parameter_bytes) != n or len(output_bytes) != n:
         raise ValueError(f"need one compute time, parameter size and output size per block, got "
                          f"{len(compute)}, {len(parameter_bytes)} and {len(output_bytes)}")
@@ -138,16 +187,26 @@ def pipedream_partition(
             f"a straight pipeline on {topology.workers} workers needs at least {topology.workers} "
             f"blocks, the model has {n}; allow replication (drop --straight) or use fewer ranks"
         )
-    memory = None
-    if memory_limit is not None:
-        if len(topology.levels) != 1:
-            raise ValueError("memory_limit is supported for single-level topologies only; give "
-                             "one level (e.g. --topology 8x1e9) or drop the memory limit")
-        act = activation_bytes if activation_bytes is not None else output_bytes
-        opt = optimizer_bytes if optimizer_bytes is not None else [0.0] * n
-        memory = Memory(prefix_sums(act), prefix_sums(parameter_bytes), prefix_sums(opt),
-                        float(memory_limit))
 
+
+def _memory(topology: Topology, memory_limit: float | None, activation_bytes: Sequence[float],
+            parameter_bytes: Sequence[float],
+            optimizer_bytes: Sequence[float] | None) -> Memory | None:
+    """The memory constraint of the top level (None: no limit)."""
+    if memory_limit is None:
+        return None
+    if len(topology.levels) != 1:
+        raise ValueError("memory_limit is supported for single-level topologies only; give "
+                         "one level (e.g. --topology 8x1e9) or drop the memory limit")
+    opt = optimizer_bytes if optimizer_bytes is not None else [0.0] * len(parameter_bytes)
+    return Memory(prefix_sums(activation_bytes), prefix_sums(parameter_bytes), prefix_sums(opt),
+                  float(memory_limit))
+
+
+def _solve_levels(compute: Sequence[float], parameter_bytes: Sequence[float],
+                  output_bytes: Sequence[float], topology: Topology, straight: bool,
+                  allreduce_overlap: bool, memory: Memory | None) -> list[LevelSolver]:
+    """One solver per level, lowest first, the top one solved (it solves those below)."""
     raw = prefix_sums(compute)
     weights = prefix_sums(parameter_bytes)
     # the lower bounds of pipedream_dp need non-negative times and sizes (see there)
@@ -163,38 +222,19 @@ def pipedream_partition(
             overlap=allreduce_overlap, memory=memory if top else None, workers=level.machines,
         ))
     levels[-1].solve()
-    top_level = levels[-1]
-    best = float(top_level.time[0, n, topology.levels[-1].machines])
-    if not math.isfinite(best):
-        raise ValueError(_infeasible_message(n, topology, straight, memory_limit))
-    flat: list[tuple[int, int, int, int]] = []  # start, end, replicas, highest replicated level
-    boundaries: list[int] = []
-    _flatten(levels, topology, len(levels) - 1, 0, n, topology.levels[-1].machines, 1, 0,
-             flat, boundaries)
-    bounds = tuple((a, b) for a, b, _, _ in flat)
-    replicas = tuple(r for _, _, r, _ in flat)
-    stage_times = tuple(
-        _stage_time(compute, parameter_bytes, a, b, r, topology, level, allreduce_overlap)
-        for a, b, r, level in flat
-    )
-    return PipeDreamSolution(
-        bounds=bounds, replicas=replicas, time_per_minibatch=best, stage_times=stage_times,
-        top_level=tuple(_stages(top_level, 0, n, topology.levels[-1].machines)),
-        boundary_levels=tuple(boundaries), replica_levels=tuple(level for *_, level in flat),
-        noam=noam(topology.workers, replicas[0]),
-    )
+    return levels
 
 
 def _flatten(levels: list[LevelSolver], topology: Topology, index: int, start: int, end: int,
              machines: int, multiplier: int, replicated_level: int,
-             out: list[tuple[int, int, int, int]], boundaries: list[int]) -> None:
+             out: list[_FlatStage], boundaries: list[int]) -> None:
     """Expand level ``index``'s stages of ``[start, end)`` down to level 1 (module docstring)."""
     for position, (a, b, components) in enumerate(_stages(levels[index], start, end, machines)):
         if position:
             boundaries.append(index + 1)
         level = max(index + 1, replicated_level) if components > 1 else replicated_level
         if index == 0:
-            out.append((a, b, components * multiplier, level))
+            out.append(_FlatStage(a, b, components * multiplier, level))
         else:
             _flatten(levels, topology, index - 1, a, b, topology.levels[index - 1].machines,
                      components * multiplier, level, out, boundaries)

@@ -338,34 +338,51 @@ class LevelSolver:
                     single: np.ndarray, on: np.ndarray | None) -> np.ndarray:
         """``min over (s, m')`` of the candidates, per row and cell ``m`` (``inf``: none, or
         none better than the single stage)."""
-        pairs = self.pairs
-        R, P, C = len(starts), len(pairs.m), len(pairs.cells)
-        count = R * P
+        R, C = len(starts), len(self.pairs.cells)
         out = np.full((R, C), np.inf)
         todo = np.ones((R, C), dtype=bool) if on is None else np.broadcast_to(on, (R, C)).copy()
         if self.bounded:
-            # U: the single stage, and the last stage on one component split off where the
-            # compute is shared in proportion (m - 1) : 1
-            prefix = self.raw
-            m = pairs.cells[None, :]
-            first, last = starts[:, None] + 1, np.full((1, 1), j - 1)
-            if self.straight:
-                first = np.maximum(first, starts[:, None] + m - 1)
-            first = np.where(todo, first, j)
-            for s in self._guesses(j, starts):
-                s = np.clip(s, first, last)
-                value = np.maximum(self.time[rows[:, None], s, m - 1],
-                                   self.tail(s, j, np.ones_like(m), m))
-                out = np.minimum(out, np.where(first <= last, value, np.inf))
-            # every candidate waits for the transfer at its split: min comm[s], i < s < j
-            reverse = np.minimum.accumulate(self.comm[j - 1:0:-1])  # [k] = min comm[j-1-k..j-1]
-            floor = np.full(R, np.inf)
-            inner = starts <= j - 2
-            floor[inner] = reverse[j - 2 - starts[inner]]
-            floor = floor[:, None]
-            own = single[:, pairs.cells - 1]
-            todo &= (out > floor) & (own > floor)  # else the minimum is known
-        cell = self.groups.cell[:count]
+            out = self._split_upper_bound(j, starts, rows, todo)
+            todo &= self._not_settled(j, starts, single, out)
+        return self._scan_splits(j, starts, rows, single, out, todo)
+
+    def _split_upper_bound(self, j: int, starts: np.ndarray, rows: np.ndarray,
+                           todo: np.ndarray) -> np.ndarray:
+        """U: the last stage on one component split off where the compute is shared in
+        proportion (m - 1) : 1 (the two ``s`` around that share), per row and cell."""
+        m = self.pairs.cells[None, :]
+        out = np.full(todo.shape, np.inf)
+        first, last = starts[:, None] + 1, np.full((1, 1), j - 1)
+        if self.straight:
+            first = np.maximum(first, starts[:, None] + m - 1)
+        first = np.where(todo, first, j)
+        for s in self._guesses(j, starts):
+            s = np.clip(s, first, last)
+            value = np.maximum(self.time[rows[:, None], s, m - 1],
+                               self.tail(s, j, np.ones_like(m), m))
+            out = np.minimum(out, np.where(first <= last, value, np.inf))
+        return out
+
+    def _not_settled(self, j: int, starts: np.ndarray, single: np.ndarray,
+                     out: np.ndarray) -> np.ndarray:
+        """The cells whose minimum is not known yet: every candidate waits for the transfer
+        at its split (min comm[s], i < s < j), so a bound at that floor is the minimum."""
+        reverse = np.minimum.accumulate(self.comm[j - 1:0:-1])  # [k] = min comm[j-1-k..j-1]
+        floor = np.full(len(starts), np.inf)
+        inner = starts <= j - 2
+        floor[inner] = reverse[j - 2 - starts[inner]]
+        floor = floor[:, None]
+        own = single[:, self.pairs.cells - 1]
+        result: np.ndarray = (out > floor) & (own > floor)
+        return result
+
+    def _scan_splits(self, j: int, starts: np.ndarray, rows: np.ndarray, single: np.ndarray,
+                     out: np.ndarray, todo: np.ndarray) -> np.ndarray:
+        """Every candidate ``(s, m')`` of the cells in ``todo`` (within the bounds' window),
+        folded into ``out``."""
+        pairs = self.pairs
+        R, C = len(starts), len(pairs.cells)
+        cell = self.groups.cell[:R * len(pairs.m)]
         chosen = np.flatnonzero(todo.reshape(-1)[cell])
         if not len(chosen):
             return out

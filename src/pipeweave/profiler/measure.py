@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -266,51 +266,18 @@ def measure_block(
 ) -> tuple[BlockProfile, float]:
     """:func:`profile_block` and the spread of its timed runs (:func:`_spread`), repeated
     until the spread is within ``SPREAD_GOAL`` or ``MAX_REPEAT_FACTOR * repeats`` runs."""
-    cuda = inputs.device.type == "cuda"
-    forward_times: list[float] = []
-    backward_times: list[float] = []
-    saved = output_bytes = 0
-    record: list[int] = []
-    run = 0
-    weights = frozenset(t.untyped_storage().data_ptr()
-                        for t in (*block.parameters(), *block.buffers()))
-
-    def more() -> bool:
-        if run < warmup + repeats:
-            return True
-        totals = [f + b for f, b in zip(forward_times, backward_times)]
-        return run < warmup + MAX_REPEAT_FACTOR * repeats and _spread(totals) > SPREAD_GOAL
-
-    while more():
-        record.clear()
-        x = _leaf(inputs)
-        block.zero_grad(set_to_none=True)
-        _sync(cuda)
-        started = time.perf_counter()
-        with _counter(record, weights):
-            out = block(x)
-            loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
-        _sync(cuda)
-        middle = time.perf_counter()
-        _backward(out, loss)
-        _sync(cuda)
-        finished = time.perf_counter()
-        if run >= warmup:
-            forward_times.append(middle - started)
-            backward_times.append(finished - middle)
-        saved, output_bytes = sum(record), tensor_bytes(out)
-        run += 1
+    runs = _timed_runs(block, inputs, loss_fn, targets, warmup=warmup, repeats=repeats)
     parameters = sum(tensor_bytes(p) for p in block.parameters())
     optimizer_bytes, update = _optimizer_step(block, inputs, loss_fn, targets, optimizer, repeats)
     input_grad, weight_grad, pending, recorded = _split_times(block, inputs, loss_fn, targets,
                                                               repeats)
-    spread = _spread([f + b for f, b in zip(forward_times, backward_times)])
+    spread = _spread([run.forward + run.backward for run in runs])
     return BlockProfile(
         name=name,
-        forward=statistics.median(forward_times),
-        backward=statistics.median(backward_times),
-        output_bytes=output_bytes,
-        activation_bytes=saved,
+        forward=statistics.median(run.forward for run in runs),
+        backward=statistics.median(run.backward for run in runs),
+        output_bytes=runs[-1].output_bytes,
+        activation_bytes=runs[-1].saved_bytes,
         parameter_bytes=parameters,
         optimizer_bytes=optimizer_bytes,
         update=update,
@@ -320,6 +287,60 @@ def measure_block(
         pending_bytes=pending,
         recorded_bytes=recorded,
     ), spread
+
+
+class _Run(NamedTuple):
+    """One timed forward and backward of a block."""
+
+    forward: float
+    backward: float
+    saved_bytes: int
+    """What the forward saved for the backward (the block's own weights left out)."""
+    output_bytes: int
+
+
+def _timed_runs(block: nn.Module, inputs: Tensor,
+                loss_fn: Callable[[Tensor, Tensor], Tensor] | None, targets: Tensor | None, *,
+                warmup: int, repeats: int) -> list[_Run]:
+    """The timed runs after ``warmup`` untimed ones: ``repeats`` of them, more (up to
+    ``MAX_REPEAT_FACTOR * repeats``) while their spread exceeds ``SPREAD_GOAL``."""
+    weights = frozenset(t.untyped_storage().data_ptr()
+                        for t in (*block.parameters(), *block.buffers()))
+    runs: list[_Run] = []
+    done = 0
+
+    def more() -> bool:
+        if done < warmup + repeats:
+            return True
+        return (done < warmup + MAX_REPEAT_FACTOR * repeats
+                and _spread([run.forward + run.backward for run in runs]) > SPREAD_GOAL)
+
+    while more():
+        run = _timed_run(block, inputs, loss_fn, targets, weights)
+        if done >= warmup:
+            runs.append(run)
+        done += 1
+    return runs
+
+
+def _timed_run(block: nn.Module, inputs: Tensor,
+               loss_fn: Callable[[Tensor, Tensor], Tensor] | None, targets: Tensor | None,
+               weights: frozenset[int]) -> _Run:
+    cuda = inputs.device.type == "cuda"
+    record: list[int] = []
+    x = _leaf(inputs)
+    block.zero_grad(set_to_none=True)
+    _sync(cuda)
+    started = time.perf_counter()
+    with _counter(record, weights):
+        out = block(x)
+        loss = loss_fn(out, targets) if loss_fn is not None and targets is not None else None
+    _sync(cuda)
+    middle = time.perf_counter()
+    _backward(out, loss)
+    _sync(cuda)
+    finished = time.perf_counter()
+    return _Run(middle - started, finished - middle, sum(record), tensor_bytes(out))
 
 
 def _leaf(inputs: Tensor) -> Tensor:

@@ -305,38 +305,10 @@ class Profile:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{origin}: unknown fields {unknown}; known: {sorted(known)}")
-        raw_blocks = data.get("blocks")
-        if not isinstance(raw_blocks, Sequence) or isinstance(raw_blocks, (str, bytes)):
-            raise ValueError(f"{origin}: 'blocks' must be a list of block objects")
-        block_fields = {f.name for f in fields(BlockProfile)}
-        required = block_fields - _OPTIONAL
-        blocks = []
-        for index, raw in enumerate(raw_blocks):
-            if not isinstance(raw, Mapping):
-                raise ValueError(f"{origin}: block {index} must be an object, got {raw!r}")
-            missing = sorted(required - set(raw))
-            extra = sorted(set(raw) - block_fields)
-            if missing or extra:
-                raise ValueError(f"{origin}: block {index} has missing fields {missing} and "
-                                 f"unknown fields {extra}; each block needs {sorted(required)}")
-            try:
-                blocks.append(BlockProfile(**raw))
-            except (TypeError, ValueError) as error:
-                raise ValueError(f"{origin}: block {index}: {error}") from None
+        blocks = _blocks_from_json(data.get("blocks"), origin)
+        ties = _ties_from_json(data.get("ties") or [], origin)
         link = data.get("link")
         runtime = data.get("runtime")
-        raw_ties = data.get("ties") or []
-        if not isinstance(raw_ties, Sequence) or isinstance(raw_ties, (str, bytes)) or \
-                not all(isinstance(t, Mapping) for t in raw_ties):
-            raise ValueError(f"{origin}: 'ties' must be a list of objects with blocks, "
-                             f"parameter_bytes and names, got {raw_ties!r}")
-        try:
-            ties = tuple(TieProfile(blocks=tuple(t["blocks"]),
-                                    parameter_bytes=t["parameter_bytes"],
-                                    names=tuple(t.get("names", ()))) for t in raw_ties)
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{origin}: ties: {error!s}; each tie needs blocks (indices) and "
-                             "parameter_bytes") from None
         try:
             return cls(
                 blocks=tuple(blocks),
@@ -378,3 +350,37 @@ def _number(what: str, value: object) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def _blocks_from_json(raw_blocks: Any, origin: str) -> list[BlockProfile]:
+    if not isinstance(raw_blocks, Sequence) or isinstance(raw_blocks, (str, bytes)):
+        raise ValueError(f"{origin}: 'blocks' must be a list of block objects")
+    block_fields = {f.name for f in fields(BlockProfile)}
+    required = block_fields - _OPTIONAL
+    blocks = []
+    for index, raw in enumerate(raw_blocks):
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{origin}: block {index} must be an object, got {raw!r}")
+        missing = sorted(required - set(raw))
+        extra = sorted(set(raw) - block_fields)
+        if missing or extra:
+            raise ValueError(f"{origin}: block {index} has missing fields {missing} and "
+                             f"unknown fields {extra}; each block needs {sorted(required)}")
+        try:
+            blocks.append(BlockProfile(**raw))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{origin}: block {index}: {error}") from None
+    return blocks
+
+
+def _ties_from_json(raw_ties: Any, origin: str) -> tuple[TieProfile, ...]:
+    if not isinstance(raw_ties, Sequence) or isinstance(raw_ties, (str, bytes)) or \
+            not all(isinstance(t, Mapping) for t in raw_ties):
+        raise ValueError(f"{origin}: 'ties' must be a list of objects with blocks, "
+                         f"parameter_bytes and names, got {raw_ties!r}")
+    try:
+        return tuple(TieProfile(blocks=tuple(t["blocks"]), parameter_bytes=t["parameter_bytes"],
+                                names=tuple(t.get("names", ()))) for t in raw_ties)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{origin}: ties: {error!s}; each tie needs blocks (indices) and "
+                         "parameter_bytes") from None

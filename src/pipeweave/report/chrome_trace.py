@@ -61,7 +61,9 @@ def chrome_trace(
     ]
     ranks: set[int] = set()
     for record in records:
-        rank, text, start, end = int(record[0]), str(record[1]), float(record[2]), float(record[3])
+        rank_field, text_field, start_field, end_field = record
+        rank, text = int(rank_field), str(text_field)
+        start, end = float(start_field), float(end_field)
         if end < start:
             raise ValueError(f"record {tuple(record)!r} ends before it starts; give start <= end")
         ranks.add(rank)

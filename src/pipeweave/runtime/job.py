@@ -18,8 +18,7 @@ from torch import Tensor, nn
 
 from ..models import ModelSpec, build_model
 from ..precision import check_precision
-from .advance.options import AdvanceOptions
-from .checkpoint.options import CheckpointOptions
+from .options import AdvanceOptions, CheckpointOptions
 from ..planner.plan import Plan
 
 __all__ = ["Job", "BuiltinModel", "BuiltinData", "OptimizerFactory", "DTYPES", "IMPLEMENTATIONS"]

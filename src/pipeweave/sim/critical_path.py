@@ -25,6 +25,8 @@ is the stage holding the most compute time on that path (ties: the later stage),
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..ir import COMPUTE_OPS, Action, Op, Schedule, collective_key, dependencies
 from ..ir.walk import DelayFn, Location
@@ -50,54 +52,77 @@ def critical_path(
         index: :func:`pipeweave.ir.walk.index_actions` of ``schedule``.
         delay: the cross-rank delay the walk used (None: no delay).
     """
-    programs = schedule.programs
-    # The last backward (B, or W of a split one): a rank runs its program in order, so its
-    # latest-ending compute action is its last one; take the latest of those (ties: the lower
-    # stage, then the lower rank).
+    last = _last_compute(schedule.programs, end)
+    if last is None:
+        return []
+    groups: dict[object, list[Location]] | None = None
+    path = [last]
+    while True:
+        rank, position = path[-1]
+        if groups is None and schedule.programs[rank][position].op is Op.ALL_REDUCE:
+            groups = _collective_groups(schedule)
+        node = _binding_predecessor(schedule, path[-1], start, end, index, delay, groups)
+        if node is None:  # starts at time zero
+            break
+        path.append(node)
+    path.reverse()
+    return path
+
+
+def _last_compute(programs: Sequence[Sequence[Action]], end: list[list[float]]) -> Location | None:
+    """The last backward (B, or W of a split one): a rank runs its program in order, so its
+    latest-ending compute action is its last one; the latest of those (ties: the lower stage,
+    then the lower rank). None when no rank computes."""
     last: Location | None = None
     best: tuple[float, int] | None = None
     for rank, program in enumerate(programs):
         for position in range(len(program) - 1, -1, -1):
             action = program[position]
-            if action[0] in _COMPUTE:
-                key = (end[rank][position], -action[1])
+            if action.op in _COMPUTE:
+                key = (end[rank][position], -action.stage)
                 if best is None or key > best:
                     last, best = (rank, position), key
                 break
-    if last is None:
-        return []
-    groups: dict[object, list[Location]] | None = None
-    path = [last]
-    node = last
-    while True:
-        rank, position = node
-        action = programs[rank][position]
-        t0 = start[rank][position]
-        tolerance = 1e-9 * max(1.0, abs(t0))
-        candidates: list[tuple[int, int, Location]] = []  # (stage, same rank, location)
-        if action.op is Op.ALL_REDUCE:
-            if groups is None:
-                groups = _collective_groups(schedule)
-            members = groups[collective_key(action)]
-            previous = [(r, p - 1) for r, p in members if p > 0]
-        else:
-            previous = [(rank, position - 1)] if position > 0 else []
-            for dep in dependencies(action, schedule.layout, lowered=schedule.lowered):
-                loc = index[dep]
-                ready = end[loc[0]][loc[1]]
-                if loc[0] != rank and delay is not None:
-                    ready += delay(programs[loc[0]][loc[1]], loc[0], action, rank)
-                if ready >= t0 - tolerance:
-                    candidates.append((programs[loc[0]][loc[1]].stage, 0, loc))
-        for loc in previous:
-            if end[loc[0]][loc[1]] >= t0 - tolerance:
-                candidates.append((programs[loc[0]][loc[1]].stage, 1, loc))
-        if not candidates:  # starts at time zero
-            break
-        node = max(candidates)[2]
-        path.append(node)
-    path.reverse()
-    return path
+    return last
+
+
+class _Candidate(NamedTuple):
+    """A predecessor that ends when an action starts; the path follows the greatest."""
+
+    stage: int
+    same_rank: int
+    """1 for the previous action of the same rank, 0 for a dependency (ties: the same rank)."""
+    location: Location
+
+
+def _binding_predecessor(schedule: Schedule, node: Location, start: list[list[float]],
+                         end: list[list[float]], index: dict[Action, Location],
+                         delay: DelayFn | None,
+                         groups: dict[object, list[Location]] | None) -> Location | None:
+    """The predecessor of ``node`` whose end fixed its start (None: it starts at time zero)."""
+    programs = schedule.programs
+    rank, position = node
+    action = programs[rank][position]
+    t0 = start[rank][position]
+    tolerance = 1e-9 * max(1.0, abs(t0))
+    candidates: list[_Candidate] = []
+    if action.op is Op.ALL_REDUCE:
+        assert groups is not None
+        previous = [(r, p - 1) for r, p in groups[collective_key(action)] if p > 0]
+    else:
+        previous = [(rank, position - 1)] if position > 0 else []
+        for dep in dependencies(action, schedule.layout, lowered=schedule.lowered):
+            dep_rank, dep_pos = loc = index[dep]
+            ready = end[dep_rank][dep_pos]
+            if dep_rank != rank and delay is not None:
+                ready += delay(programs[dep_rank][dep_pos], dep_rank, action, rank)
+            if ready >= t0 - tolerance:
+                candidates.append(_Candidate(programs[dep_rank][dep_pos].stage, 0, loc))
+    for prev_rank, prev_pos in previous:
+        if end[prev_rank][prev_pos] >= t0 - tolerance:
+            candidates.append(_Candidate(programs[prev_rank][prev_pos].stage, 1,
+                                         (prev_rank, prev_pos)))
+    return max(candidates).location if candidates else None
 
 
 def master_stage(schedule: Schedule, path: list[Location], start: list[list[float]],

@@ -28,17 +28,32 @@ it is meant for the few ranks one CPU machine runs, not for the 64-stage benchma
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import NamedTuple
 
-from ..ir import Action, Op, Schedule, ScheduleError
+from ..ir import CORE_OPS, Action, Op, Schedule, ScheduleError
 from ..ir.deps import collective_key, dependencies
-from ..ir.walk import DelayFn, DurationFn, Location, Walk, index_actions
+from ..ir.walk import (DelayFn, DurationFn, Location, Walk, collective_participants,
+                       index_actions)
 
-__all__ = ["walk_shared_cores", "COMPUTE_OPS"]
-
-COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.STEP})
-"""Actions that need a core; the others wait on the network."""
+__all__ = ["walk_shared_cores"]
 
 _EPS = 1e-12
+_INF = float("inf")
+
+
+class _Ready(NamedTuple):
+    """When a rank's next action may start, and the predecessor that fixed that time."""
+
+    at: float
+    binding: Location | None
+
+
+class _Arrival(NamedTuple):
+    """A rank that reached an all-reduce, waiting for the other replicas."""
+
+    rank: int
+    at: float
+    binding: Location | None
 
 
 def walk_shared_cores(
@@ -57,115 +72,135 @@ def walk_shared_cores(
     """
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
         raise ValueError(f"cores must be an integer >= 1, got {cores!r}")
-    programs = schedule.programs
-    layout, lowered = schedule.layout, schedule.lowered
     index = index_actions(schedule) if index is None else index
-    n = len(programs)
-    participants: dict[object, int] = defaultdict(int)
-    for program in programs:
-        for action in program:
-            if action.op is Op.ALL_REDUCE:
-                participants[collective_key(action)] += 1
+    return _SharedCores(schedule, duration, delay, index, cores).run()
 
-    start = [[0.0] * len(p) for p in programs]
-    end = [[0.0] * len(p) for p in programs]
-    binding: list[list[Location | None]] = [[None] * len(p) for p in programs]
-    pointer = [0] * n          # actions before pointer[r] have finished
-    clock = [0.0] * n          # end of rank r's last finished action
-    busy = [False] * n         # whether the action at pointer[r] is in progress
-    remaining = [0.0] * n      # its work left (cost units at full speed, or wall time)
-    computes = [False] * n     # whether it needs a core
-    ready: list[tuple[float, Location | None] | None] = [None] * n  # known future start
-    arrived: dict[object, list[tuple[int, float, Location | None]]] = defaultdict(list)
-    now = 0.0
 
-    def finish(rank: int, at: float) -> None:
-        end[rank][pointer[rank]] = at
-        clock[rank] = at
-        pointer[rank] += 1
-        busy[rank] = False
+class _SharedCores:
+    """The state of one :func:`walk_shared_cores`: which action each rank is at, whether it
+    is in progress and how much of it is left, and the clock."""
 
-    def begin(rank: int, t0: float, bind: Location | None) -> None:
-        position = pointer[rank]
-        action = programs[rank][position]
-        start[rank][position] = t0
-        binding[rank][position] = bind
-        cost = duration(rank, action)
+    def __init__(self, schedule: Schedule, duration: DurationFn, delay: DelayFn | None,
+                 index: dict[Action, Location], cores: int) -> None:
+        self.programs = programs = schedule.programs
+        self.layout, self.lowered = schedule.layout, schedule.lowered
+        self.duration, self.delay, self.index, self.cores = duration, delay, index, cores
+        self.participants = collective_participants(programs)
+        n = len(programs)
+        self.start = [[0.0] * len(p) for p in programs]
+        self.end = [[0.0] * len(p) for p in programs]
+        self.binding: list[list[Location | None]] = [[None] * len(p) for p in programs]
+        self.pointer = [0] * n          # actions before pointer[r] have finished
+        self.clock = [0.0] * n          # end of rank r's last finished action
+        self.busy = [False] * n         # whether the action at pointer[r] is in progress
+        self.remaining = [0.0] * n      # its work left (cost units at full speed, or wall time)
+        self.computes = [False] * n     # whether it needs a core
+        self.ready: list[_Ready | None] = [None] * n  # known future start
+        self.arrived: dict[object, list[_Arrival]] = defaultdict(list)
+        self.now = 0.0
+
+    def run(self) -> Walk:
+        while True:
+            self._start_what_can_start()
+            if not self._advance_clock():
+                break
+        programs, pointer = self.programs, self.pointer
+        stuck = [(r, pointer[r]) for r in range(len(programs)) if pointer[r] < len(programs[r])]
+        return Walk(start=self.start, end=self.end, binding=self.binding, stuck=stuck)
+
+    def _start_what_can_start(self) -> None:
+        """Start whatever can start by now; a zero-cost action finishing may free another."""
+        moved = True
+        while moved:
+            moved = False
+            for rank in range(len(self.programs)):
+                if self.busy[rank] or self.pointer[rank] >= len(self.programs[rank]):
+                    continue
+                entry = self.ready[rank]
+                if entry is None:
+                    entry = self.ready[rank] = self._ready_time(rank)
+                    if entry is None:
+                        continue
+                if entry.at > self.now + _EPS:
+                    continue
+                self.ready[rank] = None
+                action = self.programs[rank][self.pointer[rank]]
+                if action.op is Op.ALL_REDUCE:
+                    self._arrive(rank, action, entry)
+                else:
+                    self._begin(rank, entry)
+                moved = True
+
+    def _arrive(self, rank: int, action: Action, entry: _Ready) -> None:
+        """``rank`` reaches an all-reduce: parked until every replica has, then all begin it
+        together at the latest arrival."""
+        key = collective_key(action)
+        group = self.arrived[key]
+        group.append(_Arrival(rank, *entry))  # a parked rank is not scanned again
+        if len(group) < self.participants[key]:
+            self.ready[rank] = _Ready(_INF, entry.binding)  # parked until the group is complete
+            return
+        t_all, latest = max((a.at, (a.rank, self.pointer[a.rank])) for a in group)
+        for other in group:
+            self.ready[other.rank] = None
+            self._begin(other.rank, _Ready(t_all, latest))
+        del self.arrived[key]
+
+    def _advance_clock(self) -> bool:
+        """Move the clock to the next event (an action ends or a known start comes), sharing
+        the cores among the compute actions in progress; False when nothing is left to do."""
+        timers = [r.at for r in self.ready if r is not None and r.at != _INF]
+        active = [r for r in range(len(self.programs)) if self.busy[r]]
+        if not active and not timers:
+            return False
+        computes, remaining = self.computes, self.remaining
+        computing = sum(computes[r] for r in active)
+        rate = min(1.0, self.cores / computing) if computing else 1.0
+        speed = [rate if computes[r] else 1.0 for r in active]
+        step = max(0.0, min([remaining[r] / v for r, v in zip(active, speed)]
+                            + [t - self.now for t in timers]))
+        self.now += step
+        for r, v in zip(active, speed):
+            remaining[r] -= step * v
+            if remaining[r] <= _EPS * max(1.0, self.now):
+                self._finish(r, self.now)
+        return True
+
+    def _finish(self, rank: int, at: float) -> None:
+        self.end[rank][self.pointer[rank]] = at
+        self.clock[rank] = at
+        self.pointer[rank] += 1
+        self.busy[rank] = False
+
+    def _begin(self, rank: int, entry: _Ready) -> None:
+        position = self.pointer[rank]
+        action = self.programs[rank][position]
+        self.start[rank][position] = entry.at
+        self.binding[rank][position] = entry.binding
+        cost = self.duration(rank, action)
         if cost <= 0.0:
-            finish(rank, t0)
+            self._finish(rank, entry.at)
         else:
-            busy[rank], remaining[rank] = True, cost
-            computes[rank] = action.op in COMPUTE_OPS
+            self.busy[rank], self.remaining[rank] = True, cost
+            self.computes[rank] = action.op in CORE_OPS
 
-    def ready_time(rank: int) -> tuple[float, Location | None] | None:
+    def _ready_time(self, rank: int) -> _Ready | None:
         """When the next action of ``rank`` may start, or None while a dependency runs."""
-        position = pointer[rank]
-        action = programs[rank][position]
-        t0, bind = clock[rank], ((rank, position - 1) if position else None)
-        for dep in dependencies(action, layout, lowered=lowered):
-            loc = index.get(dep)
+        position = self.pointer[rank]
+        action = self.programs[rank][position]
+        t0, bind = self.clock[rank], ((rank, position - 1) if position else None)
+        for dep in dependencies(action, self.layout, lowered=self.lowered):
+            loc = self.index.get(dep)
             if loc is None:
                 raise ScheduleError(
                     f"rank {rank} step {position}: {action} depends on {dep}, which no rank "
                     f"schedules; add it (or lower the schedule so sends/receives exist)")
             dep_rank, dep_pos = loc
-            if dep_pos >= pointer[dep_rank]:
+            if dep_pos >= self.pointer[dep_rank]:
                 return None
-            t = end[dep_rank][dep_pos]
-            if dep_rank != rank and delay is not None:
-                t += delay(programs[dep_rank][dep_pos], dep_rank, action, rank)
+            t = self.end[dep_rank][dep_pos]
+            if dep_rank != rank and self.delay is not None:
+                t += self.delay(self.programs[dep_rank][dep_pos], dep_rank, action, rank)
             if t > t0:
                 t0, bind = t, loc
-        return t0, bind
-
-    while True:
-        # Start whatever can start by now; a zero-cost action finishing may free another.
-        moved = True
-        while moved:
-            moved = False
-            for rank in range(n):
-                if busy[rank] or pointer[rank] >= len(programs[rank]):
-                    continue
-                entry = ready[rank]
-                if entry is None:
-                    entry = ready[rank] = ready_time(rank)
-                    if entry is None:
-                        continue
-                t0, bind = entry
-                if t0 > now + _EPS:
-                    continue
-                ready[rank] = None
-                action = programs[rank][pointer[rank]]
-                if action.op is Op.ALL_REDUCE:
-                    key = collective_key(action)
-                    group = arrived[key]
-                    group.append((rank, t0, bind))  # a parked rank is not scanned again
-                    if len(group) < participants[key]:
-                        ready[rank] = (float("inf"), bind)  # parked until the group is complete
-                        continue
-                    t_all, latest = max((t, (r, pointer[r])) for r, t, _ in group)
-                    for other, _, _ in group:
-                        ready[other] = None
-                        begin(other, t_all, latest)
-                    del arrived[key]
-                else:
-                    begin(rank, t0, bind)
-                moved = True
-
-        timers = [r[0] for r in ready if r is not None and r[0] != float("inf")]
-        active = [r for r in range(n) if busy[r]]
-        if not active and not timers:
-            break
-        computing = sum(computes[r] for r in active)
-        rate = min(1.0, cores / computing) if computing else 1.0
-        speed = [rate if computes[r] else 1.0 for r in active]
-        step = max(0.0, min([remaining[r] / v for r, v in zip(active, speed)]
-                            + [t - now for t in timers]))
-        now += step
-        for r, v in zip(active, speed):
-            remaining[r] -= step * v
-            if remaining[r] <= _EPS * max(1.0, now):
-                finish(r, now)
-
-    stuck = [(r, pointer[r]) for r in range(n) if pointer[r] < len(programs[r])]
-    return Walk(start=start, end=end, binding=binding, stuck=stuck)
+        return _Ready(t0, bind)

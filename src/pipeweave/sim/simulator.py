@@ -249,8 +249,8 @@ def _duration_fn(costs: StageCosts) -> DurationFn:
     table = {op: by_op.get(op, zero) for op in Op}
 
     def duration(_rank: int, action: Action) -> float:
-        t = table[action[0]][action[1]]
-        return t * 0.5 if action[3] else t  # a Slicer half costs half
+        t = table[action.op][action.stage]
+        return t * 0.5 if action.piece else t  # a Slicer half costs half
 
     return duration
 
@@ -261,11 +261,11 @@ def _delay_fn(costs: StageCosts) -> DelayFn | None:
     latency, transfer = costs.latency, costs.transfer
 
     def delay(producer: Action, _from_rank: int, consumer: Action, _to_rank: int) -> float:
-        if producer[0] in CHECK_OPS:  # a global check's state: a few numbers
+        if producer.op in CHECK_OPS:  # a global check's state: a few numbers
             return latency
         # boundary between stages b and b+1; the gradient crosses it the other way
-        t = transfer[min(producer[1], consumer[1])]
-        return latency + (t * 0.5 if producer[3] else t)
+        t = transfer[min(producer.stage, consumer.stage)]
+        return latency + (t * 0.5 if producer.piece else t)
 
     return delay
 

@@ -164,51 +164,64 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
     start_forkserver_deaf()
     rendezvous = _LauncherStore(bind, ready.job.timeout_s)
     with tempfile.TemporaryDirectory(prefix="pipeweave-") as folder:
-        out_dir = Path(folder)
-        processes: list[BaseProcess] = []
-        error_files: list[str] = []
-        failure: RunFailed | None = None
-        try:
-            with ctrl_c_deferred():  # not between two starts: every started rank is known
-                context = mp.start_processes(
-                    _spawned_rank,
-                    args=(ready, world_size, (rendezvous.host, rendezvous.port), folder,
-                          os.getpid()),
-                    nprocs=world_size, join=False, start_method="forkserver")
-                processes, error_files = list(context.processes), list(context.error_files)
-            failed = first_failure(processes, deadline_s)
-            if failed is not None:
-                failure = diagnose(out_dir, processes, error_files, failed)
-        except KeyboardInterrupt:
-            let_ranks_stop(processes)
-            failure = RunInterrupted("interrupted (Ctrl-C); all ranks were stopped",
-                                     cause="interrupted (Ctrl-C)",
-                                     trace="the launcher got a Ctrl-C (SIGINT) and stopped "
-                                           "every rank\n")
-        except TimeoutError as error:
-            failure = RunFailed(str(error))
-        finally:
-            stop_ranks(processes)
-            rendezvous.close()
-            for name in error_files:  # torch's, outside our folder
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
-        missing = [r for r in range(world_size) if not (out_dir / f"rank{r}.pkl").exists()]
-        if failure is None and missing:  # e.g. the ranks took a Ctrl-C the launcher did not see
-            failure = RunInterrupted(f"ranks {missing} stopped without a result",
-                                     cause="interrupted (Ctrl-C)")
-        output = rank_output(out_dir)
-        if failure is not None:
-            attach_partial(failure, *partials(out_dir))
-            failure.trace = "\n".join(part for part in (failure.trace, output) if part)
-            raise failure
-        if output:  # a run that went well: its warnings, late but not lost
-            print(output, file=sys.stderr, end="")
-        results = []
-        for rank in range(world_size):
-            with open(out_dir / f"rank{rank}.pkl", "rb") as handle:
-                results.append(pickle.load(handle))
-        return results
+        failure = _run_ranks(ready, world_size, rendezvous, folder, deadline_s)
+        return _results(Path(folder), world_size, failure)
+
+
+def _run_ranks(ready: PreparedJob, world_size: int, rendezvous: _LauncherStore, folder: str,
+               deadline_s: float | None) -> RunFailed | None:
+    """Start every rank and watch them until all end: the failure, or None when none failed;
+    every rank is stopped and the rendezvous store closed before it returns."""
+    processes: list[BaseProcess] = []
+    error_files: list[str] = []
+    failure: RunFailed | None = None
+    try:
+        with ctrl_c_deferred():  # not between two starts: every started rank is known
+            context = mp.start_processes(
+                _spawned_rank,
+                args=(ready, world_size, (rendezvous.host, rendezvous.port), folder,
+                      os.getpid()),
+                nprocs=world_size, join=False, start_method="forkserver")
+            processes, error_files = list(context.processes), list(context.error_files)
+        failed = first_failure(processes, deadline_s)
+        if failed is not None:
+            failure = diagnose(Path(folder), processes, error_files, failed)
+    except KeyboardInterrupt:
+        let_ranks_stop(processes)
+        failure = RunInterrupted("interrupted (Ctrl-C); all ranks were stopped",
+                                 cause="interrupted (Ctrl-C)",
+                                 trace="the launcher got a Ctrl-C (SIGINT) and stopped "
+                                       "every rank\n")
+    except TimeoutError as error:
+        failure = RunFailed(str(error))
+    finally:
+        stop_ranks(processes)
+        rendezvous.close()
+        for name in error_files:  # torch's, outside our folder
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+    return failure
+
+
+def _results(out_dir: Path, world_size: int, failure: RunFailed | None) -> list[RankResult]:
+    """Every rank's result from ``out_dir``; raises ``failure`` (or the interruption that
+    left a rank without a result) with what the ranks had done and printed."""
+    missing = [r for r in range(world_size) if not (out_dir / f"rank{r}.pkl").exists()]
+    if failure is None and missing:  # e.g. the ranks took a Ctrl-C the launcher did not see
+        failure = RunInterrupted(f"ranks {missing} stopped without a result",
+                                 cause="interrupted (Ctrl-C)")
+    output = rank_output(out_dir)
+    if failure is not None:
+        attach_partial(failure, *partials(out_dir))
+        failure.trace = "\n".join(part for part in (failure.trace, output) if part)
+        raise failure
+    if output:  # a run that went well: its warnings, late but not lost
+        print(output, file=sys.stderr, end="")
+    results = []
+    for rank in range(world_size):
+        with open(out_dir / f"rank{rank}.pkl", "rb") as handle:
+            results.append(pickle.load(handle))
+    return results
 
 
 def under_torchrun() -> bool:

@@ -30,18 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
+from ..measure import (auto_microbatch_sizes, calibrate, calibration_skipped, check_steps,
+                       fit_message_latency, measure_plan, profile_model)
 from ..models import available_models
 from ..planner import Topology
 from ..profiler import Profile
-from .calibrate import calibrate, calibration_skipped, fit_message_latency
 from ..auto.problem import check_settings
-from .cmd_plan import core_count, load_profile, parse_bytes, shared_cores
 from .model_options import add_profile_source, check_profile_source, chosen_model
+from .options import core_count, load_profile, parse_bytes, shared_cores
 
 __all__ = ["add_parser", "run", "format_table", "prediction_json"]
-
-DEFAULT_MICROBATCH = 4
-"""Samples per micro-batch profiled when neither --batch-size nor --profile says otherwise."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -127,25 +125,25 @@ def _say(text: str) -> None:
 
 
 def _profiles(args: argparse.Namespace) -> list[Profile]:
-    """The given profiles, or the model profiled at the default plan's micro-batch and at a
-    quarter of it (the times between are interpolated, :mod:`pipeweave.auto.scaling`)."""
+    """The given profiles, or the model profiled at the sizes
+    :func:`~pipeweave.measure.auto_microbatch_sizes` gives; the first calibrated unless
+    ``--no-calibration``."""
     model, overrides = chosen_model(args)
     if args.profile is not None:
-        given = [load_profile(argparse.Namespace(**{**vars(args), "profile": path}))
-                 for path in args.profile]
-        if model is not None and not args.no_calibration:
-            given[0] = _calibrated(given[0], model, overrides, args.device)
-        return given
-    micro = DEFAULT_MICROBATCH if args.batch_size is None else \
-        max(1, args.batch_size // (2 * args.ranks))
-    profiles = []
-    for size in sorted({micro, max(1, micro // 4)}, reverse=True):
-        _say(f"profiling {model} at {size} samples per micro-batch ...")
-        started = time.perf_counter()
-        profiles.append(load_profile(argparse.Namespace(**{**vars(args), "batch_size": size})))
-        _say(f"profiled {profiles[-1].num_blocks} blocks in "
-             f"{time.perf_counter() - started:.1f} s")
-    if not args.no_calibration and model is not None:
+        profiles = [load_profile(model=model, path=path, batch_size=args.batch_size,
+                                 device=args.device, ranks=args.ranks, overrides=overrides)
+                    for path in args.profile]
+    else:
+        assert model is not None  # check_profile_source: a model or a profile
+        profiles = []
+        for size in auto_microbatch_sizes(batch_size=args.batch_size, ranks=args.ranks):
+            _say(f"profiling {model} at {size} samples per micro-batch ...")
+            started = time.perf_counter()
+            profiles.append(profile_model(model=model, batch_size=size, ranks=args.ranks,
+                                          device=args.device, overrides=overrides))
+            _say(f"profiled {profiles[-1].num_blocks} blocks in "
+                 f"{time.perf_counter() - started:.1f} s")
+    if model is not None and not args.no_calibration:
         profiles[0] = _calibrated(profiles[0], model, overrides, args.device)
     return profiles
 
@@ -156,7 +154,7 @@ def _calibrated(profile: Profile, model: str, overrides: dict[str, Any],
         return profile
     started = time.perf_counter()
     _say("measuring the link and the runtime's costs per action ...")
-    profile = calibrate(profile, model, overrides, device=device)
+    profile = calibrate(profile, model=model, overrides=overrides, device=device)
     _say(f"calibrated in {time.perf_counter() - started:.1f} s")
     return profile
 
@@ -184,8 +182,6 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
         if count < 1:
             raise ValueError(f"--microbatches {args.microbatches!r}: each count must be >= 1")
     if args.run:
-        from .auto_run import check_steps
-
         check_steps(args.steps)
         if args.timeout <= 0:
             raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
@@ -207,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         methods=_names(args.methods), microbatches=_counts(args.microbatches))
     model, overrides = chosen_model(args)
     fit = None
-    skipped = calibration_skipped(args.device, "full")
+    skipped = calibration_skipped(device=args.device, precision="full")
     if model is not None and not args.no_calibration and skipped is not None:
         _say(f"note: {skipped}; no message latency fitted either (--no-calibration silences "
              "this)")
@@ -215,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         _say(f"timing the default plan on {args.ranks} local processes to fit the message "
              "latency ...")
-        problem, fit = fit_message_latency(problem, model, overrides, timeout_s=args.timeout)
+        problem, fit = fit_message_latency(problem, model=model, overrides=overrides,
+                                           timeout_s=args.timeout)
         if fit is not None:
             _say(f"default plan measured {1e3 * fit.measured:.1f} ms per iteration, predicted "
                  f"{1e3 * fit.predicted_before:.1f} ms; message latency "
@@ -259,8 +256,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure(args: argparse.Namespace, problem: AutoProblem,
              result: SearchResult) -> dict[str, Any]:
-    from .auto_run import measure_plan
-
     model, overrides = chosen_model(args)
     model = model or problem.profile.model
     if model not in available_models():
@@ -273,7 +268,8 @@ def _measure(args: argparse.Namespace, problem: AutoProblem,
         if prediction is None:
             continue
         _say(f"training the {label} ({prediction.plan.schedule}) for {args.steps} steps ...")
-        done = measure_plan(model, prediction.plan, batch_size=problem.batch, steps=args.steps,
+        done = measure_plan(prediction.plan, model=model, batch_size=problem.batch,
+                            steps=args.steps,
                             apc=prediction.candidate.apc, optimizer=args.optimizer,
                             timeout_s=args.timeout, overrides=overrides)
         measured[label] = {**done.to_json(),

@@ -30,12 +30,12 @@ from typing import Any
 
 from ..avgpipe import Measurement, Prediction, TuningProfile, traverse, tune
 from ..avgpipe.simulated import SimulatedModel, calibrate_levels, per_sample_seconds
-from .tune_sources import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
-                               profile_real_run, run_setting)
 from ..avgpipe.tuner import MEMORY_RULES, MODES, settings
+from ..measure import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
+                       profile_real_run, run_setting)
 from ..models import available_models
 from ..planner.evaluate import Network
-from .cmd_plan import parse_bytes
+from .options import parse_bytes
 
 __all__ = ["add_parser", "run", "parse_grid", "default_profile_at"]
 

@@ -1,4 +1,5 @@
-"""``pipeweave auto --run``: train a plan for a few steps on local processes and measure it.
+"""Train a plan for a few steps on local processes and measure it (``pipeweave auto --run``,
+the message-latency fit, ``benchmarks/auto.py``).
 
 The same path as ``pipeweave train --plan FILE`` (a :class:`~pipeweave.runtime.Job` of the
 built-in model and its dataset, launched with ``launch_local``: one process per rank, gloo over
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -60,17 +61,18 @@ class Measured:
 
 
 def check_steps(steps: int) -> None:
-    """Refuse a run too short to time."""
+    """Refuse a run too short to time (ValueError naming ``--steps``)."""
     if steps < 3:
         raise ValueError(f"--steps {steps} is too few to time: the first iteration is warm-up "
                          f"and the time is a gap between two later ones; use --steps 3 or more")
 
 
-def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bool = False,
+def measure_plan(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bool = False,
                  optimizer: str = "adam", seed: int = 0, timeout_s: float = 120.0,
-                 overrides: dict[str, Any] | None = None, memory: bool = True) -> Measured:
-    """Train ``plan`` for ``steps`` iterations of ``batch_size`` samples and measure it
-    (``memory`` False: time only, no second run; ``peak_memory_bytes`` is then empty)."""
+                 overrides: Mapping[str, Any] | None = None, memory: bool = True) -> Measured:
+    """Train ``plan`` of the built-in ``model`` for ``steps`` iterations of ``batch_size``
+    samples and measure it (``memory`` False: time only, no second run;
+    ``peak_memory_bytes`` is then empty)."""
     check_steps(steps)
     builtin = BuiltinModel(model, seed=seed, overrides=dict(overrides or {}))
     default = get_info(plan.schedule).default_optimizer

@@ -110,7 +110,7 @@ def _no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for module, name in ((profiles, "profile_builtin"), (cmd_profile, "profile_builtin"),
                          (calibration, "calibrate"), (cmd_profile, "calibrate"),
-                         (cmd_profile, "measure_link"), (cmd_tune, "_profile"),
+                         (cmd_profile, "measure_link"), (cmd_tune, "tuning_profile"),
                          (cmd_tune, "builtin_model"), (cmd_auto, "calibrate"),
                          (cmd_auto, "fit_message_latency"), (cmd_auto, "profile_model")):
         monkeypatch.setattr(module, name, forbidden)

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
-from ..measure import (auto_microbatch_sizes, calibrate, calibration_skipped, check_steps,
-                       fit_message_latency, measure_plan, profile_model)
+from ..measure import (MessageFit, auto_microbatch_sizes, calibrate, calibration_skipped,
+                       check_steps, fit_message_latency, measure_prediction, profile_model)
 from ..models import available_models
 from ..planner import Topology
 from ..profiler import Profile
@@ -192,6 +192,30 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
     return limit, topology
 
 
+def _fitted(args: argparse.Namespace,
+            problem: AutoProblem) -> tuple[AutoProblem, MessageFit | None]:
+    """``problem`` with the message latency fitted to a run of the default plan (a model
+    given, calibration on, a CPU run), and the fit."""
+    model, overrides = chosen_model(args)
+    if model is None or args.no_calibration:
+        return problem, None
+    skipped = calibration_skipped(device=args.device, precision="full")
+    if skipped is not None:
+        _say(f"note: {skipped}; no message latency fitted either (--no-calibration silences "
+             "this)")
+        return problem, None
+    started = time.perf_counter()
+    _say(f"timing the default plan on {args.ranks} local processes to fit the message "
+         "latency ...")
+    problem, fit = fit_message_latency(problem, model=model, overrides=overrides,
+                                       timeout_s=args.timeout)
+    if fit is not None:
+        _say(f"default plan measured {1e3 * fit.measured:.1f} ms per iteration, predicted "
+             f"{1e3 * fit.predicted_before:.1f} ms; message latency "
+             f"+{1e6 * fit.message_latency:.0f} us ({time.perf_counter() - started:.1f} s)")
+    return problem, fit
+
+
 def run(args: argparse.Namespace) -> int:
     limit, topology = _check(args)
     profile, *others = _profiles(args)
@@ -201,22 +225,7 @@ def run(args: argparse.Namespace) -> int:
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
         optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
         methods=_names(args.methods), microbatches=_counts(args.microbatches))
-    model, overrides = chosen_model(args)
-    fit = None
-    skipped = calibration_skipped(device=args.device, precision="full")
-    if model is not None and not args.no_calibration and skipped is not None:
-        _say(f"note: {skipped}; no message latency fitted either (--no-calibration silences "
-             "this)")
-    elif model is not None and not args.no_calibration:
-        started = time.perf_counter()
-        _say(f"timing the default plan on {args.ranks} local processes to fit the message "
-             "latency ...")
-        problem, fit = fit_message_latency(problem, model=model, overrides=overrides,
-                                           timeout_s=args.timeout)
-        if fit is not None:
-            _say(f"default plan measured {1e3 * fit.measured:.1f} ms per iteration, predicted "
-                 f"{1e3 * fit.predicted_before:.1f} ms; message latency "
-                 f"+{1e6 * fit.message_latency:.0f} us ({time.perf_counter() - started:.1f} s)")
+    problem, fit = _fitted(args, problem)
     if args.profile_out is not None:
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)
         problem.profile.save(args.profile_out)
@@ -263,21 +272,13 @@ def _measure(args: argparse.Namespace, problem: AutoProblem,
                          f"give --model NAME (one of {', '.join(available_models())}) or drop "
                          "--run")
     measured: dict[str, Any] = {}
-    plans = [("winner", result.winner), ("default", result.default)]
-    for label, prediction in plans:
+    for label, prediction in (("winner", result.winner), ("default", result.default)):
         if prediction is None:
             continue
         _say(f"training the {label} ({prediction.plan.schedule}) for {args.steps} steps ...")
-        done = measure_plan(prediction.plan, model=model, batch_size=problem.batch,
-                            steps=args.steps,
-                            apc=prediction.candidate.apc, optimizer=args.optimizer,
-                            timeout_s=args.timeout, overrides=overrides)
-        measured[label] = {**done.to_json(),
-                           "predicted_iteration_time": prediction.iteration_time,
-                           "predicted_peak_memory_bytes": list(prediction.peak_memory_bytes),
-                           "iteration_time_error": abs(prediction.iteration_time
-                                                       - done.iteration_time)
-                           / done.iteration_time}
+        measured[label] = measure_prediction(prediction, model=model, batch_size=problem.batch,
+                                             steps=args.steps, optimizer=args.optimizer,
+                                             timeout_s=args.timeout, overrides=overrides)
     return measured
 
 

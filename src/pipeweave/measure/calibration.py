@@ -40,7 +40,8 @@ def calibrate(profile: Profile, *, model: str, overrides: Mapping[str, Any] | No
 
         if device == "cpu":
             profile = profile.with_link(measure_link(device=device))
-    if runtime and profile.runtime is None and calibration_skipped(device=device, precision=precision) is None:
+    skipped = calibration_skipped(device=device, precision=precision)
+    if runtime and profile.runtime is None and skipped is None:
         from .runtime_costs import measure_runtime_costs
 
         costs = measure_runtime_costs(profile, model=model, overrides=dict(overrides or {}),

@@ -21,11 +21,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..auto import Prediction
 from ..runtime import BuiltinModel, Job, OptimizerFactory, Plan, launch_local
 from ..runtime.observation.summary import summarize
 from ..schedules import get_info
 
-__all__ = ["Measured", "measure_plan", "check_steps"]
+__all__ = ["Measured", "measure_plan", "measure_prediction", "check_steps"]
 
 
 @contextmanager
@@ -92,3 +93,18 @@ def measure_plan(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bo
                     peak_memory_bytes=[r.peak_allocated_bytes for r in tracked],
                     samples_per_second=summary.samples_per_second,
                     peak_rss_bytes=list(summary.peak_memory_bytes))
+
+
+def measure_prediction(prediction: Prediction, *, model: str, batch_size: int, steps: int,
+                       optimizer: str = "adam", timeout_s: float = 120.0,
+                       overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``prediction``'s plan measured (:func:`measure_plan`, with its APC setting) beside what
+    was predicted, and the relative error of the predicted iteration time (``auto --run``)."""
+    done = measure_plan(prediction.plan, model=model, batch_size=batch_size, steps=steps,
+                        apc=prediction.candidate.apc, optimizer=optimizer, timeout_s=timeout_s,
+                        overrides=overrides)
+    return {**done.to_json(),
+            "predicted_iteration_time": prediction.iteration_time,
+            "predicted_peak_memory_bytes": list(prediction.peak_memory_bytes),
+            "iteration_time_error": abs(prediction.iteration_time - done.iteration_time)
+            / done.iteration_time}

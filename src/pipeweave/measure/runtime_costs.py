@@ -1,4 +1,5 @@
-"""Measure the runtime's fixed costs per action against a profile (:mod:`pipeweave.profiler.runtime_costs`).
+"""Measure the runtime's fixed costs per action against a profile
+(:mod:`pipeweave.profiler.runtime_costs`).
 
 A few short runs of the real runtime in one process (the single-process executor: the same
 stage code as a distributed run, messages through in-memory mailboxes) on splits of the

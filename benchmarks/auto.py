@@ -15,10 +15,10 @@ and ``pipeweave auto --model M --profile ... --profile ... --ranks R --json`` se
 writes the winner's plan; every plan of the case is predicted from those same profiles. Then, in each of ``--rounds`` rounds, every plan is
 trained for ``--steps`` steps on local processes one after another (alternating, so that the
 machine's drift hits every plan alike; the same runner ``auto --run`` uses,
-``pipeweave.cli.auto_run.measure_plan``):
+``pipeweave.measure.measure_plan``):
 
 Each plan runs ``--steps`` steps or more: enough for about a second of timed iterations at its
-predicted speed (``cli.calibrate.timed_steps``, as auto's own calibration run).
+predicted speed (``pipeweave.measure.timed_steps``, as auto's own calibration run).
 
 * **winner**: auto's plan;
 * **default**: 1F1B, uniform split over all ranks, M = 2 x ranks (what ``pipeweave train``
@@ -46,10 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeweave.auto import AutoProblem, search
-from pipeweave.cli.auto_run import measure_plan
-from pipeweave.cli.calibrate import timed_steps
-from pipeweave.cli.cmd_auto import DEFAULT_MICROBATCH
-from pipeweave.cli.cmd_plan import shared_cores
+from pipeweave.measure import DEFAULT_MICROBATCH, local_shared_cores, measure_plan, timed_steps
 from pipeweave.planner.plan import Plan
 from pipeweave.profiler import Profile
 from pipeweave.profiler.colocated import needed_colocation
@@ -99,7 +96,7 @@ def readme_plans(profiles: list[Profile], ranks: int, batch: int,
                               batch_size=batch,
                               schedules=(schedule,), methods=("autopipe",),
                               microbatches=(2 * ranks,), depths=(ranks,), recompute=(0,),
-                              pipelines=(1,), shared_cores=shared_cores("auto", profile, ranks))
+                              pipelines=(1,), shared_cores=local_shared_cores(profile, ranks=ranks))
         result = search(problem)
         if result.ranked:
             out[f"readme {schedule}"] = (result.winner.plan, result.winner.iteration_time)
@@ -142,7 +139,7 @@ def main() -> None:
                          for label, (_, predicted, _) in plans.items()}
                 for round_ in range(args.rounds):
                     for label, (plan, _, apc) in plans.items():
-                        measured = measure_plan(model, plan, batch_size=batch,
+                        measured = measure_plan(plan, model=model, batch_size=batch,
                                                 steps=steps[label], apc=apc, memory=False)
                         times[label].append(measured.iteration_time)
                         print(f"{model} R={ranks} round {round_ + 1} {label:<24} "

@@ -9,7 +9,7 @@ For the built-in ``gpt-tiny`` and ``cnn``, a batch of 16 samples per pipeline an
 M x N below, on ``--ranks`` local processes (gloo over loopback, one intra-op thread each):
 
 * **traversal** (§5.1): every setting is a short real run of ``avgpipe`` (advance 0, i.e.
-  1F1B; N co-partitioned parallel pipelines) with :func:`pipeweave.cli.tune_sources.run_setting`:
+  1F1B; N co-partitioned parallel pipelines) with :func:`pipeweave.measure.run_setting`:
   one warm-up iteration and ten timed ones; its time is the median iteration (the slowest
   rank's, as the runtime measures it), its memory the runtime's counted peak per rank (model
   state + activations, ``runtime/observation/memory.py``), the largest rank's. Cost: the sum of the runs'
@@ -46,8 +46,8 @@ from typing import Any
 from machine_load import wait_for_quiet
 from pipeweave.avgpipe import TraversalResult, TuningProfile, predict, traverse, tune
 from pipeweave.avgpipe.simulated import calibrate_levels, per_sample_seconds
-from pipeweave.cli.tune_sources import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
-                                       profile_real_run, run_setting)
+from pipeweave.measure import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
+                               profile_real_run, run_setting)
 from pipeweave.planner.evaluate import Network
 from pipeweave.profiler import Profile
 

@@ -52,7 +52,7 @@ LAYERS = {
     "planner": 3, "report": 3,
     "avgpipe": 4, "auto": 4,
     "runtime": 5,
-    "oracle": 6, "testing": 6,
+    "oracle": 6, "testing": 6, "measure": 6,
     "cli": 7,
     "__main__": 8, "__init__": 8,
 }
@@ -146,7 +146,6 @@ RUNTIME_LAYERS = {
     "execution": 3,
     "checkpoint": 4, "advance": 4,
     "launch": 5,
-    "calibration": 6,
     "__init__": 6,
 }
 

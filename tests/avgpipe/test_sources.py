@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeweave.avgpipe import predict
-from pipeweave.cli.tune_sources import _message_bytes, profile_real_run, run_setting
+from pipeweave.measure import profile_real_run, run_setting
+from pipeweave.measure.tune_runs import _message_bytes
 from pipeweave.models import build_model
 from pipeweave.planner.evaluate import Network
 

@@ -105,17 +105,15 @@ def _no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("profiled or launched before the arguments were checked")
 
-    from pipeweave.cli import calibrate, cmd_plan, cmd_profile, cmd_tune
+    from pipeweave.cli import cmd_auto, cmd_profile, cmd_tune
+    from pipeweave.measure import calibration, profiles
 
-    for module, name in ((cmd_plan, "profile_builtin"), (cmd_profile, "profile_builtin"),
-                         (calibrate, "calibrate"), (cmd_profile, "calibrate"),
-                         (cmd_profile, "measure_link"), (cmd_tune, "_profile"),
-                         (cmd_tune, "builtin_model")):
+    for module, name in ((profiles, "profile_builtin"), (cmd_profile, "profile_builtin"),
+                         (calibration, "calibrate"), (cmd_profile, "calibrate"),
+                         (cmd_profile, "measure_link"), (cmd_tune, "tuning_profile"),
+                         (cmd_tune, "builtin_model"), (cmd_auto, "calibrate"),
+                         (cmd_auto, "fit_message_latency"), (cmd_auto, "profile_model")):
         monkeypatch.setattr(module, name, forbidden)
-    import pipeweave.cli.cmd_auto as cmd_auto
-
-    monkeypatch.setattr(cmd_auto, "calibrate", forbidden)
-    monkeypatch.setattr(cmd_auto, "fit_message_latency", forbidden)
 
 
 EARLY = {

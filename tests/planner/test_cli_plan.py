@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeweave.cli.main import main
-from pipeweave.cli.cmd_plan import parse_bytes
+from pipeweave.cli.options import parse_bytes
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, run_local
 from pipeweave.runtime.launch.processes import launch_local
 from planner_fixtures import PROFILES, gpt_profile

@@ -11,7 +11,7 @@ import pytest
 from pipeweave.planner.evaluate import Network, plan_costs
 from pipeweave.profiler import BlockProfile, LinkProfile, Profile
 from pipeweave.profiler.runtime_costs import RuntimeCosts
-from pipeweave.runtime.calibration import fit_runtime_costs
+from pipeweave.measure import fit_runtime_costs
 
 US = 1e-6
 
@@ -62,7 +62,7 @@ def test_fit_recovers_a_line_through_exact_points() -> None:
     samples = [(kind, k, a + b * (k - 1)) for kind, a, b in
                (("forward", 40 * US, -5 * US), ("update", 30 * US, -45 * US))
                for k in (1, 1, 2, 3, 5)]
-    fitted = fit_runtime_costs(samples, [10 * US, 30 * US, 20 * US])
+    fitted = fit_runtime_costs(samples, messages=[10 * US, 30 * US, 20 * US])
     assert fitted.per_action["forward"] == pytest.approx(40 * US)
     assert fitted.per_block["forward"] == pytest.approx(-5 * US)
     assert fitted.per_action["update"] == pytest.approx(30 * US)
@@ -104,17 +104,17 @@ def test_measured_on_a_real_model() -> None:
     """The runtime really runs: every kind of action is measured, the numbers are finite, and
     one action of a one-block stage costs a few milliseconds at most beyond its block."""
     from pipeweave.profiler.measure import profile_builtin
-    from pipeweave.runtime.calibration import measure_runtime_costs
+    from pipeweave.measure import measure_runtime_costs
 
     profile = profile_builtin("mlp", batch_size=4, warmup=1, repeats=3, threads=1)
     said: list[str] = []
-    costs = measure_runtime_costs("mlp", profile, iterations=2, say=said.append)
+    costs = measure_runtime_costs(profile, model="mlp", iterations=2, say=said.append)
     assert set(costs.per_action) == {"forward", "backward", "input_grad", "weight_grad", "update"}
     assert all(abs(v) < 0.05 for v in costs.per_action.values())
     assert 0 <= costs.per_message < 0.05
     assert costs.notes["runs"] == 4 and len(said) == 4
     with pytest.raises(ValueError, match="blocks"):
-        measure_runtime_costs("gpt-tiny", profile)
+        measure_runtime_costs(profile, model="gpt-tiny")
 
 
 def test_the_runs_use_the_models_own_data_after_its_overrides() -> None:

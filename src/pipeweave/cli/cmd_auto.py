@@ -30,19 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
+from ..measure import (MessageFit, auto_microbatch_sizes, calibrate, calibration_skipped,
+                       check_steps, fit_message_latency, measure_prediction, profile_model)
 from ..models import available_models
 from ..planner import Topology
 from ..profiler import Profile
-from .calibrate import calibrate, calibration_skipped, fit_message_latency
 from ..auto.problem import check_settings
-from .cmd_plan import core_count, load_profile, parse_bytes, shared_cores
 from .model_options import add_profile_source, check_profile_source, chosen_model
+from .options import core_count, load_profile, parse_bytes, shared_cores
 from .plan_exports import write_plan_exports
 
 __all__ = ["add_parser", "run", "format_table", "prediction_json"]
-
-DEFAULT_MICROBATCH = 4
-"""Samples per micro-batch profiled when neither --batch-size nor --profile says otherwise."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -138,25 +136,25 @@ def _say(text: str) -> None:
 
 
 def _profiles(args: argparse.Namespace) -> list[Profile]:
-    """The given profiles, or the model profiled at the default plan's micro-batch and at a
-    quarter of it (the times between are interpolated, :mod:`pipeweave.auto.scaling`)."""
+    """The given profiles, or the model profiled at the sizes
+    :func:`~pipeweave.measure.auto_microbatch_sizes` gives; the first calibrated unless
+    ``--no-calibration``."""
     model, overrides = chosen_model(args)
     if args.profile is not None:
-        given = [load_profile(argparse.Namespace(**{**vars(args), "profile": path}))
-                 for path in args.profile]
-        if model is not None and not args.no_calibration:
-            given[0] = _calibrated(given[0], model, overrides, args.device)
-        return given
-    micro = DEFAULT_MICROBATCH if args.batch_size is None else \
-        max(1, args.batch_size // (2 * args.ranks))
-    profiles = []
-    for size in sorted({micro, max(1, micro // 4)}, reverse=True):
-        _say(f"profiling {model} at {size} samples per micro-batch ...")
-        started = time.perf_counter()
-        profiles.append(load_profile(argparse.Namespace(**{**vars(args), "batch_size": size})))
-        _say(f"profiled {profiles[-1].num_blocks} blocks in "
-             f"{time.perf_counter() - started:.1f} s")
-    if not args.no_calibration and model is not None:
+        profiles = [load_profile(model=model, path=path, batch_size=args.batch_size,
+                                 device=args.device, ranks=args.ranks, overrides=overrides)
+                    for path in args.profile]
+    else:
+        assert model is not None  # check_profile_source: a model or a profile
+        profiles = []
+        for size in auto_microbatch_sizes(batch_size=args.batch_size, ranks=args.ranks):
+            _say(f"profiling {model} at {size} samples per micro-batch ...")
+            started = time.perf_counter()
+            profiles.append(profile_model(model=model, batch_size=size, ranks=args.ranks,
+                                          device=args.device, overrides=overrides))
+            _say(f"profiled {profiles[-1].num_blocks} blocks in "
+                 f"{time.perf_counter() - started:.1f} s")
+    if model is not None and not args.no_calibration:
         profiles[0] = _calibrated(profiles[0], model, overrides, args.device)
     return profiles
 
@@ -167,7 +165,7 @@ def _calibrated(profile: Profile, model: str, overrides: dict[str, Any],
         return profile
     started = time.perf_counter()
     _say("measuring the link and the runtime's costs per action ...")
-    profile = calibrate(profile, model, overrides, device=device)
+    profile = calibrate(profile, model=model, overrides=overrides, device=device)
     _say(f"calibrated in {time.perf_counter() - started:.1f} s")
     return profile
 
@@ -195,8 +193,6 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
         if count < 1:
             raise ValueError(f"--microbatches {args.microbatches!r}: each count must be >= 1")
     if args.run:
-        from .auto_run import check_steps
-
         check_steps(args.steps)
         if args.timeout <= 0:
             raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
@@ -205,6 +201,30 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
         if path is not None:
             check_can_write(path, flag)
     return limit, topology
+
+
+def _fitted(args: argparse.Namespace,
+            problem: AutoProblem) -> tuple[AutoProblem, MessageFit | None]:
+    """``problem`` with the message latency fitted to a run of the default plan (a model
+    given, calibration on, a CPU run), and the fit."""
+    model, overrides = chosen_model(args)
+    if model is None or args.no_calibration:
+        return problem, None
+    skipped = calibration_skipped(device=args.device, precision="full")
+    if skipped is not None:
+        _say(f"note: {skipped}; no message latency fitted either (--no-calibration silences "
+             "this)")
+        return problem, None
+    started = time.perf_counter()
+    _say(f"timing the default plan on {args.ranks} local processes to fit the message "
+         "latency ...")
+    problem, fit = fit_message_latency(problem, model=model, overrides=overrides,
+                                       timeout_s=args.timeout)
+    if fit is not None:
+        _say(f"default plan measured {1e3 * fit.measured:.1f} ms per iteration, predicted "
+             f"{1e3 * fit.predicted_before:.1f} ms; message latency "
+             f"+{1e6 * fit.message_latency:.0f} us ({time.perf_counter() - started:.1f} s)")
+    return problem, fit
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,21 +236,7 @@ def run(args: argparse.Namespace) -> int:
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
         optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
         methods=_names(args.methods), microbatches=_counts(args.microbatches))
-    model, overrides = chosen_model(args)
-    fit = None
-    skipped = calibration_skipped(args.device, "full")
-    if model is not None and not args.no_calibration and skipped is not None:
-        _say(f"note: {skipped}; no message latency fitted either (--no-calibration silences "
-             "this)")
-    elif model is not None and not args.no_calibration:
-        started = time.perf_counter()
-        _say(f"timing the default plan on {args.ranks} local processes to fit the message "
-             "latency ...")
-        problem, fit = fit_message_latency(problem, model, overrides, timeout_s=args.timeout)
-        if fit is not None:
-            _say(f"default plan measured {1e3 * fit.measured:.1f} ms per iteration, predicted "
-                 f"{1e3 * fit.predicted_before:.1f} ms; message latency "
-                 f"+{1e6 * fit.message_latency:.0f} us ({time.perf_counter() - started:.1f} s)")
+    problem, fit = _fitted(args, problem)
     if args.profile_out is not None:
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)
         problem.profile.save(args.profile_out)
@@ -257,7 +263,15 @@ def run(args: argparse.Namespace) -> int:
         report["measured"] = _measure(args, problem, result)
     if args.json:
         print(json.dumps(report))
-        return 0
+    else:
+        _print_report(args, result, report, problem)
+    return 0
+
+
+def _print_report(args: argparse.Namespace, result: SearchResult, report: dict[str, Any],
+                  problem: AutoProblem) -> None:
+    """The table, the measured runs, and where the plan and its exports went."""
+    winner, profile = result.winner, problem.profile
     print(format_table(result, args.top))
     if "measured" in report:
         print(format_measured(report))
@@ -266,16 +280,13 @@ def run(args: argparse.Namespace) -> int:
         model = f" --hf-config {args.hf_config}"
     apc = " --apc" if winner.candidate.apc else ""
     print(f"wrote {args.out} (run it: pipeweave train{model} --plan {args.out} --batch-size "
-          f"{problem.batch}{apc}) and {plot}")
+          f"{problem.batch}{apc}) and {report['plot']}")
     for system, written in report["plan_exports"].items():
         print(f"  {system}: {written}")
-    return 0
 
 
 def _measure(args: argparse.Namespace, problem: AutoProblem,
              result: SearchResult) -> dict[str, Any]:
-    from .auto_run import measure_plan
-
     model, overrides = chosen_model(args)
     model = model or problem.profile.model
     if model not in available_models():
@@ -283,20 +294,13 @@ def _measure(args: argparse.Namespace, problem: AutoProblem,
                          f"give --model NAME (one of {', '.join(available_models())}) or drop "
                          "--run")
     measured: dict[str, Any] = {}
-    plans = [("winner", result.winner), ("default", result.default)]
-    for label, prediction in plans:
+    for label, prediction in (("winner", result.winner), ("default", result.default)):
         if prediction is None:
             continue
         _say(f"training the {label} ({prediction.plan.schedule}) for {args.steps} steps ...")
-        done = measure_plan(model, prediction.plan, batch_size=problem.batch, steps=args.steps,
-                            apc=prediction.candidate.apc, optimizer=args.optimizer,
-                            timeout_s=args.timeout, overrides=overrides)
-        measured[label] = {**done.to_json(),
-                           "predicted_iteration_time": prediction.iteration_time,
-                           "predicted_peak_memory_bytes": list(prediction.peak_memory_bytes),
-                           "iteration_time_error": abs(prediction.iteration_time
-                                                       - done.iteration_time)
-                           / done.iteration_time}
+        measured[label] = measure_prediction(prediction, model=model, batch_size=problem.batch,
+                                             steps=args.steps, optimizer=args.optimizer,
+                                             timeout_s=args.timeout, overrides=overrides)
     return measured
 
 

@@ -25,8 +25,8 @@ from typing import Any
 from ..planner import Evaluator, Topology, min_max_partition
 from ..planner.placement import Placement, placements, profile_traffic
 from ..profiler import Profile
-from .cmd_plan import load_profile
 from .model_options import add_profile_source
+from .options import profile_from_args
 
 __all__ = ["add_parser", "run"]
 
@@ -78,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
                            allreduce_bytes=args.allreduce_bytes)
     else:
         _total(args.microbatches, topology, width)  # before profiling
-        args.ranks = topology.workers  # what load_profile profiles co-located ranks for
-        profile = load_profile(args)
+        profile = profile_from_args(args, ranks=topology.workers)  # co-located ranks profiled
         found, simulated = _from_profile(profile, topology, depth, width, args.microbatches,
                                          report)
     rows = []

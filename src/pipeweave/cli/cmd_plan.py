@@ -21,23 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from ..models import available_models
-from .model_options import add_profile_source, check_profile_source, chosen_model
+from .model_options import add_profile_source, check_profile_source
+from .options import core_count, parse_bytes, profile_from_args, shared_cores
 from ..planner import PlanRequest, PlanResult, Topology, available_methods, make_plan
 from ..planner.result import check_request
 from ..planner.plan import Plan
 from ..profiler import Profile
-from ..profiler.measure import profile_builtin
 
-__all__ = ["add_parser", "run", "parse_bytes", "format_result"]
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
+__all__ = ["add_parser", "run", "format_result"]
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -73,78 +68,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, default=None, help="write the plan JSON here")
     parser.set_defaults(func=run)
-
-
-def parse_bytes(text: str) -> float:
-    """``16e9``, ``16GB``, ``16GiB``, ``512MiB`` -> bytes."""
-    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    try:
-        if match is None or unit not in _UNITS:
-            raise ValueError
-        value = float(match.group(1)) * _UNITS[unit]
-    except ValueError:
-        raise ValueError(f"--memory-limit {text!r} is not a size; give bytes like 16e9, 16GB or "
-                         "16GiB") from None
-    if value <= 0:
-        raise ValueError(f"--memory-limit must be > 0 bytes, got {text!r}")
-    return value
-
-
-def load_profile(args: argparse.Namespace) -> Profile:
-    check_profile_source(args)
-    model, overrides = chosen_model(args)
-    if args.profile is None:
-        from ..profiler.colocated import needed_colocation
-        from ..host import threads_per_rank
-
-        assert model is not None
-        return profile_builtin(model, batch_size=args.batch_size, device=args.device,
-                               threads=threads_per_rank(args.ranks) if args.device == "cpu" else None,
-                               colocated_ranks=needed_colocation(args.ranks, args.device),
-                               overrides=overrides)
-    profile = Profile.load(args.profile)
-    if model is not None:
-        from ..models import build_model
-
-        blocks = len(build_model(model, **overrides).blocks)
-        if profile.num_blocks != blocks or profile.model != model:
-            raise ValueError(
-                f"profile {args.profile} is of model {profile.model!r} with {profile.num_blocks} "
-                f"blocks but --model {model} has {blocks} blocks; profile this model with "
-                f"`pipeweave profile --model {model}`"
-            )
-    return profile
-
-
-def shared_cores(option: str, profile: Profile, ranks: int) -> int | None:
-    """``--shared-cores``: a number, ``none``, or ``auto`` (the CPU profile's machine cores
-    when ``ranks`` outnumber them)."""
-    if option == "none":
-        return None
-    if option == "auto":
-        if profile.device != "cpu":
-            return None
-        from ..host import machine_cores
-
-        cores = profile.metadata.get("cores", machine_cores() if profile.source == "measured" else None)
-        return int(cores) if isinstance(cores, int) and ranks > cores else None
-    return core_count(option)
-
-
-def core_count(option: str) -> int | None:
-    """``--shared-cores`` checked before any profile exists: the number it gives (None for
-    ``auto``/``none``, which :func:`shared_cores` decides)."""
-    if option in ("auto", "none"):
-        return None
-    try:
-        cores = int(option)
-    except ValueError:
-        cores = 0
-    if cores < 1:
-        raise ValueError(f"--shared-cores {option!r} is not a core count; give a number >= 1, "
-                         f"'auto' or 'none'")
-    return cores
 
 
 def _check_ties(plan: Plan, profile: Profile) -> None:
@@ -184,7 +107,7 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
 
 def run(args: argparse.Namespace) -> int:
     limit, topology = _check(args)
-    profile = load_profile(args)
+    profile = profile_from_args(args, ranks=args.ranks)
     request = PlanRequest(
         profile=profile, ranks=args.ranks, microbatches=args.microbatches,
         memory_limit=limit, topology=topology, straight=args.straight, slicer=args.slicer, schedule=args.schedule,

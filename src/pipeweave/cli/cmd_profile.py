@@ -21,7 +21,7 @@ from .. import devices
 from ..models import available_models
 from ..profiler import Profile, read_pipedream_graph
 from ..profiler.link import measure_link
-from .calibrate import calibrate, calibration_skipped
+from ..measure import calibrate, calibration_skipped
 from ..profiler.measure import profile_builtin
 from ..host import threads_per_rank
 from ..precision import PRECISIONS
@@ -108,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
         elif not args.no_link:
             profile = profile.with_link(measure_link(device=args.device))
         if not args.no_runtime_costs:
-            skipped = calibration_skipped(args.device, args.precision)
+            skipped = calibration_skipped(device=args.device, precision=args.precision)
             if skipped is not None:
                 print(f"note: {skipped} (--no-runtime-costs silences this)", file=sys.stderr)
             else:
-                profile = calibrate(profile, name, overrides, seq_len=args.seq_len, link=False)
+                profile = calibrate(profile, model=name, overrides=overrides, seq_len=args.seq_len,
+                                    link=False)
     if args.json_out is not None:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         profile.save(args.json_out)

@@ -36,8 +36,9 @@ from typing import Any
 from ..ir import Schedule
 from ..report import plot_timeline, write_chrome_trace
 from ..sim import Costs, SimulationResult, simulate
-from .cmd_show import add_shape_arguments, default_iterations, schedule_from_args
 from .model_options import add_profile_source
+from .options import (add_shape_arguments, default_iterations, profile_from_args,
+                      schedule_from_args)
 
 COST_DEFAULTS = {"forward": "1", "backward": "2", "comm": "0", "update": "0"}
 """The unit costs used without a profile (AutoPipe's idealised F=1, B=2, free transfers)."""
@@ -143,7 +144,6 @@ def profiled_costs(args: argparse.Namespace, schedule: Schedule) -> Costs:
     """Costs of the model's profile split evenly over the schedule's stages (module docstring)."""
     from ..planner.evaluate import Network, plan_costs
     from ..planner.partition import uniform_partition
-    from .cmd_plan import load_profile
 
     given = [f"--{name.replace('_', '-')}" for name in ("forward", "backward", "weight_grad",
                                                       "comm", "update")
@@ -151,8 +151,7 @@ def profiled_costs(args: argparse.Namespace, schedule: Schedule) -> Costs:
     if given:
         raise ValueError(f"{', '.join(given)} and a model's profile both give costs; drop "
                          f"{' and '.join(given)}, or --model/--profile")
-    args.ranks = schedule.num_ranks  # load_profile sizes the profiling threads by it
-    profile = load_profile(args)
+    profile = profile_from_args(args, ranks=schedule.num_ranks)  # threads sized by the ranks
     stages = schedule.num_stages
     if profile.num_blocks < stages:
         raise ValueError(f"{profile.model} has {profile.num_blocks} blocks, fewer than the "

@@ -43,9 +43,8 @@ from ..runtime.launch.single_process import run_local
 from ..runtime.observation.summary import TrainSummary, summarize
 from ..schedules import get_info
 from . import train_avgpipe, train_failure
-from .options import parse_options
+from .options import parse_bytes, parse_options
 from .train_outputs import write_outputs
-from .cmd_plan import parse_bytes
 from .model_options import add_hf_config, add_hf_pretrained, chosen_model
 from .data_options import add_data_options, held_out, own_data
 from .run_folder import Opened, new_run_folder, open_outputs

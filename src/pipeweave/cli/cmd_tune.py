@@ -26,16 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
-from ..avgpipe import Measurement, Prediction, TuningProfile, traverse, tune
-from ..avgpipe.simulated import SimulatedModel, calibrate_levels, per_sample_seconds
-from .tune_sources import (LOOPBACK_BANDWIDTH, RealRun, builtin_model, profile_cache,
-                               profile_real_run, run_setting)
+from ..avgpipe import Measurement, Prediction, traverse, tune
 from ..avgpipe.tuner import MEMORY_RULES, MODES, settings
+from ..measure import (LOOPBACK_BANDWIDTH, SOURCES, UTILISATIONS, RealRun, builtin_model,
+                       profile_cache, run_setting, tuning_profile)
 from ..models import available_models
 from ..planner.evaluate import Network
-from .cmd_plan import parse_bytes
+from .options import parse_bytes
 
 __all__ = ["add_parser", "run", "parse_grid", "default_profile_at"]
 
@@ -56,11 +56,11 @@ def add_parser(subparsers: Any) -> None:
                         help="memory per rank, e.g. 8e6 or 8MB (default: no limit)")
     parser.add_argument("--mode", default="predict", choices=["predict", "traverse"],
                         help="predict from one profile, or also evaluate every setting")
-    parser.add_argument("--source", default="simulate", choices=["simulate", "measure"],
+    parser.add_argument("--source", default="simulate", choices=list(SOURCES),
                         help="simulate settings from measured costs, or run them for real")
     parser.add_argument("--profile-at", default="auto", metavar="M,N",
                         help="the setting to profile (default: largest M, smallest N)")
-    parser.add_argument("--utilisation", default="work", choices=["work", "intensity", "busy"],
+    parser.add_argument("--utilisation", default="work", choices=list(UTILISATIONS),
                         help="utilisation of a computing rank: work/overhead split, one "
                              "calibrated level, or 1 (plain busy share)")
     parser.add_argument("--sharing", default="interleaved", choices=list(MODES),
@@ -129,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     sm = builtin_model(args.model, stages=args.stages, batch_size=args.batch_size, network=network)
 
     started = time.perf_counter()
-    profile = _profile(args, sm, (profile_at[0], profile_at[1]), min(ms))
+    profile = tuning_profile(sm, at=profile_at, smallest_m=min(ms), batch_size=args.batch_size,
+                             source=args.source, utilisation=args.utilisation,
+                             run=lambda m, n: _run(args, m, n))
     result = tune(profile, ms, ns, memory_limit=limit, mode=args.sharing, memory=args.memory_rule)
     tuning_s = time.perf_counter() - started
     report: dict[str, Any] = {
@@ -164,30 +166,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _profile(args: argparse.Namespace, sm: SimulatedModel, at: tuple[int, int],
-             smallest_m: int) -> TuningProfile:
-    m, n = at
-    levels, per_sample = None, None
-    if args.utilisation != "busy" and m != smallest_m:
-        mine = sm.profile_at(args.batch_size // m)
-        reference = sm.profile_at(args.batch_size // smallest_m)
-        if args.source == "measure" and args.utilisation == "work":
-            per_sample = per_sample_seconds(mine, reference, sm.bounds)
-        else:
-            levels = calibrate_levels(mine, reference, sm.bounds, how=args.utilisation)
-    if args.source == "simulate":
-        return sm.tuning_profile(m, n, levels=levels)
-    return profile_real_run(_run(args, m, n), network=sm.network, levels=levels,
-                            per_sample_s=per_sample)
-
-
 def _run(args: argparse.Namespace, m: int, n: int) -> RealRun:
     return run_setting(args.model, stages=args.stages, microbatches=m, pipelines=n,
                        batch_size=args.batch_size, warmup=args.warmup,
                        iterations=args.iterations, device=args.device)
 
 
-def _real(args: argparse.Namespace) -> Any:
+def _real(args: argparse.Namespace) -> Callable[[int, int], Measurement]:
     def measure(m: int, n: int) -> Measurement:
         return _run(args, m, n).measurement()
     return measure

@@ -18,12 +18,13 @@ time a rank spends posting one send (the transfer itself is the link's). ``messa
 is what a message between two rank *processes* takes beyond the link's ping-pong latency (the
 receiving rank waking up, the send thread getting the interpreter, gloo's own threads on
 shared cores), added to every transfer's latency: fitted so that the simulated default plan
-times as one real run of it measured (``pipeweave auto --model``, :mod:`pipeweave.cli.calibrate`).
+times as one real run of it measured (``pipeweave auto --model``,
+:mod:`pipeweave.measure.message_latency`).
 On a device with milliseconds per block these are noise; on a CPU model whose blocks take a
 few hundred microseconds they are a large part of the iteration, which is why a simulation
 without them under-predicts small models (docs/auto.md).
 
-They are measured by running the real runtime (:mod:`pipeweave.runtime.calibration`, its
+They are measured by running the real runtime (:mod:`pipeweave.measure.runtime_costs`, its
 single-process executor: the same stage code, no transport) on splits with one block per
 stage and with several, and fitting the line above per kind. The planner applies them in
 :func:`pipeweave.planner.evaluate.plan_costs`; a profile without them (imported, synthetic,

@@ -1,4 +1,5 @@
-"""``pipeweave auto --run``: train a plan for a few steps on local processes and measure it.
+"""Train a plan for a few steps on local processes and measure it (``pipeweave auto --run``,
+the message-latency fit, ``benchmarks/auto.py``).
 
 The same path as ``pipeweave train --plan FILE`` (a :class:`~pipeweave.runtime.Job` of the
 built-in model and its dataset, launched with ``launch_local``: one process per rank, gloo over
@@ -15,16 +16,17 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..auto import Prediction
 from ..runtime import BuiltinModel, Job, OptimizerFactory, Plan, launch_local
 from ..runtime.observation.summary import summarize
 from ..schedules import get_info
 
-__all__ = ["Measured", "measure_plan", "check_steps"]
+__all__ = ["Measured", "measure_plan", "measure_prediction", "check_steps"]
 
 
 @contextmanager
@@ -60,17 +62,18 @@ class Measured:
 
 
 def check_steps(steps: int) -> None:
-    """Refuse a run too short to time."""
+    """Refuse a run too short to time (ValueError naming ``--steps``)."""
     if steps < 3:
         raise ValueError(f"--steps {steps} is too few to time: the first iteration is warm-up "
                          f"and the time is a gap between two later ones; use --steps 3 or more")
 
 
-def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bool = False,
+def measure_plan(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bool = False,
                  optimizer: str = "adam", seed: int = 0, timeout_s: float = 120.0,
-                 overrides: dict[str, Any] | None = None, memory: bool = True) -> Measured:
-    """Train ``plan`` for ``steps`` iterations of ``batch_size`` samples and measure it
-    (``memory`` False: time only, no second run; ``peak_memory_bytes`` is then empty)."""
+                 overrides: Mapping[str, Any] | None = None, memory: bool = True) -> Measured:
+    """Train ``plan`` of the built-in ``model`` for ``steps`` iterations of ``batch_size``
+    samples and measure it (``memory`` False: time only, no second run;
+    ``peak_memory_bytes`` is then empty)."""
     check_steps(steps)
     builtin = BuiltinModel(model, seed=seed, overrides=dict(overrides or {}))
     default = get_info(plan.schedule).default_optimizer
@@ -90,3 +93,18 @@ def measure_plan(model: str, plan: Plan, *, batch_size: int, steps: int, apc: bo
                     peak_memory_bytes=[r.peak_allocated_bytes for r in tracked],
                     samples_per_second=summary.samples_per_second,
                     peak_rss_bytes=list(summary.peak_memory_bytes))
+
+
+def measure_prediction(prediction: Prediction, *, model: str, batch_size: int, steps: int,
+                       optimizer: str = "adam", timeout_s: float = 120.0,
+                       overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``prediction``'s plan measured (:func:`measure_plan`, with its APC setting) beside what
+    was predicted, and the relative error of the predicted iteration time (``auto --run``)."""
+    done = measure_plan(prediction.plan, model=model, batch_size=batch_size, steps=steps,
+                        apc=prediction.candidate.apc, optimizer=optimizer, timeout_s=timeout_s,
+                        overrides=overrides)
+    return {**done.to_json(),
+            "predicted_iteration_time": prediction.iteration_time,
+            "predicted_peak_memory_bytes": list(prediction.peak_memory_bytes),
+            "iteration_time_error": abs(prediction.iteration_time - done.iteration_time)
+            / done.iteration_time}

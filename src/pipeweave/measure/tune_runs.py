@@ -1,19 +1,14 @@
-"""Where `pipeweave tune` gets its numbers for a built-in model: short real runs on local
-processes, or the simulator fed with measured per-block costs.
+"""The tuner's real runs (``pipeweave tune --source measure``, ``benchmarks/avgpipe_tuner.py``).
 
-* :func:`run_setting` — one setting run for real (§5.1's short run): ``avgpipe`` with ``N``
-  parallel pipelines and ``M`` micro-batches on ``stages`` processes
-  (:func:`pipeweave.runtime.launch_local`), ``warmup`` iterations and then ``iterations``
-  timed ones, each run alone at advance 0 (``AdvanceOptions(fixed=0)``), so the runtime
-  itself times every iteration (the slowest rank's, shared by one ``all_reduce``) and counts
-  every rank's memory (:mod:`pipeweave.runtime.observation.memory`). A :class:`RealRun` is both a
-  traversal's measurement (:meth:`RealRun.measurement`: median iteration, counted peak) and
-  the tuner's profile (:func:`profile_real_run`: timeline, transfers, memory split).
-* :func:`builtin_model` — a :class:`~pipeweave.avgpipe.simulated.SimulatedModel` whose costs at
-  micro-batch size ``b`` are :func:`pipeweave.profiler.measure.profile_builtin` measured at ``b`` (one
-  intra-op thread, what a rank gets on this two-core machine), split uniformly into stages
-  like ``pipeweave train`` does; the simulated source, and the profiler times that calibrate
-  the utilisation levels (:func:`~pipeweave.avgpipe.simulated.calibrate_levels`).
+:func:`run_setting` runs one setting for real (§5.1's short run): ``avgpipe`` with ``N``
+parallel pipelines and ``M`` micro-batches on ``stages`` processes
+(:func:`pipeweave.runtime.launch_local`), ``warmup`` iterations and then ``iterations`` timed
+ones, each run alone at advance 0 (``AdvanceOptions(fixed=0)``), so the runtime itself times
+every iteration (the slowest rank's, shared by one ``all_reduce``) and counts every rank's
+memory (:mod:`pipeweave.runtime.observation.memory`). A :class:`RealRun` is both a
+traversal's measurement (:meth:`RealRun.measurement`: median iteration, counted peak) and the
+tuner's profile (:func:`profile_real_run`: timeline, transfers, memory split). The simulated
+source is :mod:`pipeweave.measure.tune_model`.
 
 torch is imported inside the functions, so importing this module stays cheap.
 """
@@ -22,70 +17,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..avgpipe.profile import Levels, Record, TuningProfile, profile_from_timeline
-from ..avgpipe.simulated import SimulatedModel, work_levels
+from ..avgpipe.simulated import work_levels
 from ..avgpipe.tuner import Measurement
 from ..planner.evaluate import Network
-from ..planner.partition import uniform_partition
-from ..profiler.profile import Profile
+from .tune_model import LOOPBACK_BANDWIDTH
 
-__all__ = ["builtin_model", "profile_cache", "RealRun", "run_setting", "profile_real_run",
-           "LOOPBACK_BANDWIDTH"]
-
-LOOPBACK_BANDWIDTH = 1.83e9
-"""Bytes/s between two local ranks, from ``pipeweave profile``'s link measurement here."""
-
-
-def profile_cache(model: str, *, repeats: int = 1, warmup: int = 1, rounds: int = 5,
-                  threads: int = 1, seed: int = 0, cache: bool = True) -> Callable[[int], Profile]:
-    """``micro-batch size -> profile_builtin(model)`` at that size; remembered when ``cache``.
-
-    The model is profiled ``rounds`` times and every block keeps its fastest forward and
-    backward: on a shared machine the minimum filters out the time other processes took (as
-    latency benchmarks do; medians of a loaded two-core machine changed the shape of the cost
-    curve from one run to the next).
-    """
-    from ..profiler.measure import profile_builtin
-
-    remembered: dict[int, Profile] = {}
-
-    def profile_at(size: int) -> Profile:
-        if cache and size in remembered:
-            return remembered[size]
-        runs = [profile_builtin(model, batch_size=size, repeats=repeats, warmup=warmup,
-                                threads=threads, seed=seed) for _ in range(rounds)]
-        profile = replace(runs[0], blocks=tuple(
-            replace(block, forward=min(r.blocks[i].forward for r in runs),
-                    backward=min(r.blocks[i].backward for r in runs))
-            for i, block in enumerate(runs[0].blocks)))
-        if cache:
-            remembered[size] = profile
-        return profile
-
-    return profile_at
-
-
-def builtin_model(model: str, *, stages: int, batch_size: int, network: Network | None = None,
-                  profile_at: Callable[[int], Profile] | None = None,
-                  iterations: int = 2) -> SimulatedModel:
-    """A built-in model split uniformly into ``stages``, simulated from measured costs."""
-    profile_at = profile_at if profile_at is not None else profile_cache(model)
-    bounds = uniform_partition(_num_blocks(model), stages)
-    return SimulatedModel(profile_at=profile_at, bounds=bounds, batch_size=batch_size,
-                          network=network if network is not None else Network(),
-                          iterations=iterations)
-
-
-def _num_blocks(model: str) -> int:
-    from ..models import build_model
-
-    return len(build_model(model).blocks)
-
-
+__all__ = ["RealRun", "run_setting", "profile_real_run"]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Measure the runtime's fixed costs per action against a profile (:mod:`pipeweave.profiler.runtime_costs`).
+"""Measure the runtime's fixed costs per action against a profile
+(:mod:`pipeweave.profiler.runtime_costs`).
 
 A few short runs of the real runtime in one process (the single-process executor: the same
 stage code as a distributed run, messages through in-memory mailboxes) on splits of the
@@ -25,8 +26,8 @@ from typing import Any
 
 from ..profiler import Profile
 from ..profiler.runtime_costs import ACTION_KINDS, RuntimeCosts
-from .job import BuiltinModel, Job, OptimizerFactory
-from .launch.single_process import run_local
+from ..runtime.job import BuiltinModel, Job, OptimizerFactory
+from ..runtime.launch.single_process import run_local
 
 __all__ = ["measure_runtime_costs", "fit_runtime_costs"]
 
@@ -47,8 +48,8 @@ def _splits(blocks: int) -> list[tuple[tuple[int, int], ...]]:
     return out
 
 
-def fit_runtime_costs(samples: Sequence[tuple[str, int, float]],
-                      messages: Sequence[float] = (), *,
+def fit_runtime_costs(samples: Sequence[tuple[str, int, float]], *,
+                      messages: Sequence[float] = (),
                       notes: dict[str, Any] | None = None) -> RuntimeCosts:
     """Fit ``extra = per_action + per_block (k - 1)`` per kind through ``(kind, k, extra)``
     samples (one per stage and kind: the median over its actions); ``messages``: send times."""
@@ -72,7 +73,7 @@ def fit_runtime_costs(samples: Sequence[tuple[str, int, float]],
                         notes=notes or {})
 
 
-def measure_runtime_costs(model: str, profile: Profile, *, overrides: dict[str, Any] | None = None,
+def measure_runtime_costs(profile: Profile, *, model: str, overrides: dict[str, Any] | None = None,
                           seq_len: int | None = None, optimizer: str = "adam",
                           microbatches: int = 4, warmup: int = 2, iterations: int = 4,
                           say: Callable[[str], None] | None = None) -> RuntimeCosts:
@@ -118,6 +119,6 @@ def measure_runtime_costs(model: str, profile: Profile, *, overrides: dict[str, 
                 samples.append((kind, end - first, statistics.median(timed) - profiled))
             if say is not None:
                 say(f"runtime costs: ran {schedule} over {len(bounds)} stages")
-    return fit_runtime_costs(samples, messages, notes={
+    return fit_runtime_costs(samples, messages=messages, notes={
         "runs": runs, "microbatches": microbatches, "iterations": iterations,
         "executor": "single-process"})

@@ -1,0 +1,54 @@
+"""A built-in model profiled on this machine as the ranks that will train it here see it.
+
+:func:`profile_model` is :func:`pipeweave.profiler.measure.profile_builtin` with the intra-op
+threads one of ``ranks`` local ranks gets (CPU) and, when the ranks outnumber the cores, timed
+under that many co-located processes (:mod:`pipeweave.profiler.colocated`). ``pipeweave plan``,
+``placement``, ``simulate`` and ``auto`` profile with it; ``auto`` at
+:func:`auto_microbatch_sizes`. :func:`local_shared_cores` is the core count those local ranks
+share (``--shared-cores auto``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..host import machine_cores, threads_per_rank
+from ..profiler import Profile
+from ..profiler.colocated import needed_colocation
+from ..profiler.measure import profile_builtin
+
+__all__ = ["DEFAULT_MICROBATCH", "auto_microbatch_sizes", "local_shared_cores", "profile_model"]
+
+DEFAULT_MICROBATCH = 4
+"""Samples per micro-batch ``pipeweave auto`` profiles at when neither ``--batch-size`` nor
+``--profile`` says otherwise."""
+
+
+def profile_model(*, model: str, batch_size: int, ranks: int, device: str = "cpu",
+                  overrides: Mapping[str, Any] | None = None) -> Profile:
+    """``model`` profiled at ``batch_size`` samples per micro-batch for ``ranks`` local
+    ranks on ``device`` (module docstring); no link, no runtime costs."""
+    return profile_builtin(model, batch_size=batch_size, device=device,
+                           threads=threads_per_rank(ranks) if device == "cpu" else None,
+                           colocated_ranks=needed_colocation(ranks, device),
+                           overrides=dict(overrides or {}))
+
+
+def auto_microbatch_sizes(*, batch_size: int | None, ranks: int) -> tuple[int, ...]:
+    """The micro-batch sizes ``pipeweave auto --model`` profiles at, largest first: the
+    default plan's (``batch_size / (2 ranks)``, or :data:`DEFAULT_MICROBATCH`) and a quarter
+    of it (the times between are interpolated, :mod:`pipeweave.auto.scaling`)."""
+    micro = DEFAULT_MICROBATCH if batch_size is None else max(1, batch_size // (2 * ranks))
+    return tuple(sorted({micro, max(1, micro // 4)}, reverse=True))
+
+
+def local_shared_cores(profile: Profile, *, ranks: int) -> int | None:
+    """The cores ``ranks`` local ranks share: a CPU profile's machine cores (this machine's
+    for a measured profile that does not say) when the ranks outnumber them, else ``None``
+    (a core or device per rank)."""
+    if profile.device != "cpu":
+        return None
+    cores = profile.metadata.get("cores", machine_cores() if profile.source == "measured"
+                                 else None)
+    return int(cores) if isinstance(cores, int) and ranks > cores else None

@@ -23,6 +23,7 @@ parameter across their stages, with ``invalid_ties_reason``), ``table`` and, wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -110,6 +111,10 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", action="store_true",
                         help="train the winner and the default plan on local processes and "
                              "print predicted against measured time and memory per rank")
+    parser.add_argument("--why", action="store_true",
+                        help="say where the winner's and the default's iterations differ "
+                             "(compute, updates, bubble, communication, memory) and write "
+                             "their simulated timelines as PNGs beside --out")
     parser.add_argument("--steps", type=int, default=6, help="with --run: steps per plan")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="with --run: seconds a rank waits for a peer")
@@ -261,6 +266,8 @@ def run(args: argparse.Namespace) -> int:
     report["plot"] = str(plot)
     if args.run:
         report["measured"] = _measure(args, problem, result)
+    if args.why:
+        report["why"] = _why(args, problem, result)
     if args.json:
         print(json.dumps(report))
     else:
@@ -275,6 +282,8 @@ def _print_report(args: argparse.Namespace, result: SearchResult, report: dict[s
     print(format_table(result, args.top))
     if "measured" in report:
         print(format_measured(report))
+    if "why" in report:
+        print(report["why"]["text"])
     model = f" --model {profile.model}" if profile.model in available_models() else ""
     if getattr(args, "hf_config", None) is not None:  # the preset of that name is another model
         model = f" --hf-config {args.hf_config}"
@@ -283,6 +292,29 @@ def _print_report(args: argparse.Namespace, result: SearchResult, report: dict[s
           f"{problem.batch}{apc}) and {report['plot']}")
     for system, written in report["plan_exports"].items():
         print(f"  {system}: {written}")
+
+
+def _why(args: argparse.Namespace, problem: AutoProblem,
+         result: SearchResult) -> dict[str, Any]:
+    """``--why``: the winner's and the default's iterations split, their timelines drawn."""
+    from ..auto.why import breakdown, differences, format_breakdowns, write_timeline
+
+    rows, images = [], {}
+    for label, prediction in (("winner", result.winner), ("default", result.default)):
+        if prediction is None:
+            continue
+        row, simulated = breakdown(prediction, problem, label=label)
+        rows.append(row)
+        images[label] = str(write_timeline(
+            simulated, args.out.with_suffix(f".why-{label}.png"),
+            title=f"{label}: {prediction.plan.schedule}, {len(prediction.plan.stages)} stages, "
+                  f"M={prediction.plan.microbatches} (simulated)"))
+    lines = [format_breakdowns(rows)]
+    if len(rows) == 2:
+        lines += differences(rows[0], rows[1])
+    lines += [f"{label} timeline: {path}" for label, path in images.items()]
+    return {"breakdown": [dataclasses.asdict(row) for row in rows], "timelines": images,
+            "text": "\n".join(lines)}
 
 
 def _measure(args: argparse.Namespace, problem: AutoProblem,

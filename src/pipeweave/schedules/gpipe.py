@@ -23,7 +23,13 @@ def gpipe_order(position: int, depth: int, microbatches: Sequence[int]) -> list[
     return [(Op.FORWARD, j) for j in microbatches] + [(Op.BACKWARD, j) for j in microbatches]
 
 
+def _all_microbatches(stages: int, microbatches: int, stage: int) -> int:
+    """Every stage holds the activations of all M micro-batches before the first backward."""
+    return microbatches
+
+
 @register("gpipe", description="all forwards, then all backwards; flush and update per iteration",
-          paper="Y. Huang et al., GPipe, NeurIPS 2019 (as described in Yang et al., WPipe, ICLR 2022, §2)", synchronous=True)
+          paper="Y. Huang et al., GPipe, NeurIPS 2019 (as described in Yang et al., WPipe, ICLR 2022, §2)", synchronous=True,
+          width=True, replicas=True, chunks=None, held_microbatches=_all_microbatches)
 def gpipe(shape: Shape) -> Schedule:
     return flush_schedule("gpipe", shape, gpipe_order)

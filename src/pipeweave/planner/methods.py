@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from ..schedules import get_info
 from .autopipe import autopipe_search
 from .evaluate import Evaluator, Network
 from .partition import FeasibleFn, min_max_partition, uniform_partition
@@ -126,11 +127,10 @@ def _pipedream_solution(
 
 
 def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int) -> int:
-    """Micro-batches stage ``stage`` keeps activations for at once: GPipe all ``M``; 1F1B and
+    """Micro-batches stage ``stage`` keeps activations for at once, as the schedule declares
+    (:attr:`pipeweave.schedules.ScheduleInfo.held_microbatches`): GPipe all ``M``; 1F1B and
     the sliced 1F1B ``min(P - s, M)`` (its warm-up depth)."""
-    if schedule == "gpipe":
-        return microbatches
-    return min(stages - stage, microbatches)
+    return get_info(schedule).held_microbatches(stages, microbatches, stage)
 
 
 def memory_mask(request: PlanRequest, schedule: str) -> FeasibleFn:

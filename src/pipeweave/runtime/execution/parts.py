@@ -23,7 +23,7 @@ from ...ir.updates import update_sizes
 from ...models import ModelSpec
 from ...models.materialize import meta_copy
 from ...precision import cast_module
-from ...schedules import build_schedule
+from ...schedules import build_schedule, get_info
 from ..job import Job
 from ...planner.plan import Plan
 from .elastic_averaging import ElasticAverager
@@ -177,6 +177,6 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         weights[stage] = StageWeights(
             stage=stage, module=module, optimizer=optimizers[stage], program=schedule.programs[rank],
             recompute=job.plan.recompute_stage(stage), backward=backward,
-            spectrain=schedule.name == "spectrain", pipeline=pipeline,
+            prediction=get_info(job.plan.schedule).prediction, pipeline=pipeline,
         )
     return RankParts(stages, optimizers, weights)

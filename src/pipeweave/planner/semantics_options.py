@@ -34,7 +34,8 @@ from typing import Any
 
 from ..schedules import available_schedules, get_info
 
-__all__ = ["Semantics", "SEMANTICS_OPTIONS", "AVERAGE_ORDERS", "BACKWARD_MODES", "check_semantics"]
+__all__ = ["Semantics", "SEMANTICS_OPTIONS", "AVERAGE_ORDERS", "BACKWARD_MODES", "check_semantics",
+           "schedules_taking"]
 
 AVERAGE_ORDERS = ("simultaneous", "update-then-dilute")
 """``average_order`` values; the first is the default."""
@@ -124,12 +125,17 @@ SEMANTICS_OPTIONS: dict[str, SemanticsOption] = {f.name: f.metadata["rule"] for 
 """Every option's rule, by name, in field order (read from :class:`Semantics`)."""
 
 
+def schedules_taking(option: str) -> list[str]:
+    """The registered schedules that declare ``option`` (their entry's ``semantics``)."""
+    return [info.name for info in available_schedules() if option in info.semantics]
+
+
 def check_semantics(schedule: str, semantics: Semantics) -> None:
     """ValueError naming the option and the fix for a misplaced or invalid option."""
     for name, value in semantics.given().items():
         option = SEMANTICS_OPTIONS[name]
         if name not in get_info(schedule).semantics:
-            where = [info.name for info in available_schedules() if name in info.semantics]
+            where = schedules_taking(name)
             raise ValueError(
                 f"semantics option {name}={value!r} ({option.flag}) applies to "
                 f"{', '.join(where) or 'no registered schedule'} only, not to schedule "

@@ -105,13 +105,17 @@ class ScheduleInfo:
     """
 
     name: str
+    """What ``--schedule``, ``Plan.schedule`` and the generated ``Schedule.name`` call it."""
     description: str
+    """One line for ``pipeweave schedules``."""
     paper: str
+    """Where the schedule comes from (authors, title, venue, section)."""
     synchronous: bool
-    """Every iteration's micro-batches finish before the next iteration's start (a flush):
-    the updates of one step see one batch, and ``auto`` searches it unless told
+    """Every iteration ends with a flush (all backwards, then the updates), so its gradients
+    are those of non-pipelined training; ``auto`` searches an asynchronous one only when told
     ``--semantics any``."""
     generate: Generator
+    """The pure function from a :class:`Shape` to the compute-only schedule."""
     min_microbatches: Callable[[Shape], int] = lambda shape: 1
     """Smallest M the schedule accepts for a shape (e.g. P for 2BW)."""
     options: tuple[str, ...] = ()

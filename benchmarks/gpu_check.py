@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from pipeweave.runtime import BuiltinModel, Job, OptimizerFactory, Plan, run_local
-from pipeweave.schedules import Shape, available_schedules, get_info
+from pipeweave.schedules import available_schedules, schedule_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "benchmarks" / "gpu" / "llama550m.json"
@@ -172,15 +172,13 @@ def profiled(config_file: Path, out: Path) -> dict[str, Any]:
 
 # -- 2. every schedule on one GPU ------------------------------------------------------------
 def sweep_job(schedule: str, stages: int) -> Job:
-    info = get_info(schedule)
-    chunks = info.default_chunks if stages > 1 else 1
-    shape = Shape(stages=stages, microbatches=1, chunks=chunks)
-    microbatches = max(SWEEP_M, info.min_microbatches(shape))
-    name, kwargs = info.default_optimizer or ("adam", {"lr": 1e-4})
+    own = schedule_defaults(schedule, stages, microbatches=SWEEP_M,
+                            chunks=None if stages > 1 else 1, optimizer=("adam", {"lr": 1e-4}))
+    name, kwargs = own.optimizer
     model = BuiltinModel("gpt-small", overrides=dict(SWEEP))
     blocks = len(model().blocks)
-    return Job(plan=Plan.uniform(blocks, stages, chunks=chunks, schedule=schedule,
-                                 microbatches=microbatches),
+    return Job(plan=Plan.uniform(blocks, stages, chunks=own.chunks, schedule=schedule,
+                                 microbatches=own.microbatches),
                steps=SWEEP_STEPS, model=model, data=model.data(SWEEP_BATCH), device="cuda",
                optimizer=OptimizerFactory(name, dict(kwargs)), record_timeline=False)
 

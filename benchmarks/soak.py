@@ -43,7 +43,7 @@ import torch
 
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, run_local
 from pipeweave.runtime.observation.live import live_tensors_between
-from pipeweave.schedules import Shape, available_schedules, get_info
+from pipeweave.schedules import available_schedules, schedule_defaults
 
 # -- settings -------------------------------------------------------------------------------
 STEPS = 1000          # the long CLI run
@@ -82,14 +82,11 @@ def step_times(ends: list[float]) -> tuple[float, float]:
 
 
 def live_job(schedule: str, steps: int) -> Job:
-    info = get_info(schedule)
-    chunks = info.default_chunks
-    microbatches = max(4, info.min_microbatches(Shape(stages=RANKS, microbatches=1,
-                                                      chunks=chunks)))
-    name, kwargs = info.default_optimizer or ("adam", {"lr": 1e-3})
+    own = schedule_defaults(schedule, RANKS, microbatches=4)
+    name, kwargs = own.optimizer
     model = BuiltinModel("gpt-tiny")
-    return Job(plan=Plan.uniform(len(model().blocks), RANKS, chunks=chunks, schedule=schedule,
-                                 microbatches=microbatches),
+    return Job(plan=Plan.uniform(len(model().blocks), RANKS, chunks=own.chunks,
+                                 schedule=schedule, microbatches=own.microbatches),
                steps=steps, model=model, data=model.data(BATCH),
                optimizer=OptimizerFactory(name, dict(kwargs)), count_activations=True)
 

@@ -55,19 +55,12 @@ from .models.naming import global_names
 
 __all__ = ["OracleResult", "run_oracle", "run_elastic_oracle", "METHODS"]
 
-METHODS = ("pipedream", "pipedream-vs", "2bw", "pipeoptim", "spectrain", "wpipe")
-
-
 @dataclass(frozen=True)
 class OracleResult:
     losses: list[float]
     """Mean loss per iteration."""
     parameters: dict[str, Tensor]
     """``"<block>.<name>"`` -> final value."""
-
-
-PER_MICROBATCH = ("pipedream", "pipedream-vs", "pipeoptim", "spectrain")
-"""Methods that update after every micro-batch (one micro-batch per update)."""
 
 
 @dataclass
@@ -130,6 +123,76 @@ class _Stage:
         self._record()
 
 
+Weights = dict[str, Tensor]
+WeightRule = Callable[[_Stage, int, int, int, int, int | None], tuple[Weights, Weights]]
+"""``(stage state, s, P, j, b, lookahead) -> (forward weights, backward weights)``."""
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """One method of the module docstring's table."""
+
+    weights: WeightRule
+    per_batch: bool = False
+    """Updates once per batch on the batch's mean (2bw, wpipe), not after every micro-batch."""
+    groups: int = 1
+    """Stages per rank (WPipe's G0 and G1): the depth P is the stage count over this."""
+    graph_backward: bool = False
+    """``backward="graph"`` applies: the backward differentiates at the forward's weights."""
+
+
+def _wpipe(stage: _Stage, s: int, depth: int, j: int, b: int,
+           lookahead: int | None) -> tuple[Weights, Weights]:
+    v = b if s >= depth else max(0, b - 1)
+    return stage.weights(v), stage.weights(v)
+
+
+def _two_bw(stage: _Stage, s: int, depth: int, j: int, b: int,
+            lookahead: int | None) -> tuple[Weights, Weights]:
+    v = max(0, b - 1)
+    return stage.weights(v), stage.weights(v)
+
+
+def _pipedream(stage: _Stage, s: int, depth: int, j: int, b: int,
+               lookahead: int | None) -> tuple[Weights, Weights]:
+    t = max(0, j - (depth - s) + 1)
+    return stage.weights(t), stage.weights(t)
+
+
+def _vertical_sync(stage: _Stage, s: int, depth: int, j: int, b: int,
+                   lookahead: int | None) -> tuple[Weights, Weights]:
+    t0 = max(0, j - depth + 1)
+    return stage.weights(t0), stage.weights(t0)
+
+
+def _pipeoptim(stage: _Stage, s: int, depth: int, j: int, b: int,
+               lookahead: int | None) -> tuple[Weights, Weights]:
+    t = max(0, j - (depth - s) + 1)
+    k = j - t if lookahead is None or s == depth - 1 else lookahead
+    return (stage.predicted(t, k) if k else stage.weights(t)), stage.weights(j)
+
+
+def _spectrain(stage: _Stage, s: int, depth: int, j: int, b: int,
+               lookahead: int | None) -> tuple[Weights, Weights]:
+    t = max(0, j - (depth - s) + 1)
+    back = s // 2
+    forward = stage.predicted(t, (j - t) + back, "momentum")
+    return forward, stage.predicted(j, back, "momentum") if back else stage.weights(j)
+
+
+_RULES: dict[str, _Rule] = {
+    "pipedream": _Rule(_pipedream),
+    "pipedream-vs": _Rule(_vertical_sync),
+    "2bw": _Rule(_two_bw, per_batch=True),
+    "pipeoptim": _Rule(_pipeoptim, graph_backward=True),
+    "spectrain": _Rule(_spectrain),
+    "wpipe": _Rule(_wpipe, per_batch=True, groups=2),
+}
+
+METHODS = tuple(_RULES)
+"""The methods the oracle knows (the asynchronous schedules' names, and ``pipedream-vs``)."""
+
+
 def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], microbatches: int,
                steps: int, data: Iterable[tuple[Tensor, Tensor]],
                optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
@@ -139,9 +202,10 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
     ``backward="graph"`` (PipeOptim only) differentiates at the predicted forward weights
     instead of the current ones, as the runtime's option of the same name does.
     """
-    if method not in METHODS:
+    if method not in _RULES:
         raise ValueError(f"unknown method {method!r}; the oracle knows {METHODS}")
-    depth = len(stages) // 2 if method == "wpipe" else len(stages)
+    rule = _RULES[method]
+    depth = len(stages) // rule.groups
     modules = [nn.Sequential(*spec.stage_blocks(a, b, "cpu")).train() for a, b in stages]
     state = [_Stage(m, optimizer) for m in modules]
     iterator = iter(data)
@@ -155,8 +219,9 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
             j = b * microbatches + i
             x = inputs[i * rows:(i + 1) * rows]
             y = targets[i * rows:(i + 1) * rows]
-            forward_w, backward_w = _weights_for(method, state, depth, total_stages, j, b, lookahead)
-            if backward == "graph" and method == "pipeoptim":
+            forward_w, backward_w = map(list, zip(*(
+                rule.weights(state[s], s, depth, j, b, lookahead) for s in range(total_stages))))
+            if backward == "graph" and rule.graph_backward:
                 backward_w = forward_w
             saved = []
             with torch.no_grad():
@@ -172,61 +237,20 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
                     mean = spec.loss_fn(out, y)
                     loss_sum += float(mean.detach()) * rows / inputs.shape[0]
                     # one update sees one micro-batch (per-micro-batch methods) or the batch
-                    (mean if method in PER_MICROBATCH else mean * (rows / inputs.shape[0])).backward()
+                    (mean * (rows / inputs.shape[0]) if rule.per_batch else mean).backward()
                 else:
                     torch.autograd.backward(out, grad)
                 grad = x_in.grad
                 state[s].accumulate({n: t.grad for n, t in leaves.items() if t.grad is not None})
-            _maybe_update(method, state, depth, j, microbatches)
+            if not rule.per_batch or (j + 1) % microbatches == 0:
+                for stage in state:
+                    stage.step()
         losses.append(loss_sum)
     parameters: dict[str, Tensor] = {}
     for (start, _), module in zip(stages, modules):
         for name, param in global_names(module.named_parameters(), start):
             parameters[name] = param.detach().clone()
     return OracleResult(losses, parameters)
-
-
-def _weights_for(method: str, state: list[_Stage], depth: int, total: int, j: int, b: int,
-                 lookahead: int | None) -> tuple[list[dict[str, Tensor]], list[dict[str, Tensor]]]:
-    forward, backward = [], []
-    for s in range(total):
-        if method == "wpipe":
-            v = b if s >= depth else max(0, b - 1)
-            forward.append(state[s].weights(v))
-            backward.append(state[s].weights(v))
-            continue
-        if method == "2bw":
-            v = max(0, b - 1)
-            forward.append(state[s].weights(v))
-            backward.append(state[s].weights(v))
-            continue
-        t = max(0, j - (depth - s) + 1)
-        if method == "pipedream":
-            forward.append(state[s].weights(t))
-            backward.append(state[s].weights(t))
-        elif method == "pipedream-vs":
-            t0 = max(0, j - depth + 1)
-            forward.append(state[s].weights(t0))
-            backward.append(state[s].weights(t0))
-        elif method == "pipeoptim":
-            k = j - t if lookahead is None or s == depth - 1 else lookahead
-            forward.append(state[s].predicted(t, k) if k else state[s].weights(t))
-            backward.append(state[s].weights(j))
-        else:  # spectrain
-            back = s // 2
-            forward.append(state[s].predicted(t, (j - t) + back, "momentum"))
-            backward.append(state[s].predicted(j, back, "momentum") if back else state[s].weights(j))
-    return forward, backward
-
-
-def _maybe_update(method: str, state: list[_Stage], depth: int, j: int, microbatches: int) -> None:
-    if method in ("2bw", "wpipe"):
-        if (j + 1) % microbatches == 0:
-            for stage in state:
-                stage.step()
-        return
-    for stage in state:
-        stage.step()
 
 
 def run_elastic_oracle(*, spec: ModelSpec, pipelines: int, steps: int,

@@ -18,21 +18,19 @@ import pytest
 
 from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, run_local
 from pipeweave.runtime.observation.live import live_tensors, live_tensors_between
-from pipeweave.schedules import Shape, available_schedules, get_info
+from pipeweave.schedules import available_schedules, schedule_defaults
 
 WARMUP, MEASURED, TAIL, P = 4, 30, 3, 2
 TINY = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_ff": 32, "seq_len": 8}
 
 
 def job(schedule: str, steps: int) -> Job:
-    info = get_info(schedule)
-    chunks = info.default_chunks
-    microbatches = max(4, info.min_microbatches(Shape(stages=P, microbatches=1, chunks=chunks)))
-    name, kwargs = info.default_optimizer or ("adam", {"lr": 1e-3})
-    return Job(plan=Plan.uniform(6, P, chunks=chunks, schedule=schedule,
-                                 microbatches=microbatches),
+    own = schedule_defaults(schedule, P, microbatches=4)
+    name, kwargs = own.optimizer
+    return Job(plan=Plan.uniform(6, P, chunks=own.chunks, schedule=schedule,
+                                 microbatches=own.microbatches),
                steps=steps, model=BuiltinModel("gpt-tiny", overrides=TINY),
-               data=BuiltinData("stdlib-bytes", batch_size=2 * microbatches, seq_len=8),
+               data=BuiltinData("stdlib-bytes", batch_size=2 * own.microbatches, seq_len=8),
                optimizer=OptimizerFactory(name, dict(kwargs)), count_activations=True)
 
 

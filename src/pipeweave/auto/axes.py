@@ -3,7 +3,8 @@
 An axis sees the values the axes before it chose (a plain dict) and the problem, and yields
 its own values; :func:`enumerate_candidates` takes the product. Adding an axis is adding one
 :class:`Axis` to :data:`DEFAULT_AXES` (and a field to :class:`~pipeweave.auto.problem.Candidate`).
-What a schedule supports is asked of the schedule (:mod:`pipeweave.auto.capabilities`), never
+What a schedule supports is read off its registry entry
+(:class:`~pipeweave.schedules.ScheduleInfo`: ``width``, ``chunks``, ``pipelines``), never
 listed here, so a newly registered schedule joins every axis with no code.
 
 =============  ===============================================================================
@@ -38,7 +39,6 @@ from typing import Any
 
 from ..planner import available_methods
 from ..schedules import available_schedules, get_info
-from .capabilities import supports_chunks, supports_pipelines, supports_width
 from .problem import AutoProblem, Candidate
 
 __all__ = ["Axis", "DEFAULT_AXES", "enumerate_candidates", "divisors", "recompute_counts"]
@@ -70,7 +70,7 @@ def _depths(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
     for depth in wanted:
         if problem.ranks % depth or depth > problem.profile.num_blocks:
             continue
-        if depth != problem.ranks and not supports_width(partial["schedule"]):
+        if depth != problem.ranks and not get_info(partial["schedule"]).width:
             continue
         yield depth
 
@@ -80,17 +80,18 @@ def _width(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
 
 
 def _chunks(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
-    default = get_info(partial["schedule"]).default_chunks
+    info = get_info(partial["schedule"])
+    default = info.default_chunks
     for chunks in (default, 2 * default) if default > 1 else (1,):
         if partial["depth"] * chunks <= problem.profile.num_blocks and (
-                chunks == 1 or supports_chunks(partial["schedule"], chunks)):
+                chunks == 1 or info.takes_chunks(chunks)):
             yield chunks
 
 
 def _pipelines(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
     wanted = problem.pipelines or (1, 2, 4)
     for count in wanted:
-        if count == 1 or supports_pipelines(partial["schedule"]):
+        if count == 1 or get_info(partial["schedule"]).pipelines:
             yield count
 
 

@@ -11,7 +11,7 @@ cannot start before the first micro-batch has crossed the stages in front of it,
 ``head(s) = sum over t < s of (F_t / 2 + transfer_t / 2 + latency_t)`` (halved: the Slicer
 forwards half micro-batches; ``latency_t`` is 0 where both stages are on one rank). Its
 gradient action is ``g_s = B_s``, or ``min(B_s, I_s)`` for a schedule that splits backwards
-(:func:`~pipeweave.auto.capabilities.splits_backward`). Three chains, each a sequence of
+(:attr:`ScheduleInfo.split_backward <pipeweave.schedules.ScheduleInfo.split_backward>`). Three chains, each a sequence of
 actions that wait for one another::
 
     last gradient, back:  head(s) + n_s (F_s + g_s) + closing(s)
@@ -63,9 +63,9 @@ from dataclasses import dataclass
 from ..planner.pipedream import allreduce_time
 from ..ir import Layout
 from ..planner.plan import Plan
+from ..schedules import get_info
 from ..profiler import Profile
 from ..sim import Costs, StageCosts
-from .capabilities import splits_backward
 from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
 
@@ -132,7 +132,7 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
                 fastest_link: float) -> float:
     """A lower bound before partitioning (``profile`` scaled to the micro-batch)."""
     every = candidate.recompute >= candidate.stages
-    totals = _totals(profile, every, splits_backward(candidate.schedule))
+    totals = _totals(profile, every, get_info(candidate.schedule).split_backward)
     extra = 0.0 if every else totals.smallest[min(candidate.recompute, profile.num_blocks)]
     per_replica = candidate.pipelines * -(-candidate.microbatches // candidate.width)
     update = totals.update * candidate.pipelines
@@ -180,7 +180,7 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
             work[r] += busy + plan.pipelines * table.all_reduce[s]
             compute += busy
     bound = max(work)
-    split = splits_backward(plan.schedule)
+    split = get_info(plan.schedule).split_backward
     latency = _latencies(layout, table)
     down = _round_trips(table, split, latency)
     head = closing = 0.0

@@ -9,7 +9,7 @@ micro-batches with an ``AR`` inserted before every ``U``, has the same timeline,
 and memory per rank as the whole plan: ``d`` ranks to simulate instead of ``d * w``.
 
 Whether a schedule's copies are independent is asked of the schedule, as everything else
-(:mod:`pipeweave.auto.capabilities`): a small instance is simulated both ways with uneven costs
+(:mod:`pipeweave.schedules.declared`): a small instance is simulated both ways with uneven costs
 and compared; a schedule that fails (or ranks that share CPU cores, where the copies compete
 for the same cores) is simulated whole.
 """
@@ -22,6 +22,7 @@ from functools import lru_cache
 from ..ir import Action, Op, Schedule
 from ..planner.plan import Plan
 from ..schedules import Shape, build_schedule, get_info
+from ..schedules.registry import CACHE_SIZE, Generator
 from ..sim import Costs, simulate
 
 __all__ = ["one_copy_plan", "one_copy_schedule", "copies_independent"]
@@ -33,8 +34,16 @@ def one_copy_plan(plan: Plan) -> Plan:
 
 
 def one_copy_schedule(plan: Plan, iterations: int) -> Schedule:
-    """Copy 0's programs with the all-reduce of every replicated stage before its update."""
-    single = build_schedule(plan.schedule, one_copy_plan(plan).shape(iterations))
+    """Copy 0's programs with the all-reduce of every replicated stage before its update;
+    remembered for the last :data:`~pipeweave.schedules.registry.CACHE_SIZE` shapes, as
+    :func:`~pipeweave.schedules.build_schedule` is."""
+    info = get_info(plan.schedule)  # its generator in the key: a name registered anew is new
+    return _one_copy(plan.schedule, info.generate, one_copy_plan(plan).shape(iterations))
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _one_copy(name: str, generate: Generator, shape: Shape) -> Schedule:
+    single = build_schedule(name, shape)
     programs = []
     for program in single.programs:
         out: list[Action] = []

@@ -450,7 +450,7 @@ def _cannot_beat(samples: float, bound: float, best: float, candidate: Candidate
 def _simplicity(candidate: Candidate) -> tuple[Any, ...]:
     """Tie-break: fewer features first (no recompute, no APC, one pipeline, one chunk)."""
     return (candidate.recompute, candidate.apc, candidate.pipelines, candidate.chunks,
-            candidate.schedule != "1f1b", candidate.method != "uniform")
+            candidate.schedule != SAFE_SCHEDULE, candidate.method != "uniform")
 
 
 def _default_prediction(state: _Search, problem: AutoProblem) -> Prediction | None:

@@ -12,12 +12,11 @@ as invalid (``SearchResult.refused_ties``).
 
 from __future__ import annotations
 
-from ..ir import lower
 from ..ir.ties import tie_refusal
 from ..planner.evaluate import simulated_iterations
 from ..planner.plan import Plan
 from ..profiler import Profile
-from ..schedules import build_schedule
+from ..schedules import lowered_schedule
 
 __all__ = ["TieRefused", "check_ties"]
 
@@ -32,8 +31,7 @@ def check_ties(plan: Plan, profile: Profile) -> None:
     split = [(tie, stages) for tie, stages in split if len(stages) > 1]
     if not split:
         return
-    schedule = lower(build_schedule(plan.schedule,
-                                    plan.shape(simulated_iterations(plan.schedule))))
+    schedule = lowered_schedule(plan.schedule, plan.shape(simulated_iterations(plan.schedule)))
     for tie, stages in split:
         reason = tie_refusal(stages, schedule)
         if reason is not None:

@@ -41,7 +41,7 @@ def samples_per_update(info: ScheduleInfo) -> str:
         sizes = set(update_sizes(schedule).values())
         if sizes == {microbatches}:
             return "one batch (--batch-size samples)" + (
-                " per parallel pipeline" if info.name == "avgpipe" else "")
+                " per parallel pipeline" if info.pipelines else "")
         if sizes == {1}:
             return "one micro-batch (--batch-size / M samples)"
         return f"{sorted(sizes)} of M={microbatches} micro-batches"

@@ -41,7 +41,7 @@ from ..runtime.launch.prepare import prepare
 from ..runtime.launch.processes import launch_local, run_under_torchrun, under_torchrun
 from ..runtime.launch.single_process import run_local
 from ..runtime.observation.summary import TrainSummary, summarize
-from ..schedules import get_info
+from ..schedules import schedule_defaults
 from . import train_avgpipe, train_failure
 from .options import parse_bytes, parse_options
 from .train_outputs import write_outputs
@@ -84,7 +84,8 @@ def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, default=None,
                         help=f"pipeline depth P (ranks per pipeline; default {DEFAULT_STAGES})")
     parser.add_argument("--microbatches", type=int, default=None,
-                        help=f"M, micro-batches per step (default {DEFAULT_MICROBATCHES})")
+                        help=f"M, micro-batches per step (default {DEFAULT_MICROBATCHES}, or the "
+                             f"schedule's least M where that is more, e.g. P for 2bw)")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps (iterations)")
     parser.add_argument("--batch-size", type=int, default=16, help="samples per step")
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per sample (GPT models)")
@@ -202,19 +203,22 @@ def build_setup(args: argparse.Namespace) -> Setup:
         overrides["seq_len"] = args.seq_len
     # What needs no model is checked before the model is built (an HF model takes seconds).
     plan = load_plan(args) if args.plan is not None else None
-    info = get_info(plan.schedule if plan is not None else args.schedule or DEFAULT_SCHEDULE)
-    optimizer = optimizer_for(args, info.default_optimizer)
+    schedule = plan.schedule if plan is not None else args.schedule or DEFAULT_SCHEDULE
+    stages = plan.depth if plan is not None else \
+        DEFAULT_STAGES if args.stages is None else args.stages
+    defaults = schedule_defaults(
+        schedule, stages, chunks=args.chunks if plan is None else plan.chunks,
+        width=(args.width or 1) if plan is None else plan.width,
+        microbatches=DEFAULT_MICROBATCHES, optimizer=("adam", {}))
+    optimizer = optimizer_for(args, defaults.optimizer)
     checkpoint = checkpoint_options(args)
     options = parse_options(args.option)
     model = BuiltinModel(name, seed=args.seed, dtype=args.dtype, overrides=overrides)
     spec = model()
     if plan is None:
-        schedule = args.schedule or DEFAULT_SCHEDULE
-        stages = DEFAULT_STAGES if args.stages is None else args.stages
-        chunks = info.default_chunks if args.chunks is None else args.chunks
-        recompute = (True,) * (stages * chunks) if args.recompute else ()
-        plan = Plan.uniform(len(spec.blocks), stages, chunks=chunks, schedule=schedule,
-                            microbatches=(DEFAULT_MICROBATCHES if args.microbatches is None
+        recompute = (True,) * (stages * defaults.chunks) if args.recompute else ()
+        plan = Plan.uniform(len(spec.blocks), stages, chunks=defaults.chunks, schedule=schedule,
+                            microbatches=(defaults.microbatches if args.microbatches is None
                                           else args.microbatches),
                             width=1 if args.width is None else args.width, recompute=recompute,
                             schedule_options=options)

@@ -40,6 +40,7 @@ from ..runtime.advance.options import AdvanceOptions
 from ..runtime.observation.memory import check_memory_limit, estimate_state_bytes
 from ..planner.semantics_options import AVERAGE_ORDERS
 from ..runtime.observation.summary import TrainSummary
+from ..schedules import available_schedules, get_info
 from ..schedules.avgpipe import parse_advance
 
 __all__ = ["add_arguments", "apply", "check_ranks", "parse_advance_flag", "fixed_advance",
@@ -96,12 +97,13 @@ def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec, optimizer: Opti
     and the fix on misuse."""
     given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in AVGPIPE_FLAGS
              if getattr(args, name) is not None]
-    if plan.schedule != "avgpipe":
+    if not get_info(plan.schedule).pipelines:
         if given:
+            takes = [info.name for info in available_schedules() if info.pipelines]
             raise ValueError(
                 f"{', '.join(given)}: AvgPipe flag{'s' if len(given) > 1 else ''} (N parallel "
                 f"pipelines with elastic averaging, advance forward propagation), but the "
-                f"schedule is {plan.schedule!r}; add --schedule avgpipe, or drop "
+                f"schedule is {plan.schedule!r}; add --schedule {' or '.join(takes)}, or drop "
                 f"{'them' if len(given) > 1 else 'it'}")
         return plan, None
     if args.pipelines is not None:
@@ -153,7 +155,7 @@ def check_ranks(args: argparse.Namespace, plan: Plan, *, under_torchrun: bool) -
     if given is not None and given != needed:
         hint = ""
         n = plan.pipelines
-        if plan.schedule == "avgpipe" and n > 1 and given == n * needed:
+        if get_info(plan.schedule).pipelines and n > 1 and given == n * needed:
             hint = (f" AvgPipe's N={n} parallel pipelines share the same ranks (co-partitioned, "
                     f"avgpipe.txt §3.2: each rank runs its stage of every pipeline), so they need "
                     f"{needed} ranks, not N x P = {given}.")
@@ -176,8 +178,9 @@ def check_ranks(args: argparse.Namespace, plan: Plan, *, under_torchrun: bool) -
 
 
 def fixed_advance(job: Job) -> int | None:
-    """The advance of an ``avgpipe`` run with a fixed one (None: other schedules, or auto)."""
-    if job.plan.schedule != "avgpipe" or job.advance is not None:
+    """The advance of a run of a schedule with the ``advance`` option (``avgpipe``) with a
+    fixed one (None: other schedules, or auto)."""
+    if "advance" not in get_info(job.plan.schedule).options or job.advance is not None:
         return None
     return parse_advance(job.plan.schedule_options.get("advance"), job.plan.microbatches)
 

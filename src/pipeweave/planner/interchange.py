@@ -22,16 +22,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from ..schedules import available_schedules, get_info
 from .plan import Plan
 
-__all__ = ["NotExpressible", "megatron_layout", "torchtitan_config", "TORCH_SCHEDULES"]
+__all__ = ["NotExpressible", "megatron_layout", "torchtitan_config"]
 
-TORCH_SCHEDULES = {
-    "gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-    "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV",
-}
-"""pipeweave schedule -> the torch.distributed.pipelining schedule that runs the same order
-(``torch.distributed.pipelining.schedules.get_schedule_class`` names)."""
 
 _LAYER = re.compile(r"^layer(\d+)(?:\.(attn|ffn))?$")
 
@@ -88,10 +83,11 @@ def _compress(run: str) -> str:
 def torchtitan_config(plan: Plan, names: Sequence[str], *, batch_size: int) -> str:
     """torchtitan's ``[parallelism]`` and ``[activation_checkpoint]`` TOML for ``plan`` with
     ``batch_size`` samples per iteration and pipeline copy."""
-    torch_schedule = TORCH_SCHEDULES.get(plan.schedule)
+    torch_schedule = get_info(plan.schedule).torch_schedule
     if torch_schedule is None:
+        runs = sorted(i.name for i in available_schedules() if i.torch_schedule is not None)
         raise NotExpressible(f"schedule {plan.schedule!r} has no torch.distributed.pipelining "
-                             f"equivalent (torch runs {sorted(TORCH_SCHEDULES)})")
+                             f"equivalent (torch runs {', '.join(runs)})")
     if plan.replicas is not None or plan.pipelines != 1:
         raise NotExpressible("replicated stages and AvgPipe's parallel pipelines have no "
                              "torchtitan equivalent")

@@ -24,8 +24,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..ir import Op, Schedule, lower
-from ..schedules import Shape, build_schedule
+from ..ir import Op, Schedule
+from ..schedules import Shape, lowered_schedule
 from ..memory.timeline import RankTimeline, analyse_programs, graphless_forwards
 from ..memory.versions import weight_copies
 
@@ -84,7 +84,7 @@ def shape_analysis(name: str, shape: Shape) -> ShapeAnalysis:
     if found is not None:
         _CACHE.move_to_end(key)
         return found
-    schedule = lower(build_schedule(name, shape))
+    schedule = lowered_schedule(name, shape)
     programs = schedule.programs
     analysis = ShapeAnalysis(
         schedule=schedule, timelines=tuple(analyse_programs(schedule)),

@@ -168,7 +168,8 @@ def _simulate(request: PlanRequest, partition: Partition, network: Network,
 def _apply_slicer(request: PlanRequest, partition: Partition, network: Network,
                   details: dict[str, Any]) -> Partition:
     """AutoPipe's Slicer (autopipe.txt §III-C): ``sliced-1f1b`` with Algorithm 2's ``k``."""
-    if partition.schedule not in ("1f1b", "sliced-1f1b") or partition.replicas is not None:
+    sliced = get_info(partition.schedule).sliced
+    if sliced is None or partition.replicas is not None:
         raise ValueError(
             f"the Slicer splits the warm-up micro-batches of a 1F1B pipeline; this plan runs "
             f"{partition.schedule!r}{' with replicated stages' if partition.replicas else ''}. "
@@ -187,7 +188,7 @@ def _apply_slicer(request: PlanRequest, partition: Partition, network: Network,
     details["sliced"] = k
     details["iteration_time_without_slicer"] = plain.iteration_time
     options = {**dict(partition.schedule_options), "sliced": k}
-    return replace(partition, schedule="sliced-1f1b", schedule_options=options)
+    return replace(partition, schedule=sliced, schedule_options=options)
 
 
 def _check_memory(request: PlanRequest, partition: Partition, microbatches: int) -> None:

@@ -2,12 +2,14 @@
 
 :class:`Semantics` holds one field per option; ``None`` means "not given", so the default
 applies (:attr:`Semantics.backward_mode` and :attr:`Semantics.order` resolve it; ``alpha``'s
-default depends on N and the runtime's averager applies it). Each option belongs to the schedules whose semantics it changes; on
-any other schedule it would do nothing, so :func:`check_semantics` refuses it rather than let
-it be silently ignored. No torch here: the plan layer stays importable without it.
+default depends on N and the runtime's averager applies it). Each option belongs to the
+schedules whose semantics it changes, which say so on their registry entry
+(:attr:`ScheduleInfo.semantics <pipeweave.schedules.ScheduleInfo.semantics>`); on any other
+schedule it would do nothing, so :func:`check_semantics` refuses it rather than let it be
+silently ignored. No torch here: the plan layer stays importable without it.
 
 ==============  ===========  =====================================================================
-option          schedules    meaning
+option          schedules    meaning (schedules: those declaring it, today)
 ==============  ===========  =====================================================================
 backward        pipeoptim    ``recompute`` (default, Algorithm 1: the backward recomputes the
                              stage at the current weights) or ``graph`` (differentiate the graph
@@ -30,7 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["Semantics", "SEMANTICS_OPTIONS", "AVERAGE_ORDERS", "BACKWARD_MODES", "check_semantics"]
+from ..schedules import available_schedules, get_info
+
+__all__ = ["Semantics", "SEMANTICS_OPTIONS", "AVERAGE_ORDERS", "BACKWARD_MODES", "check_semantics",
+           "schedules_taking"]
 
 AVERAGE_ORDERS = ("simultaneous", "update-then-dilute")
 """``average_order`` values; the first is the default."""
@@ -40,9 +45,9 @@ BACKWARD_MODES = ("recompute", "graph")
 
 @dataclass(frozen=True)
 class SemanticsOption:
-    """Where an option applies and which values it takes (the rule :func:`check_semantics` applies)."""
+    """Which values an option takes (the rule :func:`check_semantics` applies); where it
+    applies is declared by the schedules (:attr:`pipeweave.schedules.ScheduleInfo.semantics`)."""
 
-    schedules: tuple[str, ...]
     valid: Callable[[Any], bool]
     expected: str
     flag: str
@@ -67,7 +72,7 @@ class Semantics:
     """
 
     backward: str | None = _option(SemanticsOption(
-        ("pipeoptim",), lambda v: v in BACKWARD_MODES, f"one of {list(BACKWARD_MODES)}",
+        lambda v: v in BACKWARD_MODES, f"one of {list(BACKWARD_MODES)}",
         "--prediction-backward"))
     """PipeOptim only: how the backward treats the predicted forward weights. ``"recompute"``
     (default; pipeoptim.txt Algorithm 1) runs the forward under ``no_grad`` and recomputes the
@@ -75,13 +80,13 @@ class Semantics:
     the predicted weights (no second forward, one predicted copy per micro-batch in flight)."""
 
     alpha: float | None = _option(SemanticsOption(
-        ("avgpipe",), _fraction, "a number in [0, 1]", "--alpha"))
+        _fraction, "a number in [0, 1]", "--alpha"))
     """AvgPipe only: how far each parallel model is pulled toward the reference model per
     iteration, in [0, 1] (0: not at all, 1: replaced by it). Default ``1/N`` for N parallel
     pipelines (avgpipe.txt §3.2), which the runtime's averager applies when this is ``None``."""
 
     average_order: str | None = _option(SemanticsOption(
-        ("avgpipe",), lambda v: v in AVERAGE_ORDERS, f"one of {list(AVERAGE_ORDERS)}",
+        lambda v: v in AVERAGE_ORDERS, f"one of {list(AVERAGE_ORDERS)}",
         "--average-order"))
     """AvgPipe only: ``"simultaneous"`` (default: dilute the weights as they were before the
     local update) or ``"update-then-dilute"`` (update first, then dilute the updated weights);
@@ -120,15 +125,21 @@ SEMANTICS_OPTIONS: dict[str, SemanticsOption] = {f.name: f.metadata["rule"] for 
 """Every option's rule, by name, in field order (read from :class:`Semantics`)."""
 
 
+def schedules_taking(option: str) -> list[str]:
+    """The registered schedules that declare ``option`` (their entry's ``semantics``)."""
+    return [info.name for info in available_schedules() if option in info.semantics]
+
+
 def check_semantics(schedule: str, semantics: Semantics) -> None:
     """ValueError naming the option and the fix for a misplaced or invalid option."""
     for name, value in semantics.given().items():
         option = SEMANTICS_OPTIONS[name]
-        if schedule not in option.schedules:
+        if name not in get_info(schedule).semantics:
+            where = schedules_taking(name)
             raise ValueError(
                 f"semantics option {name}={value!r} ({option.flag}) applies to "
-                f"{', '.join(option.schedules)} only, not to schedule {schedule!r}; drop it or "
-                f"use --schedule {option.schedules[0]}")
+                f"{', '.join(where) or 'no registered schedule'} only, not to schedule "
+                f"{schedule!r}; drop it" + (f" or use --schedule {where[0]}" if where else ""))
         if not option.valid(value):
             raise ValueError(f"semantics option {name}={value!r} ({option.flag}) must be "
                              f"{option.expected}")

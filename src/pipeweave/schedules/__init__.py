@@ -1,5 +1,8 @@
 """Schedule generators: pure functions from a :class:`Shape` to a compute-only :class:`Schedule`."""
 
-from .registry import Shape, ScheduleInfo, available_schedules, build_schedule, get_info, register
+from .defaults import ScheduleDefaults, schedule_defaults
+from .registry import (Shape, ScheduleInfo, available_schedules, build_schedule, get_info,
+                       lowered_schedule, register)
 
-__all__ = ["Shape", "ScheduleInfo", "available_schedules", "build_schedule", "get_info", "register"]
+__all__ = ["Shape", "ScheduleInfo", "available_schedules", "build_schedule", "get_info", "register",
+           "lowered_schedule", "ScheduleDefaults", "schedule_defaults"]

@@ -93,7 +93,8 @@ def advance_order(advance: int) -> Order:
 @register("avgpipe", description="AvgPipe: N parallel 1F1B pipelines with advance forward "
                                  "propagation; per-pipeline update then elastic averaging (AV)",
           paper="Z. Chen, W. Qian, \"Elastic Averaging for Efficient Pipelined DNN Training\" (AvgPipe), §3.2, §4.2, Algorithm 1, Fig. 7", synchronous=True,
-          options=("advance", "first_iteration"))
+          options=("advance", "first_iteration"),
+          pipelines=True, width=True, semantics=("alpha", "average_order"), online_advance=True)
 def avgpipe(shape: Shape) -> Schedule:
     if shape.chunks != 1:
         raise ValueError(f"avgpipe runs one chunk per rank, got chunks={shape.chunks}; set chunks=1")

@@ -161,6 +161,7 @@ def _min_microbatches(shape: Shape) -> int:
           paper="DeepSeek-AI, DeepSeek-V3 Technical Report, 2024, §3.2.1 (DualPipe); V form "
                 "as torch.distributed.pipelining.ScheduleDualPipeV",
           synchronous=True, default_chunks=2, placement="v",
-          min_microbatches=_min_microbatches)
+          min_microbatches=_min_microbatches,
+          width=True, replicas=True, chunks=(1, 2), split_backward=True, torch_schedule="DualPipeV")
 def dualpipev(shape: Shape) -> Schedule:
     return v_schedule("dualpipev", shape, dualpipev_order)

@@ -24,6 +24,7 @@ def gpipe_order(position: int, depth: int, microbatches: Sequence[int]) -> list[
 
 
 @register("gpipe", description="all forwards, then all backwards; flush and update per iteration",
-          paper="Y. Huang et al., GPipe, NeurIPS 2019 (as described in Yang et al., WPipe, ICLR 2022, §2)", synchronous=True)
+          paper="Y. Huang et al., GPipe, NeurIPS 2019 (as described in Yang et al., WPipe, ICLR 2022, §2)", synchronous=True,
+          width=True, replicas=True, chunks=None, torch_schedule="GPipe")
 def gpipe(shape: Shape) -> Schedule:
     return flush_schedule("gpipe", shape, gpipe_order)

@@ -69,7 +69,8 @@ def grouped_order(layout: Layout, rank: int, microbatches: Sequence[int]
                       "then all backwards; bubble (P-1)/(vM+P-1), half GPipe's at v=2",
           paper="P. Yang et al., Group-based Interleaved Pipeline Parallelism for Large-scale "
                 "DNN Training (WPipe), ICLR 2022, appendix A.4, Fig. 15",
-          synchronous=True, default_chunks=2)
+          synchronous=True, default_chunks=2,
+          width=True, replicas=True, chunks=None)
 def gpipe_grouped(shape: Shape) -> Schedule:
     if shape.pipelines != 1:
         raise ValueError(f"gpipe-grouped runs one pipeline, got pipelines={shape.pipelines}; "

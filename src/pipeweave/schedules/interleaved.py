@@ -67,7 +67,8 @@ def _min_microbatches(shape: Shape) -> int:
 @register("interleaved-1f1b",
           description="Megatron interleaved 1F1B: v chunks per rank in runs of P, flush per iteration",
           paper="D. Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM, SC 2021 (interleaved schedule)",
-          synchronous=True, min_microbatches=_min_microbatches, default_chunks=2)
+          synchronous=True, min_microbatches=_min_microbatches, default_chunks=2,
+          width=True, replicas=True, chunks=None, torch_schedule="Interleaved1F1B")
 def interleaved_1f1b(shape: Shape) -> Schedule:
     if shape.chunks == 1:
         return flush_schedule("interleaved-1f1b", shape, one_f_one_b_order)

@@ -113,7 +113,8 @@ def interleaved_zb_order(P: int, M: int, chunks: int) -> list[list[Pass]]:
           paper="P. Qi, X. Wan, G. Huang, M. Lin, Zero Bubble Pipeline Parallelism, ICLR 2024 "
                 "(ZB-H1's W scheduling) on D. Narayanan et al., Megatron-LM, SC 2021 (interleaved)",
           synchronous=True, min_microbatches=lambda shape: (
-              shape.stages * shape.width if shape.chunks > 1 else 1), default_chunks=2)
+              shape.stages * shape.width if shape.chunks > 1 else 1), default_chunks=2,
+          width=True, replicas=True, chunks=None, split_backward=True, torch_schedule="InterleavedZeroBubble")
 def interleaved_zb(shape: Shape) -> Schedule:
     if shape.chunks == 1:
         # as interleaved-1f1b: plain 1f1b (interleaved_zb_order(P, M, 1) is ZB-H1's idea on it,

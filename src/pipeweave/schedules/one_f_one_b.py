@@ -17,6 +17,7 @@ __all__ = ["one_f_one_b"]
 
 
 @register("1f1b", description="PipeDream-flush / DAPPLE: warm-up, 1F1B steady state, cool-down, flush",
-          paper="D. Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training (PipeDream-flush), ICML 2021; S. Fan et al., DAPPLE, PPoPP 2021", synchronous=True)
+          paper="D. Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training (PipeDream-flush), ICML 2021; S. Fan et al., DAPPLE, PPoPP 2021", synchronous=True,
+          width=True, replicas=True, chunks=None, sliced="sliced-1f1b", torch_schedule="1F1B")
 def one_f_one_b(shape: Shape) -> Schedule:
     return flush_schedule("1f1b", shape, one_f_one_b_order)

@@ -40,7 +40,8 @@ __all__ = ["pipedream"]
 @register("pipedream",
           description="asynchronous 1F1B(-RR) without flush, update after every backward, weight stashing",
           paper="D. Narayanan et al., PipeDream: Generalized Pipeline Parallelism for DNN Training, SOSP 2019, §3.2-3.3", synchronous=False,
-          options=("vertical_sync",))
+          options=("vertical_sync",),
+          width=True, replicas=True)
 def pipedream(shape: Shape) -> Schedule:
     vertical_sync = shape.option("vertical_sync", False)
     if not isinstance(vertical_sync, bool):

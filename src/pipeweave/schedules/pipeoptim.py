@@ -65,7 +65,8 @@ __all__ = ["pipeoptim", "spectrain", "spectrain_backward_distance"]
           cost="every stage but the last runs its forward twice per micro-batch: the backward "
                "recomputes it at the current weights (the paper's rule), about 1/3 more compute "
                "at B = 2F; --prediction-backward graph skips that and keeps one predicted weight "
-               "copy per micro-batch in flight")
+               "copy per micro-batch in flight",
+          width=True, replicas=True, semantics=("backward",), prediction="optimizer")
 def pipeoptim(shape: Shape) -> Schedule:
     override = shape.option("lookahead", None)
     if override is not None and (isinstance(override, bool) or not isinstance(override, int)
@@ -97,7 +98,8 @@ def spectrain_backward_distance(stage: int) -> int:
                 "Parallelism on Multi-GPU Platform (SpecTrain), arXiv:1809.02839 (2018)",
           synchronous=False, default_optimizer=("sgd", {"momentum": 0.9}),
           cost="every stage but the last runs its forward twice per micro-batch: the backward "
-               "recomputes it at the weights predicted for the backward")
+               "recomputes it at the weights predicted for the backward",
+          prediction="momentum")
 def spectrain(shape: Shape) -> Schedule:
     if shape.replicas is not None or shape.width != 1:
         raise ValueError(

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
-from ..ir import Layout, Schedule
+from ..ir import Layout, Schedule, lower
 
-__all__ = ["Shape", "ScheduleInfo", "register", "build_schedule", "available_schedules", "get_info",
-           "check_options", "PLACEMENTS"]
+__all__ = ["Shape", "ScheduleInfo", "register", "build_schedule", "lowered_schedule",
+           "available_schedules", "get_info", "check_options", "PLACEMENTS", "CAPABILITIES",
+           "CACHE_SIZE"]
 
 PLACEMENTS = ("loop", "v")
 """How chunks sit on the ranks: ``"loop"``, stage ``s`` on rank ``s % P`` (straight with one
@@ -75,19 +78,40 @@ class Shape:
     def option(self, name: str, default: Any) -> Any:
         return self.options.get(name, default)
 
+    def __hash__(self) -> int:
+        """Hashable (options by their JSON text), so that :func:`build_schedule` can remember
+        what it built for a shape."""
+        return hash((self.stages, self.microbatches, self.iterations, self.chunks, self.width,
+                     self.replicas, self.pipelines,
+                     json.dumps(dict(self.options), sort_keys=True, default=repr)))
+
 
 Generator = Callable[[Shape], Schedule]
 
 
 @dataclass(frozen=True)
 class ScheduleInfo:
-    """A registered generator and what the CLI says about it."""
+    """A registered generator and everything the rest of pipeweave asks about it.
+
+    Nothing outside :mod:`pipeweave.schedules` tests a schedule's name: ``train``, ``simulate``,
+    ``auto``, the memory estimates and checkpoints read these fields, so a new schedule joins
+    them by its entry alone (``tests/auto/test_new_schedule.py`` registers one and runs it
+    through all of them). What the generator really builds is checked against the declared
+    fields by :func:`pipeweave.schedules.declared.mismatches` (a test runs it on every entry).
+    """
 
     name: str
+    """What ``--schedule``, ``Plan.schedule`` and the generated ``Schedule.name`` call it."""
     description: str
+    """One line for ``pipeweave schedules``."""
     paper: str
+    """Where the schedule comes from (authors, title, venue, section)."""
     synchronous: bool
+    """Every iteration ends with a flush (all backwards, then the updates), so its gradients
+    are those of non-pipelined training; ``auto`` searches an asynchronous one only when told
+    ``--semantics any``."""
     generate: Generator
+    """The pure function from a :class:`Shape` to the compute-only schedule."""
     min_microbatches: Callable[[Shape], int] = lambda shape: 1
     """Smallest M the schedule accepts for a shape (e.g. P for 2BW)."""
     options: tuple[str, ...] = ()
@@ -105,13 +129,57 @@ class ScheduleInfo:
     placement: str = "loop"
     """Where its chunks go when ``chunks > 1`` (:data:`PLACEMENTS`): the generated schedule's
     layout is ``shape.layout(placement)``; with one chunk every schedule is straight."""
+    pipelines: bool = False
+    """It lays out N > 1 parallel pipelines on the same ranks (``Shape.pipelines``; AvgPipe's
+    elastic averaging), and takes the flags that go with them (``--pipelines``, ``--alpha``,
+    ``--average-order``, ``--advance``)."""
+    width: bool = False
+    """It runs data-parallel copies of the whole pipeline (``Shape.width`` > 1)."""
+    replicas: bool = False
+    """It runs per-stage replica counts (``Shape.replicas``; PipeDream's 1F1B-RR)."""
+    chunks: tuple[int, ...] | None = (1,)
+    """The model-chunk counts per rank it lays out (``Shape.chunks``); ``None``: any count."""
+    split_backward: bool = False
+    """Some of its backwards are split into I and W (zero-bubble schedules), so the gradient a
+    stage sends back may be ready after the I alone (``auto``'s bounds allow for it)."""
+    semantics: tuple[str, ...] = ()
+    """The weight-semantics options (:class:`pipeweave.planner.Semantics` fields) that change
+    what it computes; ``check_semantics`` refuses the others on this schedule."""
+    prediction: str | None = None
+    """How its forwards predict weights ahead: ``"optimizer"`` (PipeOptim: the optimizer's own
+    last step, where the program marks a forward predicted), ``"momentum"`` (SpecTrain: SGD's
+    momentum buffer, on every stage, forwards and backwards), or ``None`` (no prediction)."""
+    checkpointable: bool = True
+    """``--checkpoint-dir``/``--resume`` can stop and resume it exactly (every rank reaches a
+    point after each iteration with nothing of that iteration in flight)."""
+    online_advance: bool = False
+    """It runs under the online advance controller (``--advance auto``, AvgPipe's
+    Algorithm 1), which lays it out one iteration at a time with the ``advance`` option."""
+    torch_schedule: str | None = None
+    """The ``torch.distributed.pipelining`` schedule that runs the same order, by the name
+    ``get_schedule_class`` and torchtitan's ``pipeline_parallel_schedule`` take (``"1F1B"``);
+    ``None``: torch has none (:mod:`pipeweave.planner.interchange`)."""
+    sliced: str | None = None
+    """The schedule that runs this one with AutoPipe's Slicer (the first micro-batches split,
+    option ``sliced``), which ``plan --slicer`` switches to; ``None``: the Slicer does not apply."""
 
     def layout(self, shape: Shape) -> Layout:
         """The layout this schedule uses for ``shape``, without generating it."""
         return shape.layout(self.placement if shape.chunks > 1 else "loop")
 
+    def takes_chunks(self, chunks: int) -> bool:
+        """It lays out ``chunks`` model chunks per rank (:attr:`chunks`)."""
+        return self.chunks is None or chunks in self.chunks
+
 
 _REGISTRY: dict[str, ScheduleInfo] = {}
+
+Capability = bool | str | tuple[int, ...] | tuple[str, ...] | Callable[[int, int, int], int] | None
+"""The type of a declared field passed to :func:`register` (``capabilities``)."""
+
+CAPABILITIES = ("pipelines", "width", "replicas", "chunks", "split_backward", "semantics",
+                "prediction", "checkpointable", "online_advance", "sliced", "torch_schedule")
+"""The :class:`ScheduleInfo` fields :func:`register` takes as ``**capabilities``."""
 
 
 def register(
@@ -126,23 +194,38 @@ def register(
     default_optimizer: tuple[str, Mapping[str, Any]] | None = None,
     cost: str = "",
     placement: str = "loop",
+    **capabilities: Capability,
 ) -> Callable[[Generator], Generator]:
-    """Decorator registering a generator under ``name``."""
+    """Decorator registering a generator under ``name``; ``capabilities``: the declared
+    fields of :class:`ScheduleInfo` named in :data:`CAPABILITIES` (``checkpointable``
+    defaults to ``synchronous``)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"schedule {name!r}: unknown placement {placement!r}; use one of "
                          f"{list(PLACEMENTS)}")
+    unknown = sorted(set(capabilities) - set(CAPABILITIES))
+    if unknown:
+        raise ValueError(f"schedule {name!r}: unknown field(s) {unknown}; declare any of "
+                         f"{list(CAPABILITIES)}")
+    capabilities.setdefault("checkpointable", synchronous)
 
     def decorate(fn: Generator) -> Generator:
         if name in _REGISTRY:
             raise ValueError(f"schedule {name!r} is registered twice")
         _REGISTRY[name] = ScheduleInfo(
-            name, description, paper, synchronous, fn,
-            min_microbatches if min_microbatches is not None else (lambda shape: 1),
-            tuple(options), default_chunks, default_optimizer, cost, placement,
+            name=name, description=description, paper=paper, synchronous=synchronous,
+            generate=fn,
+            min_microbatches=min_microbatches if min_microbatches is not None else _one,
+            options=tuple(options), default_chunks=default_chunks,
+            default_optimizer=default_optimizer, cost=cost, placement=placement,
+            **capabilities,  # type: ignore[arg-type]
         )
         return fn
 
     return decorate
+
+
+def _one(shape: Shape) -> int:
+    return 1
 
 
 def get_info(name: str) -> ScheduleInfo:
@@ -162,7 +245,10 @@ def available_schedules() -> list[ScheduleInfo]:
 def build_schedule(name: str, shape: Shape | None = None, **kwargs: Any) -> Schedule:
     """Generate the compute-only schedule ``name`` for ``shape`` (or ``Shape(**kwargs)``).
 
-    Extra keyword arguments that are not :class:`Shape` fields go to ``options``.
+    Extra keyword arguments that are not :class:`Shape` fields go to ``options``. The result
+    is remembered for the last :data:`CACHE_SIZE` (generator, shape) pairs: a schedule is
+    immutable data, and the search, the memory model and the runtime ask for the same shape
+    many times (one partition after another).
     """
     info = get_info(name)
     if shape is None:
@@ -177,7 +263,29 @@ def build_schedule(name: str, shape: Shape | None = None, **kwargs: Any) -> Sche
             f"schedule {name!r} needs microbatches >= {needed} for {shape.stages} stages, got "
             f"{shape.microbatches}; raise --microbatches to at least {needed}"
         )
-    return info.generate(shape)
+    return _generated(info.generate, shape)
+
+
+def lowered_schedule(name: str, shape: Shape) -> Schedule:
+    """:func:`build_schedule` with its sends and receives inserted (:func:`pipeweave.ir.lower`),
+    as the runtime and the memory model read it; remembered like :func:`build_schedule`."""
+    build_schedule(name, shape)  # checks the shape, and remembers the compute-only schedule
+    return _lowered(get_info(name).generate, shape)
+
+
+CACHE_SIZE = 8
+"""Schedules :func:`build_schedule` and :func:`lowered_schedule` keep (least recently used
+dropped): a 256-rank x 256-micro-batch schedule holds a few hundred MB of actions."""
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _generated(generate: Generator, shape: Shape) -> Schedule:
+    return generate(shape)
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _lowered(generate: Generator, shape: Shape) -> Schedule:
+    return lower(_generated(generate, shape))
 
 
 def check_options(name: str, shape: Shape, allowed: Sequence[str]) -> None:

@@ -111,7 +111,8 @@ def slice_forwards(program: Sequence[Action], sliced: set[int]) -> list[Action]:
 @register("sliced-1f1b", description="AutoPipe Slicer: 1F1B with the first k micro-batches "
                                      "forwarded in halves (k from Algorithm 2 or option sliced)",
           paper="W. Liu et al., AutoPipe: A Fast Pipeline Parallelism Approach with Balanced Partitioning and Micro-batch Slicing, IEEE CLUSTER 2022, §III-C, Algorithm 2", synchronous=True,
-          options=("sliced", "costs"))
+          options=("sliced", "costs"),
+          width=True, replicas=True, chunks=None, sliced="sliced-1f1b")
 def sliced_1f1b(shape: Shape) -> Schedule:
     k = _sliced_count(shape)
     base = flush_schedule("sliced-1f1b", shape, one_f_one_b_order, sliced=k)

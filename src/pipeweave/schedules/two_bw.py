@@ -44,7 +44,8 @@ def min_microbatches(shape: Shape) -> int:
 @register("2bw",
           description="PipeDream-2BW: 1F1B without flush, update every M backwards, <= 2 weight versions",
           paper="D. Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training (PipeDream-2BW), ICML 2021", synchronous=False,
-          min_microbatches=min_microbatches)
+          min_microbatches=min_microbatches,
+          width=True, replicas=True)
 def two_bw(shape: Shape) -> Schedule:
     layout = async_layout("2bw", shape)
     m = shape.microbatches

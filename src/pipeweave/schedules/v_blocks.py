@@ -114,13 +114,15 @@ _PAPER = ("P. Qi, X. Wan, N. Amar, M. Lin, Pipeline Parallelism with Controllabl
 
 @register("v-min", description="V-Min: V-shape building block with the least memory, about 1/3 "
                                "of 1F1B's activations; backward split into I and W, flush per iteration",
-          paper=f"{_PAPER} (V-Min)", synchronous=True, default_chunks=2, placement="v")
+          paper=f"{_PAPER} (V-Min)", synchronous=True, default_chunks=2, placement="v",
+          width=True, replicas=True, chunks=(1, 2), split_backward=True)
 def v_min(shape: Shape) -> Schedule:
     return v_schedule("v-min", shape, _v_min_order)
 
 
 @register("v-half", description="V-Half: V-shape building block holding about 1/2 of 1F1B's "
                                 "activations; backward split into I and W, flush per iteration",
-          paper=f"{_PAPER} (V-Half)", synchronous=True, default_chunks=2, placement="v")
+          paper=f"{_PAPER} (V-Half)", synchronous=True, default_chunks=2, placement="v",
+          width=True, replicas=True, chunks=(1, 2), split_backward=True)
 def v_half(shape: Shape) -> Schedule:
     return v_schedule("v-half", shape, _v_half_order)

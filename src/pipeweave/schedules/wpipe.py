@@ -68,7 +68,8 @@ def _min_microbatches(shape: Shape) -> int:
 @register("wpipe", description="WPipe 2GW: two chunks per rank, G1 synchronous, G0 forwards of the "
                                "next period before G0 backwards (two versions); updates alternate",
           paper="P. Yang et al., Group-based Interleaved Pipeline Parallelism for Large-scale DNN Training (WPipe), ICLR 2022, §3.2, Eq. 1", synchronous=False,
-          min_microbatches=_min_microbatches, default_chunks=2)
+          min_microbatches=_min_microbatches, default_chunks=2,
+          width=True, chunks=(2,))
 def wpipe(shape: Shape) -> Schedule:
     _check(shape)
     layout = Layout.data_parallel(shape.stages, shape.width, chunks=2)

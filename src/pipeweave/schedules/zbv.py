@@ -125,6 +125,7 @@ _PRIORITY = ((Op.FORWARD, 1), (Op.BACKWARD_INPUT, 1), (Op.FORWARD, 0), (Op.BACKW
                              "W filling bubbles; 1F1B's peak activation memory, flush per iteration",
           paper="P. Qi, X. Wan, G. Huang, M. Lin, Zero Bubble Pipeline Parallelism, ICLR 2024 "
                 "(ZB-V schedule)",
-          synchronous=True, default_chunks=2, placement="v")
+          synchronous=True, default_chunks=2, placement="v",
+          width=True, replicas=True, chunks=(1, 2), split_backward=True, torch_schedule="ZBVZeroBubble")
 def zbv(shape: Shape) -> Schedule:
     return v_schedule("zbv", shape, zbv_order)

@@ -112,7 +112,8 @@ def _one_chunk(name: str, shape: Shape) -> None:
 @register("zb-h1",
           description="zero bubble H1: 1F1B with the backward split into I and W, W's deferred "
                       "into the cool-down; 1F1B's peak activations (P), a third of its bubble",
-          paper=f"{_PAPER}, §2.1 (ZB-H1)", synchronous=True)
+          paper=f"{_PAPER}, §2.1 (ZB-H1)", synchronous=True,
+          width=True, replicas=True, split_backward=True)
 def zb_h1(shape: Shape) -> Schedule:
     _one_chunk("zb-h1", shape)
     return flush_schedule("zb-h1", shape, zb_h1_order)
@@ -124,7 +125,8 @@ def zb_h1(shape: Shape) -> Schedule:
                       "activations; post_validation=true: the global gradient check after the "
                       "step (the paper's optimizer post-validation), false: before it (a flush)",
           paper=f"{_PAPER}, §2.2 (ZB-H2), §4 (optimizer post-validation)", synchronous=True,
-          options=("post_validation",))
+          options=("post_validation",),
+          width=True, replicas=True, split_backward=True)
 def zb_h2(shape: Shape) -> Schedule:
     _one_chunk("zb-h2", shape)
     schedule = flush_schedule("zb-h2", shape, zb_h2_order)

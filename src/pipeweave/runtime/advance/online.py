@@ -57,6 +57,7 @@ import torch.distributed as dist
 
 from ...avgpipe.controller import AdvanceController
 from ...ir import Schedule
+from ...schedules import available_schedules, get_info
 from ...schedules.avgpipe import parse_advance
 from .options import AdvanceOptions
 from ..execution.interpreter import RankInterpreter
@@ -89,10 +90,12 @@ class Window:
 
 def check_online_plan(plan: Plan) -> None:
     """ValueError naming the fix unless ``plan`` can run under the online advance controller."""
-    if plan.schedule != "avgpipe":
+    if not get_info(plan.schedule).online_advance:
+        takes = [info.name for info in available_schedules() if info.online_advance]
         raise ValueError(f"the online advance controller is AvgPipe's Algorithm 1; it runs "
-                         f"schedule 'avgpipe', not {plan.schedule!r}. Use --schedule avgpipe "
-                         f"or a fixed schedule without --advance auto")
+                         f"schedule {' or '.join(map(repr, takes))}, not {plan.schedule!r}. Use "
+                         f"--schedule {takes[0] if takes else 'avgpipe'} or a fixed schedule "
+                         f"without --advance auto")
     if "advance" in plan.schedule_options or "first_iteration" in plan.schedule_options:
         fixed = {k: plan.schedule_options[k] for k in ("advance", "first_iteration")
                  if k in plan.schedule_options}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from ...ir import Action, Op, Schedule
+from ...schedules import get_info
 from ..job import Job
 
 __all__ = ["Hooks", "combine_hooks", "iteration_boundaries", "check_checkpointable"]
@@ -85,7 +86,7 @@ def check_checkpointable(job: Job, schedule: Schedule,
     options = job.checkpoint
     if options is None or (options.directory is None and options.resume is None):
         return
-    if not schedule.synchronous:
+    if not get_info(job.plan.schedule).checkpointable:
         raise ValueError(
             f"checkpoint/resume needs a synchronous schedule, and {schedule.name!r} is "
             f"asynchronous: when iteration k+1 starts, micro-batches of iteration k are still in "

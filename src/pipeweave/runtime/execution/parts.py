@@ -18,12 +18,12 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            UnsupportedFakeTensorException,
                                            UnsupportedOperatorException)
 
-from ...ir import Op, Schedule, lower
+from ...ir import Op, Schedule
 from ...ir.updates import update_sizes
 from ...models import ModelSpec
 from ...models.materialize import meta_copy
 from ...precision import cast_module
-from ...schedules import build_schedule
+from ...schedules import build_schedule, get_info, lowered_schedule
 from ..job import Job
 from ...planner.plan import Plan
 from .elastic_averaging import ElasticAverager
@@ -42,7 +42,7 @@ def make_schedule(plan: Plan, steps: int) -> Schedule:
             f"chunk(s) per rank on {plan.depth} ranks) but the plan has {len(plan.stages)} "
             f"(chunks={plan.chunks}); use --chunks {per_rank} (Plan chunks={per_rank})"
         )
-    return lower(schedule)
+    return lowered_schedule(plan.schedule, plan.shape(steps))
 
 
 def check_model_fits_plan(spec: ModelSpec, plan: Plan) -> None:
@@ -177,6 +177,6 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         weights[stage] = StageWeights(
             stage=stage, module=module, optimizer=optimizers[stage], program=schedule.programs[rank],
             recompute=job.plan.recompute_stage(stage), backward=backward,
-            spectrain=schedule.name == "spectrain", pipeline=pipeline,
+            prediction=get_info(job.plan.schedule).prediction, pipeline=pipeline,
         )
     return RankParts(stages, optimizers, weights)

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ...ir import GRADIENT_OPS, Action, Op
-from .prediction import DirectionTracker
+from .prediction import RULES, DirectionTracker
 from .replicas import Replica, ReplicaPool
 from ...planner.semantics_options import BACKWARD_MODES
 
@@ -62,7 +62,8 @@ class StageWeights:
 
     def __init__(self, *, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer,
                  program: Sequence[Action], recompute: bool = False,
-                 backward: str = "recompute", spectrain: bool = False, pipeline: int = 0) -> None:
+                 backward: str = "recompute", prediction: str | None = None,
+                 pipeline: int = 0) -> None:
         if backward not in BACKWARD_MODES:
             raise ValueError(f"backward={backward!r}; choose one of {BACKWARD_MODES}")
         self.stage = stage
@@ -83,9 +84,13 @@ class StageWeights:
         self._expiring: dict[int, list[int]] = {}
         self._analyse(program, recompute, backward)
         self.directions: DirectionTracker | None = None
-        if spectrain or any(p.mode == "predicted" for p in self.plans.values()):
-            self.directions = DirectionTracker(optimizer, module.named_parameters(),
-                                               rule="momentum" if spectrain else "optimizer")
+        # SpecTrain's rule predicts on every stage, forwards and backwards; the optimizer's
+        # rule only where the program marks a forward predicted (not on the last stage).
+        rule = prediction or "optimizer"
+        if rule not in RULES:
+            raise ValueError(f"prediction={prediction!r}; choose one of {RULES} or None")
+        if rule == "momentum" or any(p.mode == "predicted" for p in self.plans.values()):
+            self.directions = DirectionTracker(optimizer, module.named_parameters(), rule=rule)
 
     # -- analysis of the program (done once) ------------------------------------------------
     def _analyse(self, program: Sequence[Action], recompute: bool, backward: str) -> None:

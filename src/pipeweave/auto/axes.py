@@ -11,11 +11,13 @@ listed here, so a newly registered schedule joins every axis with no code.
 axis           values
 =============  ===============================================================================
 schedule       every registered schedule; asynchronous ones only with ``semantics="any"``
+               (:data:`~pipeweave.auto.problem.SEMANTICS`)
 depth, width   ``d`` dividing ``ranks`` with ``d <= blocks``, ``w = ranks / d`` (WPipe's d:w);
                ``w > 1`` only for schedules that run data-parallel copies
 chunks         the schedule's ``default_chunks`` and twice that, where it accepts them (a
                schedule with one chunk stays at one)
-pipelines      N in 1, 2, 4 for schedules that lay out parallel pipelines (AvgPipe), else 1
+pipelines      N in 1, 2, 4 for schedules that lay out parallel pipelines (AvgPipe) with
+               ``semantics`` ``averaged`` or ``any`` (N > 1 is another learning rule), else 1
 microbatches   M = w * m, m in d, 2d, 4d, 8d, and the default plan's 2 * ranks, where M divides
                the batch B (the micro-batch ``B / M`` must be whole samples)
 method         every registered partition method (``pipeweave plan --method``)
@@ -39,7 +41,7 @@ from typing import Any
 
 from ..planner import available_methods
 from ..schedules import available_schedules, get_info
-from .problem import AutoProblem, Candidate
+from .problem import AutoProblem, Candidate, allows
 
 __all__ = ["Axis", "DEFAULT_AXES", "enumerate_candidates", "divisors", "recompute_counts"]
 
@@ -61,7 +63,7 @@ def divisors(n: int) -> list[int]:
 def _schedules(partial: dict[str, Any], problem: AutoProblem) -> Iterable[str]:
     names = problem.schedules or tuple(info.name for info in available_schedules())
     for name in names:
-        if problem.semantics == "any" or get_info(name).synchronous:
+        if get_info(name).synchronous or allows(problem.semantics, "stale weights"):
             yield name
 
 
@@ -91,7 +93,8 @@ def _chunks(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
 def _pipelines(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
     wanted = problem.pipelines or (1, 2, 4)
     for count in wanted:
-        if count == 1 or get_info(partial["schedule"]).pipelines:
+        if count == 1 or (get_info(partial["schedule"]).pipelines
+                          and allows(problem.semantics, "averaged")):
             yield count
 
 
@@ -138,7 +141,7 @@ def _apc(partial: dict[str, Any], problem: AutoProblem) -> Iterable[bool]:
         yield from problem.apc
         return
     yield False
-    if problem.semantics == "any" and _some_link_finite(problem):
+    if allows(problem.semantics, "lossy messages") and _some_link_finite(problem):
         yield True
 
 

@@ -17,17 +17,32 @@ from typing import Any
 
 from ..planner.topology import Topology
 from ..profiler import Profile
+from ..schedules import get_info
 from ..sim.costs import check_shared_cores
 
-__all__ = ["AutoProblem", "Candidate", "SEMANTICS", "check_settings"]
+__all__ = ["AutoProblem", "Candidate", "SEMANTICS", "TRAINING", "allows", "check_settings"]
 
-SEMANTICS = ("sync", "any")
-"""``sync``: only synchronous schedules (same gradients as one device); ``any``: asynchronous
-ones too (they change convergence, so the user must ask for them)."""
+SEMANTICS = ("exact", "averaged", "any")
+"""Named by what the user keeps (``--semantics``): ``exact`` (the default), only plans whose
+updates equal training the same batch in one process (1F1B, GPipe, interleaved, zero-bubble,
+V, DualPipeV, sliced, with any partition, M, width and recomputation); ``averaged``, also
+AvgPipe's N > 1 parallel pipelines (N models, each updated on its own batch and averaged
+elastically: another learning rule, N times the samples per iteration); ``any``, also the
+asynchronous schedules and APC (stale weights, lossy messages)."""
+
+TRAINING = ("exact", "averaged", "stale weights", "lossy messages")
+"""What training a candidate keeps (:meth:`Candidate.training`), from the most faithful."""
+
+_ALLOWED = {"exact": TRAINING[:1], "averaged": TRAINING[:2], "any": TRAINING}
+
+
+def allows(semantics: str, training: str) -> bool:
+    """Whether ``--semantics semantics`` admits a plan that keeps ``training``."""
+    return training in _ALLOWED[semantics]
 
 
 def check_settings(*, ranks: object, batch_size: object = None, memory_limit: object = None,
-                   semantics: str = "sync", topology: Topology | None = None,
+                   semantics: str = "exact", topology: Topology | None = None,
                    shared_cores: object = None, optimizer: str = "adam",
                    time_limit: object = None, recompute: tuple[int, ...] | None = None) -> None:
     """The checks of an :class:`AutoProblem` that need no profile, so that ``pipeweave auto``
@@ -38,8 +53,9 @@ def check_settings(*, ranks: object, batch_size: object = None, memory_limit: ob
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"--ranks must be an integer >= 1, got {ranks!r}")
     if semantics not in SEMANTICS:
-        raise ValueError(f"--semantics {semantics!r} is not one of {list(SEMANTICS)}; "
-                         "use sync (synchronous schedules only) or any (asynchronous too)")
+        raise ValueError(f"--semantics {semantics!r} is not one of {list(SEMANTICS)}; use "
+                         f"exact (same updates as one process), averaged (AvgPipe too) or any "
+                         f"(asynchronous schedules and APC too)")
     if time_limit is not None and not time_limit > 0:  # type: ignore[operator]
         raise ValueError(f"--time-limit must be > 0 seconds, got {time_limit!r}")
     if memory_limit is not None and not memory_limit > 0:  # type: ignore[operator]
@@ -68,7 +84,7 @@ class AutoProblem:
         batch_size: B, samples per iteration of one pipeline (default: the profile's
             micro-batch times ``2 * ranks``, i.e. the default plan's micro-batch).
         memory_limit: bytes per rank; a candidate predicted above it is never chosen.
-        semantics: ``"sync"`` or ``"any"`` (:data:`SEMANTICS`).
+        semantics: ``"exact"``, ``"averaged"`` or ``"any"`` (:data:`SEMANTICS`).
         topology: hierarchical levels (default: one level at the profile's link).
         shared_cores: the ranks share this many CPU cores (``Costs.shared_cores``).
         optimizer: the optimizer whose state the memory model counts.
@@ -89,7 +105,7 @@ class AutoProblem:
     ranks: int
     batch_size: int | None = None
     memory_limit: float | None = None
-    semantics: str = "sync"
+    semantics: str = "exact"
     topology: Topology | None = None
     shared_cores: int | None = None
     optimizer: str = "adam"
@@ -161,6 +177,15 @@ class Candidate:
 
     def __post_init__(self) -> None:
         _check_recompute(self.recompute)
+
+    def training(self) -> str:
+        """What training this plan keeps (:data:`TRAINING`): stale weights for an
+        asynchronous schedule, lossy messages with APC, averaged with N > 1 pipelines."""
+        if not get_info(self.schedule).synchronous:
+            return "stale weights"
+        if self.apc:
+            return "lossy messages"
+        return "averaged" if self.pipelines > 1 else "exact"
 
     @property
     def stages(self) -> int:

@@ -36,7 +36,7 @@ from ..measure import (MessageFit, auto_microbatch_sizes, calibrate, calibration
 from ..models import available_models
 from ..planner import Topology
 from ..profiler import Profile
-from ..auto.problem import check_settings
+from ..auto.problem import SEMANTICS, check_settings
 from .model_options import add_profile_source, check_profile_source, chosen_model
 from .options import core_count, load_profile, parse_bytes, shared_cores
 from .plan_exports import write_plan_exports
@@ -71,9 +71,12 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-limit", default=None, metavar="BYTES",
                         help="memory per rank, e.g. 16e9 or 16GiB; a candidate predicted above "
                              "it is never chosen")
-    parser.add_argument("--semantics", default="sync", choices=["sync", "any"],
-                        help="sync: synchronous schedules only (same gradients as one device); "
-                             "any: asynchronous schedules and APC too (they change convergence)")
+    parser.add_argument("--semantics", default="exact", choices=list(SEMANTICS),
+                        help="what training the plans keep: exact (default): the updates of "
+                             "training the same batch in one process; averaged: also AvgPipe's "
+                             "N parallel pipelines (elastic averaging, N x the samples per "
+                             "iteration); any: also asynchronous schedules and APC (stale "
+                             "weights, lossy messages)")
     parser.add_argument("--top", type=int, default=10, help="rows of the table (and --json's)")
     parser.add_argument("--schedules", default=None, metavar="A,B,...",
                         help="search only these schedules (default: every registered one)")
@@ -344,7 +347,7 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
         "width": c.width, "chunks": c.chunks, "replicas": list(c.replicas) if c.replicas
         else None, "recompute": sum(p.plan.recompute),
         "recompute_per_stage": [p.plan.recompute_stage(s) for s in range(len(p.plan.stages))],
-        "apc": c.apc,
+        "apc": c.apc, "training": c.training(),
         "predicted_iteration_time": p.iteration_time,
         "predicted_samples_per_second": p.samples_per_second,
         "predicted_bubble_fraction": p.bubble_fraction,
@@ -391,14 +394,16 @@ def _shape(p: Prediction) -> str:
 
 
 def format_table(result: SearchResult, top: int) -> str:
-    rows: list[tuple[str, ...]] = [("#", "schedule", "split (blocks per stage)", "M", "N", "dxw", "recomp", "apc",
-             "samples/s", "peak MiB per rank", "bubble")]
+    rows: list[tuple[str, ...]] = [("#", "schedule", "split (blocks per stage)", "M", "N", "dxw",
+                                    "recomp", "apc", "samples/s", "peak MiB per rank", "bubble",
+                                    "training")]
 
     def row(label: str, p: Prediction) -> tuple[str, ...]:
         c = p.candidate
         return (label, c.schedule, _split(p), str(c.microbatches), str(c.pipelines), _shape(p),
                 c.recompute_label(len(p.plan.stages)), "on" if c.apc else "off",
-                f"{p.samples_per_second:.1f}", _memory(p), f"{p.bubble_fraction:.3f}")
+                f"{p.samples_per_second:.1f}", _memory(p), f"{p.bubble_fraction:.3f}",
+                c.training())
 
     for index, p in enumerate(result.ranked[:top]):
         rows.append(row(str(index + 1), p))
@@ -426,7 +431,28 @@ def format_table(result: SearchResult, top: int) -> str:
     if default is not None:
         lines.append(f"winner {winner.samples_per_second / default.samples_per_second:.2f}x the "
                      f"default plan's predicted samples/s")
+    rule = learning_rule(winner, result.problem.batch)
+    if rule:
+        lines.append(rule)
     return "\n".join(lines)
+
+
+def learning_rule(p: Prediction, batch: int) -> str:
+    """What the winner changes in the training, in one line ("" when it keeps it exact)."""
+    c = p.candidate
+    kept = c.training()
+    if kept == "averaged":
+        return (f"note: the winner changes the learning rule: AvgPipe trains N={c.pipelines} "
+                f"models, each updated on its own batch of {batch} samples and averaged "
+                f"elastically with a reference model, {c.pipelines * batch} samples per "
+                f"iteration (docs/avgpipe.md); --semantics exact keeps one-process training")
+    if kept == "stale weights":
+        return (f"note: the winner changes the learning rule: {c.schedule} updates with stale "
+                f"weights (docs/semantics.md); --semantics exact keeps one-process training")
+    if kept == "lossy messages":
+        return ("note: the winner changes the numbers trained: APC sends activations and "
+                "gradients in fp16 (docs/precision.md); --semantics exact keeps them exact")
+    return ""
 
 
 def format_measured(report: dict[str, Any]) -> str:

@@ -29,6 +29,12 @@ wpipe (2P stages)   G1 (s ≥ P): W(b); G0 (s < P): W(max(0,b-1)) every period, 
                     point (G0 at b-1, G1 at b)
 ==================  ========================================  =============================
 
+**Drain** (``drain=N``, the schedules' option of that name): every ``N`` iterations the
+pipeline empties and starts afresh, so a version is never older than the drain before it: with
+``b0 = N·floor(b/N)`` and ``j0 = b0·M`` the first iteration and micro-batch of ``j``'s segment,
+every ``max(0, ·)`` above becomes ``max(b0, ·)`` (2bw, wpipe's G0) or ``max(j0, ·)`` (the
+per-micro-batch methods), and PipeOptim's ``k = j - t`` shrinks with ``t``.
+
 Backwards are taken stage by stage: the stage's forward is recomputed from its saved input on
 its backward weights and differentiated against the gradient coming from the next stage
 (for the stashing methods the backward weights are the forward weights, so this is the same
@@ -133,8 +139,11 @@ class _Stage:
 def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], microbatches: int,
                steps: int, data: Iterable[tuple[Tensor, Tensor]],
                optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
-               lookahead: int | None = None, backward: str = "recompute") -> OracleResult:
+               lookahead: int | None = None, backward: str = "recompute",
+               drain: int | None = None) -> OracleResult:
     """Train ``spec`` split at ``stages`` with ``method``'s rule (see module docstring).
+
+    ``drain``: empty the pipeline after every ``drain`` iterations (module docstring).
 
     ``backward="graph"`` (PipeOptim only) differentiates at the predicted forward weights
     instead of the current ones, as the runtime's option of the same name does.
@@ -155,7 +164,9 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
             j = b * microbatches + i
             x = inputs[i * rows:(i + 1) * rows]
             y = targets[i * rows:(i + 1) * rows]
-            forward_w, backward_w = _weights_for(method, state, depth, total_stages, j, b, lookahead)
+            first = b - b % drain if drain else 0  # the drained segment's first iteration
+            forward_w, backward_w = _weights_for(method, state, depth, total_stages, j, b,
+                                                 lookahead, first, first * microbatches)
             if backward == "graph" and method == "pipeoptim":
                 backward_w = forward_w
             saved = []
@@ -187,25 +198,28 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
 
 
 def _weights_for(method: str, state: list[_Stage], depth: int, total: int, j: int, b: int,
-                 lookahead: int | None) -> tuple[list[dict[str, Tensor]], list[dict[str, Tensor]]]:
+                 lookahead: int | None, b0: int = 0,
+                 j0: int = 0) -> tuple[list[dict[str, Tensor]], list[dict[str, Tensor]]]:
+    """Forward and backward weights of every stage for micro-batch ``j`` of batch ``b``, whose
+    drained segment starts at batch ``b0``, micro-batch ``j0``."""
     forward, backward = [], []
     for s in range(total):
         if method == "wpipe":
-            v = b if s >= depth else max(0, b - 1)
+            v = b if s >= depth else max(b0, b - 1)
             forward.append(state[s].weights(v))
             backward.append(state[s].weights(v))
             continue
         if method == "2bw":
-            v = max(0, b - 1)
+            v = max(b0, b - 1)
             forward.append(state[s].weights(v))
             backward.append(state[s].weights(v))
             continue
-        t = max(0, j - (depth - s) + 1)
+        t = max(j0, j - (depth - s) + 1)
         if method == "pipedream":
             forward.append(state[s].weights(t))
             backward.append(state[s].weights(t))
         elif method == "pipedream-vs":
-            t0 = max(0, j - depth + 1)
+            t0 = max(j0, j - depth + 1)
             forward.append(state[s].weights(t0))
             backward.append(state[s].weights(t0))
         elif method == "pipeoptim":

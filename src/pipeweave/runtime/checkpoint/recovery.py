@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from ...ir import Schedule
-from .boundaries import iteration_boundaries
+from .boundaries import clean_boundaries
 from .resume import Session
 from .restore import restore_rank
 from .store import StoredCheckpoint
@@ -96,7 +96,7 @@ class RankRecovery:
         options = job.checkpoint
         if options is None:
             return
-        cuts = iteration_boundaries(schedule, rank)  # checked by prepare (check_checkpointable)
+        cuts = clean_boundaries(schedule, rank)  # checked by prepare (check_checkpointable)
         if session is not None and session.resume_from is not None:
             if stored is None or str(stored.folder) != session.resume_from:
                 stored = StoredCheckpoint(session.resume_from, verify=False)

@@ -9,20 +9,30 @@ recompute exactly what the reference did after the checkpoint it resumes from.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
+import os
 import random
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from pipeweave.cli.cmd_train import add_parser, build_job
 from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RunFailed,
                                launch_local, run_local)
 from pipeweave.runtime.checkpoint.options import AUTO, CheckpointOptions
 from pipeweave.runtime.checkpoint.store import complete_checkpoints
+from pipeweave.runtime.observation.summary import iteration_losses
 
-from checkpoint_jobs import KillingData, assert_same_checkpoint, assert_same_run
+from checkpoint_jobs import KillAfterCheckpoint, assert_same_checkpoint, assert_same_run
 
 pytestmark = pytest.mark.distributed
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 STEPS, EVERY, M = 8, 2, 4
 OPTIMIZERS = {"adam": ("adam", {"lr": 1e-2}), "sgdm": ("sgd", {"lr": 0.05, "momentum": 0.9})}
@@ -56,15 +66,52 @@ def test_killed_at_a_random_step_resumes_bit_for_bit(schedule: str, depth: int, 
     job = async_job(schedule, depth, optimizer)
     folder, reference = tmp_path / "checkpoints", tmp_path / "reference"
     written = CheckpointOptions(directory=str(folder), every=EVERY, resume=AUTO)
-    killing = dataclasses.replace(job, checkpoint=written, data=KillingData(
-        rank=victim, pids=str(tmp_path), at_batch=batch))
+    killing = dataclasses.replace(job, checkpoint=written, data=KillAfterCheckpoint(
+        rank=victim, pids=str(tmp_path), at_batch=batch, checkpoints=str(folder)))
     with pytest.raises(RunFailed, match=rf"rank {victim} exited with code -9"):
         launch_local(killing, deadline_s=180)
-    # The newest complete checkpoint: after step 2, 4 or 6 (or none yet: each write runs in
-    # the background and a step of this model takes milliseconds; then it starts afresh).
-    print("complete when killed:", [c.name for c in complete_checkpoints(folder)])
+    # The victim waited for a complete checkpoint (each is written in the background), so the
+    # run resumes after step 2, 4 or 6 (the drain before the kill, or one before it).
+    done = [int(c.name.split("-")[1]) for c in complete_checkpoints(folder)]
+    print("complete when killed:", done)
+    assert done and max(done) in (2, 4, 6) and max(done) <= batch + 1
     resumed = launch_local(dataclasses.replace(job, checkpoint=written), deadline_s=180)
     straight = run_local(dataclasses.replace(
         job, checkpoint=CheckpointOptions(directory=str(reference), every=EVERY)))
     assert_same_run(resumed, straight, microbatches=M, steps=range(1, STEPS + 1))
     assert_same_checkpoint(complete_checkpoints(folder)[-1], complete_checkpoints(reference)[-1])
+
+
+TRAIN = ["--model", "mlp", "--stages", "2", "--steps", "8", "--batch-size", "16",
+         "--microbatches", "4", "--dtype", "float64", "--seed", "3", "--no-progress",
+         "--timeout", "30", "--schedule", "pipedream", "--checkpoint-every", "2"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None
+                    and shutil.which("torchrun") is None, reason="torchrun not available")
+def test_torchrun_restart_resumes_pipedream_bit_for_bit(tmp_path: Path) -> None:
+    """``torchrun --max-restarts 1``: rank 1 dies once mid-step 6; the restart resumes from
+    the newest complete checkpoint and ends where the uninterrupted ``pipedream`` run ends."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    marker, checkpoints = tmp_path / "killed-once", tmp_path / "checkpoints"
+    env = {**os.environ, "PYTHONPATH": str(SRC),
+           "PIPEWEAVE_INJECT_FAULT": f"rank=1,step=6,once={marker}"}
+    command = [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+               "--monitor-interval", "0.5", "-m", "pipeweave", "train", *TRAIN,
+               "--checkpoint-dir", str(checkpoints), "--resume", "auto",
+               "--output-dir", str(tmp_path / "out")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert marker.exists()  # rank 1 did die once, during step 6
+    resumed = re.search(r"resuming from \S+ after step (\d) of 8", done.stdout)
+    assert resumed is not None and int(resumed.group(1)) in (2, 4), done.stdout
+    # The uninterrupted reference: the same command line, one process, drained alike.
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["train", *TRAIN, "--checkpoint-dir", str(tmp_path / "reference")])
+    reference = run_local(dataclasses.replace(build_job(args), return_parameters=True))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["losses"] == iteration_losses(reference, M)
+    assert_same_checkpoint(complete_checkpoints(checkpoints)[-1],
+                           complete_checkpoints(tmp_path / "reference")[-1])

@@ -64,3 +64,21 @@ def test_a_drain_costs_one_fill_and_drain(name: str, stages: int, microbatches: 
     # drain=3 over 12 iterations: 3 drains more than the run's own end
     extra = makespan({"drain": 3}) - makespan({})
     assert extra == pytest.approx(3 * (stages - 1) * (forward + backward))
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "2"])
+def test_a_drain_that_is_no_iteration_count_is_refused(value: object) -> None:
+    with pytest.raises(ValueError, match="option drain must be an integer >= 1"):
+        build_schedule("pipedream", stages=2, microbatches=2, iterations=2,
+                       options={"drain": value})
+
+
+@pytest.mark.parametrize("name", ["pipedream", "2bw", "pipeoptim"])
+def test_replicated_stages_drain_too(name: str) -> None:
+    schedule = build_schedule(name, stages=2, microbatches=4, iterations=4, replicas=(2, 1),
+                              options={"drain": 2})
+    validate(schedule)
+    for program in schedule.programs:
+        first = next(a for a in program if a.op is Op.FORWARD and a.microbatch >= 8)
+        steps = sum(1 for a in program[:program.index(first)] if a.op is Op.STEP)
+        assert first.version == steps

@@ -55,8 +55,8 @@ def test_asynchronous_schedules_checkpoint_only_at_drains(schedule: str, tmp_pat
     with pytest.raises(ValueError, match=rf"checkpoint after step 3 needs a drain there, but "
                                          rf"'{schedule}' drains every 2 steps"):
         run_local(with_checkpoints(job, directory=str(tmp_path), every=2, at=(3,)))
-    with pytest.raises(ValueError, match=rf"step 3 needs a drain there, and '{schedule}' is "
-                                         rf"asynchronous and drains only at the end"):
+    with pytest.raises(ValueError, match=rf"step 3 needs a drain there, and '{schedule}' "
+                                         rf"overlaps its steps and drains only at the end"):
         run_local(with_checkpoints(job, directory=str(tmp_path), at=(3,)))
     assert not list(tmp_path.iterdir())
 

@@ -56,7 +56,7 @@ from .registry import Shape
 
 __all__ = [
     "Counts", "Tags", "VersionRule", "warmup_depth", "async_order", "async_layout", "build_async",
-    "DRAIN", "drain_segments",
+    "DRAIN", "drain_every", "drain_segments",
 ]
 
 DRAIN = "drain"
@@ -120,16 +120,22 @@ def async_order(depth: int, microbatches: Sequence[int]) -> list[tuple[Op, int]]
     return order
 
 
-def drain_segments(name: str, shape: Shape) -> list[range]:
-    """The iterations of each drained segment: ``N`` at a time with option ``drain=N``
-    (the last one shorter if ``N`` does not divide ``K``), all ``K`` in one without."""
+def drain_every(name: str, shape: Shape) -> int | None:
+    """The shape's ``drain`` option, checked (None: no drain)."""
     every = shape.option(DRAIN, None)
-    if every is None:
-        return [range(shape.iterations)]
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ValueError(
             f"{name} option drain must be an integer >= 1 (iterations between drains), got "
             f"{every!r}; e.g. --option drain=50, or leave it out for no drain")
+    return every
+
+
+def drain_segments(name: str, shape: Shape) -> list[range]:
+    """The iterations of each drained segment: ``N`` at a time with option ``drain=N``
+    (the last one shorter if ``N`` does not divide ``K``), all ``K`` in one without."""
+    every = drain_every(name, shape)
+    if every is None:
+        return [range(shape.iterations)]
     return [range(a, min(a + every, shape.iterations)) for a in range(0, shape.iterations, every)]
 
 

@@ -38,6 +38,10 @@ def _chain(hooks: list[Callable[[], None]]) -> Callable[[], None]:
     return run_all
 
 
+_UPDATE_OPS = (Op.STEP, Op.ALL_REDUCE, Op.AVERAGE, Op.CHECK, Op.VALIDATE)
+"""Actions of update ``v`` (which ends iteration ``v - 1`` of a flush schedule)."""
+
+
 def _iterations(schedule: Schedule, program: Sequence[Action]) -> list[int]:
     """The iteration each action of ``program`` belongs to. An update without a micro-batch
     belongs to the iteration of the backward before it on an asynchronous schedule (its
@@ -50,7 +54,7 @@ def _iterations(schedule: Schedule, program: Sequence[Action]) -> list[int]:
             found.append(previous)
         elif not schedule.synchronous:
             found.append(previous)
-        elif action.op in (Op.STEP, Op.ALL_REDUCE, Op.AVERAGE) and action.version is not None:
+        elif action.op in _UPDATE_OPS and action.version is not None:
             found.append(action.version - 1)
         else:
             raise ValueError(f"{action}: cannot tell which iteration it belongs to")
@@ -120,17 +124,13 @@ def check_checkpointable(job: Job, schedule: Schedule,
             f"schedules of their own, and checkpoints are positions in the whole run's "
             f"schedule. Fix the advance (--advance K, or --option advance=K), or run without "
             f"--checkpoint-dir/--checkpoint-every/--resume")
-    if any(a.op is Op.CHECK for program in schedule.programs for a in program):
-        raise ValueError(
-            f"checkpoint/resume with a global gradient check in the schedule ({schedule.name!r} "
-            f"with post_validation) is not supported yet: an update is final only once the "
-            f"check has come back, inside the next iteration. Drop --option post_validation "
-            f"(or run without --checkpoint-dir/--checkpoint-every/--resume)")
     ranks = range(schedule.num_ranks) if ranks is None else ranks
-    if schedule.synchronous:
+    checked = any(a.op is Op.CHECK for program in schedule.programs for a in program)
+    if schedule.synchronous and not checked:
         for rank in ranks:
             iteration_boundaries(schedule, rank)
         return
+    # asynchronous schedules, and zb-h2's post-validation: only where they drain
     total = schedule.iterations
     clean = set.intersection(*(set(clean_boundaries(schedule, r)) for r in ranks))
     check_drained(job, schedule, [k + 1 for k in range(total)

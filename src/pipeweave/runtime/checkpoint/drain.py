@@ -1,10 +1,12 @@
-"""Checkpoints of the asynchronous schedules: at drains, which ``--checkpoint-every`` puts there.
+"""Checkpoints of the asynchronous schedules (and zb-h2's post-validation): at drains, which
+``--checkpoint-every`` puts there.
 
 An asynchronous schedule (``pipedream``, ``2bw``, ``pipeoptim``, ``spectrain``, ``wpipe``) has
 a clean boundary only where it drains (option ``drain=N``,
 :mod:`pipeweave.schedules.async_common`): every in-flight micro-batch has finished and every
 update has landed, so a rank's state there is its parameters and optimizer state, as on a
-flush schedule. :func:`with_drain` gives such a job the drain its checkpoints need;
+flush schedule. ``zb-h2`` with ``post_validation`` likewise: its ``drain=N`` checks every
+``N``-th update before it, so that update is final before the next step starts. :func:`with_drain` gives such a job the drain its checkpoints need;
 :func:`check_drained` refuses checkpoint steps that are not drains, and prediction rules whose
 state is more than the optimizer's. See docs/checkpoints.md and docs/semantics.md.
 """
@@ -42,7 +44,7 @@ def with_drain(job: Job) -> Job:
     if options is None or (options.directory is None and options.resume is None):
         return job
     info = get_info(job.plan.schedule)
-    if info.synchronous or DRAIN not in info.options or DRAIN in job.plan.schedule_options:
+    if DRAIN not in info.options or DRAIN in job.plan.schedule_options:
         return job
     every = options.every or _saved_drain(resume_folder(options))
     if not every:
@@ -70,8 +72,8 @@ def check_drained(job: Job, schedule: Schedule, steps: list[int]) -> None:
     every = drain_of(job)
     if every is None:
         raise ValueError(
-            f"a checkpoint after step {steps[0]} needs a drain there, and {schedule.name!r} is "
-            f"asynchronous and drains only at the end of the run; give --checkpoint-every N "
+            f"a checkpoint after step {steps[0]} needs a drain there, and {schedule.name!r} "
+            f"overlaps its steps and drains only at the end of the run; give --checkpoint-every N "
             f"(it drains every N steps) or --option drain=N with steps that are multiples of N")
     raise ValueError(
         f"a checkpoint after step {steps[0]} needs a drain there, but {schedule.name!r} drains "

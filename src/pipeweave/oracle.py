@@ -29,6 +29,12 @@ wpipe (2P stages)   G1 (s ≥ P): W(b); G0 (s < P): W(max(0,b-1)) every period, 
                     point (G0 at b-1, G1 at b)
 ==================  ========================================  =============================
 
+**Drain** (``drain=N``, the schedules' option of that name): every ``N`` iterations the
+pipeline empties and starts afresh, so a version is never older than the drain before it: with
+``b0 = N·floor(b/N)`` and ``j0 = b0·M`` the first iteration and micro-batch of ``j``'s segment,
+every ``max(0, ·)`` above becomes ``max(b0, ·)`` (2bw, wpipe's G0) or ``max(j0, ·)`` (the
+per-micro-batch methods), and PipeOptim's ``k = j - t`` shrinks with ``t``.
+
 Backwards are taken stage by stage: the stage's forward is recomputed from its saved input on
 its backward weights and differentiated against the gradient coming from the next stage
 (for the stashing methods the backward weights are the forward weights, so this is the same
@@ -43,8 +49,9 @@ Nothing here uses the runtime: ΔW comes from two consecutive versions in the hi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -124,8 +131,11 @@ class _Stage:
 
 
 Weights = dict[str, Tensor]
-WeightRule = Callable[[_Stage, int, int, int, int, int | None], tuple[Weights, Weights]]
-"""``(stage state, s, P, j, b, lookahead) -> (forward weights, backward weights)``."""
+WeightRule = Callable[[_Stage, int, int, int, int, int | None, int, int],
+                      tuple[Weights, Weights]]
+"""``(stage state, s, P, j, b, lookahead, b0, j0) -> (forward weights, backward weights)``;
+``b0``, ``j0``: the first iteration and micro-batch of the drained segment ``j`` is in (no
+weights older than the last drain; 0 without drains)."""
 
 
 @dataclass(frozen=True)
@@ -142,39 +152,39 @@ class _Rule:
 
 
 def _wpipe(stage: _Stage, s: int, depth: int, j: int, b: int,
-           lookahead: int | None) -> tuple[Weights, Weights]:
-    v = b if s >= depth else max(0, b - 1)
+           lookahead: int | None, b0: int = 0, j0: int = 0) -> tuple[Weights, Weights]:
+    v = b if s >= depth else max(b0, b - 1)
     return stage.weights(v), stage.weights(v)
 
 
 def _two_bw(stage: _Stage, s: int, depth: int, j: int, b: int,
-            lookahead: int | None) -> tuple[Weights, Weights]:
-    v = max(0, b - 1)
+            lookahead: int | None, b0: int = 0, j0: int = 0) -> tuple[Weights, Weights]:
+    v = max(b0, b - 1)
     return stage.weights(v), stage.weights(v)
 
 
 def _pipedream(stage: _Stage, s: int, depth: int, j: int, b: int,
-               lookahead: int | None) -> tuple[Weights, Weights]:
-    t = max(0, j - (depth - s) + 1)
+               lookahead: int | None, b0: int = 0, j0: int = 0) -> tuple[Weights, Weights]:
+    t = max(j0, j - (depth - s) + 1)
     return stage.weights(t), stage.weights(t)
 
 
 def _vertical_sync(stage: _Stage, s: int, depth: int, j: int, b: int,
-                   lookahead: int | None) -> tuple[Weights, Weights]:
-    t0 = max(0, j - depth + 1)
+                   lookahead: int | None, b0: int = 0, j0: int = 0) -> tuple[Weights, Weights]:
+    t0 = max(j0, j - depth + 1)
     return stage.weights(t0), stage.weights(t0)
 
 
 def _pipeoptim(stage: _Stage, s: int, depth: int, j: int, b: int,
-               lookahead: int | None) -> tuple[Weights, Weights]:
-    t = max(0, j - (depth - s) + 1)
+               lookahead: int | None, b0: int = 0, j0: int = 0) -> tuple[Weights, Weights]:
+    t = max(j0, j - (depth - s) + 1)
     k = j - t if lookahead is None or s == depth - 1 else lookahead
     return (stage.predicted(t, k) if k else stage.weights(t)), stage.weights(j)
 
 
 def _spectrain(stage: _Stage, s: int, depth: int, j: int, b: int,
-               lookahead: int | None) -> tuple[Weights, Weights]:
-    t = max(0, j - (depth - s) + 1)
+               lookahead: int | None, b0: int = 0, j0: int = 0) -> tuple[Weights, Weights]:
+    t = max(j0, j - (depth - s) + 1)
     back = s // 2
     forward = stage.predicted(t, (j - t) + back, "momentum")
     return forward, stage.predicted(j, back, "momentum") if back else stage.weights(j)
@@ -196,8 +206,11 @@ METHODS = tuple(_RULES)
 def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], microbatches: int,
                steps: int, data: Iterable[tuple[Tensor, Tensor]],
                optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
-               lookahead: int | None = None, backward: str = "recompute") -> OracleResult:
+               lookahead: int | None = None, backward: str = "recompute",
+               drain: int | None = None) -> OracleResult:
     """Train ``spec`` split at ``stages`` with ``method``'s rule (see module docstring).
+
+    ``drain``: empty the pipeline after every ``drain`` iterations (module docstring).
 
     ``backward="graph"`` (PipeOptim only) differentiates at the predicted forward weights
     instead of the current ones, as the runtime's option of the same name does.
@@ -219,29 +232,15 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
             j = b * microbatches + i
             x = inputs[i * rows:(i + 1) * rows]
             y = targets[i * rows:(i + 1) * rows]
+            first = b - b % drain if drain else 0  # the drained segment's first iteration
             forward_w, backward_w = map(list, zip(*(
-                rule.weights(state[s], s, depth, j, b, lookahead) for s in range(total_stages))))
+                rule.weights(state[s], s, depth, j, b, lookahead, first, first * microbatches)
+                for s in range(total_stages))))
             if backward == "graph" and rule.graph_backward:
                 backward_w = forward_w
-            saved = []
-            with torch.no_grad():
-                for s in range(total_stages):
-                    saved.append(x)
-                    x = functional_call(modules[s], forward_w[s], (x,))
-            grad: Tensor | None = None
-            for s in reversed(range(total_stages)):
-                leaves = {n: t.detach().clone().requires_grad_(True) for n, t in backward_w[s].items()}
-                x_in = saved[s].detach().requires_grad_(s > 0 and saved[s].is_floating_point())
-                out = functional_call(modules[s], leaves, (x_in,))
-                if s == total_stages - 1:
-                    mean = spec.loss_fn(out, y)
-                    loss_sum += float(mean.detach()) * rows / inputs.shape[0]
-                    # one update sees one micro-batch (per-micro-batch methods) or the batch
-                    (mean * (rows / inputs.shape[0]) if rule.per_batch else mean).backward()
-                else:
-                    torch.autograd.backward(out, grad)
-                grad = x_in.grad
-                state[s].accumulate({n: t.grad for n, t in leaves.items() if t.grad is not None})
+            mean = _forward_backward(modules, state, forward_w, backward_w, x, y, spec.loss_fn,
+                                     scale=rows / inputs.shape[0] if rule.per_batch else 1.0)
+            loss_sum += mean * rows / inputs.shape[0]
             if not rule.per_batch or (j + 1) % microbatches == 0:
                 for stage in state:
                     stage.step()
@@ -297,3 +296,32 @@ def run_elastic_oracle(*, spec: ModelSpec, pipelines: int, steps: int,
             reference = {n: reference[n] + u / pipelines for n, u in updates.items()}
         losses.append(loss_sum / pipelines)
     return OracleResult(losses, dict(reference))
+
+
+def _forward_backward(modules: Sequence[nn.Module], state: list["_Stage"], forward_w: list[Weights],
+                      backward_w: list[Weights], x: Tensor, y: Tensor, loss_fn: Any, *,
+                      scale: float) -> float:
+    """One micro-batch through every stage: the forward at ``forward_w`` (inputs kept), each
+    backward at ``backward_w`` from the kept input, gradients into each stage's pending sum;
+    the loss's gradient scaled by ``scale`` (one update sees the micro-batch: 1, or the
+    batch: its share). Returns the micro-batch's mean loss."""
+    saved = []
+    with torch.no_grad():
+        for s, module in enumerate(modules):
+            saved.append(x)
+            x = functional_call(module, forward_w[s], (x,))
+    grad: Tensor | None = None
+    mean_loss = 0.0
+    for s in reversed(range(len(modules))):
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in backward_w[s].items()}
+        x_in = saved[s].detach().requires_grad_(s > 0 and saved[s].is_floating_point())
+        out = functional_call(modules[s], leaves, (x_in,))
+        if s == len(modules) - 1:
+            mean = loss_fn(out, y)
+            mean_loss = float(mean.detach())
+            (mean * scale if scale != 1.0 else mean).backward()
+        else:
+            torch.autograd.backward(out, grad)
+        grad = x_in.grad
+        state[s].accumulate({n: t.grad for n, t in leaves.items() if t.grad is not None})
+    return mean_loss

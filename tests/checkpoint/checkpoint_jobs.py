@@ -23,7 +23,8 @@ from pipeweave.runtime.observation.summary import iteration_losses  # noqa: E402
 from pipeweave.testing import merged_parameters  # noqa: E402
 
 __all__ = ["gpt_job", "mlp_job", "dropout_gpt_job", "with_checkpoints", "assert_same_run",
-           "assert_same_checkpoint", "KillingData", "alive", "wait_dead", "iteration_losses"]
+           "assert_same_checkpoint", "KillingData", "KillAfterCheckpoint", "alive", "wait_dead",
+           "iteration_losses"]
 
 
 def dropout_gpt_job(**fields: Any) -> Job:
@@ -98,6 +99,34 @@ class KillingData:
 def _killing(stream, armed: bool, at: int | None):  # type: ignore[no-untyped-def]
     for index, batch in enumerate(stream):
         if armed and index == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield batch
+
+
+class KillAfterCheckpoint(KillingData):
+    """Like :class:`KillingData` with ``at_batch``, but the victim first waits (up to 60 s)
+    until ``checkpoints`` holds a complete checkpoint, so the resumed run does resume."""
+
+    def __init__(self, *, rank: int, pids: str, at_batch: int, checkpoints: str) -> None:
+        super().__init__(rank=rank, pids=pids, at_batch=at_batch)
+        self.checkpoints = checkpoints
+
+    def __call__(self):  # type: ignore[no-untyped-def]
+        import torch.distributed as dist
+
+        stream = KillingData(rank=-1, pids=self.pids, batch_size=self.batch_size)()
+        armed = dist.is_initialized() and dist.get_rank() == self.rank
+        return _kill_after_checkpoint(stream, armed, self.at_batch, Path(self.checkpoints))
+
+
+def _kill_after_checkpoint(stream, armed: bool, at: int | None, folder: Path):  # type: ignore[no-untyped-def]
+    from pipeweave.runtime.checkpoint.store import complete_checkpoints
+
+    for index, batch in enumerate(stream):
+        if armed and index == at:
+            deadline = time.monotonic() + 60
+            while not (folder.is_dir() and complete_checkpoints(folder)) and time.monotonic() < deadline:
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
         yield batch
 

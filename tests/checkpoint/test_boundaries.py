@@ -8,7 +8,9 @@ import pytest
 
 from pipeweave.ir import lower, parse_action
 from pipeweave.runtime import run_local
-from pipeweave.runtime.checkpoint.boundaries import combine_hooks, iteration_boundaries
+from pipeweave.runtime import OptimizerFactory
+from pipeweave.runtime.checkpoint.boundaries import (clean_boundaries, combine_hooks,
+                                                    iteration_boundaries)
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.launch.faults import injected_fault_hooks, parse_fault
 from pipeweave.schedules import build_schedule
@@ -42,13 +44,56 @@ def test_boundaries_with_width_and_chunks() -> None:
         assert parse_action(str(chunked.programs[rank][cut])).microbatch == 4
 
 
-@pytest.mark.parametrize("schedule", ["pipedream", "2bw", "pipeoptim"])
-def test_asynchronous_schedules_are_rejected_with_the_reason(schedule: str, tmp_path) -> None:
-    job = with_checkpoints(mlp_job(depth=2, schedule=schedule), directory=str(tmp_path))
-    with pytest.raises(ValueError, match=rf"needs a synchronous schedule, and '{schedule}' is "
-                                         rf"asynchronous.*Use gpipe, 1f1b"):
-        run_local(job)
+@pytest.mark.parametrize("schedule", ["pipedream", "2bw", "pipeoptim", "spectrain", "wpipe"])
+def test_asynchronous_schedules_checkpoint_only_at_drains(schedule: str, tmp_path) -> None:
+    # --checkpoint-every 2 drains every 2 steps; step 3 is no drain, so at=(3,) is refused
+    chunks = 2 if schedule == "wpipe" else 1
+    job = mlp_job(depth=2, schedule=schedule, steps=4, plan_fields={"chunks": chunks})
+    if schedule == "spectrain":
+        job = dataclasses.replace(job, optimizer=OptimizerFactory("sgd", {"lr": 0.01,
+                                                                          "momentum": 0.9}))
+    with pytest.raises(ValueError, match=rf"checkpoint after step 3 needs a drain there, but "
+                                         rf"'{schedule}' drains every 2 steps"):
+        run_local(with_checkpoints(job, directory=str(tmp_path), every=2, at=(3,)))
+    with pytest.raises(ValueError, match=rf"step 3 needs a drain there, and '{schedule}' "
+                                         rf"overlaps its steps and drains only at the end"):
+        run_local(with_checkpoints(job, directory=str(tmp_path), at=(3,)))
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kwargs", [{"lr": 0.01}, {"lr": 0.01, "momentum": 0.9, "nesterov": True}])
+def test_pipeoptim_prediction_with_state_beyond_the_optimizers_is_refused(kwargs, tmp_path) -> None:
+    job = dataclasses.replace(mlp_job(depth=2, schedule="pipeoptim", steps=4),
+                              optimizer=OptimizerFactory("sgd", kwargs))
+    with pytest.raises(ValueError, match="needs the last effective gradient or the previous "
+                                         "weights, which a checkpoint does not hold"):
+        run_local(with_checkpoints(job, directory=str(tmp_path), every=2))
+
+
+def test_resume_where_the_run_does_not_drain_is_refused(tmp_path) -> None:
+    job = mlp_job(depth=2, schedule="pipedream", steps=4)
+    run_local(with_checkpoints(dataclasses.replace(job, steps=2), directory=str(tmp_path)))
+    again = with_checkpoints(job, resume=str(tmp_path), directory=str(tmp_path), every=3)
+    with pytest.raises(ValueError, match="the checkpoint is after step 2, but 'pipedream' drains "
+                                         "every 3 steps here"):
+        run_local(again)
+
+
+def test_drained_program_has_boundaries_at_its_drains() -> None:
+    # pipedream drain=2, K=5: rank 0 is clean after iterations 1, 3 and the end (4), not after
+    # 0 or 2 (F2 runs before B1 there); the last stage never overlaps iterations
+    schedule = lower(build_schedule("pipedream", stages=2, microbatches=2, iterations=5,
+                                    options={"drain": 2}))
+    assert sorted(clean_boundaries(schedule, 1)) == [0, 1, 2, 3, 4]
+    for rank in (0, 1):
+        cuts = clean_boundaries(schedule, rank)
+        assert sorted(cuts) == ([1, 3, 4] if rank == 0 else [0, 1, 2, 3, 4])
+        program = schedule.programs[rank]
+        assert [parse_action(str(a)).microbatch for a in program[cuts[1]:]
+                if a.microbatch is not None][0] == 4
+        assert all(a.microbatch is None or a.microbatch < 4 for a in program[:cuts[1]])
+    with pytest.raises(ValueError, match="no checkpoint boundary after step 1"):
+        iteration_boundaries(schedule, 0)
 
 
 def test_asynchronous_program_has_no_boundary() -> None:

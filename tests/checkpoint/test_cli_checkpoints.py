@@ -53,8 +53,8 @@ def test_train_resume_auto_starts_fresh_then_continues(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--resume", "/nonexistent/ckpt"], "checkpoint /nonexistent/ckpt does not exist"),
-    (["--schedule", "pipedream", "--checkpoint-every", "2"],
-     "checkpoint/resume needs a synchronous schedule, and 'pipedream' is asynchronous"),
+    (["--schedule", "pipedream", "--checkpoint-every", "1", "--option", "drain=2"],
+     "a checkpoint after step 1 needs a drain there, but 'pipedream' drains every 2 steps"),
     (["--resume", "auto"], "pass --checkpoint-dir DIR with --resume auto"),
 ])
 def test_train_checkpoint_errors_are_one_line(extra: list[str], message: str, tmp_path: Path,

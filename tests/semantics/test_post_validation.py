@@ -21,6 +21,7 @@ from pipeweave.models.registry import ModelSpec
 from pipeweave.runtime import Job, OptimizerFactory, Plan, launch_local, run_local
 from pipeweave.runtime.launch.prepare import prepare
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
+from pipeweave.runtime.observation.summary import iteration_losses
 from pipeweave.testing import assert_identical_runs, merged_parameters, relative_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
@@ -170,11 +171,25 @@ def test_an_injected_nan_undoes_the_step_everywhere() -> None:
         assert relative_error(got[name], value) <= 1e-10, name
 
 
-def test_checkpoints_are_refused_with_post_validation(tmp_path: Path) -> None:
-    job = dataclasses.replace(zb_h2(2, post=True, clip=None),
-                              checkpoint=CheckpointOptions(directory=str(tmp_path), every=1))
-    with pytest.raises(ValueError, match=r"not supported yet.*Drop --option post_validation"):
-        prepare(job)
+def test_checkpoints_resume_exactly_at_post_validation_drains(tmp_path: Path) -> None:
+    """--checkpoint-every 2 checks every 2nd update before it (drain=2), so the checkpoint
+    after step 2 holds final weights; steps 1-2 undo and redo (MAX_NORM), and the run resumed
+    after step 2 equals the run never stopped (which post-validates every update) bit for bit."""
+    job = zb_h2(2, post=True, clip=MAX_NORM, steps=4)
+    straight = run_local(job)
+    written = run_local(dataclasses.replace(
+        job, checkpoint=CheckpointOptions(directory=str(tmp_path), every=2)))
+    assert_same_parameters(written, straight)
+    schedule = prepare(dataclasses.replace(job, checkpoint=CheckpointOptions(
+        directory=str(tmp_path / "x"), every=2))).schedule
+    assert schedule.options["drain"] == 2
+    resumed = run_local(dataclasses.replace(job, checkpoint=CheckpointOptions(
+        resume=str(tmp_path / sorted(p.name for p in tmp_path.glob("step-00000002-*"))[0]))))
+    assert_same_parameters(resumed, straight)
+    assert iteration_losses(resumed, 4) == iteration_losses(straight, 4)
+    with pytest.raises(ValueError, match="checkpoint after step 3 needs a drain there"):
+        prepare(dataclasses.replace(job, checkpoint=CheckpointOptions(
+            directory=str(tmp_path / "y"), every=2, at=(3,))))
 
 
 @pytest.mark.distributed

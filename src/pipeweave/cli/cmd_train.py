@@ -5,8 +5,8 @@ summary table and writes, under ``--output-dir``: ``metrics.jsonl``/``metrics.cs
 step), ``summary.json``, ``plan.json``, ``trace.json`` (Chrome trace of the measured
 timeline) and ``loss.png``.
 
-Checkpoints (synchronous schedules): ``--checkpoint-every N`` writes one every N steps and at
-the end into ``--checkpoint-dir`` (default ``<output-dir>/checkpoints``); ``--resume DIR``
+Checkpoints: ``--checkpoint-every N`` writes one every N steps (an asynchronous schedule drains
+there, docs/semantics.md) and at the end into ``--checkpoint-dir`` (default ``<output-dir>/checkpoints``); ``--resume DIR``
 continues from one (any plan), ``--resume auto`` from the newest in ``--checkpoint-dir`` if
 there is one (for ``torchrun --max-restarts``). See docs/checkpoints.md.
 

@@ -30,6 +30,18 @@ Replicas of a stage synchronise per *round*: round ``q`` of stage ``s`` is micro
 round ``q``. An update period of ``n`` rounds puts ``AR`` (all-reduce among the replicas) and
 ``U`` after every ``n``-th backward of each replica, so all replicas issue the same all-reduces
 in the same order. This needs ``M`` divisible by every ``r_s`` (every iteration is whole rounds).
+
+**Drain** (option ``drain=N``, :func:`drain_segments`): after every ``N``-th iteration every
+stage finishes its in-flight micro-batches and lands their updates before the next iteration's
+first forward, as at the end of the run; the next ``N`` iterations start with a fresh warm-up
+on the weights reached there. P=2, M=2, K=2, ``drain=1``, PipeDream::
+
+    rank0  F0@0 F1@0 B0@0 U@1 B1@0 U@2 | F2@2 F3@2 B2@2 U@3 B3@2 U@4
+    rank1       F0@0 B0@0 U@1 F1@1 B1@1 U@2 | F2@2 B2@2 U@3 F3@3 B3@3 U@4
+
+The ``|`` is a point where nothing is in flight and every stage holds one weight version:
+checkpoints go there (``pipeweave train --checkpoint-every N`` drains every ``N`` steps; see
+docs/semantics.md for the staleness it removes and its cost).
 """
 
 from __future__ import annotations
@@ -44,7 +56,11 @@ from .registry import Shape
 
 __all__ = [
     "Counts", "Tags", "VersionRule", "warmup_depth", "async_order", "async_layout", "build_async",
+    "DRAIN", "drain_every", "drain_segments",
 ]
+
+DRAIN = "drain"
+"""The option every asynchronous schedule takes: drain after every ``N``-th iteration."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,9 @@ class Counts:
 
     forward: int
     backward: int
+    drained: int = 0
+    """Updates the stage had made at the start of the micro-batch's drained segment (the
+    version every stage holds there; 0 without ``drain``)."""
 
     @property
     def between(self) -> int:
@@ -101,6 +120,25 @@ def async_order(depth: int, microbatches: Sequence[int]) -> list[tuple[Op, int]]
     return order
 
 
+def drain_every(name: str, shape: Shape) -> int | None:
+    """The shape's ``drain`` option, checked (None: no drain)."""
+    every = shape.option(DRAIN, None)
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ValueError(
+            f"{name} option drain must be an integer >= 1 (iterations between drains), got "
+            f"{every!r}; e.g. --option drain=50, or leave it out for no drain")
+    return every
+
+
+def drain_segments(name: str, shape: Shape) -> list[range]:
+    """The iterations of each drained segment: ``N`` at a time with option ``drain=N``
+    (the last one shorter if ``N`` does not divide ``K``), all ``K`` in one without."""
+    every = drain_every(name, shape)
+    if every is None:
+        return [range(shape.iterations)]
+    return [range(a, min(a + every, shape.iterations)) for a in range(0, shape.iterations, every)]
+
+
 def async_layout(name: str, shape: Shape) -> Layout:
     """The shape's layout, checked for what the asynchronous schedules support."""
     if shape.chunks != 1:
@@ -138,26 +176,29 @@ def build_async(
         period: ``period(stage)``: rounds (local backwards of one replica) per update.
         rule: turns update counts into the version tags of each forward/backward.
     """
-    total = shape.microbatches * shape.iterations
+    m = shape.microbatches
+    segments = drain_segments(name, shape)
     skeletons: list[list[tuple[Op, int | None]]] = []
     counts: dict[tuple[int, int], Counts] = {}
     for rank in range(layout.num_ranks):
         (stage,) = layout.stages_of(rank)
-        mbs = routed(layout, stage, rank, range(total))
         skeleton: list[tuple[Op, int | None]] = []
-        forward_at: dict[int, int] = {}
         updates = backwards = 0
-        for op, j in async_order(warmup_depth(layout, stage), mbs):
-            skeleton.append((op, j))
-            if op is Op.FORWARD:
-                forward_at[j] = updates
-                continue
-            counts[(stage, j)] = Counts(forward_at[j], updates)
-            backwards += 1
-            if backwards % period(stage) == 0:
-                updates += 1
-                skeleton.append((Op.STEP, None))
-        assert backwards % period(stage) == 0, (name, stage, backwards)
+        for segment in segments:
+            mbs = routed(layout, stage, rank, range(segment.start * m, segment.stop * m))
+            forward_at: dict[int, int] = {}
+            drained = updates
+            for op, j in async_order(warmup_depth(layout, stage), mbs):
+                skeleton.append((op, j))
+                if op is Op.FORWARD:
+                    forward_at[j] = updates
+                    continue
+                counts[(stage, j)] = Counts(forward_at[j], updates, drained)
+                backwards += 1
+                if backwards % period(stage) == 0:
+                    updates += 1
+                    skeleton.append((Op.STEP, None))
+            assert backwards % period(stage) == 0, (name, stage, backwards)
         skeletons.append(skeleton)
 
     programs: list[list[Action]] = []

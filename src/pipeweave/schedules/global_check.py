@@ -41,10 +41,12 @@ from ..ir import Action, Op, Schedule
 __all__ = ["with_global_check"]
 
 
-def with_global_check(schedule: Schedule, *, post: bool) -> Schedule:
+def with_global_check(schedule: Schedule, *, post: bool, drain: int | None = None) -> Schedule:
     """``schedule`` with ``C(s)@v`` before every update ``U(s)@v`` and ``V(s)@v`` right after
     that ``C`` (``post=False``) or after the leading forwards of iteration ``v`` on the stage's
-    rank (``post=True``; after the last update, at the end of the program)."""
+    rank (``post=True``; after the last update, at the end of the program). ``drain=N`` with
+    ``post=True``: every ``N``-th update is checked before it as with ``post=False``, so no
+    rank starts iteration ``v`` before update ``v`` is final there (where checkpoints go)."""
     layout = schedule.layout
     if any(len(ranks) != 1 for ranks in layout.stage_ranks) or schedule.num_stages != schedule.num_ranks:
         raise ValueError(f"a global check before each update runs down the stages and back, one "
@@ -60,7 +62,9 @@ def with_global_check(schedule: Schedule, *, post: bool) -> Schedule:
                                pipeline=action.pipeline)
                 validate = check.with_(op=Op.VALIDATE)
                 checked.append(check)
-                if post:
+                drained = drain is not None and action.version is not None and (
+                    action.version % drain == 0)
+                if post and not drained:
                     owed.append(validate)
                 else:
                     checked.append(validate)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir import Schedule
-from .async_common import Counts, Tags, async_layout, build_async
+from .async_common import DRAIN, Counts, Tags, async_layout, build_async
 from .registry import Shape, register
 
 __all__ = ["pipedream"]
@@ -40,8 +40,8 @@ __all__ = ["pipedream"]
 @register("pipedream",
           description="asynchronous 1F1B(-RR) without flush, update after every backward, weight stashing",
           paper="D. Narayanan et al., PipeDream: Generalized Pipeline Parallelism for DNN Training, SOSP 2019, §3.2-3.3", synchronous=False,
-          options=("vertical_sync",),
-          width=True, replicas=True)
+          options=("vertical_sync", DRAIN),
+          width=True, replicas=True, checkpointable=True)
 def pipedream(shape: Shape) -> Schedule:
     vertical_sync = shape.option("vertical_sync", False)
     if not isinstance(vertical_sync, bool):

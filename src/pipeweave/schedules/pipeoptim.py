@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir import Schedule
-from .async_common import Counts, Tags, async_layout, build_async
+from .async_common import DRAIN, Counts, Tags, async_layout, build_async
 from .registry import Shape, register
 
 __all__ = ["pipeoptim", "spectrain", "spectrain_backward_distance"]
@@ -61,12 +61,13 @@ __all__ = ["pipeoptim", "spectrain", "spectrain_backward_distance"]
           description="asynchronous 1F1B, update after every backward, forward on weights predicted "
                       "s = D-rank-1 updates ahead, no stashing",
           paper="L. Guan et al., PipeOptim: Ensuring Effective 1F1B Schedule with Optimizer-Dependent Weight Prediction, arXiv:2312.00839 (2023), §III, Algorithm 1", synchronous=False,
-          options=("lookahead",),
+          options=("lookahead", DRAIN),
           cost="every stage but the last runs its forward twice per micro-batch: the backward "
                "recomputes it at the current weights (the paper's rule), about 1/3 more compute "
                "at B = 2F; --prediction-backward graph skips that and keeps one predicted weight "
                "copy per micro-batch in flight",
-          width=True, replicas=True, semantics=("backward",), prediction="optimizer")
+          width=True, replicas=True, semantics=("backward",), prediction="optimizer",
+          checkpointable=True)
 def pipeoptim(shape: Shape) -> Schedule:
     override = shape.option("lookahead", None)
     if override is not None and (isinstance(override, bool) or not isinstance(override, int)
@@ -96,10 +97,10 @@ def spectrain_backward_distance(stage: int) -> int:
                       "SGDM-predicted weights (SpecTrain)",
           paper="C.-C. Chen et al., Efficient and Robust Parallel DNN Training through Model "
                 "Parallelism on Multi-GPU Platform (SpecTrain), arXiv:1809.02839 (2018)",
-          synchronous=False, default_optimizer=("sgd", {"momentum": 0.9}),
+          synchronous=False, default_optimizer=("sgd", {"momentum": 0.9}), options=(DRAIN,),
           cost="every stage but the last runs its forward twice per micro-batch: the backward "
                "recomputes it at the weights predicted for the backward",
-          prediction="momentum")
+          prediction="momentum", checkpointable=True)
 def spectrain(shape: Shape) -> Schedule:
     if shape.replicas is not None or shape.width != 1:
         raise ValueError(

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir import Schedule
-from .async_common import Counts, Tags, async_layout, build_async, warmup_depth
+from .async_common import DRAIN, Counts, Tags, async_layout, build_async, warmup_depth
 from .registry import Shape, register
 
 __all__ = ["two_bw", "min_microbatches"]
@@ -44,8 +44,8 @@ def min_microbatches(shape: Shape) -> int:
 @register("2bw",
           description="PipeDream-2BW: 1F1B without flush, update every M backwards, <= 2 weight versions",
           paper="D. Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training (PipeDream-2BW), ICML 2021", synchronous=False,
-          min_microbatches=min_microbatches,
-          width=True, replicas=True)
+          min_microbatches=min_microbatches, options=(DRAIN,),
+          width=True, replicas=True, checkpointable=True)
 def two_bw(shape: Shape) -> Schedule:
     layout = async_layout("2bw", shape)
     m = shape.microbatches
@@ -59,8 +59,9 @@ def two_bw(shape: Shape) -> Schedule:
         )
 
     def double_buffered(stage: int, microbatch: int, counts: Mapping[tuple[int, int], Counts]) -> Tags:
-        version = max(0, microbatch // m - 1)
-        latest = counts[(stage, microbatch)].forward
+        count = counts[(stage, microbatch)]
+        version = max(count.drained, microbatch // m - 1)  # a drain: the first batch is fresh
+        latest = count.forward
         # M >= r_s * depth(s) makes batch b - 2 complete before batch b's first forward here.
         assert version <= latest, (stage, microbatch, version, latest)
         return Tags(version, version)

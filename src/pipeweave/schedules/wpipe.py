@@ -53,6 +53,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..ir import Action, Layout, Op, Schedule
+from .async_common import DRAIN, drain_segments
 from .common import routed, update_actions
 from .registry import Shape, register
 
@@ -68,18 +69,23 @@ def _min_microbatches(shape: Shape) -> int:
 @register("wpipe", description="WPipe 2GW: two chunks per rank, G1 synchronous, G0 forwards of the "
                                "next period before G0 backwards (two versions); updates alternate",
           paper="P. Yang et al., Group-based Interleaved Pipeline Parallelism for Large-scale DNN Training (WPipe), ICLR 2022, §3.2, Eq. 1", synchronous=False,
-          min_microbatches=_min_microbatches, default_chunks=2,
-          width=True, chunks=(2,))
+          min_microbatches=_min_microbatches, default_chunks=2, options=(DRAIN,),
+          width=True, chunks=(2,), checkpointable=True)
 def wpipe(shape: Shape) -> Schedule:
     _check(shape)
     layout = Layout.data_parallel(shape.stages, shape.width, chunks=2)
     P, M = shape.stages, shape.microbatches
     programs: list[list[Action]] = []
+    segments = drain_segments("wpipe", shape)
     for copy in range(shape.width):
         first_rank = copy * P
-        periods = [routed(layout, 0, first_rank, range(t * M, (t + 1) * M))
-                   for t in range(shape.iterations)]
-        programs.extend(wpipe_programs(layout, P, periods))
+        copy_programs: list[list[Action]] = [[] for _ in range(P)]
+        for segment in segments:  # a drain: each segment starts afresh on the weights reached
+            periods = [routed(layout, 0, first_rank, range(t * M, (t + 1) * M)) for t in segment]
+            for program, part in zip(copy_programs, wpipe_programs(layout, P, periods,
+                                                                   first_version=segment.start)):
+                program.extend(part)
+        programs.extend(copy_programs)
     return Schedule(
         name="wpipe", layout=layout, microbatches=M, iterations=shape.iterations,
         programs=tuple(tuple(p) for p in programs), synchronous=False, options=dict(shape.options),
@@ -87,16 +93,19 @@ def wpipe(shape: Shape) -> Schedule:
 
 
 def wpipe_programs(
-    layout: Layout, ranks: int, periods: Sequence[Sequence[int]]
+    layout: Layout, ranks: int, periods: Sequence[Sequence[int]], *, first_version: int = 0,
 ) -> list[list[Action]]:
     """Programs of the ``ranks`` ranks of one pipeline copy (its rank ``r`` runs stages ``r``
     and ``ranks + r``; the copy's ranks come from where the caller puts the programs).
 
     ``periods[t]`` lists the micro-batches of update period ``t`` (all of the same length,
     at least ``ranks``). Each action gets the step at which the paper's splice runs it
-    (module docstring); a rank's program is its actions in step order.
+    (module docstring); a rank's program is its actions in step order. ``first_version``: the
+    version both groups hold when ``periods[0]`` starts (after a drain; period ``t`` here is
+    update period ``first_version + t`` of the run).
     """
     P = ranks
+    v0 = first_version
     events: list[list[_Event]] = [[] for _ in range(P)]
     unit = 0
 
@@ -115,27 +124,27 @@ def wpipe_programs(
     # warm-up: period 0's G0 forwards, down-only V's (nothing to backward yet)
     for j in periods[0]:
         for r in range(P):
-            events[r].append((down(r), Action(Op.FORWARD, r, j, version=0)))
+            events[r].append((down(r), Action(Op.FORWARD, r, j, version=v0)))
         unit += 1
     for t, batch in enumerate(periods):
         # G1 block: period t's V's, one version (t), then G1's update t+1
         for j in batch:
             for r in range(P):
-                events[r].append((down(r), Action(Op.FORWARD, P + r, j, version=t)))
-                events[r].append((up(r), Action(Op.BACKWARD, P + r, j, version=t)))
+                events[r].append((down(r), Action(Op.FORWARD, P + r, j, version=v0 + t)))
+                events[r].append((up(r), Action(Op.BACKWARD, P + r, j, version=v0 + t)))
             unit += 1
         for r in range(P):
-            update_after_block(r, P + r, t + 1)
+            update_after_block(r, P + r, v0 + t + 1)
         # G0 block: V's [forward of period t+1 (version t), backward of period t (stashed)]
         following = periods[t + 1] if t + 1 < len(periods) else None
         for i, j in enumerate(batch):
             for r in range(P):
                 if following is not None:
-                    events[r].append((down(r), Action(Op.FORWARD, r, following[i], version=t)))
-                events[r].append((up(r), Action(Op.BACKWARD, r, j, version=max(t - 1, 0))))
+                    events[r].append((down(r), Action(Op.FORWARD, r, following[i], version=v0 + t)))
+                events[r].append((up(r), Action(Op.BACKWARD, r, j, version=v0 + max(t - 1, 0))))
             unit += 1
         for r in range(P):
-            update_after_block(r, r, t + 1)
+            update_after_block(r, r, v0 + t + 1)
     return [[action for _, action in sorted(rank_events, key=lambda e: e[0])]
             for rank_events in events]
 

@@ -64,6 +64,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..ir import Op, Schedule
+from .async_common import DRAIN, drain_every
 from .common import flush_schedule
 from .global_check import with_global_check
 from .registry import Shape, register
@@ -125,7 +126,7 @@ def zb_h1(shape: Shape) -> Schedule:
                       "activations; post_validation=true: the global gradient check after the "
                       "step (the paper's optimizer post-validation), false: before it (a flush)",
           paper=f"{_PAPER}, §2.2 (ZB-H2), §4 (optimizer post-validation)", synchronous=True,
-          options=("post_validation",),
+          options=("post_validation", DRAIN),
           width=True, replicas=True, split_backward=True)
 def zb_h2(shape: Shape) -> Schedule:
     _one_chunk("zb-h2", shape)
@@ -137,4 +138,4 @@ def zb_h2(shape: Shape) -> Schedule:
         raise ValueError(f"zb-h2 option post_validation={post!r} must be true (check the "
                          f"gradients after the step, the paper's post-validation) or false "
                          f"(before it); e.g. --option post_validation=true")
-    return with_global_check(schedule, post=post)
+    return with_global_check(schedule, post=post, drain=drain_every("zb-h2", shape))

@@ -25,11 +25,12 @@ state and losses (``pipelines["<p>"]``; pipeline 0's stay at the top level as fo
 schedule) and the ``reference`` model. The data position is ``N`` batches per step. N must
 match on resume (:func:`_check_pipelines`).
 
-Asynchronous schedules (PipeDream, 2BW, PipeOptim, SpecTrain, WPipe) have no such point:
-micro-batches of iteration ``k`` are still in flight, with stashed activations and weight
-versions, when iteration ``k + 1`` starts. Saving that would mean serialising autograd
-graphs (or in-flight inputs, stashed versions and messages in transit), so they are
-rejected with a clear error (see docs/checkpoints.md).
+Asynchronous schedules (PipeDream, 2BW, PipeOptim, SpecTrain, WPipe) have such a point only
+where they drain (schedule option ``drain``, which ``--checkpoint-every N`` sets to ``N``,
+:mod:`.drain`): elsewhere micro-batches of iteration ``k`` are still in flight, with stashed
+activations and weight versions, when iteration ``k + 1`` starts. At a drain the state is the
+same as at a flush; PipeOptim's and SpecTrain's prediction direction is re-read from the
+optimizer state (see docs/checkpoints.md).
 
 **Keyed by block.** Parameters and optimizer state are stored under ``"<block>.<name>"``
 (the names :class:`~pipeweave.runtime.execution.parts.RankResult` uses), written by the first replica
@@ -60,7 +61,7 @@ import torch
 from torch import Tensor
 
 from ...ir import Schedule
-from .boundaries import iteration_boundaries
+from .boundaries import clean_boundaries
 from .resume import Session
 from .restore import restore_rank
 from .store import StoredCheckpoint
@@ -96,7 +97,7 @@ class RankRecovery:
         options = job.checkpoint
         if options is None:
             return
-        cuts = iteration_boundaries(schedule, rank)  # checked by prepare (check_checkpointable)
+        cuts = clean_boundaries(schedule, rank)  # checked by prepare (check_checkpointable)
         if session is not None and session.resume_from is not None:
             if stored is None or str(stored.folder) != session.resume_from:
                 stored = StoredCheckpoint(session.resume_from, verify=False)

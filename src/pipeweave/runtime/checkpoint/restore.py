@@ -58,7 +58,7 @@ class _Shards:
 
 
 def restore_rank(stored: StoredCheckpoint, *, job: Job, schedule: Schedule, rank: int,
-                 parts: RankParts, device: torch.device, cuts: list[int],
+                 parts: RankParts, device: torch.device, cuts: Mapping[int, int],
                  apply_rng: bool) -> ResumePoint:
     """Load ``rank``'s state from ``stored`` into ``parts`` (which
     :func:`~.resume.check_resume` found to fit, before any rank started); ``cuts``: the rank's iteration
@@ -105,8 +105,11 @@ def _restore_pipelines(shards: _Shards, done: Sequence[Action], pipelines: int,
                     state["state"][position] = {k: v.clone() if isinstance(v, Tensor) else v
                                                 for k, v in saved.items()}
             optimizer.load_state_dict(state)
-            pipeline.weights[stage_id].live_version = sum(
+            weights = pipeline.weights[stage_id]
+            weights.live_version = sum(
                 1 for a in done if a.op is Op.STEP and a.stage == stage_id and a.pipeline == index)
+            if weights.directions is not None:  # PipeOptim, SpecTrain: predict from the state
+                weights.directions.resume(weights.live_version)
 
 
 def _restore_references(shards: _Shards, schedule: Schedule, parts: RankParts) -> None:

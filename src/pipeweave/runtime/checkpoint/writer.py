@@ -52,7 +52,7 @@ class CheckpointWriter:
     thread; :attr:`hooks` (position -> callable) are what the interpreter runs."""
 
     def __init__(self, *, job: Job, schedule: Schedule, rank: int, parts: RankParts,
-                 device: torch.device, session: Session, cuts: list[int],
+                 device: torch.device, session: Session, cuts: Mapping[int, int],
                  steps_done: int) -> None:
         """``cuts``: the rank's iteration boundaries; ``steps_done``: where the run starts."""
         assert job.checkpoint is not None and job.checkpoint.directory is not None

@@ -36,7 +36,8 @@ from ..communication.transport import Transport
 from .clipping import EPSILON, squares
 from .stage import StageRuntime
 
-__all__ = ["GlobalCheck", "RedoPlan", "has_global_check", "rng_state", "set_rng_state"]
+__all__ = ["GlobalCheck", "RedoPlan", "has_global_check", "rng_state", "set_rng_state",
+           "starts_validated"]
 
 
 def has_global_check(schedule: Schedule) -> bool:
@@ -240,6 +241,13 @@ class RedoPlan:
                 if program[p].op is Op.RECV_ACT
                 and dependencies(program[p], schedule.layout, lowered=True)[0] in speculative
                 and (program[p].microbatch or 0) // schedule.microbatches == version]
+
+
+def starts_validated(program: tuple[Action, ...], start: int) -> bool:
+    """Whether no update before ``start`` waits for its ``V`` at or after it (a resumed run
+    begins there with nothing to undo: zb-h2's drains, option ``drain``)."""
+    return all(not update < start <= valid
+               for update, valid in _update_and_validation(program).items())
 
 
 def _update_and_validation(program: tuple[Action, ...]) -> dict[int, int]:

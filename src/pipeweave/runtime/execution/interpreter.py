@@ -26,7 +26,7 @@ from ..observation.timeline import Recorder
 from ..communication.transport import Transport
 from .clipping import GradientClipper
 from .ties import TiedGradients
-from .global_check import GlobalCheck, RedoPlan, rng_state, set_rng_state
+from .global_check import GlobalCheck, RedoPlan, rng_state, set_rng_state, starts_validated
 from .weights import StageWeights
 
 if TYPE_CHECKING:
@@ -83,9 +83,10 @@ class RankInterpreter:
         self.clipper = clipper
         self.ties = ties if ties is not None and ties.at else None
         self.check = check
-        if check is not None and start != 0:
-            raise ValueError("a run with a global check (post_validation) cannot start in the "
-                             "middle of its program; resume is not supported for it")
+        if check is not None and not starts_validated(schedule.programs[rank], start):
+            raise ValueError(f"a run with a global check (post_validation) can start only where "
+                             f"every earlier update is validated (a drain); position {start} "
+                             f"of rank {rank}'s program is not one")
         self.data = data
         self.recorder = recorder
         self.on_step = on_step

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DirectionTracker", "check_spectrain_optimizer", "RULES"]
+__all__ = ["DirectionTracker", "check_spectrain_optimizer", "RULES", "keeps_state"]
 
 RULES = ("optimizer", "momentum")
 """``optimizer``: PipeOptim's ΔW (the last step's direction); ``momentum``: SpecTrain's ``v_t``."""
@@ -115,6 +115,14 @@ class DirectionTracker:
     def after_step(self) -> None:
         self.steps += 1
 
+    def resume(self, steps: int) -> None:
+        """Continue after ``steps`` updates restored from a checkpoint (optimizer state loaded):
+        the direction then comes from the optimizer state alone, which holds for the optimizers
+        :func:`keeps_state` is False for (the others are refused with checkpoints)."""
+        assert not keeps_state(self.optimizer, self.rule), "refused by check_checkpointable"
+        self.steps = steps
+        self._step_lr = {name: _scalar(group["lr"]) for name, group in self._group.items()}
+
     # -- the direction and the prediction ----------------------------------------------------
     def direction(self, name: str) -> Tensor | None:
         """``ΔW`` of parameter ``name`` (None before the first step, or without a gradient)."""
@@ -152,6 +160,18 @@ class DirectionTracker:
                 else:
                     lr = _scalar(self._group[name]["lr"])
                     torch.add(param.detach(), direction, alpha=-lr * steps, out=target)
+
+
+def keeps_state(optimizer: torch.optim.Optimizer, rule: str = "optimizer") -> bool:
+    """Whether the direction needs more than the optimizer's state: the last effective
+    gradient (SGD without momentum, Nesterov) or the previous weights (any optimizer but
+    SGD, Adam, AdamW). SpecTrain's rule reads the momentum buffer alone."""
+    if rule == "momentum":
+        return False
+    kind = _kind(optimizer)
+    if kind == "sgd":
+        return any(g["momentum"] == 0 or g["nesterov"] for g in optimizer.param_groups)
+    return kind == "generic"
 
 
 def _kind(optimizer: torch.optim.Optimizer) -> str:

@@ -23,7 +23,8 @@ from ...ir import Schedule
 from ...models import ModelSpec
 from ...precision import check_precision
 from ..advance.online import check_advance
-from ..checkpoint.boundaries import check_checkpointable
+from ..checkpoint.boundaries import check_checkpointable, check_resume_point
+from ..checkpoint.drain import with_drain
 from ..checkpoint.resume import Session, check_resume, new_session
 from ..execution.clipping import check_clippable
 from ..execution.parts import make_schedule, preflight
@@ -58,6 +59,7 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     process does it, e.g. every torchrun rank but 0).
     """
     require_device(job.device)
+    job = with_drain(job)  # an asynchronous schedule drains where it checkpoints
     schedule = make_schedule(job.plan, job.steps)
     spec = job.model() if spec is None else spec
     check_precision(job.precision, dtype=_model_dtype(spec), apc=job.apc)
@@ -76,6 +78,8 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
                              "advance (--advance K) or drop --clip-grad-norm")
         check_clippable(schedule, job.clip_grad_norm)
     stored = check_resume(job, spec, verify=verify_checksums)
+    if stored is not None:
+        check_resume_point(schedule, stored.step)
     session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
     return PreparedJob(job, schedule, session, stored.step if stored is not None else 0, ties)
 

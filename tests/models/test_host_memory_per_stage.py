@@ -22,7 +22,7 @@ MiB = 2**20
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 def test_peak_host_memory_follows_the_stage() -> None:
-    script = Path(__file__).with_name("stage_memory_job.py")
+    script = Path(__file__).with_name("host_memory_job.py")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           env=env, timeout=540)

@@ -1,4 +1,4 @@
-"""Run by ``test_stage_memory.py`` in a fresh interpreter (a clean peak RSS): a tiny GPT and
+"""Run by ``test_host_memory_per_stage.py`` in a fresh interpreter (a clean peak RSS): a tiny GPT and
 a 405 MB GPT (float32) trained one step on 4 ranks; prints the launcher's and every rank's
 peak RSS and every stage's parameter bytes as JSON."""
 

@@ -34,6 +34,7 @@ from ...memory import StageWeights, model_state, optimizer_key, stage_state
 from ...planner.memory import plan_analysis
 from ...planner.plan import Plan
 from ...saved_tensors import observing_saved
+from ..communication.sharded import local_value
 
 if TYPE_CHECKING:
     from ...models import ModelSpec
@@ -47,7 +48,9 @@ _Key = tuple[int, int, int, int]
 
 
 def _nbytes(tensor: Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+    """Bytes this rank stores (its shard of a sharded tensor)."""
+    local = local_value(tensor)
+    return local.numel() * local.element_size()
 
 
 class ActivationMeter:

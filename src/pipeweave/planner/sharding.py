@@ -30,6 +30,12 @@ def check_shard(shard: str, *, schedule: str, width: int, replicas: Sequence[int
         return
     info = get_info(schedule)
     flag = f"--shard {shard}"
+    if replicas is not None:
+        raise ValueError(f"{flag} with replicated stages {list(replicas)}: only the uniform "
+                         f"width is sharded yet; give --width instead of replicas, or --shard none")
+    if pipelines > 1:
+        raise ValueError(f"{flag} with {pipelines} parallel pipelines (AvgPipe): the elastic "
+                         f"averaging reads whole parameters; use one pipeline or --shard none")
     if width < 2:
         raise ValueError(f"{flag} shards each stage over its data-parallel copies but width "
                          f"is {width}; give --width 2 or more (--mesh pp=P,dp=D), or --shard none")
@@ -41,9 +47,3 @@ def check_shard(shard: str, *, schedule: str, width: int, replicas: Sequence[int
         raise ValueError(f"{flag} with {schedule!r}: a split backward (I then W) does not yet "
                          f"reduce-scatter at the stage's last W; use 1f1b, gpipe or "
                          f"interleaved-1f1b, or --shard none")
-    if replicas is not None:
-        raise ValueError(f"{flag} with replicated stages {list(replicas)}: only the uniform "
-                         f"width is sharded yet; give --width instead of replicas, or --shard none")
-    if pipelines > 1:
-        raise ValueError(f"{flag} with {pipelines} parallel pipelines (AvgPipe): the elastic "
-                         f"averaging reads whole parameters; use one pipeline or --shard none")

@@ -1,0 +1,130 @@
+"""FSDP2 inside a stage (``Plan.shard``, docs/sharding.md): ``pp=2,dp=2`` sharded trains the
+parameters the unsharded ``width=2`` run and one process train; a sharded rank holds about
+``1/dp`` of the model state; the reduce-scatter waits for the update's last backward; what
+this slice does not cover is refused in one line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+import torch
+
+from pipeweave.cli.cmd_train import add_parser as add_train, build_job
+from pipeweave.cli.options import parse_mesh
+from pipeweave.ir import Op
+from pipeweave.runtime import Plan, launch_local, run_local
+from pipeweave.runtime.execution.parts import make_schedule
+from pipeweave.runtime.execution.sharding import last_backwards
+from pipeweave.runtime.launch.prepare import prepare
+from pipeweave.runtime.options import CheckpointOptions
+from pipeweave.testing import assert_matches_reference, merged_parameters, reference_run
+
+from runtime_jobs import gpt_job
+
+CASES = [("1f1b", "full"), ("1f1b", "grad-op"), ("gpipe", "full"), ("gpipe", "grad-op"),
+         ("interleaved-1f1b", "full")]
+
+
+def _job(schedule: str, shard: str, **job_fields: object):  # type: ignore[no-untyped-def]
+    chunks = 2 if schedule == "interleaved-1f1b" else 1
+    return gpt_job(depth=2, schedule=schedule, chunks=chunks, steps=2,
+                   plan_fields={"width": 2, "shard": shard}, **job_fields)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("schedule", "shard"), CASES)
+def test_sharded_trains_the_unsharded_parameters(schedule: str, shard: str) -> None:
+    job = _job(schedule, shard, count_activations=True)
+    sharded = launch_local(job, deadline_s=500)
+    unsharded_job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, shard="none"))
+    unsharded = run_local(unsharded_job)  # width=2, proven equal to the distributed run
+    got, want = merged_parameters(sharded), merged_parameters(unsharded)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert not hasattr(got[name], "to_local"), f"{name} came back sharded"
+        torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-12, msg=name)
+    assert_matches_reference(sharded, reference_run(job), microbatches=job.plan.microbatches,
+                             tolerance=1e-10)
+    # A sharded rank stores half of its stages' parameters, gradients and optimizer state.
+    for mine, whole in zip(sorted(sharded, key=lambda r: r.rank), unsharded):
+        assert mine.state_bytes is not None and whole.state_bytes is not None
+        assert abs(mine.state_bytes / whole.state_bytes - 0.5) < 0.05, (mine.rank,
+                                                                      mine.state_bytes,
+                                                                      whole.state_bytes)
+
+
+def test_reduce_scatter_waits_for_the_updates_last_backward() -> None:
+    plan = Plan.uniform(6, 2, schedule="1f1b", microbatches=4, width=2, shard="full")
+    schedule = make_schedule(plan, 2)
+    for rank in range(schedule.num_ranks):
+        for stage in schedule.layout.stages_of(rank):
+            program = schedule.programs[rank]
+            backwards = [a for a in program if a.op is Op.BACKWARD and a.stage == stage]
+            # width 2: this copy runs every other micro-batch; 2 per iteration, 2 iterations
+            assert len(backwards) == 4
+            last = last_backwards(program, stage)
+            assert last == {(backwards[1].microbatch, 0), (backwards[3].microbatch, 0)}
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"shard": "zero3"}, "give --shard full"),
+    ({"shard": "full"}, "width is 1"),
+    ({"shard": "full", "width": 2, "schedule": "pipedream", "microbatches": 2},
+     "asynchronous schedule 'pipedream'"),
+    ({"shard": "grad-op", "width": 2, "schedule": "zb-h1"}, "split backward"),
+    ({"shard": "full", "replicas": (2, 1)}, "replicated stages"),
+])
+def test_plan_refusals(fields: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        Plan.uniform(6, 2, **fields)
+
+
+@pytest.mark.parametrize(("job_fields", "words"), [
+    ({"checkpoint": CheckpointOptions(every=1, directory="/tmp/never")}, "checkpoints"),
+    ({"clip_grad_norm": 1.0}, "--clip-grad-norm"),
+    ({"apc": True}, "--apc"),
+    ({"eval_every": 1}, "--eval-every"),
+])
+def test_job_refusals_before_anything_starts(job_fields: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=f"--shard full with {words}"):
+        prepare(_job("1f1b", "full", **job_fields))
+
+
+def test_fused_step_and_single_process_refused() -> None:
+    job = _job("1f1b", "full")
+    fused = dataclasses.replace(job, optimizer=dataclasses.replace(job.optimizer,
+                                                                   implementation="fused"))
+    with pytest.raises(ValueError, match="fused"):
+        prepare(fused)
+    with pytest.raises(ValueError, match="single-process executor"):
+        run_local(job)
+
+
+def _train_args(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_train(parser.add_subparsers())
+    return parser.parse_args(["train", "--model", "mlp", *flags])
+
+
+def test_mesh_is_stages_and_width() -> None:
+    assert parse_mesh("pp=2,dp=3") == (2, 3)
+    assert parse_mesh("pp=4") == (4, 1)
+    assert parse_mesh("dp=2,pp=2,tp=1") == (2, 2)
+    job = build_job(_train_args("--mesh", "pp=2,dp=2", "--shard", "grad-op"))
+    assert (job.plan.depth, job.plan.width, job.plan.shard) == (2, 2, "grad-op")
+    assert build_job(_train_args("--stages", "2")).plan.shard == "none"
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (("--mesh", "pp=2,dp=2,tp=2"), "not built yet"),
+    (("--mesh", "pp=2,xx=2"), "NAME=N"),
+    (("--mesh", "dp=2"), "names no pp"),
+    (("--mesh", "pp=2,dp=2", "--width", "2"), "give one of them"),
+    (("--mesh", "pp=2,dp=2", "--shard", "full", "--executor", "local"), "--executor local"),
+])
+def test_cli_refusals(flags: tuple[str, ...], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        build_job(_train_args(*flags))

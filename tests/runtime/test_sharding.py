@@ -128,3 +128,26 @@ def test_mesh_is_stages_and_width() -> None:
 def test_cli_refusals(flags: tuple[str, ...], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         build_job(_train_args(*flags))
+
+
+def _tied_model():  # type: ignore[no-untyped-def]
+    from torch import nn
+
+    from pipeweave.models import ModelSpec
+    from pipeweave.testing import TiedHead
+
+    embed = nn.Embedding(11, 6).double()
+    return ModelSpec.from_blocks([embed, nn.Linear(6, 6).double(), nn.Tanh(), TiedHead(embed.weight)],
+                                 nn.functional.cross_entropy, "tiny-tied")
+
+
+def test_tied_parameters_refused() -> None:
+    def data():  # type: ignore[no-untyped-def]
+        while True:
+            ids = torch.randint(0, 11, (8, 5))
+            yield ids, ids
+
+    job = dataclasses.replace(_job("1f1b", "full"), model=_tied_model, data=data,
+                              plan=Plan.uniform(4, 2, width=2, shard="full"))
+    with pytest.raises(ValueError, match="--shard full with tied parameters"):
+        prepare(job)

@@ -151,3 +151,45 @@ def test_tied_parameters_refused() -> None:
                               plan=Plan.uniform(4, 2, width=2, shard="full"))
     with pytest.raises(ValueError, match="--shard full with tied parameters"):
         prepare(job)
+
+
+def test_one_reduce_scatter_per_update(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Four backwards, one update: FSDP2 reduces once, at the last, and the gradient is the
+    sum of the four (a one-rank group, in this process)."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    from pipeweave.ir import Action
+    from pipeweave.runtime.execution.sharding import shard_stage
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+        plain = [p.detach().clone().requires_grad_() for p in module.parameters()]
+        program = [*(Action(Op.FORWARD, 0, j) for j in range(4)),
+                   *(Action(Op.BACKWARD, 0, j) for j in range(4)), Action(Op.STEP, 0, version=1)]
+        sharding = shard_stage(module, dist.group.WORLD, "full", device_type="cpu",
+                               program=program, stage=0)
+        reduced: list[int] = []
+        real = _fsdp_param_group.foreach_reduce
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            reduced.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_fsdp_param_group, "foreach_reduce", counted)
+        inputs = torch.randn(4, 3, 4, dtype=torch.float64)
+        for j in range(4):
+            sharding.before_backward(j, 0)
+            module(inputs[j]).sum().backward()
+            assert len(reduced) == (2 if j == 3 else 0)  # one per sharded block, at the last
+        w1, b1, w2, b2 = plain
+        loss = sum((torch.tanh(x @ w1.t() + b1) @ w2.t() + b2).sum() for x in inputs)
+        loss.backward()  # type: ignore[union-attr]
+        for param, want in zip(module.parameters(), plain):
+            torch.testing.assert_close(param.grad.full_tensor(), want.grad)  # type: ignore[union-attr]
+    finally:
+        dist.destroy_process_group()

@@ -23,21 +23,26 @@ from pipeweave.testing import assert_matches_reference, merged_parameters, refer
 
 from runtime_jobs import gpt_job
 
-CASES = [("1f1b", "full"), ("1f1b", "grad-op"), ("gpipe", "full"), ("gpipe", "grad-op"),
-         ("interleaved-1f1b", "full")]
+CASES = [("1f1b", "full", {}), ("1f1b", "grad-op", {}), ("gpipe", "full", {}),
+         ("gpipe", "grad-op", {}), ("interleaved-1f1b", "full", {}),
+         ("gpipe", "full", {"recompute": (True, True)}),
+         ("sliced-1f1b", "full", {"schedule_options": {"sliced": 2}}),
+         ("gpipe-grouped", "grad-op", {})]
 
 
-def _job(schedule: str, shard: str, **job_fields: object):  # type: ignore[no-untyped-def]
-    chunks = 2 if schedule == "interleaved-1f1b" else 1
+def _job(schedule: str, shard: str, fields: dict | None = None,
+         **job_fields: object):  # type: ignore[no-untyped-def]
+    chunks = 2 if schedule in ("interleaved-1f1b", "gpipe-grouped") else 1
     return gpt_job(depth=2, schedule=schedule, chunks=chunks, steps=2,
-                   plan_fields={"width": 2, "shard": shard}, **job_fields)
+                   plan_fields={"width": 2, "shard": shard, **(fields or {})}, **job_fields)
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("schedule", "shard"), CASES)
-def test_sharded_trains_the_unsharded_parameters(schedule: str, shard: str) -> None:
-    job = _job(schedule, shard, count_activations=True)
+@pytest.mark.parametrize(("schedule", "shard", "fields"), CASES,
+                         ids=[f"{s}-{m}{'-' + '-'.join(f) if f else ''}" for s, m, f in CASES])
+def test_sharded_trains_the_unsharded_parameters(schedule: str, shard: str, fields: dict) -> None:
+    job = _job(schedule, shard, fields, count_activations=True)
     sharded = launch_local(job, deadline_s=500)
     unsharded_job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, shard="none"))
     unsharded = run_local(unsharded_job)  # width=2, proven equal to the distributed run

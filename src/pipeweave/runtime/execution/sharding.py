@@ -67,6 +67,9 @@ def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, devic
     ``full`` or ``grad-op``."""
     if mode not in ("full", "grad-op"):
         raise ValueError(f"shard mode {mode!r}: give full or grad-op (none is not sharded)")
+    if device_type == "cuda" and dist.get_backend(group) != "nccl":
+        raise ValueError(f"--shard {mode} on CUDA needs NCCL, but ranks share GPUs over "
+                         f"{dist.get_backend(group)}; give every rank its own GPU, or --shard none")
     mesh = DeviceMesh.from_group(group, device_type=device_type)
     reshard = mode == "full"
     for block in module.children():

@@ -198,3 +198,16 @@ def test_one_reduce_scatter_per_update(tmp_path, monkeypatch) -> None:  # type: 
             torch.testing.assert_close(param.grad.full_tensor(), want.grad)  # type: ignore[union-attr]
     finally:
         dist.destroy_process_group()
+
+
+def test_torchtitan_config_shards_the_width() -> None:
+    import tomllib
+
+    from pipeweave.planner.interchange import torchtitan_config
+
+    names = ["embed", *(f"layer{i}" for i in range(6)), "head"]
+    for shard, extra in (("full", {}), ("grad-op", {"fsdp_reshard_after_forward": "never"})):
+        plan = Plan(num_blocks=8, stages=((0, 4), (4, 8)), microbatches=4, width=2, shard=shard)
+        config = tomllib.loads(torchtitan_config(plan, names, batch_size=8))["parallelism"]
+        assert {k: v for k, v in config.items() if "data_parallel" in k or "fsdp" in k} == {
+            "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2, **extra}

@@ -35,6 +35,7 @@ from ..runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan
 from ..runtime.checkpoint.options import CheckpointOptions
 from ..runtime.checkpoint.store import OUTPUT_SUBFOLDER
 from ..runtime.job import DTYPES, IMPLEMENTATIONS
+from ..planner.sharding import SHARD_MODES
 from ..models import ModelSpec
 from ..precision import PRECISIONS, check_precision
 from ..runtime.launch.prepare import prepare
@@ -43,7 +44,7 @@ from ..runtime.launch.single_process import run_local
 from ..runtime.observation.summary import TrainSummary, summarize
 from ..schedules import schedule_defaults
 from . import train_avgpipe, train_failure
-from .options import parse_bytes, parse_options
+from .options import parse_bytes, parse_mesh, parse_options
 from .train_outputs import write_outputs
 from .model_options import add_hf_config, add_hf_pretrained, chosen_model
 from .data_options import add_data_options, held_out, own_data
@@ -55,7 +56,8 @@ DEFAULT_MODEL = "gpt-tiny"
 DEFAULT_SCHEDULE = "1f1b"
 DEFAULT_STAGES = 2
 DEFAULT_MICROBATCHES = 4
-PLAN_FLAGS = ("schedule", "stages", "microbatches", "chunks", "width", "option", "recompute")
+PLAN_FLAGS = ("schedule", "stages", "microbatches", "chunks", "width", "option", "recompute",
+              "shard", "mesh")
 """What a plan file fixes; given beside ``--plan`` they are refused (the plan would win)."""
 
 
@@ -94,6 +96,14 @@ def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
                              "interleaved-1f1b and wpipe, else 1)")
     parser.add_argument("--width", type=int, default=None,
                         help="data-parallel copies of the pipeline (default 1)")
+    parser.add_argument("--mesh", default=None, metavar="pp=P,dp=D",
+                        help="the ranks as a mesh: pp=P,dp=D is --stages P --width D (tp > 1 "
+                             "is not built yet)")
+    parser.add_argument("--shard", default=None, choices=list(SHARD_MODES),
+                        help="hold each stage over its dp ranks with FSDP2: full (ZeRO-3), "
+                             "grad-op (ZeRO-2) or none (replicated, the default); needs dp > 1 "
+                             "and a synchronous schedule without split backward "
+                             "(docs/sharding.md)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="schedule option, e.g. sliced=2 (repeatable)")
     parser.add_argument("--plan", type=Path, default=None,
@@ -196,6 +206,7 @@ def build_job(args: argparse.Namespace) -> Job:
 def build_setup(args: argparse.Namespace) -> Setup:
     limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
     check_precision(args.precision, dtype=DTYPES[args.dtype], apc=args.apc)
+    apply_mesh(args)
     check_counts(args)
     name, overrides = chosen_model(args, default=DEFAULT_MODEL)
     assert name is not None
@@ -221,7 +232,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
                             microbatches=(defaults.microbatches if args.microbatches is None
                                           else args.microbatches),
                             width=1 if args.width is None else args.width, recompute=recompute,
-                            schedule_options=options)
+                            schedule_options=options, shard=args.shard or "none")
     dataset = spec.dataset or "digits"
     seq_len = None
     if dataset in SEQUENCE_DATASETS:
@@ -247,6 +258,23 @@ def build_setup(args: argparse.Namespace) -> Setup:
 
 COUNTS = ("steps", "batch_size", "stages", "microbatches", "chunks", "width")
 """Flags that count something, refused below 1 before anything is built."""
+
+
+def apply_mesh(args: argparse.Namespace) -> None:
+    """``--mesh pp=P,dp=D``: the long form of ``--stages P --width D`` (refused beside them);
+    ``--shard`` refused with the single-process executor, before anything is built."""
+    if args.shard not in (None, "none") and args.executor == "local":
+        raise ValueError(f"--shard {args.shard} shards each stage over its ranks' own process "
+                         f"group; --executor local runs every rank in one process: use "
+                         f"--executor processes, or --shard none")
+    if args.mesh is None:
+        return
+    given = [flag for flag, value in (("--stages", args.stages), ("--width", args.width))
+             if value is not None]
+    if given:
+        raise ValueError(f"--mesh {args.mesh} and {' '.join(given)} both give the shape; "
+                         f"give one of them")
+    args.stages, args.width = parse_mesh(args.mesh)
 
 
 def check_counts(args: argparse.Namespace) -> None:

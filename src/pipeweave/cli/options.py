@@ -9,7 +9,8 @@ another:
 * ``--shared-cores N|auto|none`` (``plan``, ``auto``);
 * the profile a command plans with: read from a file, or the model profiled now
   (``plan``, ``placement``, ``simulate``, ``auto``);
-* SCHEDULE and its shape options (``show``, ``simulate``).
+* SCHEDULE and its shape options (``show``, ``simulate``);
+* ``--mesh pp=P,dp=D`` (``train``), the long form of ``--stages P --width D``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..schedules import Shape, build_schedule, get_info
 
 __all__ = ["parse_option", "parse_options", "parse_bytes", "core_count", "shared_cores",
            "load_profile", "profile_from_args", "add_shape_arguments", "schedule_from_args",
-           "default_iterations"]
+           "default_iterations", "parse_mesh"]
 
 
 def parse_option(text: str) -> tuple[str, object]:
@@ -188,3 +189,26 @@ def _parse_replicas(text: str | None) -> tuple[int, ...] | None:
         raise ValueError(
             f"--replicas {text!r} must be comma-separated integers, one per stage, e.g. 2,1,1,1"
         ) from None
+
+
+MESH_DIMENSIONS = ("pp", "dp", "tp")
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+    """``--mesh pp=P,dp=D[,tp=1]`` -> ``(P, D)``: pipeline depth and data-parallel width
+    (``dp`` 1 and ``tp`` 1 where not given). ``tp`` above 1 is refused: not yet built."""
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, value = part.strip().partition("=")
+        if name not in MESH_DIMENSIONS or not value.strip().isdigit() or name in sizes:
+            raise ValueError(f"--mesh {text!r}: give each of pp, dp, tp at most once as NAME=N, "
+                             f"comma-separated, e.g. --mesh pp=2,dp=2")
+        sizes[name] = int(value)
+    if "pp" not in sizes:
+        raise ValueError(f"--mesh {text!r} names no pp (pipeline depth); e.g. --mesh pp=2,dp=2")
+    if any(size < 1 for size in sizes.values()):
+        raise ValueError(f"--mesh {text!r}: every size must be >= 1")
+    if sizes.get("tp", 1) > 1:
+        raise ValueError(f"--mesh {text!r}: tensor parallelism (tp > 1) is not built yet; "
+                         f"give tp=1 or leave it out")
+    return sizes["pp"], sizes.get("dp", 1)

@@ -107,14 +107,16 @@ def torchtitan_config(plan: Plan, names: Sequence[str], *, batch_size: int) -> s
                              "checkpointing applies to every stage (mode full or none)")
     recompute = "full" if any(plan.recompute) else "none"
     depth = len(plan.stages) // plan.chunks
+    sharded = plan.shard != "none"  # FSDP2 over the width; grad-op keeps gathered parameters
     return "\n".join([
         "[parallelism]",
         f"pipeline_parallel_degree = {depth}",
         f'pipeline_parallel_schedule = "{torch_schedule}"',
         f"pipeline_parallel_microbatch_size = {batch_size // plan.microbatches}",
         f"pipeline_parallel_split_points = [{', '.join(splits)}]",
-        f"data_parallel_replicate_degree = {plan.width}",
-        "data_parallel_shard_degree = 1",
+        f"data_parallel_replicate_degree = {1 if sharded else plan.width}",
+        f"data_parallel_shard_degree = {plan.width if sharded else 1}",
+        *(['fsdp_reshard_after_forward = "never"'] if plan.shard == "grad-op" else []),
         "",
         "[activation_checkpoint]",
         f'mode = "{recompute}"',

@@ -22,6 +22,7 @@ from ..ir import Layout
 from ..schedules import Shape, get_info
 from .partition import uniform_partition
 from .semantics_options import Semantics, check_semantics
+from .sharding import check_shard
 
 __all__ = ["Plan"]
 
@@ -41,6 +42,10 @@ class Plan:
         replicas: per-stage replica counts (PipeDream 1F1B-RR); ``None`` = one each.
         width: data-parallel copies of the whole pipeline (gradients all-reduced per stage).
         pipelines: AvgPipe's parallel pipelines sharing the ranks.
+        shard: how each stage is held over its ``width`` data-parallel ranks: ``none``
+            (replicated, gradients all-reduced), ``full`` (FSDP2, ZeRO-3) or ``grad-op``
+            (FSDP2 keeping parameters gathered from forward to backward, ZeRO-2); see
+            :mod:`.sharding` and docs/sharding.md.
         recompute: per stage, whether to recompute activations in the backward instead of
             keeping them (empty = no recomputation anywhere).
         schedule_options: extra options for the schedule generator (e.g. ``{"advance": 2}``).
@@ -58,6 +63,7 @@ class Plan:
     replicas: tuple[int, ...] | None = None
     width: int = 1
     pipelines: int = 1
+    shard: str = "none"
     recompute: tuple[bool, ...] = ()
     schedule_options: Mapping[str, Any] = field(default_factory=dict)
     semantics: Semantics = field(default_factory=Semantics)
@@ -72,6 +78,8 @@ class Plan:
             object.__setattr__(self, "semantics", Semantics.from_mapping(given))
         self._check_cover()
         check_semantics(self.schedule, self.semantics)
+        check_shard(self.shard, schedule=self.schedule, width=self.width,
+                    replicas=self.replicas, pipelines=self.pipelines)
         for name in ("microbatches", "chunks", "width", "pipelines"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"plan {name} must be >= 1, got {getattr(self, name)}")

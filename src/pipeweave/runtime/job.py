@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..models import ModelSpec, build_model
 from ..precision import check_precision
+from .communication.sharded import is_sharded
 from .options import AdvanceOptions, CheckpointOptions
 from ..planner.plan import Plan
 
@@ -136,7 +137,8 @@ class OptimizerFactory:
         build = _OPTIMIZERS[self.name]
         if self.implementation == "auto":
             if ({"foreach", "fused", "differentiable"} & set(self.kwargs)
-                    or not self._accepts("fused")):
+                    or not self._accepts("fused") or any(map(is_sharded, params))):
+                # torch has no fused step for sharded (DTensor) parameters
                 return build(params, **self.kwargs)
             try:  # torch refuses fused when a parameter's device or dtype has no kernel
                 return build(params, **self.kwargs, fused=True)

@@ -263,6 +263,10 @@ class DistTransport:
             if len(key) > 1 and key not in self._groups:
                 self._groups[key] = dist.new_group(list(key), timeout=self.timeout)
 
+    def group(self, ranks: Sequence[int]) -> dist.ProcessGroup:
+        """The group :meth:`make_groups` made for ``ranks`` (a stage's, for FSDP2)."""
+        return self._groups[tuple(ranks)]
+
     def track_deliveries(self, schedule: Schedule) -> None:
         """Release each sent tensor as soon as ``schedule`` proves it delivered.
 

@@ -292,6 +292,8 @@ class RankInterpreter:
         return self.data.batch_rows or 1
 
     def _all_reduce(self, action: Action) -> Generator[None, None, None]:
+        if self._stages(action)[action.stage].sharding is not None:
+            return  # FSDP2 reduce-scattered the sum at the stage's last backward (.sharding)
         params = [p for p in self._stages(action)[action.stage].module.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)

@@ -7,9 +7,9 @@ function on every rank, so no schedule travels between processes).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +30,14 @@ from .elastic_averaging import ElasticAverager
 from .stage import HeldActivations, StageRuntime
 from .weights import StageWeights
 
-__all__ = ["RankParts", "build_rank", "make_schedule", "check_model_fits_plan", "preflight"]
+if TYPE_CHECKING:
+    from .sharding import StageSharding
+
+__all__ = ["RankParts", "build_rank", "make_schedule", "check_model_fits_plan", "preflight",
+           "GroupOf"]
+
+GroupOf = Callable[[Sequence[int]], Any]
+"""The process group of a stage's ranks (``DistTransport.group``), for FSDP2."""
 
 def make_schedule(plan: Plan, steps: int) -> Schedule:
     """The lowered schedule for ``steps`` iterations of ``plan``."""
@@ -120,7 +127,7 @@ class RankParts:
 
 
 def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
-               spec: ModelSpec | None = None) -> RankParts:
+               spec: ModelSpec | None = None, group_of: GroupOf | None = None) -> RankParts:
     """Stages and optimizers for the stages ``rank`` hosts: each stage's blocks made real on
     ``device`` (from the meta device, initialised per block) or deep-copied there
     (:meth:`ModelSpec.stage_blocks`); no other block is built.
@@ -131,11 +138,14 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
 
     With N parallel pipelines (AvgPipe) every pipeline gets its own copies, all starting from
     the same initial weights, and every stage an :class:`ElasticAverager` holding the reference.
+
+    With ``Plan.shard`` each stage is wrapped with FSDP2 over the process group ``group_of``
+    gives for its ranks (:mod:`.sharding`) before its optimizer is built on the shards.
     """
     spec = job.model() if spec is None else spec
     check_model_fits_plan(spec, job.plan)
     sizes = update_sizes(schedule)
-    parts = [_build_pipeline(job, rank, schedule, device, spec, p, sizes)
+    parts = [_build_pipeline(job, rank, schedule, device, spec, p, sizes, group_of)
              for p in range(schedule.pipelines)]
     main = parts[0]
     main.others = parts[1:]
@@ -151,7 +161,8 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
 
 def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.device,
                     spec: ModelSpec, pipeline: int,
-                    sizes: Mapping[tuple[int, int], int]) -> RankParts:
+                    sizes: Mapping[tuple[int, int], int],
+                    group_of: GroupOf | None = None) -> RankParts:
     """``sizes``: micro-batches per update of every (stage, pipeline), ``update_sizes``."""
     last = schedule.num_stages - 1
     last_size = sizes[(last, pipeline)]
@@ -164,6 +175,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         start, end = job.plan.stages[stage]
         module = cast_module(nn.Sequential(*spec.stage_blocks(start, end, device)), job.precision)
         module.train()  # whatever mode the blocks came in (see the docstring)
+        sharding = _sharded(job, module, stage, schedule, rank, device, group_of)
         stages[stage] = StageRuntime(
             stage=stage, blocks=module, block_range=(start, end), is_first=stage == 0,
             is_last=stage == last, loss_fn=spec.loss_fn, recompute=job.plan.recompute_stage(stage),
@@ -173,6 +185,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
                                for a in schedule.programs[rank]),
             held=held, precision=job.precision,
         )
+        stages[stage].sharding = sharding
         optimizers[stage] = job.optimizer(module.parameters())
         weights[stage] = StageWeights(
             stage=stage, module=module, optimizer=optimizers[stage], program=schedule.programs[rank],
@@ -180,3 +193,17 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
             prediction=get_info(job.plan.schedule).prediction, pipeline=pipeline,
         )
     return RankParts(stages, optimizers, weights)
+
+
+def _sharded(job: Job, module: nn.Module, stage: int, schedule: Schedule, rank: int,
+             device: torch.device, group_of: GroupOf | None) -> "StageSharding | None":
+    """FSDP2 over the stage's ranks when the plan shards (None: replicated as it is)."""
+    if job.plan.shard == "none":
+        return None
+    if group_of is None:
+        raise ValueError(f"--shard {job.plan.shard} needs a process group per stage: run it "
+                         f"with the distributed executor (--executor processes, launch_local)")
+    from .sharding import shard_stage  # FSDP2 loads only for sharded runs
+
+    return shard_stage(module, group_of(schedule.layout.stage_ranks[stage]), job.plan.shard,
+                       device_type=device.type, program=schedule.programs[rank], stage=stage)

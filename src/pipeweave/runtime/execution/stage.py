@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +33,9 @@ from ...precision import cast_input, compute
 from ...split_backward import (PendingWeights, RecordedOutput, input_gradient, recording,
                                weight_gradient)
 from .losses import LossLog
+
+if TYPE_CHECKING:
+    from .sharding import StageSharding
 
 __all__ = ["StageRuntime", "StageError", "HeldActivations"]
 
@@ -124,6 +128,8 @@ class StageRuntime:
         self.peak_stashed = 0
         self.peak_stashed_bytes = 0
         self._stashed_bytes = 0
+        self.sharding: StageSharding | None = None
+        """FSDP2 over the stage's data-parallel ranks (``Plan.shard``; :mod:`.sharding`)."""
 
     @property
     def losses(self) -> dict[int, float]:
@@ -225,6 +231,8 @@ class StageRuntime:
         ``recompute_module(piece)`` gives (None: the stage's own, at the live weights).
         """
         grads: list[Tensor] = []
+        if self.sharding is not None:  # reduce-scatter at the update's last backward only
+            self.sharding.before_backward(microbatch, pipeline)
         for _, stash, output, part in self._unstashed(microbatch, pipeline, grad_output,
                                                       batch_rows, recompute_module):
             self._stashed_bytes -= _nbytes(stash)

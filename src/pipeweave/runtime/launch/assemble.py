@@ -20,7 +20,7 @@ from ..execution.clipping import GradientClipper
 from ..execution.global_check import GlobalCheck, has_global_check
 from ..execution.interpreter import RankInterpreter
 from ..execution.microbatches import MicrobatchSource, data_window
-from ..execution.parts import RankParts, build_rank
+from ..execution.parts import GroupOf, RankParts, build_rank
 from ..execution.stage import StageRuntime
 from ..execution.ties import TiedGradients
 from ..observation.memory import ActivationMeter, state_bytes
@@ -114,13 +114,15 @@ class AssembledRank:
 
 def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
                   transport: Transport, session: Session | None,
-                  spec: ModelSpec | None = None, apply_rng: bool = True) -> AssembledRank:
+                  spec: ModelSpec | None = None, apply_rng: bool = True,
+                  group_of: GroupOf | None = None) -> AssembledRank:
     """Build ``rank``'s part of ``prepared``: its stages and optimizers (from ``spec`` or the
     job's model factory), restored when resuming (``session``), and its data positioned at the
     resume point (the timeline starts with :meth:`AssembledRank.start_timeline`). ``apply_rng``: set this
-    process's random generator from the checkpoint (one process per rank)."""
+    process's random generator from the checkpoint (one process per rank). ``group_of``: a
+    stage's process group, for FSDP2 (``Plan.shard``; distributed runs only)."""
     job = prepared.job
-    parts = build_rank(job, rank, prepared.schedule, device, spec=spec)
+    parts = build_rank(job, rank, prepared.schedule, device, spec=spec, group_of=group_of)
     recovery = RankRecovery(job=job, schedule=prepared.schedule, rank=rank, parts=parts,
                             device=device, session=session, apply_rng=apply_rng)
     window = data_window(prepared.schedule.programs[rank], microbatches=job.plan.microbatches,

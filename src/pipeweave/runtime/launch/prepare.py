@@ -66,6 +66,8 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     inputs, _ = next(iter(job.data()))
     preflight(spec, job.plan, inputs, precision=job.precision)
     ties = split_ties(spec, job.plan, schedule)
+    if job.plan.shard != "none":
+        _check_sharded(job, tied=bool(spec.tied))
     check_advance(job, spec)
     check_checkpointable(job, schedule)
     if job.eval_every:
@@ -82,6 +84,38 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
         check_resume_point(schedule, stored.step)
     session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
     return PreparedJob(job, schedule, session, stored.step if stored is not None else 0, ties)
+
+
+def _check_sharded(job: Job, *, tied: bool) -> None:
+    """What FSDP2 inside a stage (``Plan.shard``) does not cover yet: one line each, naming
+    why and the fix (the plan's own refusals are :func:`pipeweave.planner.sharding.check_shard`;
+    docs/sharding.md lists them as the next slices)."""
+    flag = f"--shard {job.plan.shard}"
+    refusals = [
+        (job.checkpoint is not None, "with checkpoints (--checkpoint-every/--resume): sharded "
+         "state is not saved or resumed yet; drop the checkpoint options or use --shard none"),
+        (job.clip_grad_norm is not None, "with --clip-grad-norm: the global norm over sharded "
+         "gradients is not summed yet; drop --clip-grad-norm or use --shard none"),
+        (tied, "with tied parameters (the model's tied groups): a weight held by two blocks "
+         "cannot be sharded per block yet; untie them or use --shard none"),
+        (job.apc, "with --apc: compressed messages are not combined with sharding yet; drop "
+         "--apc or use --shard none"),
+        (job.advance is not None, "with --advance auto (AvgPipe's online controller): "
+         "AvgPipe's averaging reads whole parameters; use --shard none"),
+        (_fused(job.optimizer), "with a fused optimizer step: torch has no fused kernel for "
+         "sharded (DTensor) parameters; use --optimizer-impl auto, foreach or loop"),
+        (job.eval_every > 0, "with --eval-every: the held-out loss copies whole stage weights, "
+         "not shards, yet; drop --eval-every or use --shard none"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise ValueError(f"{flag} {why}")
+
+
+def _fused(optimizer: object) -> bool:
+    """The optimizer factory asks torch for its fused step."""
+    return (getattr(optimizer, "implementation", None) == "fused"
+            or bool(getattr(optimizer, "kwargs", {}).get("fused")))
 
 
 def _model_dtype(spec: ModelSpec) -> torch.dtype:

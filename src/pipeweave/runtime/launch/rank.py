@@ -78,7 +78,7 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
             tracker.__enter__()
         assembled = assemble_rank(prepared, rank, device=device,
                                   transport=delayed_transport(transport, rank),  # usually none
-                                  session=_agreed(prepared.session))
+                                  session=_agreed(prepared.session), group_of=transport.group)
         origin = _common_origin(placement)
         assembled.start_timeline(origin, device)
         progress = _progress_bar(prepared, rank)

@@ -58,6 +58,10 @@ def _run(given: Job | PreparedJob) -> list[RankResult]:
         raise ValueError("track_allocations measures each rank's tensors in its own process; "
                          "the single-process executor runs every rank in one: launch the job "
                          "with launch_local (--executor processes)")
+    if job.plan.shard != "none":
+        raise ValueError(f"--shard {job.plan.shard} shards each stage over its ranks' own "
+                         f"process group; the single-process executor has none: use "
+                         f"--executor processes (launch_local), or --shard none")
     torch.manual_seed(job.seed)
     spec = job.model()
     prepared = given if isinstance(given, PreparedJob) else prepare(job, spec=spec)

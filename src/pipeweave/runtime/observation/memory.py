@@ -34,6 +34,7 @@ from ...memory import StageWeights, model_state, optimizer_key, stage_state
 from ...planner.memory import plan_analysis
 from ...planner.plan import Plan
 from ...saved_tensors import observing_saved
+from ..communication.sharded import local_value
 
 if TYPE_CHECKING:
     from ...models import ModelSpec
@@ -46,8 +47,15 @@ _Key = tuple[int, int, int, int]
 """(stage, micro-batch, piece, pipeline)."""
 
 
+def _is_parameter(tensor: Tensor) -> bool:
+    """A parameter, or a view of one (``weight.t()``), saved by a forward: not an activation."""
+    return isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter)
+
+
 def _nbytes(tensor: Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+    """Bytes this rank stores (its shard of a sharded tensor)."""
+    local = local_value(tensor)
+    return local.numel() * local.element_size()
 
 
 class ActivationMeter:
@@ -76,6 +84,8 @@ class ActivationMeter:
 
         def count(tensor: Tensor) -> None:
             nonlocal total
+            if _is_parameter(tensor):  # e.g. FSDP2's gathered parameters (new storage each time)
+                return
             storage = tensor.untyped_storage().data_ptr()
             if storage in excluded:
                 return
@@ -103,7 +113,7 @@ class ActivationMeter:
     def _excluded_storages(self, module: nn.Module) -> frozenset[int]:
         # Parameters are updated in place, so their storages stay put for the whole run.
         if id(module) not in self._excluded:
-            tensors = [*module.parameters(), *module.buffers()]
+            tensors = [local_value(t) for t in (*module.parameters(), *module.buffers())]
             self._excluded[id(module)] = frozenset(t.untyped_storage().data_ptr() for t in tensors)
         return self._excluded[id(module)]
 

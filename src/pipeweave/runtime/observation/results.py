@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ...ir import Schedule
 from ...models.naming import global_names
+from ..communication.sharded import full_value
 
 if TYPE_CHECKING:
     from ..execution.parts import RankParts
@@ -156,10 +157,13 @@ def owned_parameters(rank: int, parts: RankParts, schedule: Schedule) -> dict[st
     global name; with parallel pipelines, the reference model's values."""
     owned: dict[str, Tensor] = {}
     for stage_id, stage in parts.stages.items():
-        if schedule.layout.stage_ranks[stage_id][0] == rank:
+        first = schedule.layout.stage_ranks[stage_id][0] == rank
+        if first or stage.sharding is not None:  # every rank of a sharded stage gathers
             averager = parts.averagers.get(stage_id)
-            owned.update(_named_parameters(
-                stage, averager.reference_parameters() if averager is not None else None))
+            named = _named_parameters(
+                stage, averager.reference_parameters() if averager is not None else None)
+            if first:
+                owned.update(named)
     return owned
 
 
@@ -168,7 +172,7 @@ def _named_parameters(stage: StageRuntime,
     """Global names (:mod:`pipeweave.models.naming`) of the stage's parameters, or of
     ``values`` (the same stage-local names), to CPU copies."""
     source = values.items() if values is not None else stage.module.named_parameters()
-    return {name: param.detach().cpu().clone()
+    return {name: full_value(param.detach()).cpu().clone()
             for name, param in global_names(source, stage.block_range[0])}
 
 

@@ -1,0 +1,29 @@
+"""Whole and local values of tensors that may be sharded (FSDP2's ``DTensor`` parameters).
+
+A stage sharded over its data-parallel ranks (``Plan.shard``) holds each parameter, gradient
+and optimizer state as a ``DTensor``: :func:`local_value` is the part this rank stores (what
+its memory holds), :func:`full_value` the whole tensor, gathered from the stage's ranks. The
+gather is a collective: every rank of the stage calls it for the same tensors in the same
+order. Plain tensors come back as they are.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+__all__ = ["full_value", "local_value", "is_sharded"]
+
+
+def is_sharded(tensor: Tensor) -> bool:
+    return isinstance(tensor, DTensor)
+
+
+def full_value(tensor: Tensor) -> Tensor:
+    """The whole tensor (a collective over the stage's ranks when sharded)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def local_value(tensor: Tensor) -> Tensor:
+    """The part of ``tensor`` this rank stores."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -1,0 +1,83 @@
+"""FSDP2 inside a stage: its blocks sharded over the stage's data-parallel ranks (``Plan.shard``).
+
+With ``width = D`` a stage runs on ``D`` ranks (one per pipeline copy). Unsharded, each holds
+the whole stage and the schedule's ``AR`` sums the gradients before the update. Sharded, every
+block and then the stage's ``nn.Sequential`` are wrapped with
+``torch.distributed.fsdp.fully_shard`` over a ``DeviceMesh`` of the stage's process group:
+each rank keeps ``1/D`` of every parameter, gradient and optimizer state, and gathers the
+parameters a forward or backward needs (``full``: again for the backward, ZeRO-3; ``grad-op``:
+kept from the forward to the backward, ZeRO-2).
+
+Gradients are reduce-scattered **once per update**: before each backward the stage tells
+FSDP whether it is the stage's last backward before the next ``U`` in this rank's program
+(:func:`last_backwards`, read from the schedule, which is data); the earlier ones accumulate
+the unsharded gradient locally (``set_requires_gradient_sync(False)``). The reduction sums, as
+the ``AR`` it replaces does (divide factor 1, sum on the wire), so the update is the
+unsharded run's; the ``AR`` then has nothing left to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from ...ir import Action, Op
+
+__all__ = ["StageSharding", "shard_stage", "last_backwards"]
+
+
+@dataclass(frozen=True)
+class StageSharding:
+    """A sharded stage's FSDP root and the backwards that reduce-scatter."""
+
+    root: FSDPModule
+    last: frozenset[tuple[int, int]]
+    """``(micro-batch, pipeline)`` of every backward that is the stage's last before an update."""
+
+    def before_backward(self, microbatch: int, pipeline: int) -> None:
+        """Reduce-scatter at this backward only if it is the update's last."""
+        self.root.set_requires_gradient_sync((microbatch, pipeline) in self.last)
+
+
+def last_backwards(program: Sequence[Action], stage: int) -> frozenset[tuple[int, int]]:
+    """The backwards of ``stage`` in ``program`` that are its last before each of its updates."""
+    found: set[tuple[int, int]] = set()
+    last: tuple[int, int] | None = None
+    for action in program:
+        if action.stage != stage:
+            continue
+        if action.op is Op.BACKWARD:
+            assert action.microbatch is not None
+            last = (action.microbatch, action.pipeline)
+        elif action.op is Op.STEP and last is not None:
+            found.add(last)
+            last = None
+    return frozenset(found)
+
+
+def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, device_type: str,
+                program: Sequence[Action], stage: int) -> StageSharding:
+    """Wrap ``module`` (a stage's blocks, an ``nn.Sequential``) in place with FSDP2 over
+    ``group``: each block with parameters, then the stage (module docstring); ``mode`` is
+    ``full`` or ``grad-op``."""
+    if mode not in ("full", "grad-op"):
+        raise ValueError(f"shard mode {mode!r}: give full or grad-op (none is not sharded)")
+    if device_type == "cuda" and dist.get_backend(group) != "nccl":
+        raise ValueError(f"--shard {mode} on CUDA needs NCCL, but ranks share GPUs over "
+                         f"{dist.get_backend(group)}; give every rank its own GPU, or --shard none")
+    mesh = DeviceMesh.from_group(group, device_type=device_type)
+    reshard = mode == "full"
+    for block in module.children():
+        if any(True for _ in block.parameters()):
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    root = fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+    for part in module.modules():
+        if isinstance(part, FSDPModule):
+            part.set_gradient_divide_factor(1.0)  # a sum, as the all-reduce it replaces
+            part.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+    return StageSharding(root=root, last=last_backwards(program, stage))

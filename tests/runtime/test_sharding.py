@@ -1,0 +1,213 @@
+"""FSDP2 inside a stage (``Plan.shard``, docs/sharding.md): ``pp=2,dp=2`` sharded trains the
+parameters the unsharded ``width=2`` run and one process train; a sharded rank holds about
+``1/dp`` of the model state; the reduce-scatter waits for the update's last backward; what
+this slice does not cover is refused in one line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+import torch
+
+from pipeweave.cli.cmd_train import add_parser as add_train, build_job
+from pipeweave.cli.options import parse_mesh
+from pipeweave.ir import Op
+from pipeweave.runtime import Plan, launch_local, run_local
+from pipeweave.runtime.execution.parts import make_schedule
+from pipeweave.runtime.execution.sharding import last_backwards
+from pipeweave.runtime.launch.prepare import prepare
+from pipeweave.runtime.options import CheckpointOptions
+from pipeweave.testing import assert_matches_reference, merged_parameters, reference_run
+
+from runtime_jobs import gpt_job
+
+CASES = [("1f1b", "full", {}), ("1f1b", "grad-op", {}), ("gpipe", "full", {}),
+         ("gpipe", "grad-op", {}), ("interleaved-1f1b", "full", {}),
+         ("gpipe", "full", {"recompute": (True, True)}),
+         ("sliced-1f1b", "full", {"schedule_options": {"sliced": 2}}),
+         ("gpipe-grouped", "grad-op", {})]
+
+
+def _job(schedule: str, shard: str, fields: dict | None = None,
+         **job_fields: object):  # type: ignore[no-untyped-def]
+    chunks = 2 if schedule in ("interleaved-1f1b", "gpipe-grouped") else 1
+    return gpt_job(depth=2, schedule=schedule, chunks=chunks, steps=2,
+                   plan_fields={"width": 2, "shard": shard, **(fields or {})}, **job_fields)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("schedule", "shard", "fields"), CASES,
+                         ids=[f"{s}-{m}{'-' + '-'.join(f) if f else ''}" for s, m, f in CASES])
+def test_sharded_trains_the_unsharded_parameters(schedule: str, shard: str, fields: dict) -> None:
+    job = _job(schedule, shard, fields, count_activations=True)
+    sharded = launch_local(job, deadline_s=500)
+    unsharded_job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, shard="none"))
+    unsharded = run_local(unsharded_job)  # width=2, proven equal to the distributed run
+    got, want = merged_parameters(sharded), merged_parameters(unsharded)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert not hasattr(got[name], "to_local"), f"{name} came back sharded"
+        torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-12, msg=name)
+    assert_matches_reference(sharded, reference_run(job), microbatches=job.plan.microbatches,
+                             tolerance=1e-10)
+    # A sharded rank stores half of its stages' parameters, gradients and optimizer state.
+    for mine, whole in zip(sorted(sharded, key=lambda r: r.rank), unsharded):
+        assert mine.state_bytes is not None and whole.state_bytes is not None
+        assert abs(mine.state_bytes / whole.state_bytes - 0.5) < 0.05, (mine.rank,
+                                                                      mine.state_bytes,
+                                                                      whole.state_bytes)
+
+
+def test_reduce_scatter_waits_for_the_updates_last_backward() -> None:
+    plan = Plan.uniform(6, 2, schedule="1f1b", microbatches=4, width=2, shard="full")
+    schedule = make_schedule(plan, 2)
+    for rank in range(schedule.num_ranks):
+        for stage in schedule.layout.stages_of(rank):
+            program = schedule.programs[rank]
+            backwards = [a for a in program if a.op is Op.BACKWARD and a.stage == stage]
+            # width 2: this copy runs every other micro-batch; 2 per iteration, 2 iterations
+            assert len(backwards) == 4
+            last = last_backwards(program, stage)
+            assert last == {(backwards[1].microbatch, 0), (backwards[3].microbatch, 0)}
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"shard": "zero3"}, "give --shard full"),
+    ({"shard": "full"}, "width is 1"),
+    ({"shard": "full", "width": 2, "schedule": "pipedream", "microbatches": 2},
+     "asynchronous schedule 'pipedream'"),
+    ({"shard": "grad-op", "width": 2, "schedule": "zb-h1"}, "split backward"),
+    ({"shard": "full", "replicas": (2, 1)}, "replicated stages"),
+])
+def test_plan_refusals(fields: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        Plan.uniform(6, 2, **fields)
+
+
+@pytest.mark.parametrize(("job_fields", "words"), [
+    ({"checkpoint": CheckpointOptions(every=1, directory="/tmp/never")}, "checkpoints"),
+    ({"clip_grad_norm": 1.0}, "--clip-grad-norm"),
+    ({"apc": True}, "--apc"),
+    ({"eval_every": 1}, "--eval-every"),
+])
+def test_job_refusals_before_anything_starts(job_fields: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=f"--shard full with {words}"):
+        prepare(_job("1f1b", "full", **job_fields))
+
+
+def test_fused_step_and_single_process_refused() -> None:
+    job = _job("1f1b", "full")
+    fused = dataclasses.replace(job, optimizer=dataclasses.replace(job.optimizer,
+                                                                   implementation="fused"))
+    with pytest.raises(ValueError, match="fused"):
+        prepare(fused)
+    with pytest.raises(ValueError, match="single-process executor"):
+        run_local(job)
+
+
+def _train_args(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_train(parser.add_subparsers())
+    return parser.parse_args(["train", "--model", "mlp", *flags])
+
+
+def test_mesh_is_stages_and_width() -> None:
+    assert parse_mesh("pp=2,dp=3") == (2, 3)
+    assert parse_mesh("pp=4") == (4, 1)
+    assert parse_mesh("dp=2,pp=2,tp=1") == (2, 2)
+    job = build_job(_train_args("--mesh", "pp=2,dp=2", "--shard", "grad-op"))
+    assert (job.plan.depth, job.plan.width, job.plan.shard) == (2, 2, "grad-op")
+    assert build_job(_train_args("--stages", "2")).plan.shard == "none"
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (("--mesh", "pp=2,dp=2,tp=2"), "not built yet"),
+    (("--mesh", "pp=2,xx=2"), "NAME=N"),
+    (("--mesh", "dp=2"), "names no pp"),
+    (("--mesh", "pp=2,dp=2", "--width", "2"), "give one of them"),
+    (("--mesh", "pp=2,dp=2", "--shard", "full", "--executor", "local"), "--executor local"),
+])
+def test_cli_refusals(flags: tuple[str, ...], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        build_job(_train_args(*flags))
+
+
+def _tied_model():  # type: ignore[no-untyped-def]
+    from torch import nn
+
+    from pipeweave.models import ModelSpec
+    from pipeweave.testing import TiedHead
+
+    embed = nn.Embedding(11, 6).double()
+    return ModelSpec.from_blocks([embed, nn.Linear(6, 6).double(), nn.Tanh(), TiedHead(embed.weight)],
+                                 nn.functional.cross_entropy, "tiny-tied")
+
+
+def test_tied_parameters_refused() -> None:
+    def data():  # type: ignore[no-untyped-def]
+        while True:
+            ids = torch.randint(0, 11, (8, 5))
+            yield ids, ids
+
+    job = dataclasses.replace(_job("1f1b", "full"), model=_tied_model, data=data,
+                              plan=Plan.uniform(4, 2, width=2, shard="full"))
+    with pytest.raises(ValueError, match="--shard full with tied parameters"):
+        prepare(job)
+
+
+def test_one_reduce_scatter_per_update(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Four backwards, one update: FSDP2 reduces once, at the last, and the gradient is the
+    sum of the four (a one-rank group, in this process)."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    from pipeweave.ir import Action
+    from pipeweave.runtime.execution.sharding import shard_stage
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+        plain = [p.detach().clone().requires_grad_() for p in module.parameters()]
+        program = [*(Action(Op.FORWARD, 0, j) for j in range(4)),
+                   *(Action(Op.BACKWARD, 0, j) for j in range(4)), Action(Op.STEP, 0, version=1)]
+        sharding = shard_stage(module, dist.group.WORLD, "full", device_type="cpu",
+                               program=program, stage=0)
+        reduced: list[int] = []
+        real = _fsdp_param_group.foreach_reduce
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            reduced.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_fsdp_param_group, "foreach_reduce", counted)
+        inputs = torch.randn(4, 3, 4, dtype=torch.float64)
+        for j in range(4):
+            sharding.before_backward(j, 0)
+            module(inputs[j]).sum().backward()
+            assert len(reduced) == (2 if j == 3 else 0)  # one per sharded block, at the last
+        w1, b1, w2, b2 = plain
+        loss = sum((torch.tanh(x @ w1.t() + b1) @ w2.t() + b2).sum() for x in inputs)
+        loss.backward()  # type: ignore[union-attr]
+        for param, want in zip(module.parameters(), plain):
+            torch.testing.assert_close(param.grad.full_tensor(), want.grad)  # type: ignore[union-attr]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torchtitan_config_shards_the_width() -> None:
+    import tomllib
+
+    from pipeweave.planner.interchange import torchtitan_config
+
+    names = ["embed", *(f"layer{i}" for i in range(6)), "head"]
+    for shard, extra in (("full", {}), ("grad-op", {"fsdp_reshard_after_forward": "never"})):
+        plan = Plan(num_blocks=8, stages=((0, 4), (4, 8)), microbatches=4, width=2, shard=shard)
+        config = tomllib.loads(torchtitan_config(plan, names, batch_size=8))["parallelism"]
+        assert {k: v for k, v in config.items() if "data_parallel" in k or "fsdp" in k} == {
+            "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2, **extra}

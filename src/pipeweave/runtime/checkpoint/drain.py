@@ -85,7 +85,7 @@ def check_prediction(job: Job, schedule: Schedule) -> None:
     """PipeOptim's direction must come from the optimizer state alone to be checkpointed."""
     if not any(a.lookahead for program in schedule.programs for a in program):
         return
-    rule = "momentum" if schedule.name == "spectrain" else "optimizer"
+    rule = get_info(schedule.name).prediction or "optimizer"  # the entry's prediction mode
     optimizer = job.optimizer([nn.Parameter(torch.zeros(1))])
     if keeps_state(optimizer, rule):
         raise ValueError(

@@ -17,7 +17,8 @@ from torch.nn import functional as F
 from pipeweave.ir import Layout, Schedule, lower, parse_action
 from pipeweave.ir.updates import update_sizes
 from pipeweave.runtime.communication.transport import LocalTransport
-from pipeweave.runtime.execution.interpreter import RankInterpreter
+from pipeweave.runtime.execution.features import PositionHooks, RankFeature, RecordTimeline
+from pipeweave.runtime.execution.interpreter import RankInterpreter, RankIO
 from pipeweave.runtime.execution.microbatches import MicrobatchSource
 from pipeweave.runtime.execution.parts import RankParts
 from pipeweave.runtime.execution.stage import StageRuntime
@@ -64,11 +65,14 @@ def _interpreter(schedule: Schedule, rank: int, blocks: list[nn.Module], hub: Lo
         optimizers[stage] = torch.optim.SGD(module.parameters(), lr=LR, momentum=momentum)
         weights[stage] = StageWeights(stage=stage, module=module, optimizer=optimizers[stage],
                                       program=schedule.programs[rank])
+    features: list[RankFeature] = [RecordTimeline(recorder)] if recorder is not None else []
+    if after is not None:
+        features.append(PositionHooks(after))
     return RankInterpreter(rank=rank, schedule=schedule,
                            parts=RankParts(stages, optimizers, weights),
-                           transport=hub.endpoint(rank),
-                           data=MicrobatchSource(batches, microbatches=schedule.microbatches),
-                           recorder=recorder, start=start, after=after)
+                           io=RankIO(MicrobatchSource(batches, microbatches=schedule.microbatches),
+                                     hub.endpoint(rank)),
+                           features=features, start=start)
 
 
 def _round_robin(*generators: Iterator[None]) -> None:

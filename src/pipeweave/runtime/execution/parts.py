@@ -27,7 +27,7 @@ from ...schedules import build_schedule
 from ..job import Job
 from ...planner.plan import Plan
 from .elastic_averaging import ElasticAverager
-from .stage import HeldActivations, StageRuntime
+from .stage import HeldActivations, StagePlace, StageRuntime, StageTraining
 from .weights import StageWeights
 
 __all__ = ["RankParts", "build_rank", "make_schedule", "check_model_fits_plan", "preflight"]
@@ -165,14 +165,14 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         module = cast_module(nn.Sequential(*spec.stage_blocks(start, end, device)), job.precision)
         module.train()  # whatever mode the blocks came in (see the docstring)
         stages[stage] = StageRuntime(
-            stage=stage, blocks=module, block_range=(start, end), is_first=stage == 0,
-            is_last=stage == last, loss_fn=spec.loss_fn, recompute=job.plan.recompute_stage(stage),
-            loss_scale=schedule.microbatches / last_size,
-            update_scale=last_size / sizes[(stage, pipeline)],
-            split_backward=any(a.op is Op.BACKWARD_INPUT and a.stage == stage
-                               for a in schedule.programs[rank]),
-            held=held, precision=job.precision,
-        )
+            place=StagePlace(stage, (start, end), is_first=stage == 0, is_last=stage == last),
+            blocks=module, loss_fn=spec.loss_fn, held=held, training=StageTraining(
+                recompute=job.plan.recompute_stage(stage),
+                loss_scale=schedule.microbatches / last_size,
+                update_scale=last_size / sizes[(stage, pipeline)],
+                split_backward=any(a.op is Op.BACKWARD_INPUT and a.stage == stage
+                                   for a in schedule.programs[rank]),
+                precision=job.precision))
         optimizers[stage] = job.optimizer(module.parameters())
         weights[stage] = StageWeights(
             stage=stage, module=module, optimizer=optimizers[stage], program=schedule.programs[rank],

@@ -56,7 +56,7 @@ def test_estimate_before_the_run_equals_the_count_after_a_step(optimizer: str, m
     estimate = estimate_state_bytes(spec, plan, factory)
     for rank in range(2):
         parts = build_rank(job, rank, schedule, torch.device("cpu"), spec=spec)
-        for pipeline in [parts, *parts.others]:
+        for pipeline in parts.pipelines:
             for stage_id, runtime in pipeline.stages.items():
                 for p in runtime.module.parameters():
                     p.grad = torch.zeros_like(p)

@@ -19,7 +19,7 @@ from pipeweave.runtime.communication.transport import LocalTransport
 from pipeweave.runtime.execution.features import Handler, RankFeature
 from pipeweave.runtime.execution.interpreter import RankInterpreter, RankIO
 from pipeweave.runtime.execution.microbatches import MicrobatchSource
-from pipeweave.runtime.execution.parts import RankParts, make_schedule
+from pipeweave.runtime.execution.parts import PipelineParts, RankParts, make_schedule
 from pipeweave.runtime.launch.assemble import AssembledRank, RankFeatures
 from pipeweave.runtime.launch.prepare import prepare
 from pipeweave.runtime.observation.results import merged_parameters
@@ -85,7 +85,8 @@ class StealStep(RankFeature):
 def _bare_interpreter(schedule: Schedule, *features: RankFeature) -> RankInterpreter:
     io = RankIO(MicrobatchSource([], microbatches=schedule.microbatches),
                 LocalTransport().endpoint(0))
-    return RankInterpreter(rank=0, schedule=schedule, parts=RankParts({}, {}, {}), io=io,
+    return RankInterpreter(rank=0, schedule=schedule, parts=RankParts((PipelineParts({}, {}, {}),)),
+                           io=io,
                            features=features)
 
 

@@ -20,7 +20,7 @@ from pipeweave.runtime.communication.transport import LocalTransport
 from pipeweave.runtime.execution.features import PositionHooks, RankFeature, RecordTimeline
 from pipeweave.runtime.execution.interpreter import RankInterpreter, RankIO
 from pipeweave.runtime.execution.microbatches import MicrobatchSource
-from pipeweave.runtime.execution.parts import RankParts
+from pipeweave.runtime.execution.parts import PipelineParts, RankParts
 from pipeweave.runtime.execution.stage import StagePlace, StageRuntime, StageTraining
 from pipeweave.runtime.execution.weights import StageWeights
 from pipeweave.runtime.observation.timeline import Recorder
@@ -70,7 +70,7 @@ def _interpreter(schedule: Schedule, rank: int, blocks: list[nn.Module], hub: Lo
     if after is not None:
         features.append(PositionHooks(after))
     return RankInterpreter(rank=rank, schedule=schedule,
-                           parts=RankParts(stages, optimizers, weights),
+                           parts=RankParts((PipelineParts(stages, optimizers, weights),)),
                            io=RankIO(MicrobatchSource(batches, microbatches=schedule.microbatches),
                                      hub.endpoint(rank)),
                            features=features, start=start)

@@ -81,7 +81,8 @@ class RankInterpreter:
         self._next_receive, self._window_moved = 0, True
         self.features = list(features)
         self._handlers = self._dispatch_table()
-        self._before, self._after = overriding(self.features, "before"), overriding(self.features, "after")
+        self._before = overriding(self.features, "before")
+        self._after = overriding(self.features, "after")
         self._gates = overriding(self.features, "allows_step")
         self._observers = overriding(self.features, "observe_forward")
         self._releasers = overriding(self.features, "released")

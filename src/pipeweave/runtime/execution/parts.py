@@ -30,7 +30,8 @@ from .elastic_averaging import ElasticAverager
 from .stage import HeldActivations, StagePlace, StageRuntime, StageTraining
 from .weights import StageWeights
 
-__all__ = ["RankParts", "PipelineParts", "build_rank", "make_schedule", "check_model_fits_plan", "preflight"]
+__all__ = ["RankParts", "PipelineParts", "build_rank", "make_schedule", "check_model_fits_plan",
+           "preflight"]
 
 def make_schedule(plan: Plan, steps: int) -> Schedule:
     """The lowered schedule for ``steps`` iterations of ``plan``."""

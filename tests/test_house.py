@@ -14,11 +14,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 MAX_LINES = 60
 
 ALLOWED = {
-    # Owned by other work in progress (issue 27 items 1 and 4, issue 28): to be emptied when
-    # they are split. Nothing else may join this list.
+    # Owned by other work in progress (issue 28): to be emptied when it is split. Nothing
+    # else may join this list.
     "pipeweave/runtime/checkpoint/writer.py::CheckpointWriter._capture",
-    "pipeweave/runtime/execution/interpreter.py::RankInterpreter.run",
-    "pipeweave/runtime/launch/rank.py::run_rank",
 }
 
 

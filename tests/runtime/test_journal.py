@@ -32,7 +32,8 @@ def _stage() -> SimpleNamespace:
 def test_frames_add_up_to_the_latest_result_and_a_torn_frame_is_ignored(tmp_path: Path) -> None:
     path = tmp_path / "rank1.journal"
     last, other = _stage(), _stage()  # two stages' losses
-    parts = SimpleNamespace(stages={1: last}, others=[SimpleNamespace(stages={1: other})])
+    parts = SimpleNamespace(stages={1: last}, pipelines=[SimpleNamespace(stages={1: last}),
+                                                         SimpleNamespace(stages={1: other})])
     now = RankResult(rank=1)
     journal = StepJournal(path, lambda: now, parts, window=2)  # type: ignore[arg-type]
     for step in range(6):  # each step: 2 new losses per pipeline, 3 new records, a new peak

@@ -10,15 +10,15 @@ from pipeweave.runtime import BuiltinModel, OptimizerFactory, Plan
 from pipeweave.runtime.job import BuiltinData, Job
 from pipeweave.runtime.observation.memory import (ActivationMeter, check_memory_limit, estimate_state_bytes,
                                       state_bytes)
-from pipeweave.runtime.execution.stage import StageRuntime
+from pipeweave.runtime.execution.stage import StagePlace, StageRuntime
 from pipeweave.runtime.execution.parts import build_rank, make_schedule
 
 
 def stage() -> StageRuntime:
     torch.manual_seed(0)
     blocks = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4))
-    return StageRuntime(stage=1, blocks=blocks, block_range=(0, 3), is_first=False,
-                        is_last=False, loss_fn=nn.functional.mse_loss)
+    return StageRuntime(place=StagePlace(1, (0, 3)), blocks=blocks,
+                        loss_fn=nn.functional.mse_loss)
 
 
 def test_counts_saved_activations_once_and_never_parameters() -> None:
@@ -56,7 +56,7 @@ def test_estimate_before_the_run_equals_the_count_after_a_step(optimizer: str, m
     estimate = estimate_state_bytes(spec, plan, factory)
     for rank in range(2):
         parts = build_rank(job, rank, schedule, torch.device("cpu"), spec=spec)
-        for pipeline in [parts, *parts.others]:
+        for pipeline in parts.pipelines:
             for stage_id, runtime in pipeline.stages.items():
                 for p in runtime.module.parameters():
                     p.grad = torch.zeros_like(p)

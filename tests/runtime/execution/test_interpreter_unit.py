@@ -17,10 +17,11 @@ from torch.nn import functional as F
 from pipeweave.ir import Layout, Schedule, lower, parse_action
 from pipeweave.ir.updates import update_sizes
 from pipeweave.runtime.communication.transport import LocalTransport
-from pipeweave.runtime.execution.interpreter import RankInterpreter
+from pipeweave.runtime.execution.features import PositionHooks, RankFeature, RecordTimeline
+from pipeweave.runtime.execution.interpreter import RankInterpreter, RankIO
 from pipeweave.runtime.execution.microbatches import MicrobatchSource
-from pipeweave.runtime.execution.parts import RankParts
-from pipeweave.runtime.execution.stage import StageRuntime
+from pipeweave.runtime.execution.parts import PipelineParts, RankParts
+from pipeweave.runtime.execution.stage import StagePlace, StageRuntime, StageTraining
 from pipeweave.runtime.execution.weights import StageWeights
 from pipeweave.runtime.observation.timeline import Recorder
 from pipeweave.schedules import Shape, build_schedule
@@ -57,18 +58,22 @@ def _interpreter(schedule: Schedule, rank: int, blocks: list[nn.Module], hub: Lo
     for stage in schedule.layout.stages_of(rank):
         module = copy.deepcopy(blocks[stage])
         stages[stage] = StageRuntime(
-            stage=stage, blocks=module, block_range=(stage, stage + 1), is_first=stage == 0,
-            is_last=stage == last, loss_fn=F.mse_loss,
-            loss_scale=schedule.microbatches / sizes[(last, 0)],
-            update_scale=sizes[(last, 0)] / sizes[(stage, 0)])
+            place=StagePlace(stage, (stage, stage + 1), is_first=stage == 0,
+                             is_last=stage == last),
+            blocks=module, loss_fn=F.mse_loss, training=StageTraining(
+                loss_scale=schedule.microbatches / sizes[(last, 0)],
+                update_scale=sizes[(last, 0)] / sizes[(stage, 0)]))
         optimizers[stage] = torch.optim.SGD(module.parameters(), lr=LR, momentum=momentum)
         weights[stage] = StageWeights(stage=stage, module=module, optimizer=optimizers[stage],
                                       program=schedule.programs[rank])
+    features: list[RankFeature] = [RecordTimeline(recorder)] if recorder is not None else []
+    if after is not None:
+        features.append(PositionHooks(after))
     return RankInterpreter(rank=rank, schedule=schedule,
-                           parts=RankParts(stages, optimizers, weights),
-                           transport=hub.endpoint(rank),
-                           data=MicrobatchSource(batches, microbatches=schedule.microbatches),
-                           recorder=recorder, start=start, after=after)
+                           parts=RankParts((PipelineParts(stages, optimizers, weights),)),
+                           io=RankIO(MicrobatchSource(batches, microbatches=schedule.microbatches),
+                                     hub.endpoint(rank)),
+                           features=features, start=start)
 
 
 def _round_robin(*generators: Iterator[None]) -> None:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pipeweave.runtime.execution.stage import StageRuntime
+from pipeweave.runtime.execution.stage import StagePlace, StageRuntime, StageTraining
 
 
 class Twice(nn.Module):
@@ -79,9 +79,9 @@ def _whole(blocks: nn.Module, microbatches: list[int]) -> tuple[list[Tensor], li
 
 
 def _stage(blocks: nn.Module, *, recompute: bool) -> StageRuntime:
-    return StageRuntime(stage=1, blocks=blocks, block_range=(1, 1 + len(blocks)), is_first=False,
-                        is_last=False, loss_fn=F.mse_loss, recompute=recompute,
-                        split_backward=True)
+    return StageRuntime(place=StagePlace(1, (1, 1 + len(blocks))), blocks=blocks,
+                        loss_fn=F.mse_loss,
+                        training=StageTraining(recompute=recompute, split_backward=True))
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["graph", "recompute"])
@@ -132,8 +132,8 @@ def test_the_last_stage_splits_its_loss_backward() -> None:
     reference = copy.deepcopy(blocks)
     x, target = _x(0).requires_grad_(True), torch.zeros(2, 3, dtype=torch.float64)
     (F.mse_loss(reference(x), target) * 0.25).backward()
-    stage = StageRuntime(stage=2, blocks=blocks, block_range=(3, 6), is_first=False,
-                         is_last=True, loss_fn=F.mse_loss, split_backward=True)
+    stage = StageRuntime(place=StagePlace(2, (3, 6), is_last=True), blocks=blocks,
+                         loss_fn=F.mse_loss, training=StageTraining(split_backward=True))
     stage.forward((0, 0, 0), _x(0), target=target, batch_rows=8)
     grad = stage.backward_input(0, 0, None, batch_rows=8)
     assert grad is not None and torch.equal(grad, x.grad)

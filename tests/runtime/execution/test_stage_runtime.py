@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pipeweave.runtime.execution.stage import StageError, StageRuntime
+from pipeweave.runtime.execution.stage import StageError, StagePlace, StageRuntime, StageTraining
 
 BATCH_ROWS = 8  # rows of the whole batch; each micro-batch below has 2
 
@@ -27,9 +27,9 @@ def _blocks() -> nn.Sequential:
 
 def _stage(blocks: nn.Module, *, recompute: bool, is_last: bool = False,
            loss_scale: float = 1.0) -> StageRuntime:
-    return StageRuntime(stage=1, blocks=blocks, block_range=(2, 4), is_first=False,
-                        is_last=is_last, loss_fn=F.mse_loss, recompute=recompute,
-                        loss_scale=loss_scale)
+    return StageRuntime(place=StagePlace(1, (2, 4), is_last=is_last), blocks=blocks,
+                        loss_fn=F.mse_loss,
+                        training=StageTraining(recompute=recompute, loss_scale=loss_scale))
 
 
 def _x(j: int, rows: int = 2) -> Tensor:

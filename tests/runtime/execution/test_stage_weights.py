@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from pipeweave.ir import Action, Op, parse_action
-from pipeweave.runtime.execution.stage import StageRuntime
+from pipeweave.runtime.execution.stage import StagePlace, StageRuntime
 from pipeweave.runtime.execution.weights import StageWeights
 from pipeweave.schedules import Shape, build_schedule
 
@@ -52,8 +52,8 @@ def _run(weights: StageWeights, program: Sequence[Action],
          after: Callable[[int, Action], None] | None = None) -> dict[int, list[Tensor]]:
     """Step through the stage's actions as the interpreter does; returns, per micro-batch
     whose forward ran on a replica, a copy of the weights it ran on."""
-    stage = StageRuntime(stage=weights.stage, blocks=weights.module, block_range=(0, 3),
-                         is_first=True, is_last=False, loss_fn=F.mse_loss)
+    stage = StageRuntime(place=StagePlace(weights.stage, (0, 3), is_first=True),
+                         blocks=weights.module, loss_fn=F.mse_loss)
     ran_on: dict[int, list[Tensor]] = {}
     for position, action in enumerate(program):
         if action.stage != weights.stage:

@@ -188,7 +188,7 @@ def check_advance(job: Job, spec: ModelSpec) -> None:
 def check_live_weights(parts: Sequence[RankParts]) -> None:
     """Every forward uses the live weights (see the module docstring), or stop."""
     for rank_parts in parts:
-        for pipeline in [rank_parts, *rank_parts.others]:
+        for pipeline in rank_parts.pipelines:
             for stage, weights in pipeline.weights.items():
                 modes = {plan.mode for plan in weights.plans.values()}
                 if modes - {"live"}:

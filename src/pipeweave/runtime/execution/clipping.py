@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from ...ir import WEIGHT_GRADIENT_OPS, Action, Op, Schedule
 from ..communication.transport import Transport
+from .features import RankFeature
 from .stage import StageRuntime
+
+if TYPE_CHECKING:
+    from .interpreter import RankInterpreter
 
 __all__ = ["GradientClipper", "check_clippable", "squares", "EPSILON"]
 
@@ -74,8 +79,9 @@ def squares(grads: Sequence[Tensor], device: torch.device) -> Tensor:
     return total
 
 
-class GradientClipper:
-    """One rank's share of the clipping (module docstring)."""
+class GradientClipper(RankFeature):
+    """One rank's share of the clipping (module docstring); a rank feature that clips before
+    the rank's first update of each iteration."""
 
     def __init__(self, *, rank: int, schedule: Schedule, max_norm: float,
                  stages: Mapping[int, StageRuntime], duplicates: Sequence[Tensor] = (),
@@ -104,6 +110,12 @@ class GradientClipper:
                 self.at.add(position)
         self.norms: list[float] = []
         """The global gradient norm before clipping, per iteration."""
+
+    def before(self, interpreter: RankInterpreter, position: int,
+               action: Action) -> Generator[None, None, None] | None:
+        if position in self.at:  # positions of updates only
+            return self.clip(action, interpreter.transport)
+        return None
 
     def clip(self, action: Action, transport: Transport) -> Generator[None, None, None]:
         """Sum the squares with every rank, then scale this rank's gradients."""

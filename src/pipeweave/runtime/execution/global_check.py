@@ -19,6 +19,10 @@ needs nothing the step stands. Otherwise the stage restores what it captured (a 
 stage has nothing to undo), scales the kept gradients and steps, or skips on a NaN, and tells
 the interpreter to *redo* the forwards it ran since the update
 (:class:`~.interpreter.RankInterpreter`), so that no result depends on the undone weights.
+
+:class:`GlobalCheck` is a rank feature (:mod:`.features`): it runs the ``C`` and ``V`` actions,
+decides at each ``U`` whether the optimizer steps, and keeps the random generators' state
+after each update for the redo.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import copy
 import math
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -34,7 +39,11 @@ from torch import Tensor
 from ...ir import Action, Op, Schedule, dependencies, ref
 from ..communication.transport import Transport
 from .clipping import EPSILON, squares
+from .features import Handler, RankFeature
 from .stage import StageRuntime
+
+if TYPE_CHECKING:
+    from .interpreter import RankInterpreter
 
 __all__ = ["GlobalCheck", "RedoPlan", "has_global_check", "rng_state", "set_rng_state",
            "starts_validated"]
@@ -53,7 +62,7 @@ class _Optimistic:
     grads: list[Tensor | None]
 
 
-class GlobalCheck:
+class GlobalCheck(RankFeature):
     """One rank's share of the check (module docstring)."""
 
     def __init__(self, *, rank: int, schedule: Schedule, max_norm: float | None,
@@ -78,6 +87,52 @@ class GlobalCheck:
         """Updates this rank redid (clipped) or skipped (non-finite) at ``V``, by version."""
         self.undone: list[int] = []
         """Of those, the ones it had made optimistically and undid first."""
+        self._redo: RedoPlan | None = None
+        self._interpreter: RankInterpreter | None = None
+
+    # -- as a rank feature ----------------------------------------------------------------------
+    def attach(self, interpreter: RankInterpreter) -> Mapping[Op, Handler]:
+        """Run ``C`` and ``V`` for ``interpreter`` (the whole program, from its start)."""
+        if not starts_validated(interpreter.program, interpreter.start):
+            raise ValueError(f"a run with a global check (post_validation) can start only where "
+                             f"every earlier update is validated (a drain); position "
+                             f"{interpreter.start} of rank {interpreter.rank}'s program is not one")
+        self._redo = RedoPlan(interpreter.schedule, interpreter.rank)
+        self._interpreter = interpreter
+        return {Op.CHECK: lambda action, position: self.check(action, interpreter.transport),
+                Op.VALIDATE: self._validate}
+
+    def allows_step(self, interpreter: RankInterpreter, action: Action) -> bool:
+        return self.before_step(action)
+
+    def after(self, interpreter: RankInterpreter, position: int, action: Action) -> None:
+        redo = self._redo
+        if action.op is Op.STEP and redo is not None and position in redo.restart_rng:
+            redo.restart_rng[position] = rng_state()
+
+    def _validate(self, action: Action, position: int) -> Generator[None, None, int | None]:
+        """``V``: the complete state; where it undoes the update, redo the update, drop what
+        the forwards since the update made, receive and drop the messages the previous stage
+        sent from its own undone forwards, and return the position to run again from (the
+        first action after the update). ``V`` runs once: redone, it passes."""
+        redo, interpreter = self._redo, self._interpreter
+        assert redo is not None and interpreter is not None, "attach() first"
+        transport = interpreter.transport
+        if position in redo.validated:
+            return None
+        redo.validated.add(position)
+        yield from self.receive_complete(action, transport)
+        update = redo.update_of.get(position)
+        if update is None or not self.needs_redo(action):  # validated before its update
+            self.pass_on(action, transport)
+            return None
+        for earlier in interpreter.program[update + 1:position]:
+            interpreter.forget(earlier)
+        for stale in redo.stale[position]:
+            yield from transport.recv(*interpreter.routes[stale])
+        self.pass_on(action, transport)
+        set_rng_state(redo.restart_rng[update])  # the forwards draw the same dropout again
+        return update + 1
 
     # -- C ------------------------------------------------------------------------------------
     def check(self, action: Action, transport: Transport) -> Generator[None, None, None]:

@@ -6,13 +6,20 @@ does what each action says. Where an input comes from is asked of
 where an output goes of :func:`pipeweave.ir.deps.receiver`. Both executors — the distributed
 one and the single-process one — drive this same class; only the transport differs.
 
+Each action goes to its handler through one table (``op -> handler``); what a run adds around
+the actions — clipping, tied gradients, post-validation (which runs ``C`` and ``V``), meters,
+the timeline, checkpoints and other hooks at positions — are :mod:`.features` in a list, so
+the interpreter does not grow an argument per feature.
+
 :meth:`RankInterpreter.run` is a generator that yields when it must wait for another rank
 (single-process executor only; the distributed transport blocks instead).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,56 +27,39 @@ from torch import Tensor
 
 from ...ir import Action, Op, Schedule, dependencies, ref
 from ...ir.deps import producer_rank, receiver
+from .features import Handler, RankFeature, overriding
 from .microbatches import MicrobatchSource
 from .stage import StageRuntime
-from ..observation.timeline import Recorder
 from ..communication.transport import Transport
-from .clipping import GradientClipper
-from .ties import TiedGradients
-from .global_check import GlobalCheck, RedoPlan, rng_state, set_rng_state, starts_validated
 from .weights import StageWeights
 
 if TYPE_CHECKING:
-    from ..observation.memory import ActivationMeter
     from .parts import RankParts
 
-__all__ = ["RankInterpreter"]
+__all__ = ["RankInterpreter", "RankIO"]
 
 _PREFETCH = 2  # receives posted ahead of need, so transfers overlap with compute
+
+
+@dataclass(frozen=True)
+class RankIO:
+    """Where a rank's inputs come from: its micro-batches (first stage's inputs, last stage's
+    targets) and its messages (the transport to the other ranks)."""
+
+    data: MicrobatchSource
+    transport: Transport
 
 
 class RankInterpreter:
     """Interprets ``schedule.programs[rank]`` (the schedule must be lowered)."""
 
-    def __init__(
-        self,
-        *,
-        rank: int,
-        schedule: Schedule,
-        parts: RankParts,
-        transport: Transport,
-        data: MicrobatchSource,
-        recorder: Recorder | None = None,
-        on_step: Callable[[Action, Mapping[int, StageRuntime]], None] | None = None,
-        start: int = 0,
-        after: Mapping[int, Callable[[], None]] | None = None,
-        meter: ActivationMeter | None = None,
-        clipper: GradientClipper | None = None,
-        ties: TiedGradients | None = None,
-        check: GlobalCheck | None = None,
-    ) -> None:
+    def __init__(self, *, rank: int, schedule: Schedule, parts: RankParts, io: RankIO,
+                 features: Sequence[RankFeature] = (), start: int = 0) -> None:
         """``parts``: the rank's stages, optimizers, weight versions and, for AvgPipe, its
         further parallel pipelines and reference models (:func:`.parts.build_rank`);
-        ``start``: position to begin at (a resumed run, :mod:`..checkpoint.recovery`);
-        ``after``: ``position -> hook`` run right after that action (checkpoints, fault
-        injection); ``meter``: counts the activation bytes kept between forwards and backwards
-        (:mod:`..observation.memory`; the online advance controller's memory reading);
-        ``clipper``: clips the global gradient norm before each iteration's first update;
-        ``ties``: sums the gradients of a tied parameter's copies on several stages before
-        their updates (:mod:`.ties`);
-        ``check``: runs the ``C`` and ``V`` actions of a checked schedule (zb-h2's
-        ``post_validation``, :mod:`.global_check`), redoing the forwards that ran on an
-        update the check undid."""
+        ``features``: what runs around the actions (:mod:`.features`: clipping, tied
+        gradients, post-validation, meters, timeline, hooks), in the order their hooks run;
+        ``start``: position to begin at (a resumed run, :mod:`..checkpoint.recovery`)."""
         if not schedule.lowered:
             raise ValueError("RankInterpreter needs a lowered schedule (pipeweave.ir.lower)")
         self.rank = rank
@@ -78,126 +68,110 @@ class RankInterpreter:
         self.parts = parts
         self.stages = parts.stages
         self.averagers = parts.averagers
-        self.transport = transport
-        self.meter = meter
-        self.clipper = clipper
-        self.ties = ties if ties is not None and ties.at else None
-        self.check = check
-        if check is not None and not starts_validated(schedule.programs[rank], start):
-            raise ValueError(f"a run with a global check (post_validation) can start only where "
-                             f"every earlier update is validated (a drain); position {start} "
-                             f"of rank {rank}'s program is not one")
-        self.data = data
-        self.recorder = recorder
-        self.on_step = on_step
+        self.transport = io.transport
+        self.data = io.data
         self.start = start
-        self.after = dict(after or {})
         self.executed = start
         self._values: dict[Action, Tensor] = {}
         """Outputs of F (activations) and B (input gradients) and received tensors, by ref."""
+        self.routes = self._routes()
+        """``position -> (message, peer rank)`` of every send and receive."""
+        self._receives = [p for p, a in enumerate(self.program)
+                          if p >= start and a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
+        self._next_receive, self._window_moved = 0, True
+        self.features = list(features)
+        self._handlers = self._dispatch_table()
+        self._before = overriding(self.features, "before")
+        self._after = overriding(self.features, "after")
+        self._gates = overriding(self.features, "allows_step")
+        self._observers = overriding(self.features, "observe_forward")
+        self._releasers = overriding(self.features, "released")
+
+    def _dispatch_table(self) -> dict[Op, Handler]:
+        """``op -> handler``: the interpreter's own, and those of the features that run an op
+        (the global check's ``C`` and ``V``); every op of the program must have one."""
+        table: dict[Op, Handler] = {
+            Op.FORWARD: self._forward, Op.BACKWARD: self._backward,
+            Op.BACKWARD_INPUT: self._backward, Op.BACKWARD_WEIGHT: self._backward_weight,
+            Op.SEND_ACT: self._send, Op.SEND_GRAD: self._send,
+            Op.RECV_ACT: self._receive, Op.RECV_GRAD: self._receive,
+            Op.ALL_REDUCE: self._all_reduce, Op.STEP: self._step, Op.AVERAGE: self._average}
+        for feature in self.features:
+            owned = feature.attach(self)
+            taken = sorted(str(op) for op in owned if op in table)
+            if taken:
+                raise ValueError(f"{type(feature).__name__} runs {taken}, which already have a "
+                                 f"handler; give each op to one feature")
+            table.update(owned)
+        missing = sorted({str(a.op) for a in self.program[self.start:]} - {str(op) for op in table})
+        if missing:
+            raise ValueError(f"rank {self.rank}'s program has {missing} actions and no feature "
+                             f"runs them; add the feature (a checked schedule's C and V: "
+                             f"GlobalCheck, built by assemble_rank)")
+        return table
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> Generator[None, None, None]:
-        routes = self._routes()
-        receives = [p for p, a in enumerate(self.program)
-                    if p >= self.start and a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
-        after = self.after
-        ties = self.ties
-        texts = [str(action) for action in self.program] if self.recorder else []
-        redo = RedoPlan(self.schedule, self.rank) if self.check is not None else None
-        next_receive = 0
-        window_moved = True
-        position = self.start - 1
-        while position + 1 < len(self.program):
-            position += 1
+        """Run the program from :attr:`start`; yields while waiting for another rank."""
+        position = self.start
+        while position < len(self.program):
             action = self.program[position]
-            # Post the next receives early so transfers overlap compute. The window only moves,
-            # and a receive only becomes postable (its kind's header known), at a receive.
-            if window_moved:
-                for upcoming in receives[next_receive:next_receive + _PREFETCH]:
-                    self.transport.prefetch(*routes[upcoming])
-                window_moved = False
-            start = self.recorder.mark() if self.recorder else 0.0
-            if ties is not None and position in ties.at:  # before the AR / U it precedes
-                yield from ties.reduce(position, self._modules, self.transport)
-            op = action.op
-            if op is Op.FORWARD:
-                self._forward(action)
-            elif op is Op.BACKWARD or op is Op.BACKWARD_INPUT:
-                self._backward(action, position)
-            elif op is Op.BACKWARD_WEIGHT:
-                self._backward_weight(action, position)
-            elif op is Op.SEND_ACT or op is Op.SEND_GRAD:
-                message, dst = routes[position]
-                self.transport.send(message, self._values.pop(self._produced_by(action)), dst)
-            elif op is Op.RECV_ACT or op is Op.RECV_GRAD:
-                message, src = routes[position]
-                self._values[ref(action)] = yield from self.transport.recv(message, src)
-                next_receive += 1
-                window_moved = True
-            elif op is Op.ALL_REDUCE:
-                yield from self._all_reduce(action)
-            elif op is Op.STEP:
-                if self.clipper is not None and position in self.clipper.at:
-                    yield from self.clipper.clip(action, self.transport)
-                self._step(action, position)
-                if redo is not None and position in redo.restart_rng:
-                    redo.restart_rng[position] = rng_state()
-            elif op is Op.CHECK:
-                assert self.check is not None, "a checked schedule needs its GlobalCheck"
-                yield from self.check.check(action, self.transport)
-            elif op is Op.VALIDATE:
-                assert self.check is not None and redo is not None
-                restart = yield from self._validate(action, position, redo, routes)
-                if restart is not None:
-                    self.executed = restart  # the next action's position (progress, for the
-                    position = restart - 1   # single-process executor's deadlock watch)
-                    next_receive = next((i for i, p in enumerate(receives) if p >= restart),
-                                        len(receives))
-                    window_moved = True
-                    continue
-            elif op is Op.AVERAGE:
-                self._average(action)
-            if self.recorder:
-                self.recorder.add(texts[position], start, self.recorder.mark())
+            if self._window_moved:
+                self._prefetch()
+            for feature in self._before:
+                steps = feature.before(self, position, action)
+                if steps is not None:
+                    yield from steps
+            work = self._handlers[action.op](action, position)
+            restart = (yield from work) if work is not None else None
+            if restart is not None:  # post-validation undid an update: run again from there
+                self._restart(restart)
+                position = restart
+                continue
             self.executed += 1
-            if position in after:
-                after[position]()
+            for feature in self._after:
+                steps = feature.after(self, position, action)
+                if steps is not None:
+                    yield from steps
+            position += 1
         self.transport.finish()
 
-    def _validate(self, action: Action, position: int, redo: RedoPlan,
-                  routes: dict[int, tuple[Action, int]]) -> Generator[None, None, int | None]:
-        """``V``: the complete state; where it undoes the update, redo the update, drop what
-        the forwards since the update made, receive and drop the messages the previous stage
-        sent from its own undone forwards, and return the position to run again from (the
-        first action after the update). ``V`` runs once: redone, it passes."""
-        check = self.check
-        assert check is not None
-        if position in redo.validated:
-            return None
-        redo.validated.add(position)
-        yield from check.receive_complete(action, self.transport)
-        update = redo.update_of.get(position)
-        if update is None or not check.needs_redo(action):  # validated before its update
-            check.pass_on(action, self.transport)
-            return None
-        for earlier in self.program[update + 1:position]:
-            self._forget(earlier)
-        for stale in redo.stale[position]:
-            yield from self.transport.recv(*routes[stale])
-        check.pass_on(action, self.transport)
-        set_rng_state(redo.restart_rng[update])  # the forwards draw the same dropout again
-        return update + 1
+    def _prefetch(self) -> None:
+        """Post the next receives early so transfers overlap compute. The window only moves,
+        and a receive only becomes postable (its kind's header known), at a receive."""
+        for upcoming in self._receives[self._next_receive:self._next_receive + _PREFETCH]:
+            self.transport.prefetch(*self.routes[upcoming])
+        self._window_moved = False
 
-    def _forget(self, action: Action) -> None:
-        """Drop what ``action`` (a forward or its message, about to run again) left behind."""
+    def _restart(self, position: int) -> None:
+        """Continue at ``position`` (an earlier one): the next action's position (progress, for
+        the single-process executor's deadlock watch) and the receive window."""
+        self.executed = position
+        self._next_receive = next((i for i, p in enumerate(self._receives) if p >= position),
+                                  len(self._receives))
+        self._window_moved = True
+
+    # -- messages -----------------------------------------------------------------------
+    def _send(self, action: Action, position: int) -> None:
+        message, dst = self.routes[position]
+        self.transport.send(message, self._values.pop(self._produced_by(action)), dst)
+
+    def _receive(self, action: Action, position: int) -> Generator[None, None, None]:
+        message, src = self.routes[position]
+        self._values[ref(action)] = yield from self.transport.recv(message, src)
+        self._next_receive += 1
+        self._window_moved = True
+
+    def forget(self, action: Action) -> None:
+        """Drop what ``action`` (a forward or its message, about to run again) left behind
+        (post-validation's redo, :mod:`.global_check`)."""
         self._values.pop(ref(action), None)
         if action.op is Op.FORWARD:
             assert action.microbatch is not None
             self._stages(action)[action.stage].forget((action.microbatch, action.piece,
                                                        action.pipeline))
-            if self.meter is not None:
-                self.meter.release(action.stage, action.microbatch, action.pipeline)
+            for feature in self._releasers:
+                feature.released(self, action)
 
     def _routes(self) -> dict[int, tuple[Action, int]]:
         """``position -> (message, peer rank)`` for every send and receive of the program.
@@ -229,7 +203,7 @@ class RankInterpreter:
         return self._values.pop(dep)
 
     # -- compute ------------------------------------------------------------------------
-    def _forward(self, action: Action) -> None:
+    def _forward(self, action: Action, position: int) -> None:
         stage = self._stages(action)[action.stage]
         j, piece, pipeline = action.microbatch, action.piece, action.pipeline
         assert j is not None
@@ -243,19 +217,22 @@ class RankInterpreter:
         weights = self._weights(action)[action.stage]
         plan = weights.forward_plan(action)
         replica = weights.forward_module(action, plan)
-        if self.meter is None:
+        if not self._observers:
             output = stage.forward((j, piece, pipeline), inputs, target=target,
                                    batch_rows=self._batch_rows(), replica=replica,
                                    keep_graph=plan.keep_graph)
-        else:
-            with self.meter.forward((action.stage, j, piece, pipeline),
-                                    stage.module if replica is None else replica,
-                                    inputs) as kept:
+        else:  # features watching the forward (the activation meter)
+            module = stage.module if replica is None else replica
+            with ExitStack() as scopes:
+                kept = [scopes.enter_context(scope) for scope in (
+                    f.observe_forward(self, (action.stage, j, piece, pipeline), module, inputs)
+                    for f in self._observers) if scope is not None]
                 output = stage.forward((j, piece, pipeline), inputs, target=target,
                                        batch_rows=self._batch_rows(), replica=replica,
                                        keep_graph=plan.keep_graph)
-                if output is not None:
-                    kept.append(output)
+                for outputs in kept:
+                    if output is not None:
+                        outputs.append(output)
         if output is not None:
             self._values[ref(action)] = output
 
@@ -285,13 +262,13 @@ class RankInterpreter:
         its versions and activations."""
         assert action.microbatch is not None
         self._weights(action)[action.stage].after_backward(action, position)
-        if self.meter is not None:
-            self.meter.release(action.stage, action.microbatch, action.pipeline)
+        for feature in self._releasers:
+            feature.released(self, action)
 
     def _batch_rows(self) -> int:
         return self.data.batch_rows or 1
 
-    def _all_reduce(self, action: Action) -> Generator[None, None, None]:
+    def _all_reduce(self, action: Action, position: int) -> Generator[None, None, None]:
         if self._stages(action)[action.stage].sharding is not None:
             return  # FSDP2 reduce-scattered the sum at the stage's last backward (.sharding)
         params = [p for p in self._stages(action)[action.stage].module.parameters() if p.requires_grad]
@@ -310,7 +287,7 @@ class RankInterpreter:
         weights = self._weights(action)[action.stage]
         weights.before_step(position)
         stage = self._stages(action)[action.stage]
-        if self.check is None or self.check.before_step(action):
+        if all(feature.allows_step(self, action) for feature in self._gates):
             if stage.update_scale != 1.0:
                 grads = [p.grad for p in stage.module.parameters() if p.grad is not None]
                 torch._foreach_mul_(grads, stage.update_scale)
@@ -322,10 +299,8 @@ class RankInterpreter:
         weights.after_step()
         if stage.is_last:  # losses already computed: a diverging run stops here (.losses)
             stage.loss_log.values(wait=False)
-        if self.on_step is not None and action.pipeline == 0:
-            self.on_step(action, self.stages)
 
-    def _average(self, action: Action) -> None:
+    def _average(self, action: Action, position: int) -> None:
         averager = self.averagers.get(action.stage)
         if averager is None:
             raise RuntimeError(f"{action}: no reference model for stage {action.stage} on rank "
@@ -337,7 +312,7 @@ class RankInterpreter:
     def _stages(self, action: Action) -> Mapping[int, StageRuntime]:
         return self.parts.pipeline(action.pipeline).stages
 
-    def _modules(self, pipeline: int) -> Mapping[int, torch.nn.Module]:
+    def modules(self, pipeline: int) -> Mapping[int, torch.nn.Module]:
         return {s: stage.module for s, stage in self.parts.pipeline(pipeline).stages.items()}
 
     def _optimizers(self, action: Action) -> Mapping[int, torch.optim.Optimizer]:

@@ -27,14 +27,14 @@ from ...schedules import build_schedule, get_info, lowered_schedule
 from ..job import Job
 from ...planner.plan import Plan
 from .elastic_averaging import ElasticAverager
-from .stage import HeldActivations, StageRuntime
+from .stage import HeldActivations, StagePlace, StageRuntime, StageTraining
 from .weights import StageWeights
 
 if TYPE_CHECKING:
     from .sharding import StageSharding
 
-__all__ = ["RankParts", "build_rank", "make_schedule", "check_model_fits_plan", "preflight",
-           "GroupOf"]
+__all__ = ["RankParts", "PipelineParts", "build_rank", "make_schedule", "check_model_fits_plan",
+           "preflight", "GroupOf"]
 
 GroupOf = Callable[[Sequence[int]], Any]
 """The process group of a stage's ranks (``DistTransport.group``), for FSDP2."""
@@ -107,23 +107,42 @@ def preflight(spec: ModelSpec, plan: Plan, inputs: Tensor, *, precision: str = "
                     )
 
 
-@dataclass
-class RankParts:
-    """What one rank owns for one pipeline; AvgPipe's further parallel pipelines in ``others``."""
+@dataclass(frozen=True)
+class PipelineParts:
+    """What one rank owns for one pipeline: its stages, their optimizers and weight versions."""
 
     stages: dict[int, StageRuntime]
     optimizers: dict[int, torch.optim.Optimizer]
     weights: dict[int, StageWeights]
-    others: list["RankParts"] = field(default_factory=list)
-    """Parallel pipelines 1..N-1 (AvgPipe), each with its own copy of this rank's stages."""
+
+
+@dataclass(frozen=True)
+class RankParts:
+    """What one rank owns: per pipeline (one, or AvgPipe's N parallel pipelines, each with its
+    own copy of this rank's stages) its :class:`PipelineParts`, and what the pipelines share."""
+
+    pipelines: tuple[PipelineParts, ...]
     averagers: dict[int, ElasticAverager] = field(default_factory=dict)
     """Per stage, the reference model of the N parallel pipelines (AvgPipe)."""
     tied_to: dict[str, str] = field(default_factory=dict)
     """Global name of every later use of a tied parameter -> its first use's (``spec.tied``):
     checkpoints store the weight once, under the first name, and restore every copy from it."""
 
-    def pipeline(self, index: int) -> "RankParts":
-        return self if index == 0 else self.others[index - 1]
+    def pipeline(self, index: int) -> PipelineParts:
+        return self.pipelines[index]
+
+    @property
+    def stages(self) -> dict[int, StageRuntime]:
+        """Pipeline 0's stages (the only pipeline but with AvgPipe)."""
+        return self.pipelines[0].stages
+
+    @property
+    def optimizers(self) -> dict[int, torch.optim.Optimizer]:
+        return self.pipelines[0].optimizers
+
+    @property
+    def weights(self) -> dict[int, StageWeights]:
+        return self.pipelines[0].weights
 
 
 def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
@@ -145,11 +164,9 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
     spec = job.model() if spec is None else spec
     check_model_fits_plan(spec, job.plan)
     sizes = update_sizes(schedule)
-    parts = [_build_pipeline(job, rank, schedule, device, spec, p, sizes, group_of)
-             for p in range(schedule.pipelines)]
-    main = parts[0]
-    main.others = parts[1:]
-    main.tied_to = {later: group[0] for group in spec.tied for later in group[1:]}
+    main = RankParts(tuple(_build_pipeline(job, rank, schedule, device, spec, p, sizes, group_of)
+                           for p in range(schedule.pipelines)),
+                     tied_to={later: group[0] for group in spec.tied for later in group[1:]})
     if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
         semantics = job.plan.semantics
         for stage, runtime in main.stages.items():
@@ -162,7 +179,7 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
 def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.device,
                     spec: ModelSpec, pipeline: int,
                     sizes: Mapping[tuple[int, int], int],
-                    group_of: GroupOf | None = None) -> RankParts:
+                    group_of: GroupOf | None = None) -> PipelineParts:
     """``sizes``: micro-batches per update of every (stage, pipeline), ``update_sizes``."""
     last = schedule.num_stages - 1
     last_size = sizes[(last, pipeline)]
@@ -177,14 +194,14 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         module.train()  # whatever mode the blocks came in (see the docstring)
         sharding = _sharded(job, module, stage, schedule, rank, device, group_of)
         stages[stage] = StageRuntime(
-            stage=stage, blocks=module, block_range=(start, end), is_first=stage == 0,
-            is_last=stage == last, loss_fn=spec.loss_fn, recompute=job.plan.recompute_stage(stage),
-            loss_scale=schedule.microbatches / last_size,
-            update_scale=last_size / sizes[(stage, pipeline)],
-            split_backward=any(a.op is Op.BACKWARD_INPUT and a.stage == stage
-                               for a in schedule.programs[rank]),
-            held=held, precision=job.precision,
-        )
+            place=StagePlace(stage, (start, end), is_first=stage == 0, is_last=stage == last),
+            blocks=module, loss_fn=spec.loss_fn, held=held, training=StageTraining(
+                recompute=job.plan.recompute_stage(stage),
+                loss_scale=schedule.microbatches / last_size,
+                update_scale=last_size / sizes[(stage, pipeline)],
+                split_backward=any(a.op is Op.BACKWARD_INPUT and a.stage == stage
+                                   for a in schedule.programs[rank]),
+                precision=job.precision))
         stages[stage].sharding = sharding
         optimizers[stage] = job.optimizer(module.parameters())
         weights[stage] = StageWeights(
@@ -192,7 +209,7 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
             recompute=job.plan.recompute_stage(stage), backward=backward,
             prediction=get_info(job.plan.schedule).prediction, pipeline=pipeline,
         )
-    return RankParts(stages, optimizers, weights)
+    return PipelineParts(stages, optimizers, weights)
 
 
 def _sharded(job: Job, module: nn.Module, stage: int, schedule: Schedule, rank: int,

@@ -37,7 +37,7 @@ from .losses import LossLog
 if TYPE_CHECKING:
     from .sharding import StageSharding
 
-__all__ = ["StageRuntime", "StageError", "HeldActivations"]
+__all__ = ["StageRuntime", "StagePlace", "StageTraining", "StageError", "HeldActivations"]
 
 Key = tuple[int, int, int]
 """(micro-batch, piece, pipeline)."""
@@ -82,48 +82,61 @@ class HeldActivations:
         self.peak = max(self.peak, self.now)
 
 
+@dataclass(frozen=True)
+class StagePlace:
+    """Where a stage sits in the model."""
+
+    stage: int
+    block_range: tuple[int, int]
+    """Its blocks, ``start .. end - 1`` of the model's."""
+    is_first: bool = False
+    is_last: bool = False
+    """The last stage computes the loss."""
+
+
+@dataclass(frozen=True)
+class StageTraining:
+    """How a stage trains, fixed by the plan and the schedule (module docstring)."""
+
+    recompute: bool = False
+    """Keep only a forward's input and RNG state; run it again at backward time."""
+    loss_scale: float = 1.0
+    """``M / K`` (M micro-batches per batch, K per update of the last stage), what the
+    batch-weighted loss is multiplied by before its backward."""
+    update_scale: float = 1.0
+    """``K / K_s``, what this stage's summed gradients are multiplied by before its step."""
+    split_backward: bool = False
+    """The schedule runs this stage's backwards as ``I`` and ``W`` (the forward records what
+    ``W`` needs)."""
+    precision: str = "full"
+    """One of :data:`pipeweave.precision.PRECISIONS`."""
+
+
 class StageRuntime:
     """Executes forward/backward of one stage (a contiguous range of blocks)."""
 
-    def __init__(
-        self,
-        *,
-        stage: int,
-        blocks: nn.Module,
-        block_range: tuple[int, int],
-        is_first: bool,
-        is_last: bool,
-        loss_fn: Callable[[Tensor, Tensor], Tensor],
-        recompute: bool = False,
-        loss_scale: float = 1.0,
-        update_scale: float = 1.0,
-        split_backward: bool = False,
-        held: HeldActivations | None = None,
-        precision: str = "full",
-    ) -> None:
-        """``loss_scale``: ``M / K`` (M micro-batches per batch, K per update of the last
-        stage), what the batch-weighted loss is multiplied by before its backward;
-        ``update_scale``: ``K / K_s``, what this stage's summed gradients are multiplied by
-        before its step (module docstring); ``split_backward``: the schedule runs this
-        stage's backwards as ``I`` and ``W`` (the forward records what ``W`` needs);
-        ``precision``: one of :data:`pipeweave.precision.PRECISIONS` (module docstring)."""
-        self.stage = stage
+    def __init__(self, *, place: StagePlace, blocks: nn.Module,
+                 loss_fn: Callable[[Tensor, Tensor], Tensor],
+                 training: StageTraining = StageTraining(),
+                 held: HeldActivations | None = None) -> None:
+        """``held``: the count of activations shared by the rank's stages."""
+        self.stage = place.stage
         self.module = blocks
-        self.block_range = block_range
-        self.is_first = is_first
-        self.is_last = is_last
+        self.block_range = place.block_range
+        self.is_first = place.is_first
+        self.is_last = place.is_last
         self.loss_fn = loss_fn
-        self.recompute = recompute
-        self.loss_scale = loss_scale
-        self.update_scale = update_scale
-        self.split_backward = split_backward
-        self.precision = precision
+        self.recompute = training.recompute
+        self.loss_scale = training.loss_scale
+        self.update_scale = training.update_scale
+        self.split_backward = training.split_backward
+        self.precision = training.precision
         self._stash: dict[Key, _Stash] = {}
         self._pending: dict[Key, _Pending] = {}
         """Split backwards between their ``I`` and ``W``."""
         self.held = held if held is not None else HeldActivations()
         self._alive = 0  # micro-batches with a stash or a pending W here
-        self.loss_log = LossLog(stage)
+        self.loss_log = LossLog(place.stage)
         """Weighted loss contribution per micro-batch (last stage only)."""
         self.peak_stashed = 0
         self.peak_stashed_bytes = 0

@@ -34,16 +34,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
-from ...ir import Schedule
+from ...ir import Action, Schedule
 from ...ir.layout import Layout
 from ...ir.ties import gradient_after_its_sum, tie_refusal, update_sum_positions
 from ...models import ModelSpec
 from ...planner.plan import Plan
+from .features import RankFeature
+
+if TYPE_CHECKING:
+    from .interpreter import RankInterpreter
 
 __all__ = ["SplitTie", "split_ties", "tie_groups", "TiedGradients"]
 
@@ -119,8 +123,9 @@ def _check_exact(spec: ModelSpec, tie: SplitTie, schedule: Schedule) -> None:
         f"build the model untied (tie_word_embeddings=False)")
 
 
-class TiedGradients:
-    """One rank's part: sums its copies' gradients with the other holders (module docstring)."""
+class TiedGradients(RankFeature):
+    """One rank's part: sums its copies' gradients with the other holders (module docstring);
+    a rank feature that sums before the rank's first ``AR`` or ``U`` of each update."""
 
     def __init__(self, *, rank: int, schedule: Schedule, ties: Sequence[SplitTie]) -> None:
         layout = schedule.layout
@@ -144,6 +149,12 @@ class TiedGradients:
         if late is not None:  # a window's program (AvgPipe's online advance) is checked here
             raise ValueError(f"rank {rank} {late}; this schedule cannot keep a tie across "
                              f"stages, use another")
+
+    def before(self, interpreter: RankInterpreter, position: int,
+               action: Action) -> Generator[None, None, None] | None:
+        if position in self.at:
+            return self.reduce(position, interpreter.modules, interpreter.transport)
+        return None
 
     def duplicates(self, stages: Mapping[int, torch.nn.Module]) -> list[Tensor]:
         """The copies on this rank that are not their tie's first use (a global gradient norm

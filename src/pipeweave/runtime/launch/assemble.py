@@ -4,24 +4,24 @@ the same for the distributed executor (:mod:`.rank`) and the single-process one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
-from ...ir import Action, Schedule
+from ...ir import Schedule
 from ...models import ModelSpec
 from ..advance.online import OnlineAdvance
-from ..checkpoint.boundaries import Hooks, combine_hooks
+from ..checkpoint.boundaries import combine_hooks
 from ..checkpoint.recovery import RankRecovery
 from ..checkpoint.resume import Session
 from ..communication.transport import Transport
 from ..execution.clipping import GradientClipper
+from ..execution.features import MeterActivations, PositionHooks, RankFeature, RecordTimeline
 from ..execution.global_check import GlobalCheck, has_global_check
-from ..execution.interpreter import RankInterpreter
+from ..execution.interpreter import RankInterpreter, RankIO
 from ..execution.microbatches import MicrobatchSource, data_window
 from ..execution.parts import GroupOf, RankParts, build_rank
-from ..execution.stage import StageRuntime
 from ..execution.ties import TiedGradients
 from ..observation.memory import ActivationMeter, state_bytes
 from ..observation.results import RankResult, collect_result
@@ -29,24 +29,20 @@ from ..checkpoint.snapshots import WeightSnapshots
 from ..observation.timeline import Recorder
 from .prepare import PreparedJob
 
-__all__ = ["AssembledRank", "assemble_rank"]
+__all__ = ["AssembledRank", "RankFeatures", "FeatureFactory", "assemble_rank"]
+
+FeatureFactory = Callable[[int, Schedule], Sequence[RankFeature]]
+"""``(rank, program) -> features`` for that rank's interpreter of ``program`` (the whole run's
+schedule, or with the online advance controller each window's): features a caller adds
+(``run_local(features=...)``, ``on_step``, fault injection)."""
 
 
-@dataclass
-class AssembledRank:
-    """Everything one rank runs with; :meth:`interpreter` for the whole run's program or, with
-    the online advance controller, for each window's."""
+@dataclass(frozen=True)
+class RankFeatures:
+    """What a rank's run adds around its actions, besides the tied gradients and the
+    checkpoints (which the job and the recovery give); :meth:`AssembledRank.interpreter`
+    turns them into the interpreter's feature list."""
 
-    rank: int
-    prepared: PreparedJob
-    parts: RankParts
-    recovery: RankRecovery
-    data: MicrobatchSource
-    transport: Transport
-    recorder: Recorder | None = None
-    on_step: Callable[[Action, Mapping[int, StageRuntime]], None] | None = None
-    extra_hooks: Callable[[Schedule], Hooks] = field(default=lambda program: {})
-    """Hooks for a program besides the checkpoints' (fault injection in distributed runs)."""
     clipper: GradientClipper | None = None
     """Global gradient-norm clipping (``Job.clip_grad_norm``)."""
     check: GlobalCheck | None = None
@@ -56,12 +52,43 @@ class AssembledRank:
     """Counts the activation bytes held over the whole run (``Job.count_activations``)."""
     snapshots: WeightSnapshots | None = None
     """Copies the weights for the held-out loss (``Job.eval_every``)."""
+    recorder: Recorder | None = None
+    """The timeline (``Job.record_timeline``; :meth:`AssembledRank.with_timeline`)."""
+    extra: FeatureFactory | None = None
+    """Features a caller adds (:meth:`AssembledRank.with_features`)."""
 
-    def start_timeline(self, origin: float, device: torch.device) -> None:
-        """Record the timeline from now on, its zero at ``origin`` (``time.time()``); on a
-        GPU with CUDA events on ``device`` (device time, :mod:`..observation.timeline`)."""
-        if self.prepared.job.record_timeline:
-            self.recorder = Recorder(self.rank, origin, device)
+
+@dataclass(frozen=True)
+class AssembledRank:
+    """Everything one rank runs with; :meth:`interpreter` for the whole run's program or, with
+    the online advance controller, for each window's. Immutable: :meth:`with_timeline` and
+    :meth:`with_features` return a new one."""
+
+    rank: int
+    prepared: PreparedJob
+    parts: RankParts
+    recovery: RankRecovery
+    io: RankIO
+    features: RankFeatures = RankFeatures()
+
+    def with_timeline(self, origin: float, device: torch.device) -> AssembledRank:
+        """This rank recording its timeline from now on (when the job asks for it), its zero at
+        ``origin`` (``time.time()``); on a GPU with CUDA events on ``device`` (device time,
+        :mod:`..observation.timeline`)."""
+        if not self.prepared.job.record_timeline:
+            return self
+        return replace(self, features=replace(self.features,
+                                              recorder=Recorder(self.rank, origin, device)))
+
+    def with_features(self, factory: FeatureFactory) -> AssembledRank:
+        """This rank with the features ``factory`` gives for each program, after any added
+        before."""
+        earlier = self.features.extra
+
+        def both(rank: int, program: Schedule) -> list[RankFeature]:
+            return [*(earlier(rank, program) if earlier is not None else ()),
+                    *factory(rank, program)]
+        return replace(self, features=replace(self.features, extra=both))
 
     def interpreter(self, program: Schedule | None = None,
                     meter: ActivationMeter | None = None) -> RankInterpreter:
@@ -69,18 +96,29 @@ class AssembledRank:
         resume point with the checkpoint hooks; a window's program starts at 0 without them)."""
         whole = program is None or program is self.prepared.schedule
         program = self.prepared.schedule if program is None else program
+        return RankInterpreter(rank=self.rank, schedule=program, parts=self.parts, io=self.io,
+                               features=self._features(program, whole, meter),
+                               start=self.recovery.start if whole else 0)
+
+    def _features(self, program: Schedule, whole: bool,
+                  meter: ActivationMeter | None) -> list[RankFeature]:
+        """In the order their hooks run: the timeline first (what the others do before an
+        action is its time), the gradients' sums and clipping, the meter, the caller's, and the
+        hooks at positions (checkpoints, then weight snapshots)."""
+        own = self.features
         if meter is None and whole:
-            meter = self.meter
-        hooks = combine_hooks(self.recovery.hooks if whole else {},
-                              self.snapshots.hooks if whole and self.snapshots else {},
-                              self.extra_hooks(program))
-        ties = (TiedGradients(rank=self.rank, schedule=program, ties=self.prepared.ties)
-                if self.prepared.ties else None)
-        return RankInterpreter(rank=self.rank, schedule=program, parts=self.parts,
-                               transport=self.transport, data=self.data, recorder=self.recorder,
-                               on_step=self.on_step, start=self.recovery.start if whole else 0,
-                               after=hooks, meter=meter, clipper=self.clipper if whole else None,
-                               ties=ties, check=self.check if whole else None)
+            meter = own.meter
+        found: list[RankFeature | None] = [
+            None if own.recorder is None else RecordTimeline(own.recorder),
+            TiedGradients(rank=self.rank, schedule=program, ties=self.prepared.ties)
+            if self.prepared.ties else None,
+            own.clipper if whole else None, own.check if whole else None,
+            None if meter is None else MeterActivations(meter),
+            *(own.extra(self.rank, program) if own.extra is not None else ())]
+        if whole:
+            found.append(PositionHooks(combine_hooks(
+                self.recovery.hooks, own.snapshots.hooks if own.snapshots else {})))
+        return [feature for feature in found if feature is not None]
 
     def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None,
                final: bool = True, losses: bool = True) -> RankResult:
@@ -88,24 +126,25 @@ class AssembledRank:
         parameters); ``losses`` False: without the losses, and on a GPU only the timeline of
         actions that already ran (for the journal, at every step: nothing waits for the GPU)."""
         job = self.prepared.job
-        records = [] if self.recorder is None else (
-            self.recorder.records if losses else self.recorder.ready_records())
+        own = self.features
+        records = [] if own.recorder is None else (
+            own.recorder.records if losses else own.recorder.ready_records())
         result = collect_result(self.rank, self.parts, self.prepared.schedule,
                                 records=records,
                                 want_parameters=final and job.return_parameters, wall=wall,
                                 device=device, want_losses=losses)
         result.checkpoint_stall_s = self.recovery.stall_s
-        if self.clipper is not None:
-            result.grad_norms = list(self.clipper.norms)
-        if self.check is not None:
-            result.grad_norms = list(self.check.norms)
-            result.redone_updates = list(self.check.redone)
-            result.undone_updates = list(self.check.undone)
-        result.bytes_sent = self.transport.bytes_sent
-        if self.snapshots is not None and losses:  # not in every journal frame
-            result.snapshots = self.snapshots.taken
-        if self.meter is not None:
-            result.peak_activation_bytes = self.meter.peak
+        if own.clipper is not None:
+            result.grad_norms = list(own.clipper.norms)
+        if own.check is not None:
+            result.grad_norms = list(own.check.norms)
+            result.redone_updates = list(own.check.redone)
+            result.undone_updates = list(own.check.undone)
+        result.bytes_sent = self.io.transport.bytes_sent
+        if own.snapshots is not None and losses:  # not in every journal frame
+            result.snapshots = own.snapshots.taken
+        if own.meter is not None:
+            result.peak_activation_bytes = own.meter.peak
             result.state_bytes = state_bytes(self.parts)
         if online is not None:
             result.advance_per_step, result.advance_log = online.advance_per_step, online.log
@@ -118,9 +157,10 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
                   group_of: GroupOf | None = None) -> AssembledRank:
     """Build ``rank``'s part of ``prepared``: its stages and optimizers (from ``spec`` or the
     job's model factory), restored when resuming (``session``), and its data positioned at the
-    resume point (the timeline starts with :meth:`AssembledRank.start_timeline`). ``apply_rng``: set this
-    process's random generator from the checkpoint (one process per rank). ``group_of``: a
-    stage's process group, for FSDP2 (``Plan.shard``; distributed runs only)."""
+    resume point (the timeline starts with :meth:`AssembledRank.with_timeline`).
+    ``apply_rng``: set this process's random generator from the checkpoint (one process per
+    rank). ``group_of``: a stage's process group, for FSDP2 (``Plan.shard``; distributed runs
+    only)."""
     job = prepared.job
     parts = build_rank(job, rank, prepared.schedule, device, spec=spec, group_of=group_of)
     recovery = RankRecovery(job=job, schedule=prepared.schedule, rank=rank, parts=parts,
@@ -145,5 +185,6 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
     snapshots = (WeightSnapshots(rank=rank, parts=parts, schedule=prepared.schedule,
                                  every=job.eval_every, steps_done=recovery.steps_done)
                  if job.eval_every else None)
-    return AssembledRank(rank, prepared, parts, recovery, data, transport, clipper=clipper,
-                         check=check, meter=meter, snapshots=snapshots)
+    return AssembledRank(rank, prepared, parts, recovery, RankIO(data, transport),
+                         RankFeatures(clipper=clipper, check=check, meter=meter,
+                                      snapshots=snapshots))

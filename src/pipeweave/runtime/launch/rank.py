@@ -15,6 +15,7 @@ import datetime
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,13 +27,14 @@ from ..advance.online import OnlineAdvance, run_rank_windows
 from ..checkpoint.resume import Session
 from ..communication.delay import delayed_transport
 from ..communication.transport import DistTransport
+from ..execution.features import OnStep, PositionHooks
 from ..execution.stage import StageRuntime
 from ..execution.ties import tie_groups
 from ..observation.journal import StepJournal
 from ..observation.progress import StepProgress
 from ..observation.allocations import AllocationTracker
 from ..observation.results import RankResult, attach_partial
-from .assemble import assemble_rank
+from .assemble import AssembledRank, assemble_rank
 from .faults import injected_fault_hooks
 from .prepare import PreparedJob
 
@@ -51,6 +53,24 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
     every optimizer step (:mod:`..observation.journal`), for a launcher to read if the rank
     is killed.
     """
+    rendezvous = {"store": store} if store is not None else {"init_method": init_method}
+    placement = _join(prepared, rank=rank, world_size=world_size, local_rank=local_rank,
+                      local_world_size=local_world_size, rendezvous=rendezvous)
+    try:
+        result = _run(prepared, rank, world_size, placement, journal)
+        if not gather:
+            dist.barrier(**placement.barrier_options())
+            return [result]
+        gathered: list[RankResult | None] = [None] * world_size if rank == 0 else []
+        dist.gather_object(result, gathered if rank == 0 else None, dst=0)
+        return [r for r in gathered if r is not None]
+    finally:
+        dist.destroy_process_group()
+
+
+def _join(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: int,
+          local_world_size: int, rendezvous: dict[str, Any]) -> Placement:
+    """Threads, seed and device of this process, and its process group."""
     job, schedule = prepared.job, prepared.schedule
     torch.set_num_threads(threads_per_rank(local_world_size))
     torch.manual_seed(job.seed)
@@ -60,69 +80,74 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
             f"start {schedule.num_ranks} processes (e.g. torchrun --nproc-per-node {schedule.num_ranks})"
         )
     placement = place(job.device, local_rank=local_rank, local_ranks=local_world_size)
-    device = placement.device
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if placement.device.type == "cuda":
+        torch.cuda.set_device(placement.device)
     timeout = datetime.timedelta(seconds=job.timeout_s)
-    rendezvous = {"store": store} if store is not None else {"init_method": init_method}
     dist.init_process_group(placement.backend, **rendezvous, rank=rank, world_size=world_size,
                             timeout=timeout, **placement.group_options())
+    return placement
+
+
+def _run(prepared: PreparedJob, rank: int, world_size: int, placement: Placement,
+         journal: Path | None) -> RankResult:
+    """Build the rank, run its program and return its result (the process group is up)."""
+    job, schedule, device = prepared.job, prepared.schedule, placement.device
+    transport = DistTransport(rank, device, datetime.timedelta(seconds=job.timeout_s),
+                              apc=job.apc, wire=placement.wire)
+    transport.make_groups([*schedule.layout.stage_ranks,
+                           *([range(world_size)] if job.clip_grad_norm is not None else []),
+                           *tie_groups(prepared.ties, schedule.layout)])
+    transport.track_deliveries(schedule)
+    tracker = AllocationTracker(device) if job.track_allocations else None
+    if tracker is not None:
+        tracker.__enter__()
+    assembled = assemble_rank(prepared, rank, device=device,
+                              transport=delayed_transport(transport, rank),  # usually none
+                              session=_agreed(prepared.session), group_of=transport.group)
+    origin = _common_origin(placement)
+    progress = _progress_bar(prepared, rank)
+    steps = None if journal is None else StepJournal(  # reads the final ``assembled`` below
+        journal, lambda: assembled.result(wall=time.time() - origin, device=device,
+                                          final=False, losses=False),
+        assembled.parts, window=4 * job.plan.microbatches)
+    on_step = _each_step(progress, steps)
+    assembled = assembled.with_timeline(origin, device).with_features(
+        lambda r, program: [*([OnStep(on_step)] if on_step is not None else []),
+                            PositionHooks(injected_fault_hooks(program, r))])
+    online = OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None else None
     try:
-        transport = DistTransport(rank, device, timeout, apc=job.apc, wire=placement.wire)
-        transport.make_groups([*schedule.layout.stage_ranks,
-                               *([range(world_size)] if job.clip_grad_norm is not None else []),
-                               *tie_groups(prepared.ties, schedule.layout)])
-        transport.track_deliveries(schedule)
-        tracker = AllocationTracker(device) if job.track_allocations else None
-        if tracker is not None:
-            tracker.__enter__()
-        assembled = assemble_rank(prepared, rank, device=device,
-                                  transport=delayed_transport(transport, rank),  # usually none
-                                  session=_agreed(prepared.session), group_of=transport.group)
-        origin = _common_origin(placement)
-        assembled.start_timeline(origin, device)
-        progress = _progress_bar(prepared, rank)
-        steps = None if journal is None else StepJournal(
-            journal, lambda: assembled.result(wall=time.time() - origin, device=device,
-                                              final=False, losses=False),
-            assembled.parts, window=4 * job.plan.microbatches)
-        assembled.on_step = _each_step(progress, steps)
-        assembled.extra_hooks = lambda program: injected_fault_hooks(program, rank)
-        online = (OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None
-                  else None)
-        try:
-            if online is None:
-                for _ in assembled.interpreter().run():
-                    raise AssertionError("the distributed transport never yields")
-            else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/advance/online.py)
-                run_rank_windows(online, assembled.parts, assembled.interpreter, device=device,
-                                 before=transport.track_deliveries)
-        except BaseException as error:  # keep what ran: the losses and timeline so far
-            with contextlib.suppress(Exception):  # never hide the error itself
-                attach_partial(error, assembled.result(
-                    wall=time.time() - origin, device=device, final=False))
-            raise
-        finally:
-            if steps is not None:
-                steps.close()
-        assembled.recovery.close()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if tracker is not None:
-            tracker.__exit__(None, None, None)
-        result = assembled.result(wall=time.time() - origin, device=device, online=online)
-        if tracker is not None:
-            result.peak_allocated_bytes = tracker.peak
-        if progress is not None:
-            progress.close()
-        if not gather:
-            dist.barrier(**placement.barrier_options())
-            return [result]
-        gathered: list[RankResult | None] = [None] * world_size if rank == 0 else []
-        dist.gather_object(result, gathered if rank == 0 else None, dst=0)
-        return [r for r in gathered if r is not None]
+        _interpret(assembled, online, transport, device)
+    except BaseException as error:  # keep what ran: the losses and timeline so far
+        with contextlib.suppress(Exception):  # never hide the error itself
+            attach_partial(error, assembled.result(
+                wall=time.time() - origin, device=device, final=False))
+        raise
     finally:
-        dist.destroy_process_group()
+        if steps is not None:
+            steps.close()
+    assembled.recovery.close()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if tracker is not None:
+        tracker.__exit__(None, None, None)
+    result = assembled.result(wall=time.time() - origin, device=device, online=online)
+    if tracker is not None:
+        result.peak_allocated_bytes = tracker.peak
+    if progress is not None:
+        progress.close()
+    return result
+
+
+def _interpret(assembled: AssembledRank, online: OnlineAdvance | None, transport: DistTransport,
+               device: torch.device) -> None:
+    """The whole program, or AvgPipe's Algorithm 1: one iteration at a time
+    (:mod:`..advance.online`)."""
+    if online is None:
+        for _ in assembled.interpreter().run():
+            raise AssertionError("the distributed transport never yields")
+    else:
+        run_rank_windows(online, assembled.parts, assembled.interpreter, device=device,
+                         before=transport.track_deliveries)
 
 
 def _each_step(*hooks: StepHook | None) -> StepHook | None:

@@ -29,14 +29,18 @@ from ..communication.transport import LocalTransport
 from ..execution.interpreter import RankInterpreter
 from ..job import Job
 from ..observation.results import RankResult, attach_partial
-from .assemble import AssembledRank, assemble_rank
+from .assemble import AssembledRank, FeatureFactory, assemble_rank
 from .prepare import PreparedJob, prepare
 
 __all__ = ["run_local"]
 
 
-def run_local(job: Job | PreparedJob) -> list[RankResult]:
+def run_local(job: Job | PreparedJob, *,
+              features: FeatureFactory | None = None) -> list[RankResult]:
     """Run ``job`` in this process; one :class:`RankResult` per rank.
+
+    ``features``: ``(rank, program) -> rank features`` added to every rank's interpreter
+    (:mod:`..execution.features`), e.g. a meter of one's own.
 
     Uses the same intra-op thread count as one rank of a local distributed run, so that
     reductions inside kernels happen in the same order and results agree bit for bit. Every
@@ -47,12 +51,12 @@ def run_local(job: Job | PreparedJob) -> list[RankResult]:
     torch.set_num_threads(threads_per_rank(job.plan.world_size if isinstance(job, Job)
                                            else job.job.plan.world_size))
     try:
-        return _run(job)
+        return _run(job, features)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(given: Job | PreparedJob) -> list[RankResult]:
+def _run(given: Job | PreparedJob, features: FeatureFactory | None) -> list[RankResult]:
     job = given if isinstance(given, Job) else given.job
     if job.track_allocations:
         raise ValueError("track_allocations measures each rank's tensors in its own process; "
@@ -71,9 +75,10 @@ def _run(given: Job | PreparedJob) -> list[RankResult]:
     origin = time.time()
     ranks: list[AssembledRank] = []
     for rank in range(schedule.num_ranks):
-        ranks.append(assemble_rank(prepared, rank, device=device, transport=hub.endpoint(rank),
-                                   session=prepared.session, spec=spec, apply_rng=False))
-        ranks[-1].start_timeline(origin, device)
+        assembled = assemble_rank(prepared, rank, device=device, transport=hub.endpoint(rank),
+                                  session=prepared.session, spec=spec, apply_rng=False)
+        assembled = assembled.with_timeline(origin, device)
+        ranks.append(assembled if features is None else assembled.with_features(features))
 
     def interpreters(program: Schedule | None = None,
                      meters: Sequence[ActivationMeter | None] | None = None) -> list[RankInterpreter]:

@@ -71,7 +71,7 @@ class StepJournal:
         # only the losses already computed: on a GPU the journal never waits (.execution.losses)
         sources = [(0, stage.loss_log.values(wait=False)) for stage in self.parts.stages.values()]
         sources += [(index, stage.loss_log.values(wait=False))
-                    for index, other in enumerate(self.parts.others, 1)
+                    for index, other in enumerate(self.parts.pipelines[1:], 1)
                     for stage in other.stages.values()]
         new: dict[int, dict[int, float]] = {}
         for position, (pipeline, losses) in enumerate(sources):

@@ -132,7 +132,7 @@ def state_bytes(parts: RankParts) -> int:
     """Model state a built rank holds now (module docstring); the optimizer state is complete
     once every stage has stepped (after the first iteration)."""
     total = 0
-    for pipeline in [parts, *parts.others]:
+    for pipeline in parts.pipelines:
         for stage, module in ((s, r.module) for s, r in pipeline.stages.items()):
             total += _module_state_bytes(module, pipeline.optimizers[stage])
     for averager in parts.averagers.values():

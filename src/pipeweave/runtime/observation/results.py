@@ -143,7 +143,7 @@ def collect_result(rank: int, parts: RankParts, schedule: Schedule, *, records: 
         result.prediction_seconds[stage_id] = weights.prediction_seconds
     if want_parameters:
         result.parameters = owned_parameters(rank, parts, schedule)
-    for index, other in enumerate(parts.others, start=1):
+    for index, other in enumerate(parts.pipelines[1:], start=1):
         for stage in other.stages.values():
             if want_losses:
                 result.pipeline_losses.setdefault(index, {}).update(stage.losses)

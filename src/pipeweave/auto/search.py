@@ -38,6 +38,7 @@ from ..schedules.registry import check_options
 from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, shape_bound
 from .budget import Budget, work_units
+from .floors import StateFloor
 from .links import default_topology
 from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
@@ -136,6 +137,7 @@ class _Search:
     problem: AutoProblem
     progress: Progress
     partitioner: Partitioner = field(init=False)
+    state_floor: StateFloor = field(init=False)
     profiles: dict[int, Profile] = field(default_factory=dict)
     invalid: int = 0
     pruned_time: int = 0
@@ -160,6 +162,7 @@ class _Search:
 
     def __post_init__(self) -> None:
         self.partitioner = Partitioner(self.problem)
+        self.state_floor = StateFloor(self.problem)
 
     def profile(self, candidate: Candidate) -> Profile:
         size = self.problem.batch // candidate.microbatches
@@ -250,8 +253,7 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     say(f"{len(candidates)} candidates from {len(axes)} axes")
     keyed = _by_bound(state, candidates)
     last_report = time.perf_counter()
-    order = keyed if problem.time_limit is None else _safe_first(keyed,
-                                                                 lambda: bool(state.ranked))
+    order = _safe_first(keyed, lambda: bool(state.ranked))
     for position, entry in enumerate(order):
         if problem.time_limit is not None and state.ranked and \
                 time.perf_counter() - state.started > problem.time_limit:
@@ -301,9 +303,6 @@ def _examine(state: _Search, entry: Keyed) -> bool:
     if timed.samples_per_second <= state.best:  # cannot win: its memory is asked only if
         state.slower.append(timed)              # it makes the table (_table_memory)
         return False
-    if state.over_floor(plan):  # surely over the limit: the memory model is not asked
-        state.pruned_memory += 1
-        return False
     if not state.fits(done, state.started, simulation=False):
         state.over_budget += 1
         return False
@@ -335,6 +334,9 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
             candidate, problem.time_limit - (time.perf_counter() - state.started)):
         state.over_budget += 1  # too long for the time left; a cheaper one may fit
         return None
+    if problem.memory_limit is not None and state.state_floor(candidate) > problem.memory_limit:
+        state.pruned_memory += 1  # no split fits: its method is not run (auto/floors.py)
+        return None
     try:
         done, plan, profile = state.complete(candidate)
     except ValueError:
@@ -361,9 +363,14 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
 
 def _checked_simulation(state: _Search, done: Candidate, plan: Plan,
                         profile: Profile) -> _Simulated | None:
-    """Simulate a complete candidate whose ties its schedule keeps exact (None: refused)."""
+    """Simulate a complete candidate whose ties its schedule keeps exact (None: refused, or
+    surely over the memory limit, :func:`~pipeweave.auto.memory.memory_floor`: then it is
+    neither simulated nor its memory asked)."""
     try:
         check_ties(plan, state.problem.profile)
+        if state.over_floor(plan):
+            state.pruned_memory += 1
+            return None
         return _Simulated(state.evaluate(done, profile), plan, done)
     except TieRefused as refused:
         state.invalid += 1
@@ -412,15 +419,17 @@ SAFE_SCHEDULE = "1f1b"
 
 
 def _safe_first(keyed: list[Keyed], found: Callable[[], bool]) -> Iterator[Keyed]:
-    """``keyed`` (best bound first) in the order a time-limited search examines it: until
+    """``keyed`` (best bound first) in the order the search examines it: until
     ``found()`` (a candidate that fits was ranked), the 1F1B candidates without
     recomputation from the cheapest to examine (the fewest actions,
     :func:`~pipeweave.auto.budget.work_units`), then the best-bound 1F1B candidate recomputing
     every stage; then every candidate not yet given, best bound first.
 
-    The order decides nothing in an exact search (every candidate is examined or pruned by a
-    true bound, so ``search`` does not call this then); under a time limit it decides what is
-    examined. The best bounds are often schedules that hold more activations (zero bubble: up
+    The order decides nothing about the winner of an exact search (every candidate is
+    examined or pruned by a true bound; only how many are pruned: a plan that fits found
+    early sets the bar the best bounds must clear, where the best bounds alone would first
+    simulate the largest schedules, which at planning scale do not fit); under a time limit
+    it decides what is examined. The best bounds are often schedules that hold more activations (zero bubble: up
     to 2P - 1 micro-batches) and, on a large model, do not fit, and the first candidate is
     examined with no measured rate, so a huge one could spend the whole limit. The cheapest
     candidate of the memory-frugal schedule every pipeline runs that passes the static memory

@@ -22,6 +22,7 @@ def _exhaustive(problem: AutoProblem, monkeypatch: pytest.MonkeyPatch) -> search
         patch.setattr(search_module._Search, "over_floor", lambda self, plan: False)
         patch.setattr(StateFloor, "__call__", lambda self, candidate: 0.0)
         patch.setattr(search_module, "static_memory", lambda problem, plan: [0.0])
+        patch.setattr(search_module, "inflight_floor", lambda *args: [0.0])
         result = search(problem)
     assert result.pruned == 0
     return result
@@ -60,3 +61,31 @@ def test_the_pruned_search_picks_the_exhaustive_winner(
     assert pruned.winner.max_memory == same[0].max_memory
     if len(tied) == 1:
         assert pruned.winner.candidate == every.winner.candidate
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_the_inflight_floor_is_below_every_predicted_peak(seed: int) -> None:
+    """A plan of iteration time T holds at least ``inflight_floor(period=T)`` on every rank
+    (auto/floors.py): checked against the memory model for every candidate of a space."""
+    from pipeweave.auto.floors import inflight_floor
+    from pipeweave.auto.predict import candidate_costs, predict
+    from pipeweave.auto.axes import enumerate_candidates
+
+    problem = _problem(seed, None, True)
+    state = search_module._Search(problem, lambda _text: None)
+    checked = 0
+    for candidate in enumerate_candidates(problem):
+        if not search_module._valid_shape(candidate, problem):
+            continue
+        try:
+            done, plan, profile = state.complete(candidate)
+            prediction = predict(done, profile, problem)
+        except ValueError:
+            continue
+        floor = inflight_floor(problem, plan, candidate_costs(done, plan, profile, problem),
+                               prediction.iteration_time)
+        assert len(floor) == len(prediction.peak_memory_bytes)
+        for bound, peak in zip(floor, prediction.peak_memory_bytes):
+            assert bound <= peak * (1 + 1e-12), (candidate, bound, peak)
+        checked += 1
+    assert checked > 50

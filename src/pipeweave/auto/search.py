@@ -38,7 +38,7 @@ from ..schedules.registry import check_options
 from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, shape_bound
 from .budget import Budget, work_units
-from .floors import StateFloor
+from .floors import StateFloor, inflight_floor
 from .links import default_topology
 from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
@@ -354,6 +354,10 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     costs = candidate_costs(done, plan, profile, problem)
     if _cannot_beat(samples, plan_bound(plan, costs, problem), state.best, done):
         state.pruned_time += 1
+        return None
+    if problem.memory_limit is not None and state.best > 0 and max(inflight_floor(
+            problem, plan, costs, samples / state.best)) >= problem.memory_limit:
+        state.pruned_memory += 1  # fast enough to win only holding more than fits
         return None
     if not state.fits(done, state.started):
         state.over_budget += 1

@@ -253,7 +253,8 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     say(f"{len(candidates)} candidates from {len(axes)} axes")
     keyed = _by_bound(state, candidates)
     last_report = time.perf_counter()
-    order = _safe_first(keyed, lambda: bool(state.ranked))
+    order = keyed if problem.time_limit is None else _safe_first(keyed,
+                                                                 lambda: bool(state.ranked))
     for position, entry in enumerate(order):
         if problem.time_limit is not None and state.ranked and \
                 time.perf_counter() - state.started > problem.time_limit:
@@ -423,17 +424,16 @@ SAFE_SCHEDULE = "1f1b"
 
 
 def _safe_first(keyed: list[Keyed], found: Callable[[], bool]) -> Iterator[Keyed]:
-    """``keyed`` (best bound first) in the order the search examines it: until
+    """``keyed`` (best bound first) in the order a time-limited search examines it: until
     ``found()`` (a candidate that fits was ranked), the 1F1B candidates without
     recomputation from the cheapest to examine (the fewest actions,
     :func:`~pipeweave.auto.budget.work_units`), then the best-bound 1F1B candidate recomputing
     every stage; then every candidate not yet given, best bound first.
 
-    The order decides nothing about the winner of an exact search (every candidate is
-    examined or pruned by a true bound; only how many are pruned: a plan that fits found
-    early sets the bar the best bounds must clear, where the best bounds alone would first
-    simulate the largest schedules, which at planning scale do not fit); under a time limit
-    it decides what is examined. The best bounds are often schedules that hold more activations (zero bubble: up
+    The order decides nothing in an exact search (every candidate is examined or pruned by a
+    true bound, so ``search`` does not call this then: best bound first keeps the table's
+    runners-up and the tie-break among equal plans as they were); under a time limit it
+    decides what is examined. The best bounds are often schedules that hold more activations (zero bubble: up
     to 2P - 1 micro-batches) and, on a large model, do not fit, and the first candidate is
     examined with no measured rate, so a huge one could spend the whole limit. The cheapest
     candidate of the memory-frugal schedule every pipeline runs that passes the static memory

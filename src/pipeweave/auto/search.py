@@ -262,9 +262,11 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
             say(f"--time-limit {problem.time_limit:g} s spent: {state.unexamined} candidates "
                 "left unexamined (the weakest bounds)")
             break
-        if _examine(state, entry) and time.perf_counter() - last_report > 2.0:
+        joined = _examine(state, entry)
+        if time.perf_counter() - last_report > (2.0 if joined else 10.0):
             last_report = time.perf_counter()
             say(f"searched {position + 1}/{len(keyed)}: {state.simulated} simulated, "
+                f"{state.pruned_time} + {state.pruned_memory} pruned (time + memory), "
                 f"best {state.best:.4g} samples/s")
     _table_memory(state)
     return _result(state, len(candidates))

@@ -89,3 +89,15 @@ def test_slicer_on_a_gpt_partition() -> None:
     forward = [sum(profile.forward[a:e]) for a, e in result.plan.stages]
     startup = sum(forward[:-1])  # (P-1) F on the way to the last stage (links nearly free)
     assert 0.75 * startup / 2 <= saved <= startup
+
+
+def test_the_evaluators_path_is_its_full_simulations() -> None:
+    """AutoPipe runs on ``Evaluator.path`` (iteration time and master stage alone): the same
+    numbers as the full simulation, so the same search."""
+    profile = gpt_profile(24)
+    request = PlanRequest(profile, 8, microbatches=16)
+    evaluator = Evaluator(profile, "1f1b", 8, 16, straight_network(request))
+    by_path = autopipe_search(evaluator.path, profile.forward, profile.backward, 8)
+    full = autopipe_search(evaluator, profile.forward, profile.backward, 8)
+    assert by_path.bounds == full.bounds and by_path.trace == full.trace
+    assert by_path.result.iteration_time == full.result.iteration_time

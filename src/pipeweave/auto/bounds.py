@@ -69,7 +69,7 @@ from ..sim import Costs, StageCosts
 from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
 
-__all__ = ["shape_bound", "plan_bound"]
+__all__ = ["shape_bound", "plan_bound", "round_trips"]
 
 
 @dataclass(frozen=True)
@@ -209,6 +209,13 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
     if cores is not None and cores < layout.num_ranks:
         bound = max(bound, compute / cores)
     return bound if math.isfinite(bound) else 0.0
+
+
+def round_trips(layout: Layout, table: StageCosts, split: bool) -> list[float]:
+    """Per stage: the least time from the end of a micro-batch's forward there to the start of
+    its gradient there (``down(s)`` of the module docstring), for any schedule of the plan
+    (``split``: the schedule may split backwards)."""
+    return _round_trips(table, split, _latencies(layout, table))
 
 
 def _gradient(table: StageCosts, stage: int, split: bool) -> float:

@@ -38,6 +38,7 @@ from ..schedules.registry import check_options
 from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, shape_bound
 from .budget import Budget, work_units
+from .floors import StateFloor, inflight_floor
 from .links import default_topology
 from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
@@ -136,6 +137,7 @@ class _Search:
     problem: AutoProblem
     progress: Progress
     partitioner: Partitioner = field(init=False)
+    state_floor: StateFloor = field(init=False)
     profiles: dict[int, Profile] = field(default_factory=dict)
     invalid: int = 0
     pruned_time: int = 0
@@ -160,6 +162,7 @@ class _Search:
 
     def __post_init__(self) -> None:
         self.partitioner = Partitioner(self.problem)
+        self.state_floor = StateFloor(self.problem)
 
     def profile(self, candidate: Candidate) -> Profile:
         size = self.problem.batch // candidate.microbatches
@@ -259,9 +262,11 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
             say(f"--time-limit {problem.time_limit:g} s spent: {state.unexamined} candidates "
                 "left unexamined (the weakest bounds)")
             break
-        if _examine(state, entry) and time.perf_counter() - last_report > 2.0:
+        joined = _examine(state, entry)
+        if time.perf_counter() - last_report > (2.0 if joined else 10.0):
             last_report = time.perf_counter()
             say(f"searched {position + 1}/{len(keyed)}: {state.simulated} simulated, "
+                f"{state.pruned_time} + {state.pruned_memory} pruned (time + memory), "
                 f"best {state.best:.4g} samples/s")
     _table_memory(state)
     return _result(state, len(candidates))
@@ -301,9 +306,6 @@ def _examine(state: _Search, entry: Keyed) -> bool:
     if timed.samples_per_second <= state.best:  # cannot win: its memory is asked only if
         state.slower.append(timed)              # it makes the table (_table_memory)
         return False
-    if state.over_floor(plan):  # surely over the limit: the memory model is not asked
-        state.pruned_memory += 1
-        return False
     if not state.fits(done, state.started, simulation=False):
         state.over_budget += 1
         return False
@@ -335,6 +337,9 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
             candidate, problem.time_limit - (time.perf_counter() - state.started)):
         state.over_budget += 1  # too long for the time left; a cheaper one may fit
         return None
+    if problem.memory_limit is not None and state.state_floor(candidate) > problem.memory_limit:
+        state.pruned_memory += 1  # no split fits: its method is not run (auto/floors.py)
+        return None
     try:
         done, plan, profile = state.complete(candidate)
     except ValueError:
@@ -353,6 +358,10 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     if _cannot_beat(samples, plan_bound(plan, costs, problem), state.best, done):
         state.pruned_time += 1
         return None
+    if problem.memory_limit is not None and state.best > 0 and max(inflight_floor(
+            problem, plan, costs, samples / state.best)) >= problem.memory_limit:
+        state.pruned_memory += 1  # fast enough to win only holding more than fits
+        return None
     if not state.fits(done, state.started):
         state.over_budget += 1
         return None
@@ -361,9 +370,14 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
 
 def _checked_simulation(state: _Search, done: Candidate, plan: Plan,
                         profile: Profile) -> _Simulated | None:
-    """Simulate a complete candidate whose ties its schedule keeps exact (None: refused)."""
+    """Simulate a complete candidate whose ties its schedule keeps exact (None: refused, or
+    surely over the memory limit, :func:`~pipeweave.auto.memory.memory_floor`: then it is
+    neither simulated nor its memory asked)."""
     try:
         check_ties(plan, state.problem.profile)
+        if state.over_floor(plan):
+            state.pruned_memory += 1
+            return None
         return _Simulated(state.evaluate(done, profile), plan, done)
     except TieRefused as refused:
         state.invalid += 1
@@ -419,8 +433,9 @@ def _safe_first(keyed: list[Keyed], found: Callable[[], bool]) -> Iterator[Keyed
     every stage; then every candidate not yet given, best bound first.
 
     The order decides nothing in an exact search (every candidate is examined or pruned by a
-    true bound, so ``search`` does not call this then); under a time limit it decides what is
-    examined. The best bounds are often schedules that hold more activations (zero bubble: up
+    true bound, so ``search`` does not call this then: best bound first keeps the table's
+    runners-up and the tie-break among equal plans as they were); under a time limit it
+    decides what is examined. The best bounds are often schedules that hold more activations (zero bubble: up
     to 2P - 1 micro-batches) and, on a large model, do not fit, and the first candidate is
     examined with no measured rate, so a huge one could spend the whole limit. The cheapest
     candidate of the memory-frugal schedule every pipeline runs that passes the static memory

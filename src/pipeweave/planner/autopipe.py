@@ -38,12 +38,22 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from ..sim import SimulationResult
 from .partition import Bounds, FeasibleFn, min_max_partition, stage_sums
 
 __all__ = ["AutoPipeSearch", "SearchStep", "autopipe_search", "cooldown_violation"]
+
+
+class Measured(Protocol):
+    """What the search reads of a simulation (:class:`pipeweave.sim.SimulationResult`, or
+    :class:`pipeweave.sim.PathTiming` alone)."""
+
+    @property
+    def iteration_time(self) -> float: ...
+
+    @property
+    def master_stage(self) -> int: ...
 
 
 class SearchStep(NamedTuple):
@@ -69,9 +79,9 @@ class AutoPipeSearch:
     """
 
     bounds: Bounds
-    result: SimulationResult
+    result: Measured
     start: Bounds
-    start_result: SimulationResult
+    start_result: Measured
     simulations: int
     trace: tuple[SearchStep, ...]
 
@@ -87,7 +97,7 @@ def cooldown_violation(loads: Sequence[float], backward: Sequence[float], master
 
 
 def autopipe_search(
-    evaluate: Callable[[Bounds], SimulationResult],
+    evaluate: Callable[[Bounds], Measured],
     forward: Sequence[float],
     backward: Sequence[float],
     stages: int,
@@ -110,13 +120,13 @@ def autopipe_search(
 class _Heuristic:
     """The state of one :func:`autopipe_search`: the schemes simulated (memoised)."""
 
-    evaluate: Callable[[Bounds], SimulationResult]
+    evaluate: Callable[[Bounds], Measured]
     compute: list[float]
     """``f + b`` of every block."""
     backward: list[float]
     feasible: FeasibleFn | None
     max_simulations: int
-    cache: dict[Bounds, SimulationResult] = field(default_factory=dict)
+    cache: dict[Bounds, Measured] = field(default_factory=dict)
     trace: list[SearchStep] = field(default_factory=list)
 
     def run(self, start: Bounds) -> None:
@@ -139,18 +149,18 @@ class _Heuristic:
                 if self.simulate(candidate, "shift").master_stage <= master:
                     queue.append(candidate)
 
-    def best(self, start_result: SimulationResult) -> tuple[Bounds, SimulationResult]:
+    def best(self, start_result: Measured) -> tuple[Bounds, Measured]:
         """The simulated-fastest scheme (equal up to rounding: the lighter heaviest stage)."""
         scale = start_result.iteration_time or 1.0
 
-        def key(item: tuple[Bounds, SimulationResult]) -> tuple[float, float]:
+        def key(item: tuple[Bounds, Measured]) -> tuple[float, float]:
             bounds, result = item
             return (round(result.iteration_time / scale, 9),
                     max(stage_sums(self.compute, bounds)))
 
         return min(self.cache.items(), key=key)
 
-    def simulate(self, bounds: Bounds, step: str) -> SimulationResult:
+    def simulate(self, bounds: Bounds, step: str) -> Measured:
         result = self.cache.get(bounds)
         if result is None:
             result = self.cache[bounds] = self.evaluate(bounds)

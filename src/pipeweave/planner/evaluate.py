@@ -38,10 +38,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir import Schedule
+from ..ir import Action, Schedule
+from ..ir.walk import Location, index_actions
 from ..profiler import Profile
 from ..schedules import build_schedule, get_info
-from ..sim import Costs, SimulationResult, simulate
+from ..sim import Costs, PathTiming, SimulationResult, simulate, simulate_path
 from .partition import Bounds
 from .pipedream import allreduce_time
 
@@ -203,6 +204,7 @@ class Evaluator:
     options: Mapping[str, Any] = field(default_factory=dict)
     calls: int = 0
     _built: Schedule | None = None
+    _index: dict[Action, Location] | None = None
 
     def built(self) -> Schedule:
         if self._built is None:
@@ -216,3 +218,13 @@ class Evaluator:
     def __call__(self, bounds: Bounds) -> SimulationResult:
         self.calls += 1
         return simulate(self.built(), plan_costs(self.profile, bounds, self.network, self.replicas))
+
+    def path(self, bounds: Bounds) -> PathTiming:
+        """The iteration time and master stage alone (:func:`pipeweave.sim.simulate_path`,
+        the same numbers as :meth:`__call__`'s), the action index built once."""
+        self.calls += 1
+        if self._index is None:
+            self._index = index_actions(self.built())
+        return simulate_path(self.built(),
+                             plan_costs(self.profile, bounds, self.network, self.replicas),
+                             index=self._index)

@@ -62,7 +62,7 @@ def autopipe(request: PlanRequest) -> Partition:
     evaluator = Evaluator(profile, schedule, request.ranks, request.num_microbatches,
                           straight_network(request))
     search = autopipe_search(
-        evaluator, profile.forward, profile.backward, request.ranks,
+        evaluator.path, profile.forward, profile.backward, request.ranks,
         feasible=memory_mask(request, schedule) if request.memory_limit is not None else None,
     )
     compute = profile.compute

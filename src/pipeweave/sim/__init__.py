@@ -8,9 +8,10 @@ no torch: the planners call it in their search loops.
 
 from .costs import Costs, StageCosts
 from .critical_path import critical_path, master_stage
-from .simulator import SimulationResult, TimelineRecord, Timing, simulate, simulate_timing
+from .simulator import (PathTiming, SimulationResult, TimelineRecord, Timing, simulate,
+                        simulate_path, simulate_timing)
 
 __all__ = [
     "Costs", "StageCosts", "SimulationResult", "TimelineRecord", "simulate", "critical_path",
-    "master_stage", "Timing", "simulate_timing",
+    "master_stage", "Timing", "simulate_timing", "PathTiming", "simulate_path",
 ]

@@ -41,7 +41,8 @@ from .costs import Costs, StageCosts
 from .critical_path import critical_path, master_stage
 from .shared_cores import walk_shared_cores
 
-__all__ = ["TimelineRecord", "SimulationResult", "simulate", "Timing", "simulate_timing"]
+__all__ = ["TimelineRecord", "SimulationResult", "simulate", "Timing", "simulate_timing",
+           "PathTiming", "simulate_path"]
 
 
 class TimelineRecord(NamedTuple):
@@ -174,6 +175,29 @@ def simulate_timing(schedule: Schedule, costs: Costs | None = None, *,
                                  None if window == (0.0, timing.makespan) else window)
     return Timing(makespan=timing.makespan, iteration_time=iteration_time, window=window,
                   bubble_fraction=metrics.bubble_fraction(busy, window))
+
+
+class PathTiming(NamedTuple):
+    """What :func:`simulate_path` measures: :class:`SimulationResult`'s iteration time and
+    master stage."""
+
+    iteration_time: float
+    master_stage: int
+
+
+def simulate_path(schedule: Schedule, costs: Costs | None = None, *,
+                  index: dict[Action, Location] | None = None) -> PathTiming:
+    """:func:`simulate`'s iteration time and master stage (the critical path's heaviest
+    stage), without the held activations and weight versions AutoPipe's search does not read
+    (half of :func:`simulate`'s cost at 64+ stages); ``index`` as for
+    :func:`simulate_timing`. The same walk and path, so the same numbers."""
+    table = (costs if costs is not None else Costs()).resolve(schedule.num_stages)
+    index = index_actions(schedule) if index is None else index
+    with _cyclic_gc_paused():
+        timing = _walk(schedule, table, index)
+        iteration_time, _ = metrics.iteration_window(schedule, timing.end, timing.makespan)
+        path = critical_path(schedule, timing.start, timing.end, index, _delay_fn(table))
+        return PathTiming(iteration_time, master_stage(schedule, path, timing.start, timing.end))
 
 
 def _walk(schedule: Schedule, table: StageCosts, index: dict[Action, Location]) -> Walk:

@@ -1,0 +1,99 @@
+"""Memory floors that need no schedule: the model state spread evenly, and the activations
+a plan must hold to be fast.
+
+:func:`~pipeweave.auto.memory.static_memory` prunes a candidate once its partition method has
+run; a method can cost seconds at planning scale (AutoPipe simulates the 1F1B of each split
+it tries, PipeDream runs its dynamic program), so a shape whose model state cannot fit on any
+split is pruned here first, for every method and recomputation of it at once.
+
+One copy of the pipeline spreads the model's ``S = d x chunks`` stages over its ``d`` ranks
+(PipeDream's replicated stages over ``d`` ranks too, with ``w = 1``: replicas only add
+bytes). Rank ``r`` holds, in each of ``N`` pipelines, its stages' parameters ``|w_s|``, as
+many gradient bytes and their optimizer state ``k_s``
+(:func:`pipeweave.memory.model_state`, which :func:`~pipeweave.auto.memory.static_memory`
+takes whole). Every stage is on some rank and the maximum is at least the mean, so::
+
+    max over r of static(r)  >=  (1 / d) sum over r of static(r)
+                             >=  N (2 |W| + K) / d
+
+with ``|W|`` the model's parameter bytes, each tie once (``stage_parameter_bytes(0, n)``: a
+split counts a tie at least once, in the stage holding it) and ``K`` the blocks' optimizer
+state summed; a profile with ties counts no optimizer state here, since a stage holding both
+ends of a tie holds its state once (``planner.memory._held_share``) and this floor stays
+below every split. A candidate with ``N (2 |W| + K) / d`` over the memory limit has every
+split over it, so it is pruned before its method runs.
+"""
+
+from __future__ import annotations
+
+from ..memory import model_state
+from ..planner.memory import optimizer_state_bytes, stage_activation_bytes, stage_weights
+from ..planner.plan import Plan
+from ..schedules import get_info
+from ..sim import Costs
+from .bounds import round_trips
+from .capabilities import splits_backward
+from .problem import AutoProblem, Candidate
+
+__all__ = ["StateFloor", "inflight_floor"]
+
+
+class StateFloor:
+    """:func:`static_memory`'s floor over every split (module docstring), per problem."""
+
+    def __init__(self, problem: AutoProblem) -> None:
+        profile = problem.profile
+        weights = profile.stage_parameter_bytes(0, profile.num_blocks)
+        whole = Plan(num_blocks=profile.num_blocks, stages=((0, profile.num_blocks),),
+                     microbatches=1)
+        state = 0.0 if profile.ties else sum(
+            optimizer_state_bytes(profile, whole, problem.optimizer))
+        self.per_copy = 2.0 * weights + state
+        """``2 |W| + K``: a pipeline copy's model state, summed over its ranks."""
+
+    def __call__(self, candidate: Candidate) -> float:
+        """Bytes some rank of ``candidate`` holds at least, on every split."""
+        return candidate.pipelines * self.per_copy / candidate.depth
+
+
+def inflight_floor(problem: AutoProblem, plan: Plan, costs: Costs, period: float) -> list[float]:
+    """Per rank of a synchronous ``plan``: bytes its memory model's peak exceeds whenever
+    the plan's iteration is shorter than ``period`` seconds (the time that would beat the
+    best plan so far), from the stages' costs alone, with no schedule built.
+
+    Micro-batch ``m``'s activation on stage ``s`` stays held (the memory model counts it, by
+    program order, from its forward to its backward, ``pipeweave.memory.held``) at least
+    through ``[end of F(s, m), start of its gradient on s]``, which lasts at least ``down(s)``
+    (:func:`~pipeweave.auto.bounds.round_trips`: its forwards on every later stage, their
+    gradients and both crossings of every boundary; a Slicer half holds half an activation
+    for at least that long too). A replica of ``s`` runs ``n_s = N ceil(M / replicas)`` of
+    them, each ``a_s`` bytes, all inside the iteration ``[0, T]``. The bytes held on rank
+    ``r`` at time ``t``, ``A_r(t)``, are at least those of the intervals open then, so::
+
+        T * max_t A_r(t)  >=  integral of A_r over [0, T]  >=  sum over s on r of a_s n_s down(s)
+
+    and a plan with ``T < period`` peaks above ``P_r + K_r + sum_s a_s n_s down(s) / period``
+    (``P_r``, ``K_r``: the rank's parameters and optimizer state, which the memory model adds
+    to the activations it holds, :func:`~pipeweave.auto.memory.memory_floor`). A candidate
+    with that over the memory limit on some rank cannot both fit and beat the best: it is
+    pruned without being built.
+    """
+    if period <= 0 or not get_info(plan.schedule).synchronous:
+        return [0.0] * plan.world_size
+    layout = plan.layout()
+    table = costs.resolve(len(plan.stages))
+    down = round_trips(layout, table, splits_backward(plan.schedule))
+    profile = problem.profile
+    rows = problem.batch // plan.microbatches
+    scale = 1.0 if profile.batch_size is None else rows / profile.batch_size
+    kept = stage_activation_bytes(profile, plan, scale)
+    held = [0.0] * layout.num_ranks
+    for s, ranks in enumerate(layout.stage_ranks):
+        runs = plan.pipelines * -(-plan.microbatches // len(ranks))
+        for r in ranks:
+            held[r] += kept[s] * runs * down[s] / period
+    states = model_state(stage_weights(profile, plan),
+                         optimizer_state_bytes(profile, plan, problem.optimizer),
+                         [layout.stages_of(r) for r in range(layout.num_ranks)],
+                         pipelines=plan.pipelines, reference=False)
+    return [s.parameters + s.optimizer_state + h for s, h in zip(states, held)]

@@ -32,7 +32,6 @@ from ..planner.plan import Plan
 from ..schedules import get_info
 from ..sim import Costs
 from .bounds import round_trips
-from .capabilities import splits_backward
 from .problem import AutoProblem, Candidate
 
 __all__ = ["StateFloor", "inflight_floor"]
@@ -82,7 +81,7 @@ def inflight_floor(problem: AutoProblem, plan: Plan, costs: Costs, period: float
         return [0.0] * plan.world_size
     layout = plan.layout()
     table = costs.resolve(len(plan.stages))
-    down = round_trips(layout, table, splits_backward(plan.schedule))
+    down = round_trips(layout, table, get_info(plan.schedule).split_backward)
     profile = problem.profile
     rows = problem.batch // plan.microbatches
     scale = 1.0 if profile.batch_size is None else rows / profile.batch_size

@@ -48,7 +48,8 @@ def test_prepared_job_is_immutable_picklable_and_holds_the_validated_schedule() 
     (dict(plan=Plan.uniform(3, 2, schedule="1f1b", microbatches=4)), "plan covers 3 blocks"),
     (dict(plan=Plan.uniform(4, 2, schedule="2bw", microbatches=1)), "needs microbatches >= 2"),
     (dict(checkpoint=CheckpointOptions(directory="unused", every=1),
-          plan=Plan.uniform(4, 2, schedule="pipedream", microbatches=4)), "needs a synchronous"),
+          plan=Plan.uniform(4, 2, schedule="pipedream", microbatches=4,
+                            schedule_options={"drain": 2})), "needs a drain there"),
 ])
 def test_a_bad_job_is_refused_by_prepare(bad: dict, message: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match=message):

@@ -4,33 +4,23 @@ wrote."""
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeweave.cli.main import main
+from readme_blocks import block_commands, shortened
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 TEXT = "".join(f"{i}: pipelines cut a model into stages that run at once\n" for i in range(200))
 
 
 def own_data_commands() -> list[list[str]]:
-    section = README.read_text().split("## Your own data", 1)[1]
-    block = section[section.index("```bash") + len("```bash"):]
-    block = block[:block.index("```")]
-    return [shlex.split(line.split("#", 1)[0])[1:] for line in block.splitlines()
-            if line.startswith("pipeweave ")]
+    return block_commands("Your own data")
 
 
 def _shortened(argv: list[str]) -> list[str]:
-    out = list(argv)
-    for flag, value in (("--steps", lambda n: n // 100), ("--eval-every", lambda n: n // 50),
-                        ("--checkpoint-every", lambda n: n // 100)):
-        if flag in out:
-            index = out.index(flag) + 1
-            out[index] = str(value(int(out[index])))
+    out = shortened(argv, {"--steps": 100, "--eval-every": 50, "--checkpoint-every": 100})
     return [*out, "--no-progress", "--batch-size", "4"]
 
 

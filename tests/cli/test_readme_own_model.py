@@ -4,32 +4,23 @@ loads with ``from_pretrained`` and holds the weights the last checkpoint holds."
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipeweave.cli.main import main
+from readme_blocks import block_commands, shortened
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 TEXT = "".join(f"{i}: a pipeline trains the model no single device holds\n" for i in range(300))
 
 
 def own_model_commands() -> list[list[str]]:
-    section = README.read_text().split("## Your model, your data, your weights back", 1)[1]
-    block = section[section.index("```bash") + len("```bash"):]
-    block = block[:block.index("```")]
-    return [shlex.split(line.split("#", 1)[0])[1:] for line in block.splitlines()
-            if line.startswith("pipeweave ")]
+    return block_commands("Your model, your data, your weights back")
 
 
 def _shortened(argv: list[str]) -> list[str]:
-    out = list(argv)
-    for flag, divisor in (("--steps", 200), ("--checkpoint-every", 50)):
-        if flag in out:
-            index = out.index(flag) + 1
-            out[index] = str(int(out[index]) // divisor)
+    out = shortened(argv, {"--steps": 200, "--checkpoint-every": 50})
     if out[0] == "train":
         out += ["--no-progress", "--batch-size", "4", "--seq-len", "16"]
     return out

@@ -202,12 +202,20 @@ class CheckpointWriter:
                              "losses": losses[index]}
                 for index in range(1, len(pipelines))}
             payload["reference"] = reference
+        record = self._record(steps_done, blocks, parameters[0], losses[0], copies)
+        return payload, record
+
+    def _record(self, steps_done: int, blocks: set[int], parameters: Mapping[str, Tensor],
+                losses: Mapping[str, Tensor], copies: list[dict[str, str]]) -> dict[str, Any]:
+        """This rank's record of its shard (what ``finalize`` joins into the manifest):
+        the blocks and parameters it holds, the tied copies' digests, and what every rank
+        of the run must agree on (``common``)."""
         optimizer = next(iter(self.parts.optimizers.values()))
-        record = {
+        return {
             "run_id": self.session.run_id, "step": steps_done, "blocks": sorted(blocks),
-            "has_losses": bool(losses[0]["microbatch"].numel()),
+            "has_losses": bool(losses["microbatch"].numel()),
             "parameters": {n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                           for n, t in parameters[0].items()},
+                           for n, t in parameters.items()},
             "tied": [{name: {"of": self.parts.tied_to.get(name, name), "sha256": digest}
                       for name, digest in held.items()} for held in copies],
             "common": {
@@ -219,7 +227,6 @@ class CheckpointWriter:
                          "stream": self.stream},
             },
         }
-        return payload, record
 
     def close(self, *, raise_errors: bool = True) -> None:
         """Wait for the pending checkpoints to be on disk (and complete); raise a writer's

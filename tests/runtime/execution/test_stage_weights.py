@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from pipeweave.ir import Action, Op, parse_action
 from pipeweave.runtime.execution.stage import StagePlace, StageRuntime
-from pipeweave.runtime.execution.weights import StageWeights
+from pipeweave.runtime.execution.weights import StageWeights, VersionRules
 from pipeweave.schedules import Shape, build_schedule
 
 LR = 0.1
@@ -45,7 +45,7 @@ def _weights(program: Sequence[Action], *, stage: int = 0, **options: object) ->
     module = _module()
     optimizer = torch.optim.SGD(module.parameters(), lr=LR)
     return StageWeights(stage=stage, module=module, optimizer=optimizer, program=program,
-                        **options)  # type: ignore[arg-type]
+                        rules=VersionRules(**options))  # type: ignore[arg-type]
 
 
 def _run(weights: StageWeights, program: Sequence[Action],

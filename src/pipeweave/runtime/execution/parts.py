@@ -28,7 +28,7 @@ from ..job import Job
 from ...planner.plan import Plan
 from .elastic_averaging import ElasticAverager
 from .stage import HeldActivations, StagePlace, StageRuntime, StageTraining
-from .weights import StageWeights
+from .weights import StageWeights, VersionRules
 
 if TYPE_CHECKING:
     from .sharding import StageSharding
@@ -206,8 +206,9 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         optimizers[stage] = job.optimizer(module.parameters())
         weights[stage] = StageWeights(
             stage=stage, module=module, optimizer=optimizers[stage], program=schedule.programs[rank],
-            recompute=job.plan.recompute_stage(stage), backward=backward,
-            prediction=get_info(job.plan.schedule).prediction, pipeline=pipeline,
+            rules=VersionRules(recompute=job.plan.recompute_stage(stage), backward=backward,
+                               prediction=get_info(job.plan.schedule).prediction),
+            pipeline=pipeline,
         )
     return PipelineParts(stages, optimizers, weights)
 

@@ -43,7 +43,7 @@ from .prediction import RULES, DirectionTracker
 from .replicas import Replica, ReplicaPool
 from ...planner.semantics_options import BACKWARD_MODES
 
-__all__ = ["StageWeights", "ForwardPlan"]
+__all__ = ["StageWeights", "ForwardPlan", "VersionRules"]
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,27 @@ class ForwardPlan:
     keep_weights: bool = False  # predicted: keep the copy for the backward (graph mode)
 
 
+@dataclass(frozen=True)
+class VersionRules:
+    """How a stage's weight versions are used (the plan's and the schedule's settings)."""
+
+    recompute: bool = False
+    """The stage recomputes its forward in the backward (it keeps no activations)."""
+    backward: str = "recompute"
+    """PipeOptim's backward: ``"recompute"`` at the current weights or ``"graph"`` at the
+    forward's predicted ones (:data:`BACKWARD_MODES`)."""
+    prediction: str | None = None
+    """The schedule's prediction rule (``ScheduleInfo.prediction``): ``"optimizer"``,
+    ``"momentum"`` (SpecTrain) or None."""
+
+
 class StageWeights:
     """Versions of one stage's weights on one rank (see module docstring)."""
 
     def __init__(self, *, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer,
-                 program: Sequence[Action], recompute: bool = False,
-                 backward: str = "recompute", prediction: str | None = None,
+                 program: Sequence[Action], rules: VersionRules = VersionRules(),
                  pipeline: int = 0) -> None:
+        recompute, backward, prediction = rules.recompute, rules.backward, rules.prediction
         if backward not in BACKWARD_MODES:
             raise ValueError(f"backward={backward!r}; choose one of {BACKWARD_MODES}")
         self.stage = stage

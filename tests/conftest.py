@@ -6,11 +6,23 @@
   read the repository's files find them from ``__file__``.
 * Tests marked ``cuda`` need a CUDA device: collected everywhere, skipped where torch sees
   none (docs/gpu.md). ``pytest -m cuda`` selects just them on a GPU machine.
+* Ctrl-C is delivered as in a terminal: a suite started in the background by a
+  non-interactive shell (``cmd &``, ``nohup``) inherits SIGINT *ignored*, which Python keeps,
+  and then the Ctrl-C tests (``tests/runtime/launch/test_interrupts.py``) would test the
+  shell rather than pipeweave. Python's own handler is put back for the session (and for the
+  processes it starts, which get the default disposition on exec).
 """
 
 from __future__ import annotations
 
+import signal
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

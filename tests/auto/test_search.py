@@ -109,7 +109,8 @@ def test_search_under_a_memory_limit_finds_the_constrained_optimum(ranks: int, s
     free = search(_problem(profile, ranks))
     peaks = sorted(p.max_memory for p in free.ranked)
     limit = peaks[len(peaks) // 3]  # a third of the unconstrained candidates fit
-    problem = _problem(profile, ranks, memory_limit=limit)
+    # replicated stages only, as the brute force (sharded ones: tests/auto/test_auto_shard.py)
+    problem = _problem(profile, ranks, memory_limit=limit, shard=("none",))
     result = search(problem)
     expected = brute_force(profile, ranks, problem.batch, memory_limit=limit)
     assert result.winner.samples_per_second == pytest.approx(expected, rel=1e-9)

@@ -29,6 +29,11 @@ recompute      k, the first k of the S = d * chunks stages recompute (:func:`rec
 apc            False, and with ``semantics="any"`` True when some link is finite (halves the
                bytes between stages; lossy, fp16 on the wire, so like asynchronous semantics
                it changes the numbers trained and must be asked for)
+shard          ``none``, and under a memory limit ``full`` and ``grad-op`` where the stage
+               has ``w > 1`` copies and the plan can be sharded (``planner.sharding``; no
+               APC, no tied weights): the
+               same training, less memory, more time (the gathers), so only worth it when
+               the replicated plan does not fit
 =============  ===============================================================================
 """
 
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..planner import available_methods
+from ..planner.sharding import SHARD_MODES, check_shard
 from ..schedules import available_schedules, get_info
 from .problem import AutoProblem, Candidate, allows
 
@@ -151,6 +157,19 @@ def _some_link_finite(problem: AutoProblem) -> bool:
     return problem.profile.link is not None
 
 
+def _shard(partial: dict[str, Any], problem: AutoProblem) -> Iterable[str]:
+    wanted = problem.shard or (SHARD_MODES if problem.memory_limit is not None else ("none",))
+    for mode in wanted:
+        if mode != "none" and (partial["apc"] or problem.profile.ties):
+            continue  # compressed messages and tied weights are not sharded yet (sharding.md)
+        try:
+            check_shard(mode, schedule=partial["schedule"], width=partial["width"],
+                        replicas=None, pipelines=partial["pipelines"])
+        except ValueError:
+            continue
+        yield mode
+
+
 DEFAULT_AXES: tuple[Axis, ...] = (
     Axis("schedule", _schedules),
     Axis("depth", _depths),
@@ -161,6 +180,7 @@ DEFAULT_AXES: tuple[Axis, ...] = (
     Axis("method", _methods),
     Axis("recompute", _recompute),
     Axis("apc", _apc),
+    Axis("shard", _shard),
 )
 
 

@@ -58,9 +58,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..planner.pipedream import allreduce_time
+from ..planner.sharded_costs import ring_phase_time
 from ..ir import Layout
 from ..planner.plan import Plan
 from ..schedules import get_info
@@ -137,7 +139,8 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
     per_replica = candidate.pipelines * -(-candidate.microbatches // candidate.width)
     update = totals.update * candidate.pipelines
     link = min(fastest_link, _replica_link(problem, candidate.depth, candidate.width))
-    reduce = allreduce_time(totals.parameters, candidate.width, link) * candidate.pipelines
+    reduction = _reduction(candidate)
+    reduce = reduction(totals.parameters, candidate.width, link) * candidate.pipelines
     copy = per_replica * (totals.work + extra) + update + reduce
     bound = copy / candidate.depth
     may_replicate = candidate.width == 1 and candidate.chunks == 1
@@ -146,7 +149,7 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
     if not may_replicate:
         # every split's chain ends with the first stage's all-reduce and update, and the
         # first stage holds block 0 at least
-        closing = allreduce_time(totals.first_parameters, candidate.width, link) \
+        closing = reduction(totals.first_parameters, candidate.width, link) \
             + totals.first_update
         bound = max(bound, _fill_bound(totals, per_replica, candidate.stages) + closing)
     if problem.shared_cores is not None and problem.shared_cores < problem.ranks:
@@ -154,6 +157,13 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
             + update * candidate.width
         bound = max(bound, total / problem.shared_cores)
     return bound
+
+
+def _reduction(candidate: Candidate) -> Callable[[float, int, float], float]:
+    """The gradient reduction among a stage's copies: the all-reduce, or a sharded stage's
+    reduce-scatter (one ring phase, :mod:`pipeweave.planner.sharded_costs`; its gathers only
+    add time, so they are left out of the bound)."""
+    return allreduce_time if candidate.shard == "none" else ring_phase_time
 
 
 def _replica_link(problem: AutoProblem, depth: int, width: int) -> float:

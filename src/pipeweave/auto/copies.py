@@ -29,8 +29,9 @@ __all__ = ["one_copy_plan", "one_copy_schedule", "copies_independent"]
 
 
 def one_copy_plan(plan: Plan) -> Plan:
-    """Copy 0 of ``plan`` as a plan of its own (width 1, ``M / w`` micro-batches)."""
-    return replace(plan, width=1, microbatches=plan.microbatches // plan.width)
+    """Copy 0 of ``plan`` as a plan of its own (width 1, ``M / w`` micro-batches, nothing to
+    shard over: the caller keeps ``plan``'s sharding where it matters, e.g. memory)."""
+    return replace(plan, width=1, shard="none", microbatches=plan.microbatches // plan.width)
 
 
 def one_copy_schedule(plan: Plan, iterations: int) -> Schedule:

@@ -22,12 +22,18 @@ state summed; a profile with ties counts no optimizer state here, since a stage 
 ends of a tie holds its state once (``planner.memory._held_share``) and this floor stays
 below every split. A candidate with ``N (2 |W| + K) / d`` over the memory limit has every
 split over it, so it is pruned before its method runs.
+
+A candidate sharded over its ``w`` copies (``shard`` ``full`` or ``grad-op``) keeps ``1/w`` of
+the parameters and optimizer state, its gradients whole until the reduce-scatter, and
+gathered parameters besides (:class:`pipeweave.memory.Sharding`),
+so its floor is ``N ((1 + 1/w) |W| + K / w) / d``, leaving out what it gathers.
 """
 
 from __future__ import annotations
 
 from ..memory import model_state
-from ..planner.memory import optimizer_state_bytes, stage_activation_bytes, stage_weights
+from ..planner.memory import (optimizer_state_bytes, plan_sharding, stage_activation_bytes,
+                              stage_weights)
 from ..planner.plan import Plan
 from ..schedules import get_info
 from ..sim import Costs
@@ -47,12 +53,17 @@ class StateFloor:
                      microbatches=1)
         state = 0.0 if profile.ties else sum(
             optimizer_state_bytes(profile, whole, problem.optimizer))
+        self.weights, self.state = weights, state
         self.per_copy = 2.0 * weights + state
         """``2 |W| + K``: a pipeline copy's model state, summed over its ranks."""
 
     def __call__(self, candidate: Candidate) -> float:
         """Bytes some rank of ``candidate`` holds at least, on every split."""
-        return candidate.pipelines * self.per_copy / candidate.depth
+        per_copy = self.per_copy
+        if candidate.shard != "none" and candidate.width > 1:
+            share = 1.0 / candidate.width
+            per_copy = (1.0 + share) * self.weights + share * self.state
+        return candidate.pipelines * per_copy / candidate.depth
 
 
 def inflight_floor(problem: AutoProblem, plan: Plan, costs: Costs, period: float) -> list[float]:
@@ -94,5 +105,6 @@ def inflight_floor(problem: AutoProblem, plan: Plan, costs: Costs, period: float
     states = model_state(stage_weights(profile, plan),
                          optimizer_state_bytes(profile, plan, problem.optimizer),
                          [layout.stages_of(r) for r in range(layout.num_ranks)],
-                         pipelines=plan.pipelines, reference=False)
+                         pipelines=plan.pipelines, reference=False,
+                         sharding=plan_sharding(plan))
     return [s.parameters + s.optimizer_state + h for s, h in zip(states, held)]

@@ -10,15 +10,17 @@ per shape, :mod:`pipeweave.auto.timing`): a walk of the program, where the memor
 first lowers it and proves every delivery (seconds at 1,000 ranks). It drops what the model
 adds on top (gradients, weight copies, buffers, workspace, split backwards' pending bytes),
 each at least zero, and the moment of the activations' peak is one of those the model
-weighs, so the floor never exceeds the model's peak (``tests/auto/test_memory_floor.py``).
+weighs, so the floor never exceeds the model's peak (``tests/auto/test_memory_floor.py``);
+nor does the moment before a replicated stage's update, its gradients and their reduction's
+buffers (``planner.memory.reduction_bytes``), which the floor takes when it is larger.
 """
 
 from __future__ import annotations
 
 from ..ir import Schedule
 from ..memory import held_activations, model_state
-from ..planner.memory import (optimizer_state_bytes, predicted_memory, stage_activation_bytes,
-                              stage_weights)
+from ..planner.memory import (optimizer_state_bytes, plan_sharding, predicted_memory,
+                              reduction_bytes, stage_activation_bytes, stage_weights)
 from ..planner.plan import Plan
 from ..schedules import get_info
 from .copies import one_copy_plan
@@ -37,7 +39,8 @@ def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
     states = model_state(stage_weights(profile, plan),
                          optimizer_state_bytes(profile, plan, problem.optimizer),
                          [layout.stages_of(r) for r in range(layout.num_ranks)],
-                         pipelines=plan.pipelines, reference=False)
+                         pipelines=plan.pipelines, reference=False,
+                         sharding=plan_sharding(plan))
     return [s.total for s in states]
 
 
@@ -45,7 +48,7 @@ def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> 
     """Predicted peak bytes of every rank (module docstring); ``one_copy``: the plan's
     data-parallel copies are identical (:mod:`pipeweave.auto.copies`), so copy 0 is asked
     and its ranks' numbers repeat for every copy."""
-    if one_copy:
+    if one_copy and plan.shard == "none":  # a sharded copy's state depends on the others
         ranks = predicted_memory(problem.profile, one_copy_plan(plan),
                                  batch_size=problem.batch // plan.width,
                                  optimizer=problem.optimizer, copies_of=plan.width)
@@ -70,8 +73,16 @@ def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
     kept = stage_activation_bytes(profile, own, scale)
     _, held = held_activations(schedule, kept)
     state = optimizer_state_bytes(profile, own, problem.optimizer)
-    states = model_state(stage_weights(profile, own), state,
-                         [schedule.layout.stages_of(r) for r in range(schedule.num_ranks)],
-                         pipelines=own.pipelines, reference=False)
+    weights = stage_weights(profile, own)
+    hosted = [schedule.layout.stages_of(r) for r in range(schedule.num_ranks)]
+    sharding = plan_sharding(plan)
+    states = model_state(weights, state, hosted, pipelines=own.pipelines, reference=False,
+                         sharding=sharding)
+    # the gradients' reduction before a stage's update: its gradients and the reduction's
+    # buffers, whatever else is held then
+    ways = [(plan.width if one_copy else 1) * len(r) for r in schedule.layout.stage_ranks]
+    reducing = [max((weights[s].trainable + reduction_bytes(weights[s], ways[s], sharding)
+                     for s in stages), default=0.0) for stages in hosted]
     # without the gradients, which the model counts at the peak's moment
-    return [s.parameters + s.optimizer_state + peak for s, peak in zip(states, held)]
+    return [s.parameters + s.optimizer_state + max(peak, extra)
+            for s, peak, extra in zip(states, held, reducing)]

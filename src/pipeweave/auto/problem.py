@@ -2,7 +2,9 @@
 
 A candidate fixes every axis of the search: schedule, partition method, micro-batches M,
 chunks per rank, parallel pipelines N, pipeline depth d and data-parallel width w
-(``d * w = ranks``), recomputation (how many leading stages recompute) and APC. The global
+(``d * w = ranks``), recomputation (how many leading stages recompute), APC and how each
+stage is held over its ``w`` data-parallel ranks (``shard``: replicated, ZeRO-2 or ZeRO-3,
+docs/sharding.md). The global
 batch B (samples per iteration of one pipeline) is fixed for the whole search, as in WPipe's
 Eq. 3 (``B = b * M * w``: "since B directly affects the accuracy of the model, it is often a
 given value"): a candidate's micro-batch holds ``b = B / M`` samples, and its per-block costs
@@ -95,8 +97,8 @@ class AutoProblem:
             examined are left out (counted as ``unexamined``) and the best found so far wins.
             Candidates are examined best bound first, so what is left had the weakest bounds.
             ``None``: search everything.
-        schedules, methods, microbatches, pipelines, depths, recompute, apc: restrict an axis
-            to these values (``None``: the axis's own values, :mod:`pipeweave.auto.axes`).
+        schedules, methods, microbatches, pipelines, depths, recompute, apc, shard: restrict
+            an axis to these values (``None``: the axis's own values, :mod:`pipeweave.auto.axes`).
             ``recompute`` counts leading stages that recompute (0: none; a count at or above
             a candidate's stages: all of them).
     """
@@ -118,6 +120,7 @@ class AutoProblem:
     depths: tuple[int, ...] | None = None
     recompute: tuple[int, ...] | None = None
     apc: tuple[bool, ...] | None = None
+    shard: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_settings(ranks=self.ranks, batch_size=self.batch_size,
@@ -171,6 +174,7 @@ class Candidate:
     microbatches: int
     recompute: int
     apc: bool
+    shard: str = "none"
     options: Mapping[str, Any] = field(default_factory=dict)
     bounds: tuple[tuple[int, int], ...] | None = None
     replicas: tuple[int, ...] | None = None
@@ -206,7 +210,8 @@ class Candidate:
         """The axes' values, as plain data."""
         return {"schedule": self.schedule, "method": self.method, "depth": self.depth,
                 "width": self.width, "chunks": self.chunks, "pipelines": self.pipelines,
-                "microbatches": self.microbatches, "recompute": self.recompute, "apc": self.apc}
+                "microbatches": self.microbatches, "recompute": self.recompute, "apc": self.apc,
+                "shard": self.shard}
 
 
 def _check_recompute(count: object) -> None:

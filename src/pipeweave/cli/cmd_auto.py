@@ -35,6 +35,7 @@ from ..measure import (MessageFit, auto_microbatch_sizes, calibrate, calibration
                        check_steps, fit_message_latency, measure_prediction, profile_model)
 from ..models import available_models
 from ..planner import Topology
+from ..planner.sharding import SHARD_MODES
 from ..profiler import Profile
 from ..auto.problem import SEMANTICS, check_settings
 from .model_options import add_profile_source, check_profile_source, chosen_model
@@ -80,6 +81,10 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, help="rows of the table (and --json's)")
     parser.add_argument("--schedules", default=None, metavar="A,B,...",
                         help="search only these schedules (default: every registered one)")
+    parser.add_argument("--shard", default=None, metavar="none,full,grad-op",
+                        help="how stages may be held over their data-parallel copies "
+                             "(docs/sharding.md; default: none, and full and grad-op too "
+                             "under --memory-limit)")
     parser.add_argument("--methods", default=None, metavar="A,B,...",
                         help="search only these partition methods (default: all)")
     parser.add_argument("--microbatches", default=None, metavar="M1,M2,...",
@@ -197,6 +202,10 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
         get_info(name)
     for name in _names(args.methods) or ():
         get_method(name)
+    for mode in _names(args.shard) or ():
+        if mode not in SHARD_MODES:
+            raise ValueError(f"--shard {args.shard!r}: {mode!r} is not one of "
+                             f"{', '.join(SHARD_MODES)}; give e.g. --shard none,full")
     for count in _counts(args.microbatches) or ():
         if count < 1:
             raise ValueError(f"--microbatches {args.microbatches!r}: each count must be >= 1")
@@ -243,7 +252,8 @@ def run(args: argparse.Namespace) -> int:
         memory_limit=limit, semantics=args.semantics, topology=topology,
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
         optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
-        methods=_names(args.methods), microbatches=_counts(args.microbatches))
+        methods=_names(args.methods), microbatches=_counts(args.microbatches),
+        shard=_names(args.shard))
     problem, fit = _fitted(args, problem)
     if args.profile_out is not None:
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)
@@ -347,7 +357,7 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
         "width": c.width, "chunks": c.chunks, "replicas": list(c.replicas) if c.replicas
         else None, "recompute": sum(p.plan.recompute),
         "recompute_per_stage": [p.plan.recompute_stage(s) for s in range(len(p.plan.stages))],
-        "apc": c.apc, "training": c.training(),
+        "apc": c.apc, "shard": c.shard, "training": c.training(),
         "predicted_iteration_time": p.iteration_time,
         "predicted_samples_per_second": p.samples_per_second,
         "predicted_bubble_fraction": p.bubble_fraction,
@@ -390,7 +400,8 @@ def _memory(p: Prediction) -> str:
 def _shape(p: Prediction) -> str:
     c = p.candidate
     text = f"{c.depth}x{c.width}" if c.replicas is None else f"RR {list(c.replicas)}"
-    return text + (f" v{c.chunks}" if c.chunks > 1 else "")
+    return text + (f" v{c.chunks}" if c.chunks > 1 else "") + (
+        f" {c.shard}" if c.shard != "none" else "")
 
 
 def format_table(result: SearchResult, top: int) -> str:

@@ -13,13 +13,13 @@ A stage sharded over its ``D`` data-parallel ranks with FSDP2 (``Plan.shard``,
 :class:`Sharding`) keeps ``1/D`` of its parameters and optimizer state, and gathers whole
 parameters while it computes: with ``grad-op`` (ZeRO-2) the stage's from a forward to its
 backward, ``|w_s|``; with ``full`` (ZeRO-3) one block at a time, ``max_b |w_b|`` of the
-rank's stages; gathering a block also holds the all-gather's input and flat output for a
-moment, ``(1 + 1/D) max_b |w_b|`` (``gathered`` below is the sum). Its gradients accumulate unsharded until the update's last backward
-reduce-scatters them (one reduction per update), so it holds ``|w_s|`` of them, and
-``|w_s| / D`` more once they are reduced::
+rank's stages; gathering a block also holds the all-gather's flat output for a moment,
+``max_b |w_b|`` (``gathered`` below is the sum). Its gradients accumulate unsharded until the
+update's last backward reduce-scatters them block by block (one reduction per update; each
+block's shard replaces its whole gradient), so it holds ``|w_s|`` of them at most::
 
     parameters       N * sum |w_s| / D  +  gathered
-    gradients        N * sum |w_s| (1 + 1/D)
+    gradients        N * sum |w_s|
     optimizer_state  N * sum state_s / D
 
 :func:`model_state` is that part (what ``train --memory-limit`` checks before any
@@ -72,9 +72,9 @@ class Sharding:
         if not self.sharded or not stages:
             return 0.0
         largest = max(weights[s].largest_block or weights[s].parameters for s in stages)
-        # gathering a block: its shard copied into the all-gather's input, the gathered
-        # flat output, copied out into the block's whole parameters
-        gathering = largest * (1.0 + 1.0 / self.ways)
+        # gathering a block: the all-gather's flat output (the rank's shard copied into its
+        # slice), copied out into the block's whole parameters
+        gathering = largest
         if self.mode == "grad-op":
             return sum(weights[s].parameters for s in stages) + gathering
         return largest + gathering
@@ -129,13 +129,12 @@ def model_state(weights: Sequence[StageWeights], state: Sequence[float],
     """
     out = []
     share = 1.0 / sharding.ways if sharding.sharded else 1.0
-    reduced = share if sharding.sharded else 0.0  # the reduce-scattered gradient shard
     for stages in hosted:
         own = sum(weights[s].parameters for s in stages)
         out.append(ModelState(
             parameters=(pipelines * own * share + sharding.gathered(weights, stages)
                         + (own if reference else 0.0)),
-            gradients=pipelines * (1.0 + reduced) * sum(weights[s].trainable for s in stages),
+            gradients=pipelines * sum(weights[s].trainable for s in stages),
             optimizer_state=pipelines * share * sum(state[s] for s in stages),
             weight_versions=(0.0 if copies is None
                              else sum(copies[s] * weights[s].parameters for s in stages))))

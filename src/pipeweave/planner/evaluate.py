@@ -26,6 +26,9 @@ Every planner is judged the same way: the plan's schedule is simulated
                 over the slowest boundary between the first and the last holder (the link
                 the straight placement puts between them); holders on one rank add locally
     (a stage's parameter bytes count a tie held by several of its blocks once)
+    sharded     a plan whose stages FSDP2 shards over their replicas (``Plan.shard``): the
+                gathers in each forward (and backward, ``full``) and a reduce-scatter in
+                place of the all-reduce (:mod:`.sharded_costs`)
 
 :class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
 which is what AutoPipe's search loop needs.
@@ -45,6 +48,7 @@ from ..schedules import build_schedule, get_info
 from ..sim import Costs, PathTiming, SimulationResult, simulate, simulate_path
 from .partition import Bounds
 from .pipedream import allreduce_time
+from .sharded_costs import sharded_times
 
 __all__ = ["Network", "plan_costs", "tie_sums", "Evaluator", "simulated_iterations",
            "sharing_overhead_of"]
@@ -82,9 +86,11 @@ class Network:
 
 def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
                replicas: Sequence[int] | None = None,
-               stage_ranks: Sequence[Sequence[int]] | None = None) -> Costs:
+               stage_ranks: Sequence[Sequence[int]] | None = None,
+               shard: str = "none") -> Costs:
     """Per-stage simulator costs of ``bounds`` (module docstring); ``stage_ranks``: the ranks
-    of each stage (default: a rank each), which says which tie holders share a rank."""
+    of each stage (default: a rank each), which says which tie holders share a rank;
+    ``shard``: how the stages are held over their ``replicas`` (``Plan.shard``)."""
     blocks = profile.blocks
     overhead = sharing_overhead_of(profile) if network.shared_cores is not None else 1.0
     forward = [overhead * sum(b.forward for b in blocks[a:e]) for a, e in bounds]
@@ -116,12 +122,26 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
             profile, bounds, forward, backward, weight, inputs, update, overhead=overhead,
             stage_ranks=stage_ranks)
         weight = [min(w, b) for w, b in zip(weight, backward)]
+    if shard != "none" and replicas is not None:
+        forward, backward, reduce = _sharded(profile, bounds, network, replicas, shard,
+                                             forward, backward)
     return Costs(forward=forward, backward=backward, weight_grad=weight, input_grad=inputs,
                  comm=comm or 0.0,
                  latency=network.latency + (profile.runtime.message_latency
                                             if profile.runtime is not None else 0.0),
                  activation_bytes=activation, all_reduce=reduce, update=update,
                  shared_cores=network.shared_cores)
+
+
+def _sharded(profile: Profile, bounds: Bounds, network: Network, replicas: Sequence[int],
+             shard: str, forward: list[float], backward: list[float]
+             ) -> tuple[list[float], list[float], list[float]]:
+    """``forward``, ``backward`` and the reduction of a sharded plan (module docstring)."""
+    latency = profile.runtime.message_latency if profile.runtime is not None else 0.0
+    times = sharded_times(profile, bounds, shard, replicas,
+                          [network.replicas(s) for s in range(len(bounds))], latency)
+    return ([f + g for f, g in zip(forward, times.forward)],
+            [b + g for b, g in zip(backward, times.backward)], list(times.reduce))
 
 
 def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],

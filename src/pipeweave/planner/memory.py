@@ -147,16 +147,17 @@ def _state(profile: Profile, plan: Plan, optimizer: str | None,
                        sharding=plan_sharding(plan))
 
 
-def reduction_bytes(gradients: float, ways: int, sharding: Sharding) -> float:
+def reduction_bytes(weights: StageWeights, ways: int, sharding: Sharding) -> float:
     """What a stage's gradient reduction over ``ways`` ranks allocates while it runs
     (:attr:`pipeweave.memory.StageBytes.reduction`): the runtime's all-reduce gathers every
     rank's flattened gradients and sums them in rank order, ``(D + 2) g``; FSDP2's
-    reduce-scatter copies the gradients into its input and returns a ``1/D`` shard."""
+    reduce-scatter, block by block, copies a block's gradient into its input and returns a
+    ``1/D`` shard, ``(1 + 1/D)`` of the largest block's."""
     if ways < 2:
         return 0.0
     if sharding.sharded:
-        return gradients * (1.0 + 1.0 / ways)
-    return gradients * (ways + 2)
+        return (weights.largest_block or weights.trainable) * (1.0 + 1.0 / ways)
+    return weights.trainable * (ways + 2)
 
 
 def _stage_bytes(profile: Profile, plan: Plan, scale: float, split: frozenset[int],
@@ -165,6 +166,7 @@ def _stage_bytes(profile: Profile, plan: Plan, scale: float, split: frozenset[in
     ``reduced``: per stage, the ranks its gradients are reduced over."""
     weights = [profile.stage_parameter_bytes(a, e) for a, e in plan.stages]
     sharding = plan_sharding(plan)
+    held_weights = stage_weights(profile, plan)
     held = stage_activation_bytes(profile, plan, scale)
     last = len(plan.stages) - 1
     return [StageBytes(gradients=weights[s], activations=held[s],
@@ -175,7 +177,7 @@ def _stage_bytes(profile: Profile, plan: Plan, scale: float, split: frozenset[in
                        workspace=scale * _workspace(profile, a, e),
                        received=scale * _input_bytes(profile, a) if s > 0 else 0.0,
                        sent=scale * profile.blocks[e - 1].output_bytes if s < last else 0.0,
-                       reduction=reduction_bytes(weights[s], reduced[s], sharding))
+                       reduction=reduction_bytes(held_weights[s], reduced[s], sharding))
             for s, (a, e) in enumerate(plan.stages)]
 
 

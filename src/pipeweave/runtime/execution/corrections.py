@@ -1,0 +1,92 @@
+"""The stale-weight corrections that act on the optimizer's step: ``nesterov`` and ``pipemare``.
+
+A rank feature (:mod:`.features`): right before each update ``U@v`` of a stage it sets the
+step's hyper-parameters of that stage's optimizer, and right after the step it puts back what
+the user configured, so a checkpoint, a learning-rate change or a resume sees the optimizer
+as built. The formulas are :mod:`pipeweave.schedules.corrections`' (docs/semantics.md):
+
+* ``nesterov=G``: ``torch.optim.SGD`` steps as Nesterov (``nesterov=True``) with momentum
+  ``u_s = u + τ_s (G - u) / (τ_max + 1)``, ``u`` the configured momentum.
+* ``pipemare=K``: every group's ``lr`` times ``τ_s ** -(1 - min(v / K, 1))`` for update ``v``.
+
+:func:`check_step_corrections` refuses, before launch, an optimizer a correction does not
+define.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ...ir import Action, Op, Schedule
+from ...schedules.corrections import (NESTEROV, PIPEMARE, STEP_OPTIONS, nesterov_momentum,
+                                      pipemare_scale, stage_delays)
+from .features import RankFeature
+
+if TYPE_CHECKING:
+    from .interpreter import RankInterpreter
+
+__all__ = ["StepCorrections", "step_corrections", "check_step_corrections"]
+
+
+class StepCorrections(RankFeature):
+    """Sets each update's ``momentum``/``nesterov``/``lr`` per the schedule's options."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.delays = stage_delays(schedule)
+        self.deepest = max(self.delays.values(), default=0)
+        self.top: float | None = schedule.options.get(NESTEROV)
+        self.anneal: int | None = schedule.options.get(PIPEMARE)
+        self._saved: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def before(self, interpreter: RankInterpreter, position: int, action: Action) -> None:
+        if action.op is not Op.STEP:
+            return
+        optimizer = interpreter.parts.pipeline(action.pipeline).optimizers[action.stage]
+        delay = self.delays.get(action.stage, 0)
+        self._saved = []
+        for group in optimizer.param_groups:
+            saved: dict[str, Any] = {key: group[key] for key in ("lr", "momentum", "nesterov")
+                                     if key in group}
+            self._saved.append((group, saved))
+            if self.top is not None:
+                group["momentum"] = nesterov_momentum(group["momentum"], delay, self.deepest,
+                                                      self.top)
+                group["nesterov"] = True
+            if self.anneal is not None:
+                assert action.version is not None
+                group["lr"] = group["lr"] * pipemare_scale(delay, action.version, self.anneal)
+
+    def after(self, interpreter: RankInterpreter, position: int, action: Action) -> None:
+        if action.op is not Op.STEP:
+            return
+        for group, saved in self._saved:
+            group.update(saved)
+        self._saved = []
+
+
+def step_corrections(schedule: Schedule) -> StepCorrections | None:
+    """The feature for ``schedule``'s options, or None when it has none of them."""
+    if not any(name in schedule.options for name in STEP_OPTIONS):
+        return None
+    return StepCorrections(schedule)
+
+
+def check_step_corrections(schedule: Schedule,
+                           optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+                           ) -> None:
+    """ValueError naming the fix when ``nesterov`` meets an optimizer it is not defined for
+    (``pipemare`` scales ``lr``, which every ``torch.optim`` optimizer has)."""
+    if NESTEROV not in schedule.options:
+        return
+    built = optimizer([nn.Parameter(torch.zeros(1))])
+    groups: Sequence[Mapping[str, Any]] = built.param_groups
+    if type(built) is not torch.optim.SGD or any(g["momentum"] <= 0 or g["dampening"]
+                                                 for g in groups):
+        raise ValueError(
+            f"option nesterov={schedule.options[NESTEROV]!r} turns SGD's momentum step into a "
+            f"Nesterov step and needs torch.optim.SGD with momentum > 0 and no dampening; got "
+            f"{type(built).__name__}; use --optimizer sgd --momentum 0.9 or drop the option")

@@ -20,19 +20,20 @@ them:
 
 ``nesterov`` and ``pipemare`` act on the optimizer's step, so the runtime applies them
 (:mod:`pipeweave.runtime.execution.corrections`), with ``τ_s`` read off the schedule by
-:func:`stage_delays`. No torch here.
+:func:`steady_delays`. No torch here.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from ..ir import Op, Schedule
 from .registry import Shape
 
 __all__ = ["WARMUP", "NESTEROV", "PIPEMARE", "PIPEMARE_T2", "STEP_OPTIONS", "warmup_iterations",
-           "check_corrections", "stage_delays", "nesterov_momentum", "pipemare_scale"]
+           "check_corrections", "stage_delays", "steady_delays", "nesterov_momentum", "pipemare_scale"]
 
 WARMUP = "warmup"
 NESTEROV = "nesterov"
@@ -89,6 +90,20 @@ def stage_delays(schedule: Schedule) -> dict[int, int]:
                 delay = updates.get(action.stage, 0) - action.version
                 delays[action.stage] = max(delays.get(action.stage, 0), delay)
     return delays
+
+
+def steady_delays(name: str, shape: Shape) -> dict[int, int]:
+    """``τ_s`` of schedule ``name`` in steady state: :func:`stage_delays` of the same shape
+    without ``warmup`` and ``drain`` (which only shorten delays for a while), laid out over
+    enough iterations to reach it; the delay the corrections are defined with, however short
+    the run."""
+    from .async_common import DRAIN  # the asynchronous order imports this module
+    from .registry import build_schedule
+
+    options = {k: v for k, v in shape.options.items() if k not in (WARMUP, DRAIN)}
+    copies = max(shape.width, *(shape.replicas or (1,)))
+    steady = replace(shape, iterations=shape.stages * copies + 2, options=options)
+    return stage_delays(build_schedule(name, steady))
 
 
 def nesterov_momentum(base: float, delay: int, deepest: int, top: float) -> float:

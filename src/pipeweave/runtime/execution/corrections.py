@@ -16,14 +16,15 @@ define.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from ...ir import Action, Op, Schedule
+from ...planner.plan import Plan
 from ...schedules.corrections import (NESTEROV, PIPEMARE, STEP_OPTIONS, nesterov_momentum,
-                                      pipemare_scale, stage_delays)
+                                      pipemare_scale, steady_delays)
 from .features import RankFeature
 
 if TYPE_CHECKING:
@@ -35,11 +36,12 @@ __all__ = ["StepCorrections", "step_corrections", "check_step_corrections"]
 class StepCorrections(RankFeature):
     """Sets each update's ``momentum``/``nesterov``/``lr`` per the schedule's options."""
 
-    def __init__(self, schedule: Schedule) -> None:
-        self.delays = stage_delays(schedule)
+    def __init__(self, schedule: Schedule, delays: Mapping[int, int]) -> None:
+        self.delays = dict(delays)
         self.deepest = max(self.delays.values(), default=0)
-        self.top: float | None = schedule.options.get(NESTEROV)
-        self.anneal: int | None = schedule.options.get(PIPEMARE)
+        # checked by the generator (check_corrections): a number in (0, 1), an integer >= 1
+        self.top = cast("float | None", schedule.options.get(NESTEROV))
+        self.anneal = cast("int | None", schedule.options.get(PIPEMARE))
         self._saved: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
     def before(self, interpreter: RankInterpreter, position: int, action: Action) -> None:
@@ -68,11 +70,12 @@ class StepCorrections(RankFeature):
         self._saved = []
 
 
-def step_corrections(schedule: Schedule) -> StepCorrections | None:
-    """The feature for ``schedule``'s options, or None when it has none of them."""
+def step_corrections(schedule: Schedule, plan: Plan) -> StepCorrections | None:
+    """The feature for ``schedule``'s options (``plan``'s schedule, whose steady-state delays
+    it uses), or None when it has none of them."""
     if not any(name in schedule.options for name in STEP_OPTIONS):
         return None
-    return StepCorrections(schedule)
+    return StepCorrections(schedule, steady_delays(plan.schedule, plan.shape(1)))
 
 
 def check_step_corrections(schedule: Schedule,

@@ -115,7 +115,7 @@ class AssembledRank:
             TiedGradients(rank=self.rank, schedule=program, ties=self.prepared.ties)
             if self.prepared.ties else None,
             own.clipper if whole else None, own.check if whole else None,
-            step_corrections(program),
+            step_corrections(program, self.prepared.job.plan),
             None if meter is None else MeterActivations(meter),
             *(own.extra(self.rank, program) if own.extra is not None else ())]
         if whole:

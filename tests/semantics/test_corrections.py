@@ -18,10 +18,15 @@ import pytest
 import torch
 from torch import nn
 
+from pipeweave.ir import lower, validate
 from pipeweave.models import ModelSpec
 from pipeweave.oracle import run_oracle
 from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan,
                                launch_local, run_local)
+from pipeweave.schedules import Shape, build_schedule
+from pipeweave.schedules.corrections import steady_delays
+from pipeweave.sim.costs import Costs
+from pipeweave.sim.simulator import simulate
 from pipeweave.testing import merged_parameters, relative_error
 
 # -- the scalar model of the hand-derived rows ------------------------------------------------
@@ -299,3 +304,46 @@ def test_not_declared_where_it_does_not_apply(schedule: str, option: str) -> Non
                   {"lr": 1e-3, "momentum": 0.9})
     with pytest.raises(ValueError, match=f"unknown option.*{option}"):
         run_local(job)
+
+
+# -- warm-up as schedule data ------------------------------------------------------------------
+
+def test_warmup_grid() -> None:
+    """P = 2, M = 2, K = 2, warmup=1: iteration 0 one micro-batch at a time, then PipeDream."""
+    schedule = build_schedule("pipedream", stages=2, microbatches=2, iterations=2,
+                              options={"warmup": 1})
+    assert [" ".join(str(a) for a in program) for program in schedule.programs] == [
+        "0F0@0 0B0@0 0U@1 0F1@1 0B1@1 0U@2 0F2@2 0F3@2 0B2@2 0U@3 0B3@2 0U@4",
+        "1F0@0 1B0@0 1U@1 1F1@1 1B1@1 1U@2 1F2@2 1B2@2 1U@3 1F3@3 1B3@3 1U@4",
+    ]
+
+
+@pytest.mark.parametrize("name,per_iteration", [("pipedream", 4), ("pipeoptim", 4), ("2bw", 1)])
+def test_warmup_costs_one_fill_and_drain_per_update(name: str, per_iteration: int) -> None:
+    """Each warm-up update runs alone through the pipeline: ``(P - 1)(t_F + t_B)`` more per
+    update, ``M`` updates per iteration for the per-micro-batch schedules, one for 2bw."""
+    costs = Costs(forward=1.0, backward=2.0)
+
+    def makespan(options: dict) -> float:
+        schedule = build_schedule(name, stages=4, microbatches=4, iterations=6, options=options)
+        validate(schedule)
+        return simulate(lower(schedule), costs).makespan
+
+    extra = makespan({"warmup": 2}) - makespan({})
+    assert extra == pytest.approx(2 * per_iteration * 3 * 3.0)
+
+
+def test_warmup_with_unequal_replicas_is_refused() -> None:
+    with pytest.raises(ValueError, match="warmup needs every stage to update after the same"):
+        build_schedule("pipedream", stages=2, microbatches=4, iterations=2, replicas=(2, 1),
+                       options={"warmup": 1})
+    validate(build_schedule("pipedream", stages=2, microbatches=4, iterations=3, width=2,
+                            options={"warmup": 1}))
+
+
+def test_steady_delays_do_not_depend_on_the_run_length() -> None:
+    shape = Shape(stages=4, microbatches=1, iterations=1, options={"warmup": 1})
+    assert steady_delays("pipedream", shape) == {0: 3, 1: 2, 2: 1, 3: 0}
+    assert steady_delays("2bw", replace(shape, microbatches=4)) == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert steady_delays("wpipe", Shape(stages=2, microbatches=2, chunks=2)) == {
+        0: 1, 1: 1, 2: 0, 3: 0}

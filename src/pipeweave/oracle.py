@@ -138,11 +138,13 @@ class _Stage:
             param.grad = self.pending.get(name)
         group = self.optimizer.param_groups[0]
         saved = dict(group)
-        if momentum is not None:
+        if momentum is not None and "betas" in group:  # NAdam: beta1 is its momentum
+            group["betas"] = (momentum, group["betas"][1])
+        elif momentum is not None:
             group.update(momentum=momentum, nesterov=True)
         group["lr"] = saved["lr"] * lr_factor
         self.optimizer.step()
-        group.update({k: saved[k] for k in ("lr", "momentum", "nesterov") if k in saved})
+        group.update({k: saved[k] for k in ("lr", "momentum", "nesterov", "betas") if k in saved})
         self.optimizer.zero_grad(set_to_none=True)
         self.pending = {}
         self._record()
@@ -295,7 +297,8 @@ def _step_all(state: list[_Stage], rule: _Rule, depth: int, nesterov: float | No
     for stage, tau in zip(state, delays):
         momentum = None
         if nesterov is not None:
-            base = float(stage.optimizer.param_groups[0]["momentum"])
+            group = stage.optimizer.param_groups[0]
+            base = float(group["betas"][0] if "betas" in group else group["momentum"])
             momentum = base + tau * (nesterov - base) / (max(delays) + 1)
         factor = 1.0
         if pipemare is not None and tau > 1:

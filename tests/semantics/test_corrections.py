@@ -201,6 +201,13 @@ def test_nesterov_at_zero_delay_is_torch_nesterov_sgd() -> None:
     assert_matches_torch(job, torch.optim.SGD, {**kwargs, "nesterov": True}, per_update=1)
 
 
+def test_nesterov_at_zero_delay_with_nadam_is_torch_nadam() -> None:
+    """NAdam (the paper's optimizer, a Nesterov step already): beta1 unchanged at P = 1."""
+    kwargs = {"lr": 3e-3, "betas": (0.9, 0.999)}
+    job = gpt_job("pipedream", 1, {"nesterov": 0.99}, "nadam", kwargs)
+    assert_matches_torch(job, torch.optim.NAdam, kwargs, per_update=1)
+
+
 def test_pipemare_at_zero_delay_is_torch_adam() -> None:
     job = gpt_job("pipedream", 1, {"pipemare": 2}, "adam", {"lr": 3e-3})
     assert_matches_torch(job, torch.optim.Adam, {"lr": 3e-3}, per_update=1)
@@ -222,6 +229,9 @@ CASES = {
     # name: (schedule, oracle method, depth, options, optimizer, kwargs)
     "pipedream-nesterov": ("pipedream", "pipedream", 3, {"nesterov": 0.99}, "sgd",
                            {"lr": 0.05, "momentum": 0.9}),
+    "pipedream-nesterov-nadam": ("pipedream", "pipedream", 3, {"nesterov": 0.99}, "nadam",
+                                 {"lr": 3e-3, "decoupled_weight_decay": True,
+                                  "weight_decay": 0.1}),
     "pipedream-pipemare": ("pipedream", "pipedream", 3, {"pipemare": 4}, "adam", {"lr": 3e-3}),
     "pipedream-warmup": ("pipedream", "pipedream", 3, {"warmup": 1}, "sgd",
                          {"lr": 0.05, "momentum": 0.9}),

@@ -6,7 +6,8 @@ the user configured, so a checkpoint, a learning-rate change or a resume sees th
 as built. The formulas are :mod:`pipeweave.schedules.corrections`' (docs/semantics.md):
 
 * ``nesterov=G``: ``torch.optim.SGD`` steps as Nesterov (``nesterov=True``) with momentum
-  ``u_s = u + τ_s (G - u) / (τ_max + 1)``, ``u`` the configured momentum.
+  ``u_s = u + τ_s (G - u) / (τ_max + 1)``, ``u`` the configured momentum; ``NAdam`` (a
+  Nesterov step already) with its ``beta1`` raised the same way.
 * ``pipemare=K``: every group's ``lr`` times ``τ_s ** -(1 - min(v / K, 1))`` for update ``v``.
 
 :func:`check_step_corrections` refuses, before launch, an optimizer a correction does not
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["StepCorrections", "step_corrections", "check_step_corrections"]
 
+_SET = ("lr", "momentum", "nesterov", "betas")
+"""The group settings a correction may change for one step (and puts back after it)."""
+
 
 class StepCorrections(RankFeature):
     """Sets each update's ``momentum``/``nesterov``/``lr`` per the schedule's options."""
@@ -51,16 +55,23 @@ class StepCorrections(RankFeature):
         delay = self.delays.get(action.stage, 0)
         self._saved = []
         for group in optimizer.param_groups:
-            saved: dict[str, Any] = {key: group[key] for key in ("lr", "momentum", "nesterov")
-                                     if key in group}
+            saved: dict[str, Any] = {key: group[key] for key in _SET if key in group}
             self._saved.append((group, saved))
             if self.top is not None:
-                group["momentum"] = nesterov_momentum(group["momentum"], delay, self.deepest,
-                                                      self.top)
-                group["nesterov"] = True
+                self._nesterov(group, delay, self.top)
             if self.anneal is not None:
                 assert action.version is not None
                 group["lr"] = group["lr"] * pipemare_scale(delay, action.version, self.anneal)
+
+    def _nesterov(self, group: dict[str, Any], delay: int, top: float) -> None:
+        """SGD: a Nesterov step with the raised momentum; NAdam (Nesterov already): its
+        ``beta1`` raised the same way."""
+        if "betas" in group:
+            beta1, beta2 = group["betas"]
+            group["betas"] = (nesterov_momentum(beta1, delay, self.deepest, top), beta2)
+        else:
+            group["momentum"] = nesterov_momentum(group["momentum"], delay, self.deepest, top)
+            group["nesterov"] = True
 
     def after(self, interpreter: RankInterpreter, position: int, action: Action) -> None:
         if action.op is not Op.STEP:
@@ -87,9 +98,12 @@ def check_step_corrections(schedule: Schedule,
         return
     built = optimizer([nn.Parameter(torch.zeros(1))])
     groups: Sequence[Mapping[str, Any]] = built.param_groups
+    if type(built) is torch.optim.NAdam:
+        return
     if type(built) is not torch.optim.SGD or any(g["momentum"] <= 0 or g["dampening"]
                                                  for g in groups):
         raise ValueError(
-            f"option nesterov={schedule.options[NESTEROV]!r} turns SGD's momentum step into a "
-            f"Nesterov step and needs torch.optim.SGD with momentum > 0 and no dampening; got "
-            f"{type(built).__name__}; use --optimizer sgd --momentum 0.9 or drop the option")
+            f"option nesterov={schedule.options[NESTEROV]!r} makes every step a Nesterov step "
+            f"with the momentum raised by the delay and needs torch.optim.SGD with momentum > 0 "
+            f"and no dampening, or NAdam; got {type(built).__name__}; use --optimizer sgd "
+            f"--momentum 0.9, or --optimizer nadam, or drop the option")

@@ -357,3 +357,20 @@ def test_steady_delays_do_not_depend_on_the_run_length() -> None:
     assert steady_delays("2bw", replace(shape, microbatches=4)) == {0: 1, 1: 1, 2: 1, 3: 1}
     assert steady_delays("wpipe", Shape(stages=2, microbatches=2, chunks=2)) == {
         0: 1, 1: 1, 2: 0, 3: 0}
+
+
+def test_nadam_state_in_the_memory_model_is_what_torch_keeps() -> None:
+    """``--optimizer nadam`` (for ``nesterov``): two moments and two scalars per tensor."""
+    from pipeweave.memory import optimizer_key
+    from pipeweave.memory.optimizers import optimizer_state_bytes
+
+    params = [nn.Parameter(torch.ones(5, 3)), nn.Parameter(torch.ones(7))]
+    optimizer = OptimizerFactory("nadam", {"lr": 1e-3})(params)
+    for param in params:
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+    kept = sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    assert optimizer_key("nadam", {}) == "nadam"
+    assert optimizer_state_bytes("nadam", weights, tensors=len(params)) == kept

@@ -35,6 +35,15 @@ pipeline empties and starts afresh, so a version is never older than the drain b
 every ``max(0, ·)`` above becomes ``max(b0, ·)`` (2bw, wpipe's G0) or ``max(j0, ·)`` (the
 per-micro-batch methods), and PipeOptim's ``k = j - t`` shrinks with ``t``.
 
+**Corrections** (the options of docs/semantics.md, "Stale-weight corrections"): ``warmup=W``
+makes each of the first ``W`` iterations its own segment, cut into single updates (one batch
+for 2bw/wpipe, one micro-batch for the others), so ``max(b0, ·)``/``max(j0, ·)`` above give
+the newest weights; ``nesterov=G`` steps every stage's SGD as Nesterov with momentum
+``u + τ_s (G - u) / (τ_max + 1)``; ``pipemare=K`` multiplies the learning rate of update ``v``
+(1-based) by ``τ_s ** -(1 - min(v / K, 1))`` where ``τ_s > 1``. ``τ_s`` is the method's
+steady-state delay: ``P - s - 1`` (pipedream, pipeoptim), ``P - 1`` (vertical sync), 1 (2bw,
+wpipe's G0), 0 (wpipe's G1).
+
 Backwards are taken stage by stage: the stage's forward is recomputed from its saved input on
 its backward weights and differentiated against the gradient coming from the next stage
 (for the stashing methods the backward weights are the forward weights, so this is the same
@@ -121,10 +130,21 @@ class _Stage:
         for name, grad in grads.items():
             self.pending[name] = grad.clone() if name not in self.pending else self.pending[name] + grad
 
-    def step(self) -> None:
+    def step(self, momentum: float | None = None, lr_factor: float = 1.0) -> None:
+        """The optimizer's step on the pending gradients; ``momentum``: as a Nesterov step
+        with that coefficient (the ``nesterov`` correction), ``lr_factor``: times the
+        learning rate (PipeMare's T1), both for this step only."""
         for name, param in self.module.named_parameters():
             param.grad = self.pending.get(name)
+        group = self.optimizer.param_groups[0]
+        saved = dict(group)
+        if momentum is not None and "betas" in group:  # NAdam: beta1 is its momentum
+            group["betas"] = (momentum, group["betas"][1])
+        elif momentum is not None:
+            group.update(momentum=momentum, nesterov=True)
+        group["lr"] = saved["lr"] * lr_factor
         self.optimizer.step()
+        group.update({k: saved[k] for k in ("lr", "momentum", "nesterov", "betas") if k in saved})
         self.optimizer.zero_grad(set_to_none=True)
         self.pending = {}
         self._record()
@@ -149,6 +169,9 @@ class _Rule:
     """Stages per rank (WPipe's G0 and G1): the depth P is the stage count over this."""
     graph_backward: bool = False
     """``backward="graph"`` applies: the backward differentiates at the forward's weights."""
+    delay: Callable[[int, int], int] = lambda s, depth: depth - s - 1
+    """``τ_s`` of stage ``s`` of ``depth``: updates between a gradient's weights and its
+    update, in steady state (PipeDream's ``P - s - 1``), for ``nesterov`` and ``pipemare``."""
 
 
 def _wpipe(stage: _Stage, s: int, depth: int, j: int, b: int,
@@ -192,11 +215,11 @@ def _spectrain(stage: _Stage, s: int, depth: int, j: int, b: int,
 
 _RULES: dict[str, _Rule] = {
     "pipedream": _Rule(_pipedream),
-    "pipedream-vs": _Rule(_vertical_sync),
-    "2bw": _Rule(_two_bw, per_batch=True),
+    "pipedream-vs": _Rule(_vertical_sync, delay=lambda s, depth: depth - 1),
+    "2bw": _Rule(_two_bw, per_batch=True, delay=lambda s, depth: 1),
     "pipeoptim": _Rule(_pipeoptim, graph_backward=True),
     "spectrain": _Rule(_spectrain),
-    "wpipe": _Rule(_wpipe, per_batch=True, groups=2),
+    "wpipe": _Rule(_wpipe, per_batch=True, groups=2, delay=lambda s, depth: int(s < depth)),
 }
 
 METHODS = tuple(_RULES)
@@ -207,10 +230,13 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
                steps: int, data: Iterable[tuple[Tensor, Tensor]],
                optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
                lookahead: int | None = None, backward: str = "recompute",
-               drain: int | None = None) -> OracleResult:
+               drain: int | None = None, warmup: int = 0, nesterov: float | None = None,
+               pipemare: int | None = None) -> OracleResult:
     """Train ``spec`` split at ``stages`` with ``method``'s rule (see module docstring).
 
     ``drain``: empty the pipeline after every ``drain`` iterations (module docstring).
+    ``warmup``, ``nesterov``, ``pipemare``: the stale-weight corrections of the options of
+    those names (module docstring, "Corrections").
 
     ``backward="graph"`` (PipeOptim only) differentiates at the predicted forward weights
     instead of the current ones, as the runtime's option of the same name does.
@@ -232,9 +258,9 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
             j = b * microbatches + i
             x = inputs[i * rows:(i + 1) * rows]
             y = targets[i * rows:(i + 1) * rows]
-            first = b - b % drain if drain else 0  # the drained segment's first iteration
+            b0, j0 = _segment_start(b, j, microbatches, rule.per_batch, warmup, drain)
             forward_w, backward_w = map(list, zip(*(
-                rule.weights(state[s], s, depth, j, b, lookahead, first, first * microbatches)
+                rule.weights(state[s], s, depth, j, b, lookahead, b0, j0)
                 for s in range(total_stages))))
             if backward == "graph" and rule.graph_backward:
                 backward_w = forward_w
@@ -242,14 +268,42 @@ def run_oracle(method: str, *, spec: ModelSpec, stages: list[tuple[int, int]], m
                                      scale=rows / inputs.shape[0] if rule.per_batch else 1.0)
             loss_sum += mean * rows / inputs.shape[0]
             if not rule.per_batch or (j + 1) % microbatches == 0:
-                for stage in state:
-                    stage.step()
+                _step_all(state, rule, depth, nesterov, pipemare)
         losses.append(loss_sum)
     parameters: dict[str, Tensor] = {}
     for (start, _), module in zip(stages, modules):
         for name, param in global_names(module.named_parameters(), start):
             parameters[name] = param.detach().clone()
     return OracleResult(losses, parameters)
+
+
+def _segment_start(b: int, j: int, microbatches: int, per_batch: bool, warmup: int,
+                   drain: int | None) -> tuple[int, int]:
+    """``(b0, j0)``: the first iteration and micro-batch of the segment ``j`` is in: a
+    warm-up iteration's own update (one batch, or ``j`` itself), else the drained segment
+    (never before the warm-up's end)."""
+    if b < warmup:
+        return b, b * microbatches if per_batch else j
+    first = max(warmup, b - b % drain) if drain else warmup
+    return first, first * microbatches
+
+
+def _step_all(state: list[_Stage], rule: _Rule, depth: int, nesterov: float | None,
+              pipemare: int | None) -> None:
+    """Every stage's update, corrected: Nesterov with ``u + τ (G - u) / (τ_max + 1)``
+    (``nesterov=G``), the step size times ``τ ** -(1 - min(v / K, 1))`` (``pipemare=K``,
+    ``v`` the update's 1-based number, ``τ > 1`` only)."""
+    delays = [rule.delay(s, depth) for s in range(len(state))]
+    for stage, tau in zip(state, delays):
+        momentum = None
+        if nesterov is not None:
+            group = stage.optimizer.param_groups[0]
+            base = float(group["betas"][0] if "betas" in group else group["momentum"])
+            momentum = base + tau * (nesterov - base) / (max(delays) + 1)
+        factor = 1.0
+        if pipemare is not None and tau > 1:
+            factor = tau ** -(1.0 - min(len(stage.history) / pipemare, 1.0))
+        stage.step(momentum, factor)
 
 
 def run_elastic_oracle(*, spec: ModelSpec, pipelines: int, steps: int,

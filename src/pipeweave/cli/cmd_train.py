@@ -114,7 +114,7 @@ def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:
     """The optimizer and what each update computes (clipping, recomputation, compression)."""
-    parser.add_argument("--optimizer", default=None, choices=["sgd", "adam", "adamw", "rmsprop", "adagrad"],
+    parser.add_argument("--optimizer", default=None, choices=["sgd", "adam", "adamw", "rmsprop", "adagrad", "nadam"],
                         help="torch.optim optimizer (default: the schedule's own, SGD with "
                              "momentum 0.9 for spectrain, else adam)")
     parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX",

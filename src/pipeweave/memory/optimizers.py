@@ -12,6 +12,7 @@ and, for those that count steps per tensor, one ``float32`` scalar (``state["ste
     rmsprop-centered-momentum  3 + step     + both
     adam, adamw                2 + step     exp_avg, exp_avg_sq
     adam-amsgrad, adamw-amsgrad 3 + step    + max_exp_avg_sq
+    nadam                      2 + 2 steps  exp_avg, exp_avg_sq (+ mu_product, a second scalar)
 
 :func:`optimizer_key` names the row for a ``torch.optim`` name and its keyword arguments (what
 ``pipeweave train --optimizer`` builds); the planner and ``auto`` take the row's name.
@@ -27,7 +28,7 @@ __all__ = ["OPTIMIZER_STATE", "STEP_COUNTERS", "STEP_BYTES", "optimizer_key",
 OPTIMIZER_STATE: dict[str, int] = {
     "sgd": 0, "sgd-momentum": 1, "adagrad": 1, "rmsprop": 1, "rmsprop-momentum": 2,
     "rmsprop-centered": 2, "rmsprop-centered-momentum": 3, "adam": 2, "adamw": 2,
-    "adam-amsgrad": 3, "adamw-amsgrad": 3,
+    "adam-amsgrad": 3, "adamw-amsgrad": 3, "nadam": 2,
 }
 """State tensors of a parameter's size per parameter (module docstring)."""
 
@@ -49,7 +50,8 @@ def optimizer_state_bytes(optimizer: str, parameter_bytes: float, tensors: int =
     """State bytes of ``optimizer`` for ``tensors`` trainable parameter tensors holding
     ``parameter_bytes`` (``tensors`` 0: not known, the step counters left out)."""
     check_optimizer(optimizer)
-    steps = STEP_BYTES * tensors if optimizer in STEP_COUNTERS else 0
+    counters = 2 if optimizer == "nadam" else 1  # NAdam's mu_product beside its step
+    steps = STEP_BYTES * tensors * counters if optimizer in STEP_COUNTERS else 0
     return OPTIMIZER_STATE[optimizer] * parameter_bytes + steps
 
 
@@ -64,7 +66,7 @@ def optimizer_key(name: str, kwargs: Mapping[str, object]) -> str:
         parts = ["rmsprop"] + (["centered"] if kwargs.get("centered") else []) \
             + (["momentum"] if kwargs.get("momentum") else [])
         return "-".join(parts)
-    if name == "adagrad":
+    if name in ("adagrad", "nadam"):
         return name
     raise ValueError(f"optimizer {name!r} has no known state size; use one of sgd, adam, "
-                     f"adamw, rmsprop, adagrad")
+                     f"adamw, rmsprop, adagrad, nadam")

@@ -82,6 +82,7 @@ _OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adamw": torch.optim.AdamW,
     "rmsprop": torch.optim.RMSprop,
     "adagrad": torch.optim.Adagrad,
+    "nadam": torch.optim.NAdam,
 }
 
 

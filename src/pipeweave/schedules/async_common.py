@@ -52,11 +52,12 @@ from dataclasses import dataclass
 
 from ..ir import Action, Layout, Op, Schedule
 from .common import routed, update_actions
+from .corrections import check_corrections, warmup_iterations
 from .registry import Shape
 
 __all__ = [
     "Counts", "Tags", "VersionRule", "warmup_depth", "async_order", "async_layout", "build_async",
-    "DRAIN", "drain_every", "drain_segments",
+    "DRAIN", "drain_every", "drain_segments", "update_segments",
 ]
 
 DRAIN = "drain"
@@ -132,11 +133,41 @@ def drain_every(name: str, shape: Shape) -> int | None:
 
 def drain_segments(name: str, shape: Shape) -> list[range]:
     """The iterations of each drained segment: ``N`` at a time with option ``drain=N``
-    (the last one shorter if ``N`` does not divide ``K``), all ``K`` in one without."""
+    (the last one shorter if ``N`` does not divide ``K``), all ``K`` in one without; with
+    option ``warmup=W`` (:mod:`.corrections`) each of the first ``W`` iterations is a segment
+    of its own, so it starts on the weights the one before it reached."""
     every = drain_every(name, shape)
-    if every is None:
-        return [range(shape.iterations)]
-    return [range(a, min(a + every, shape.iterations)) for a in range(0, shape.iterations, every)]
+    check_corrections(name, shape)
+    warmup = min(warmup_iterations(name, shape), shape.iterations)
+    step = shape.iterations if every is None else every
+    drained = [range(a, min(a + step, shape.iterations)) for a in range(0, shape.iterations, step)]
+    segments = [range(b, b + 1) for b in range(warmup)]
+    for segment in drained:
+        if segment.stop > warmup:
+            segments.append(range(max(segment.start, warmup), segment.stop))
+    return segments
+
+
+def update_segments(name: str, shape: Shape, layout: Layout,
+                    period: Callable[[int], int]) -> list[range]:
+    """The micro-batches of each segment of :func:`drain_segments`, a warm-up iteration cut
+    further into one update's micro-batches (``period(s) * replicas(s)``, the same on every
+    stage), so that no forward of a warm-up iteration runs before the update before it."""
+    m = shape.microbatches
+    warmup = warmup_iterations(name, shape)
+    sizes = {period(s) * layout.replicas(s) for s in range(layout.num_stages)}
+    if warmup and len(sizes) > 1:
+        raise ValueError(
+            f"{name} option warmup needs every stage to update after the same micro-batches, but "
+            f"its stages update every {sorted(sizes)} micro-batches (unequal replicas); use equal "
+            f"replicas or drop warmup")
+    size = sizes.pop()
+    segments: list[range] = []
+    for segment in drain_segments(name, shape):
+        mbs = range(segment.start * m, segment.stop * m)
+        step = size if segment.start < warmup else len(mbs)
+        segments.extend(range(a, min(a + step, mbs.stop)) for a in range(mbs.start, mbs.stop, step))
+    return segments
 
 
 def async_layout(name: str, shape: Shape) -> Layout:
@@ -176,8 +207,7 @@ def build_async(
         period: ``period(stage)``: rounds (local backwards of one replica) per update.
         rule: turns update counts into the version tags of each forward/backward.
     """
-    m = shape.microbatches
-    segments = drain_segments(name, shape)
+    segments = update_segments(name, shape, layout, period)
     skeletons: list[list[tuple[Op, int | None]]] = []
     counts: dict[tuple[int, int], Counts] = {}
     for rank in range(layout.num_ranks):
@@ -185,7 +215,7 @@ def build_async(
         skeleton: list[tuple[Op, int | None]] = []
         updates = backwards = 0
         for segment in segments:
-            mbs = routed(layout, stage, rank, range(segment.start * m, segment.stop * m))
+            mbs = routed(layout, stage, rank, segment)
             forward_at: dict[int, int] = {}
             drained = updates
             for op, j in async_order(warmup_depth(layout, stage), mbs):

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 
 from ..ir import Schedule
 from .async_common import DRAIN, Counts, Tags, async_layout, build_async
+from .corrections import NESTEROV, PIPEMARE, PIPEMARE_T2, WARMUP
 from .registry import Shape, register
 
 __all__ = ["pipedream"]
@@ -40,7 +41,7 @@ __all__ = ["pipedream"]
 @register("pipedream",
           description="asynchronous 1F1B(-RR) without flush, update after every backward, weight stashing",
           paper="D. Narayanan et al., PipeDream: Generalized Pipeline Parallelism for DNN Training, SOSP 2019, §3.2-3.3", synchronous=False,
-          options=("vertical_sync", DRAIN),
+          options=("vertical_sync", DRAIN, WARMUP, NESTEROV, PIPEMARE, PIPEMARE_T2),
           width=True, replicas=True, checkpointable=True)
 def pipedream(shape: Shape) -> Schedule:
     vertical_sync = shape.option("vertical_sync", False)

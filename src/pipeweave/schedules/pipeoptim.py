@@ -52,6 +52,7 @@ from collections.abc import Mapping
 
 from ..ir import Schedule
 from .async_common import DRAIN, Counts, Tags, async_layout, build_async
+from .corrections import WARMUP
 from .registry import Shape, register
 
 __all__ = ["pipeoptim", "spectrain", "spectrain_backward_distance"]
@@ -61,7 +62,7 @@ __all__ = ["pipeoptim", "spectrain", "spectrain_backward_distance"]
           description="asynchronous 1F1B, update after every backward, forward on weights predicted "
                       "s = D-rank-1 updates ahead, no stashing",
           paper="L. Guan et al., PipeOptim: Ensuring Effective 1F1B Schedule with Optimizer-Dependent Weight Prediction, arXiv:2312.00839 (2023), §III, Algorithm 1", synchronous=False,
-          options=("lookahead", DRAIN),
+          options=("lookahead", DRAIN, WARMUP),
           cost="every stage but the last runs its forward twice per micro-batch: the backward "
                "recomputes it at the current weights (the paper's rule), about 1/3 more compute "
                "at B = 2F; --prediction-backward graph skips that and keeps one predicted weight "

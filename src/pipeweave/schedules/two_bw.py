@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from ..ir import Schedule
 from .async_common import DRAIN, Counts, Tags, async_layout, build_async, warmup_depth
+from .corrections import NESTEROV, WARMUP
 from .registry import Shape, register
 
 __all__ = ["two_bw", "min_microbatches"]
@@ -44,7 +45,7 @@ def min_microbatches(shape: Shape) -> int:
 @register("2bw",
           description="PipeDream-2BW: 1F1B without flush, update every M backwards, <= 2 weight versions",
           paper="D. Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training (PipeDream-2BW), ICML 2021", synchronous=False,
-          min_microbatches=min_microbatches, options=(DRAIN,),
+          min_microbatches=min_microbatches, options=(DRAIN, WARMUP, NESTEROV),
           width=True, replicas=True, checkpointable=True)
 def two_bw(shape: Shape) -> Schedule:
     layout = async_layout("2bw", shape)

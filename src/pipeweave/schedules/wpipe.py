@@ -55,6 +55,7 @@ from collections.abc import Sequence
 from ..ir import Action, Layout, Op, Schedule
 from .async_common import DRAIN, drain_segments
 from .common import routed, update_actions
+from .corrections import NESTEROV, WARMUP
 from .registry import Shape, register
 
 __all__ = ["wpipe", "wpipe_programs"]
@@ -69,7 +70,7 @@ def _min_microbatches(shape: Shape) -> int:
 @register("wpipe", description="WPipe 2GW: two chunks per rank, G1 synchronous, G0 forwards of the "
                                "next period before G0 backwards (two versions); updates alternate",
           paper="P. Yang et al., Group-based Interleaved Pipeline Parallelism for Large-scale DNN Training (WPipe), ICLR 2022, §3.2, Eq. 1", synchronous=False,
-          min_microbatches=_min_microbatches, default_chunks=2, options=(DRAIN,),
+          min_microbatches=_min_microbatches, default_chunks=2, options=(DRAIN, WARMUP, NESTEROV),
           width=True, chunks=(2,), checkpointable=True)
 def wpipe(shape: Shape) -> Schedule:
     _check(shape)

@@ -17,6 +17,7 @@ from ..checkpoint.recovery import RankRecovery
 from ..checkpoint.resume import Session
 from ..communication.transport import Transport
 from ..execution.clipping import GradientClipper
+from ..execution.corrections import step_corrections
 from ..execution.features import MeterActivations, PositionHooks, RankFeature, RecordTimeline
 from ..execution.global_check import GlobalCheck, has_global_check
 from ..execution.interpreter import RankInterpreter, RankIO
@@ -103,7 +104,8 @@ class AssembledRank:
     def _features(self, program: Schedule, whole: bool,
                   meter: ActivationMeter | None) -> list[RankFeature]:
         """In the order their hooks run: the timeline first (what the others do before an
-        action is its time), the gradients' sums and clipping, the meter, the caller's, and the
+        action is its time), the gradients' sums and clipping, the step
+        corrections (nesterov, pipemare), the meter, the caller's, and the
         hooks at positions (checkpoints, then weight snapshots)."""
         own = self.features
         if meter is None and whole:
@@ -113,6 +115,7 @@ class AssembledRank:
             TiedGradients(rank=self.rank, schedule=program, ties=self.prepared.ties)
             if self.prepared.ties else None,
             own.clipper if whole else None, own.check if whole else None,
+            step_corrections(program, self.prepared.job.plan),
             None if meter is None else MeterActivations(meter),
             *(own.extra(self.rank, program) if own.extra is not None else ())]
         if whole:

@@ -27,6 +27,7 @@ from ..checkpoint.boundaries import check_checkpointable, check_resume_point
 from ..checkpoint.drain import with_drain
 from ..checkpoint.resume import Session, check_resume, new_session
 from ..execution.clipping import check_clippable
+from ..execution.corrections import check_step_corrections
 from ..execution.parts import make_schedule, preflight
 from ..execution.ties import SplitTie, split_ties
 from ..checkpoint.snapshots import check_snapshots
@@ -70,6 +71,7 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
         _check_sharded(job, tied=bool(spec.tied))
     check_advance(job, spec)
     check_checkpointable(job, schedule)
+    check_step_corrections(schedule, job.optimizer)
     if job.eval_every:
         check_snapshots(schedule, pipelines=job.plan.pipelines,
                         online_advance=job.advance is not None)

@@ -29,7 +29,7 @@ from pipeweave.runtime.checkpoint.store import StoredCheckpoint, complete_checkp
 from pipeweave.sim import Costs
 
 from checkpoint_jobs import (KillAfterCheckpoint, assert_same_checkpoint, assert_same_run,
-                             dropout_gpt_job, with_checkpoints)
+                             dropout_gpt_job, gpt_job, with_checkpoints)
 
 P, M, N, STEPS = 2, 4, 2, 8
 CHOSEN = [0, 0, 1, 2, 3, 2, 2, 2]  # tests/avgpipe_runtime/test_online_advance.py derives it
@@ -83,6 +83,27 @@ def test_resumed_online_advance_takes_the_same_decisions(resume_after: int,
     assert_same_checkpoint(complete_checkpoints(second)[-1], complete_checkpoints(first)[-1])
     last = json.loads((complete_checkpoints(second)[-1] / "MANIFEST.json").read_text())
     assert last["advance"]["advance_per_step"] == CHOSEN
+
+
+def test_resumed_under_another_split_continues_the_controller(tmp_path: Path) -> None:
+    # Without dropout (another layout draws fresh random streams): 2 -> 3 stages; the
+    # blocks' N models, moments and reference are found wherever they now live, and the
+    # controller goes on from its state (here told the same simulated times).
+    job = gpt_job(depth=P, schedule="avgpipe", steps=STEPS, optimizer="adam",
+                  plan_fields={"pipelines": N}, advance=controller())
+    straight = run_local(job)
+    run_local(with_checkpoints(dataclasses.replace(job, steps=4), directory=str(tmp_path)))
+    three = Plan(num_blocks=6, stages=((0, 1), (1, 4), (4, 6)), schedule="avgpipe",
+                 microbatches=M, pipelines=N)
+    resumed = run_local(dataclasses.replace(job, plan=three, checkpoint=CheckpointOptions(
+        resume=str(tmp_path))))
+    assert_same_run(resumed, straight, microbatches=M, steps=range(1, STEPS + 1))
+    assert resumed[-1].pipeline_losses == straight[-1].pipeline_losses
+    assert all(r.advance_per_step == CHOSEN for r in resumed)
+    # the first four steps' log is the checkpoint's; the memory after is the new layout's
+    assert decisions(resumed)[:4] == decisions(straight)[:4]
+    assert ([e["decision"] for e in resumed[0].advance_log]
+            == [e["decision"] for e in straight[0].advance_log])
 
 
 def test_a_checkpoint_without_the_controller_is_refused(tmp_path: Path) -> None:

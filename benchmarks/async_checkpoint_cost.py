@@ -13,6 +13,10 @@ SpecTrain), three runs, repeated and interleaved so the machine's load hits them
   one fill and drain per EVERY steps (docs/semantics.md predicts ``(P-1)/(EVERY·M)``);
 * checkpoints — ``--checkpoint-every EVERY``: the drain plus the background writes.
 
+``avgpipe-auto`` is AvgPipe (N = 2) with ``--advance auto``: it flushes every step (no drain,
+so "drain" is the plain run again), and its checkpoints end the online controller's windows
+and save its state.
+
 Training time is first recorded action to last over all ranks (start-up excluded); the
 median of ``--repeats``. "stall" is the training thread's time in checkpoint hooks per
 checkpoint, worst rank (``RankResult.checkpoint_stall_s``).
@@ -35,24 +39,30 @@ from pathlib import Path
 
 from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult,
                                launch_local)
+from pipeweave.runtime.advance.options import AdvanceOptions
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
 
-SCHEDULES = ["1f1b", "pipedream", "2bw", "pipeoptim", "spectrain", "wpipe"]
+SCHEDULES = ["1f1b", "pipedream", "2bw", "pipeoptim", "spectrain", "wpipe", "avgpipe-auto"]
 RANKS, MICROBATCHES, BATCH = 2, 4, 32
+ONLINE = "avgpipe-auto"
+"""AvgPipe (N = 2) with the online advance controller (wall-clock times): a flush schedule,
+no drain; its checkpoints end the controller's windows and save its state."""
 
 
 def make_job(schedule: str, steps: int) -> Job:
     chunks = 2 if schedule == "wpipe" else 1
     optimizer = (OptimizerFactory("sgd", {"lr": 0.01, "momentum": 0.9}) if schedule == "spectrain"
                  else OptimizerFactory("adam", {"lr": 1e-3}))
-    return Job(plan=Plan.uniform(4, RANKS, chunks=chunks, schedule=schedule,
-                                 microbatches=MICROBATCHES),
+    online = schedule == ONLINE
+    return Job(plan=Plan.uniform(4, RANKS, chunks=chunks, schedule="avgpipe" if online else schedule,
+                                 microbatches=MICROBATCHES, pipelines=2 if online else 1),
                steps=steps, model=BuiltinModel("mlp", dtype="float32", overrides={"hidden": 256}),
-               data=BuiltinData("digits", batch_size=BATCH, dtype="float32"), optimizer=optimizer)
+               data=BuiltinData("digits", batch_size=BATCH, dtype="float32"), optimizer=optimizer,
+               advance=AdvanceOptions() if online else None)
 
 
 def variant(job: Job, kind: str, every: int, folder: Path) -> Job:
-    if kind == "drain" and job.plan.schedule != "1f1b":
+    if kind == "drain" and job.plan.schedule not in ("1f1b", "avgpipe"):  # flush schedules
         options = {**job.plan.schedule_options, "drain": every}
         return dataclasses.replace(job, plan=dataclasses.replace(job.plan, schedule_options=options))
     if kind == "checkpoints":
@@ -83,7 +93,7 @@ def measure(schedule: str, steps: int, every: int, repeats: int) -> dict[str, fl
             "checkpoints_loss_pct": 100 * (written / plain - 1),
             "predicted_drain_pct": 100 * (RANKS - 1) / (every * MICROBATCHES
                                                         * (2 if schedule == "wpipe" else 1))
-            if schedule != "1f1b" else 0.0,
+            if schedule not in ("1f1b", ONLINE) else 0.0,
             "stall_ms_per_checkpoint": 1000 * statistics.median(stalls)}
 
 

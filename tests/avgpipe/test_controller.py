@@ -124,3 +124,27 @@ def test_with_delay_and_no_limit_it_reaches_afabs_time() -> None:
     out = trajectory(4, 8, 1.0, 1e9)
     assert out["time"] == out["afab"] == 39.0 and out["1f1b"] == 49.0
     assert out["advance"] == 6   # the smallest advance with AFAB's time (7 is AFAB itself)
+
+
+@pytest.mark.parametrize("stop", range(1, 15))
+def test_a_saved_state_continues_with_the_same_decisions(stop: int) -> None:
+    """state_dict, through JSON (as a checkpoint's manifest holds it), into a fresh controller:
+    fed the same numbers, it takes the same decisions as the controller never stopped —
+    wherever it stopped (sampling, climbing, probing, settled)."""
+    import json
+
+    times = {0: 10.0, 1: 9.0, 2: 9.1, 3: 8.0, 4: 8.5, 5: 8.4}
+    peaks = {a: 100.0 + 10 * a for a in times}
+    settings = {"patience": 1, "samples": 2, "tolerance": 0.01}
+    straight = AdvanceController(1e9, 5, **settings)
+    used = feed(straight, times, peaks, 16)
+    stopped = AdvanceController(1e9, 5, **settings)
+    first = feed(stopped, times, peaks, stop)
+    resumed = AdvanceController(1e9, 5, **settings)
+    resumed.load_state_dict(json.loads(json.dumps(stopped.state_dict())))
+    assert first + feed(resumed, times, peaks, 16 - stop) == used
+    assert resumed.history == straight.history and resumed.settled == straight.settled
+    assert used[-1] == 3 and straight.settled
+    with pytest.raises(ValueError, match=r"other settings .*'samples': \(2, 1\)"):
+        AdvanceController(1e9, 5, patience=1, tolerance=0.01).load_state_dict(
+            stopped.state_dict())

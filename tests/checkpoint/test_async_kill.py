@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from pipeweave.cli.cmd_train import add_parser, build_job
-from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RunFailed,
-                               launch_local, run_local)
+from pipeweave.runtime import (BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult,
+                               RunFailed, launch_local, run_local)
 from pipeweave.runtime.checkpoint.options import AUTO, CheckpointOptions
 from pipeweave.runtime.checkpoint.store import complete_checkpoints
 from pipeweave.runtime.observation.summary import iteration_losses
@@ -59,11 +59,19 @@ def async_job(schedule: str, depth: int, optimizer: str) -> Job:
                          ids=[f"{s}-P{p}-{o}" for s, p, o in CASES])
 def test_killed_at_a_random_step_resumes_bit_for_bit(schedule: str, depth: int, optimizer: str,
                                                       tmp_path: Path) -> None:
+    straight = kill_and_resume(async_job(schedule, depth, optimizer), tmp_path)
+    assert len(straight) == depth
+
+
+def kill_and_resume(job: Job, tmp_path: Path) -> list[RankResult]:
+    """Kill the first or last rank of ``job`` (at ``--checkpoint-every 2``) while it draws a
+    batch of steps 4..7, resume it with ``--resume auto`` and check it against the
+    uninterrupted run, which it returns."""
+    depth = job.plan.world_size
     draw = random.Random()
     victim = draw.choice([0, depth - 1])  # the ranks that read data
     batch = draw.randrange(3, STEPS - 1)  # killed while drawing batch 3..6 (steps 4..7)
     print(f"rank {victim} killed at batch {batch}")  # shown when the test fails
-    job = async_job(schedule, depth, optimizer)
     folder, reference = tmp_path / "checkpoints", tmp_path / "reference"
     written = CheckpointOptions(directory=str(folder), every=EVERY, resume=AUTO)
     killing = dataclasses.replace(job, checkpoint=written, data=KillAfterCheckpoint(
@@ -80,6 +88,19 @@ def test_killed_at_a_random_step_resumes_bit_for_bit(schedule: str, depth: int, 
         job, checkpoint=CheckpointOptions(directory=str(reference), every=EVERY)))
     assert_same_run(resumed, straight, microbatches=M, steps=range(1, STEPS + 1))
     assert_same_checkpoint(complete_checkpoints(folder)[-1], complete_checkpoints(reference)[-1])
+    return straight
+
+
+@pytest.mark.timeout(400)
+def test_killed_zb_h2_with_post_validation_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """``zb-h2 --option post_validation=true --clip-grad-norm 1``: its checkpoints are at the
+    drains ``--checkpoint-every 2`` sets (every 2nd update checked before it); the clip
+    undoes and redoes updates on both sides of them."""
+    plan = Plan.uniform(2, 2, schedule="zb-h2", microbatches=M,
+                        schedule_options={"post_validation": True})
+    job = dataclasses.replace(async_job("1f1b", 2, "adam"), plan=plan, clip_grad_norm=1.0)
+    straight = kill_and_resume(job, tmp_path)
+    assert [u for u in straight[0].undone_updates if u > 6]  # an undo after any resume point
 
 
 TRAIN = ["--model", "mlp", "--stages", "2", "--steps", "8", "--batch-size", "16",

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from pipeweave.runtime import Plan, run_local
-from pipeweave.runtime.advance.options import AdvanceOptions
 from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.checkpoint.store import StoredCheckpoint, complete_checkpoints
 
@@ -87,10 +86,3 @@ def test_one_pipeline_resumes_a_1f1b_checkpoint(tmp_path: Path) -> None:
                                  checkpoint=CheckpointOptions(resume=str(tmp_path)))
     assert_same_run(run_local(single), straight, microbatches=4, steps=[3, 4])
 
-
-def test_the_online_advance_controller_is_refused(tmp_path: Path) -> None:
-    job = with_checkpoints(mlp_job(depth=2, schedule="avgpipe", plan_fields={"pipelines": 2},
-                                   advance=AdvanceOptions()), directory=str(tmp_path))
-    with pytest.raises(ValueError, match=r"online advance controller .* Fix the advance"):
-        run_local(job)
-    assert not list(tmp_path.iterdir())

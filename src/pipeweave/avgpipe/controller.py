@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 __all__ = ["AdvanceController", "AdvanceStep", "run_controller"]
 
@@ -96,6 +97,36 @@ class AdvanceController:
         self._peaks: dict[int, float] = {}
         self._strikes = 0
         self._pending: list[tuple[float, float]] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that decides the next advances, as plain JSON data (a checkpoint's):
+        the settings, :attr:`advance`, :attr:`settled`, the history and the measurements
+        the next decisions compare against. :meth:`load_state_dict` puts it back."""
+        return {"limit_bytes": self.limit_bytes, "max_advance": self.max_advance,
+                "step_bytes": self.step_bytes, "patience": self.patience,
+                "tolerance": self.tolerance, "samples": self.samples,
+                "advance": self.advance, "settled": self.settled,
+                "history": [asdict(step) for step in self.history],
+                "best": None if self._best is None else list(self._best),
+                "peaks": [[a, p] for a, p in sorted(self._peaks.items())],
+                "strikes": self._strikes, "pending": [list(m) for m in self._pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of a controller with the same settings (else
+        ValueError naming the settings that differ)."""
+        keys = ("limit_bytes", "max_advance", "step_bytes", "patience", "tolerance", "samples")
+        differ = {k: (state[k], getattr(self, k)) for k in keys if state[k] != getattr(self, k)}
+        if differ:
+            raise ValueError(f"the saved advance controller ran with other settings "
+                             f"(saved, here): {differ}; continue it with the settings it was "
+                             f"saved with, or start a new run")
+        self.advance, self.settled = int(state["advance"]), bool(state["settled"])
+        self.history = [AdvanceStep(**step) for step in state["history"]]
+        best = state["best"]
+        self._best = None if best is None else (int(best[0]), float(best[1]))
+        self._peaks = {int(a): float(p) for a, p in state["peaks"]}
+        self._strikes = int(state["strikes"])
+        self._pending = [(float(t), float(p)) for t, p in state["pending"]]
 
     @property
     def best_advance(self) -> int:

@@ -17,7 +17,16 @@ is decided at run time::
   (tests/schedules/test_avgpipe.py), and no action depends on another iteration's actions —
   only on its weight updates, which every rank has applied when its program for ``k`` ends.
   Once the controller has settled, the remaining iterations run as one schedule (no more
-  synchronisation between iterations).
+  synchronisation between iterations), split only where a checkpoint is due.
+* **Checkpoints.** A window ends at every step a checkpoint is written after (``stops``), a
+  flush of ``avgpipe`` like every other step boundary; the checkpoint is taken there, after
+  the controller has seen the window's numbers, and keeps :meth:`OnlineAdvance.state` (the
+  controller's state, the advances so far, the log). A resumed run restores it and starts
+  its windows at the checkpoint's step, so it takes the decisions the uninterrupted run would
+  have taken *given the same measurements*: bit for bit with a deterministic ``time_source``;
+  with wall-clock times the decisions after the restart come from new measurements (the
+  losses and parameters still equal those of a run with the same sequence of advances,
+  which never changes the numbers).
 * **Measure.** Each rank times its program for the iteration and counts its memory: model
   state plus the peak activation bytes held (:mod:`..observation.memory`). A rank whose iteration ended
   enters ``all_reduce(MAX)`` of ``[seconds, state + activations, activations]``; the first
@@ -48,7 +57,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -69,23 +78,22 @@ from ..execution.parts import RankParts, make_schedule
 if TYPE_CHECKING:
     from ...models import ModelSpec
 
-__all__ = ["Window", "OnlineAdvance", "check_online_plan", "check_advance", "check_live_weights", "run_rank_windows",
-           "run_local_windows"]
+__all__ = ["Window", "OnlineAdvance", "check_online_plan", "check_advance", "check_advance_resume",
+           "new_controller", "check_live_weights", "run_rank_windows", "run_local_windows"]
 
 
 @dataclass(frozen=True)
 class Window:
-    """Iterations ``first .. first + count - 1``, laid out at ``advance``."""
+    """Iterations ``first .. first + count - 1``, laid out at ``advance``; ``measured``:
+    whether the ranks time it and share the numbers (one iteration, while the controller
+    decides or measures a fixed advance; not the settled run's windows that end where a
+    checkpoint is due)."""
 
     first: int
     count: int
     advance: int
     schedule: Schedule
-
-    @property
-    def measured(self) -> bool:
-        """Whether the ranks time it and share the numbers (single iterations only)."""
-        return self.count == 1
+    measured: bool
 
 
 def check_online_plan(plan: Plan) -> None:
@@ -111,15 +119,18 @@ class OnlineAdvance:
     :meth:`observe` with the numbers every rank agreed on, before asking for the next.
     """
 
-    def __init__(self, plan: Plan, steps: int, options: AdvanceOptions) -> None:
+    def __init__(self, plan: Plan, steps: int, options: AdvanceOptions, *,
+                 stops: Collection[int] = ()) -> None:
+        """``stops``: steps (1-based) after which a window ends even once settled (where
+        checkpoints are written: :meth:`state` is saved there)."""
         check_online_plan(plan)
         self.plan = plan
         self.steps = steps
         self.options = options
-        limit = options.memory_limit if options.memory_limit is not None else math.inf
-        self.controller = AdvanceController(limit, max(plan.microbatches - 1, 0),
-                                            patience=options.patience,
-                                            tolerance=options.tolerance, samples=options.samples)
+        self.stops = frozenset(stops)
+        self.start = 0
+        """The first step this run performs (:meth:`restore` moves it to the checkpoint's)."""
+        self.controller = new_controller(plan, options)
         self.fixed = (None if options.fixed is None
                       else parse_advance(options.fixed, plan.microbatches))
         self.advance_per_step: list[int] = []
@@ -127,14 +138,35 @@ class OnlineAdvance:
         """One entry per measured iteration: the numbers shared and the controller's answer."""
 
     def windows(self) -> Iterator[Window]:
-        step = 0
+        step = self.start
         while step < self.steps:
             single = self.fixed is not None or not self.controller.settled
-            count = 1 if single else self.steps - step
+            count = 1 if single else min([s for s in self.stops if s > step] + [self.steps]) - step
             advance = self.controller.advance if self.fixed is None else self.fixed
-            yield Window(step, count, advance, self.schedule(step, count, advance))
             self.advance_per_step.extend([advance] * count)
+            yield Window(step, count, advance, self.schedule(step, count, advance),
+                         measured=single or count == self.steps - step == 1)
             step += count
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint after the last window keeps (plain JSON data): the controller's
+        state, the advance of every step so far and the log."""
+        return {"steps_done": len(self.advance_per_step),
+                "controller": self.controller.state_dict(),
+                "advance_per_step": list(self.advance_per_step), "log": list(self.log)}
+
+    def restore(self, state: dict[str, Any], steps_done: int) -> None:
+        """Continue after ``steps_done`` steps from :meth:`state` saved there: the windows
+        start at ``steps_done`` with the controller where it was, so the run takes the
+        decisions the uninterrupted one would (given the same measurements)."""
+        if state["steps_done"] != steps_done:
+            raise ValueError(f"the advance controller's state is of step {state['steps_done']}, "
+                             f"the checkpoint of step {steps_done}: a damaged checkpoint; "
+                             f"resume an earlier one")
+        self.controller.load_state_dict(state["controller"])
+        self.advance_per_step = [int(a) for a in state["advance_per_step"]]
+        self.log = [dict(entry) for entry in state["log"]]
+        self.start = steps_done
 
     def schedule(self, first: int, count: int, advance: int) -> Schedule:
         """The lowered ``avgpipe`` schedule of iterations ``first .. first + count - 1``."""
@@ -174,6 +206,28 @@ class OnlineAdvance:
         self.log.append(entry)
 
 
+def new_controller(plan: Plan, options: AdvanceOptions) -> AdvanceController:
+    """The controller of a run of ``plan`` with ``options``, at its start (advance 0)."""
+    limit = options.memory_limit if options.memory_limit is not None else math.inf
+    return AdvanceController(limit, max(plan.microbatches - 1, 0), patience=options.patience,
+                             tolerance=options.tolerance, samples=options.samples)
+
+
+def check_advance_resume(job: Job, manifest: Mapping[str, Any]) -> None:
+    """Before any rank starts: the checkpoint ``manifest`` that ``job`` resumes holds the
+    online advance controller's state, saved with the same settings, when ``job.advance`` asks
+    for the controller (a run with a fixed advance resumes any ``avgpipe`` checkpoint)."""
+    if job.advance is None:
+        return
+    state = manifest.get("advance")
+    if state is None:
+        raise ValueError(f"the checkpoint after step {manifest['step']} was written without the "
+                         f"online advance controller (a fixed advance), so there is no "
+                         f"controller state to continue with --advance auto; resume it with "
+                         f"--advance K, or start a new run")
+    new_controller(job.plan, job.advance).load_state_dict(state["controller"])
+
+
 def check_advance(job: Job, spec: ModelSpec) -> None:
     """Before any rank starts: ``job.advance`` fits the plan, and its memory limit leaves room
     for more than the model state (:func:`~pipeweave.runtime.observation.memory.check_memory_limit`)."""
@@ -199,10 +253,12 @@ def check_live_weights(parts: Sequence[RankParts]) -> None:
 def run_rank_windows(online: OnlineAdvance, parts: RankParts,
                      interpreter: Callable[[Schedule, ActivationMeter], RankInterpreter],
                      *, device: torch.device,
-                     before: Callable[[Schedule], None] | None = None) -> None:
+                     before: Callable[[Schedule], None] | None = None,
+                     after: Callable[[int], None] | None = None) -> None:
     """One rank of a distributed run: every window through ``interpreter(schedule, meter)``.
 
-    ``before(schedule)`` runs before each window (e.g. the transport's delivery tracking).
+    ``before(schedule)`` runs before each window (e.g. the transport's delivery tracking);
+    ``after(steps_done)`` after each, once the controller has its numbers (checkpoints).
     """
     check_live_weights([parts])
     meter = ActivationMeter()
@@ -228,11 +284,15 @@ def run_rank_windows(online: OnlineAdvance, parts: RankParts,
             values = [float(v) for v in shared.tolist()]
             online.observe(window, *values[:3], peak_per_rank=values[3:3 + ranks],
                            activation_per_rank=values[3 + ranks:])
+        if after is not None:
+            after(window.first + window.count)
 
 
 def run_local_windows(online: OnlineAdvance, parts: Sequence[RankParts],
-                      run: Callable[[Schedule, Sequence[ActivationMeter]], None]) -> None:
-    """The single-process executor: ``run(schedule, meters)`` runs every rank's program."""
+                      run: Callable[[Schedule, Sequence[ActivationMeter]], None],
+                      after: Callable[[int], None] | None = None) -> None:
+    """The single-process executor: ``run(schedule, meters)`` runs every rank's program;
+    ``after(steps_done)`` after each window, once the controller has its numbers."""
     check_live_weights(parts)
     meters = [ActivationMeter() for _ in parts]
     for window in online.windows():
@@ -246,3 +306,5 @@ def run_local_windows(online: OnlineAdvance, parts: Sequence[RankParts],
             held = [float(m.window_peak) for m in meters]
             online.observe(window, seconds, max(peaks), max(held), peak_per_rank=peaks,
                            activation_per_rank=held)
+        if after is not None:
+            after(window.first + window.count)

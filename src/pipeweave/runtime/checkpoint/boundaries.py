@@ -123,13 +123,6 @@ def check_checkpointable(job: Job, schedule: Schedule,
             f"checkpoint/resume: schedule {schedule.name!r} declares it cannot stop and resume "
             f"exactly (its registry entry's checkpointable); run it without "
             f"--checkpoint-dir/--checkpoint-every/--resume")
-    if job.advance is not None:
-        raise ValueError(
-            f"checkpoint/resume with the online advance controller (--advance auto, Job.advance) "
-            f"is not supported yet: it runs {schedule.name!r} one iteration at a time, as "
-            f"schedules of their own, and checkpoints are positions in the whole run's "
-            f"schedule. Fix the advance (--advance K, or --option advance=K), or run without "
-            f"--checkpoint-dir/--checkpoint-every/--resume")
     ranks = range(schedule.num_ranks) if ranks is None else ranks
     checked = any(a.op is Op.CHECK for program in schedule.programs for a in program)
     if schedule.synchronous and not checked:

@@ -32,6 +32,12 @@ activations and weight versions, when iteration ``k + 1`` starts. At a drain the
 same as at a flush; PipeOptim's and SpecTrain's prediction direction is re-read from the
 optimizer state (see docs/checkpoints.md).
 
+**AvgPipe's online advance** (``Job.advance``) runs each step, until its controller settles,
+as a program of its own (:mod:`..advance.online`); its checkpoints are taken between two such
+windows (:meth:`RankRecovery.checkpoint_window`), the same flushed state as above plus the
+controller's state in the manifest (``advance``), which a resumed run restores
+(:attr:`RankRecovery.advance_state`).
+
 **Keyed by block.** Parameters and optimizer state are stored under ``"<block>.<name>"``
 (the names :class:`~pipeweave.runtime.execution.parts.RankResult` uses), written by the first replica
 of each stage. A resumed run finds each of its blocks wherever it was, so the stage count,
@@ -94,6 +100,9 @@ class RankRecovery:
         self.rng_state: Tensor | None = None
         """CPU RNG state to start from (None: the run's seed)."""
         self.writer: CheckpointWriter | None = None
+        self.advance_state: dict[str, Any] | None = None
+        """The online advance controller's state saved with the checkpoint resumed (None:
+        not resuming, or saved without the controller)."""
         options = job.checkpoint
         if options is None:
             return
@@ -105,6 +114,7 @@ class RankRecovery:
                                  device=device, cuts=cuts, apply_rng=apply_rng)
             self.steps_done, self.start, self.rng_state = (point.steps_done, point.start,
                                                            point.rng_state)
+            self.advance_state = stored.manifest.get("advance")
         if options.directory is not None:
             assert session is not None, "writing checkpoints needs the run's session"
             self.writer = CheckpointWriter(job=job, schedule=schedule, rank=rank, parts=parts,
@@ -115,6 +125,17 @@ class RankRecovery:
     def hooks(self) -> dict[int, Callable[[], None]]:
         """``position -> callable`` the interpreter runs after that action (checkpoint writes)."""
         return self.writer.hooks if self.writer is not None else {}
+
+    def window_hooks(self, program: Schedule) -> dict[int, Callable[[], None]]:
+        """The hooks of a window's ``program`` under the online advance controller: the fence
+        of a checkpoint taken before it (:meth:`checkpoint_window`)."""
+        return self.writer.window_hooks(program) if self.writer is not None else {}
+
+    def checkpoint_window(self, steps_done: int, advance: dict[str, Any]) -> None:
+        """Under the online advance controller, between windows: the checkpoint after
+        ``steps_done`` steps if one is due, with the controller's state ``advance``."""
+        if self.writer is not None:
+            self.writer.checkpoint_window(steps_done, advance)
 
     @property
     def stall_s(self) -> float:

@@ -97,13 +97,32 @@ class CheckpointWriter:
                 fences[following - 1] = self._fence
         return combine_hooks(fences, writes)  # at one position: fence first, then write
 
-    def _checkpoint(self, steps_done: int) -> None:
+    def window_hooks(self, program: Schedule) -> dict[int, Callable[[], None]]:
+        """The fence of a window's ``program`` (AvgPipe's online advance runs the steps as
+        programs of their own, :mod:`..advance.online`): right before its first update, which
+        changes the tensors a checkpoint at the window's start is copying."""
+        actions = program.programs[self.rank]
+        first = next((p for p, a in enumerate(actions) if a.op is Op.STEP), None)
+        return {} if not first else {first - 1: self._fence}
+
+    def checkpoint_window(self, steps_done: int, advance: dict[str, Any]) -> None:
+        """The checkpoint after ``steps_done`` steps, taken between two windows of the online
+        advance controller, with its state ``advance`` (in the manifest: every rank's is the
+        same)."""
+        options = self.job.checkpoint
+        assert options is not None
+        if options.writes_after(steps_done, self.job.steps):
+            self._checkpoint(steps_done, advance)
+
+    def _checkpoint(self, steps_done: int, advance: dict[str, Any] | None = None) -> None:
         began = time.perf_counter()
         self._fence()
         while len(self._futures) >= MAX_PENDING_WRITES:  # the disk is behind: back-pressure
             self._futures[0].result()
             self._raise_failed()
         payload, record = self._capture(steps_done)
+        if advance is not None:
+            record["common"]["advance"] = advance
         folder = step_folder(self.directory, steps_done, self.session.run_id)
         if self._pool is None or self._stager is None:
             self._stager = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-stage{self.rank}")

@@ -121,7 +121,30 @@ class AssembledRank:
         if whole:
             found.append(PositionHooks(combine_hooks(
                 self.recovery.hooks, own.snapshots.hooks if own.snapshots else {})))
+        elif hooks := self.recovery.window_hooks(program):  # a checkpoint's fence
+            found.append(PositionHooks(hooks))
         return [feature for feature in found if feature is not None]
+
+    def online_advance(self) -> OnlineAdvance | None:
+        """AvgPipe's online advance controller of this run (None without ``Job.advance``):
+        its windows end where checkpoints are due, and it continues from the checkpoint
+        resumed (:mod:`..advance.online`)."""
+        job = self.prepared.job
+        if job.advance is None:
+            return None
+        options = job.checkpoint
+        stops = [] if options is None else [
+            k for k in range(1, job.steps + 1) if options.writes_after(k, job.steps)]
+        online = OnlineAdvance(job.plan, job.steps, job.advance, stops=stops)
+        state, done = self.recovery.advance_state, self.recovery.steps_done
+        if done:
+            assert state is not None, "prepare checks the checkpoint holds the controller"
+            online.restore(state, done)
+        return online
+
+    def end_window(self, online: OnlineAdvance, steps_done: int) -> None:
+        """After a window of ``online``: the checkpoint after ``steps_done`` steps, if due."""
+        self.recovery.checkpoint_window(steps_done, online.state())
 
     def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None,
                final: bool = True, losses: bool = True) -> RankResult:

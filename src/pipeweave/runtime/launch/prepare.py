@@ -22,7 +22,7 @@ from ...devices import require_device
 from ...ir import Schedule
 from ...models import ModelSpec
 from ...precision import check_precision
-from ..advance.online import check_advance
+from ..advance.online import check_advance, check_advance_resume
 from ..checkpoint.boundaries import check_checkpointable, check_resume_point
 from ..checkpoint.drain import with_drain
 from ..checkpoint.resume import Session, check_resume, new_session
@@ -84,6 +84,7 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     stored = check_resume(job, spec, verify=verify_checksums)
     if stored is not None:
         check_resume_point(schedule, stored.step)
+        check_advance_resume(job, stored.manifest)
     session = new_session(job.checkpoint, stored) if job.checkpoint is not None else None
     return PreparedJob(job, schedule, session, stored.step if stored is not None else 0, ties)
 

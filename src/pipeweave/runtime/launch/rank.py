@@ -114,7 +114,7 @@ def _run(prepared: PreparedJob, rank: int, world_size: int, placement: Placement
     assembled = assembled.with_timeline(origin, device).with_features(
         lambda r, program: [*([OnStep(on_step)] if on_step is not None else []),
                             PositionHooks(injected_fault_hooks(program, r))])
-    online = OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None else None
+    online = assembled.online_advance()
     try:
         _interpret(assembled, online, transport, device)
     except BaseException as error:  # keep what ran: the losses and timeline so far
@@ -147,7 +147,8 @@ def _interpret(assembled: AssembledRank, online: OnlineAdvance | None, transport
             raise AssertionError("the distributed transport never yields")
     else:
         run_rank_windows(online, assembled.parts, assembled.interpreter, device=device,
-                         before=transport.track_deliveries)
+                         before=transport.track_deliveries,
+                         after=lambda done: assembled.end_window(online, done))
 
 
 def _each_step(*hooks: StepHook | None) -> StepHook | None:

@@ -24,7 +24,7 @@ from ..observation.memory import ActivationMeter
 from ...devices import place
 from ...host import threads_per_rank
 from ...ir import Schedule, ScheduleError, render_grid
-from ..advance.online import OnlineAdvance, run_local_windows
+from ..advance.online import run_local_windows
 from ..communication.transport import LocalTransport
 from ..execution.interpreter import RankInterpreter
 from ..job import Job
@@ -87,13 +87,20 @@ def _run(given: Job | PreparedJob, features: FeatureFactory | None) -> list[Rank
     # Every rank draws from its own random generator, as it would in its own process.
     initial = torch.get_rng_state()
     rng = [r.recovery.rng_state if r.recovery.rng_state is not None else initial for r in ranks]
-    online = OnlineAdvance(job.plan, job.steps, job.advance) if job.advance is not None else None
+    online = ranks[0].online_advance()
+
+    def end_window(steps_done: int) -> None:
+        assert online is not None
+        for r in ranks:  # each rank's checkpoint holds its own random generator's state
+            torch.set_rng_state(rng[r.rank])
+            r.end_window(online, steps_done)
+
     try:
         if online is None:
             _drive(interpreters(), rng, schedule)
         else:  # AvgPipe's Algorithm 1: one iteration at a time (runtime/advance/online.py)
             run_local_windows(online, [r.parts for r in ranks], lambda program, meters: _drive(
-                interpreters(program, meters), rng, program))
+                interpreters(program, meters), rng, program), after=end_window)
     except BaseException as error:
         for r in ranks:  # let pending writes finish; the first error is the one
             r.recovery.close(raise_errors=False)
@@ -118,7 +125,8 @@ def _drive(interpreters: list[RankInterpreter], rng: list[torch.Tensor], schedul
             torch.set_rng_state(rng[rank])
             try:
                 next(running[rank])
-            except StopIteration:
+            except StopIteration:  # its last actions may have drawn too (a window's end)
+                rng[rank] = torch.get_rng_state()
                 del running[rank]
                 progressed = True
                 continue

@@ -61,16 +61,20 @@ def last_backwards(program: Sequence[Action], stage: int) -> frozenset[tuple[int
 
 
 def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, device_type: str,
-                program: Sequence[Action], stage: int) -> StageSharding:
+                program: Sequence[Action], stage: int,
+                mesh: DeviceMesh | None = None) -> StageSharding:
     """Wrap ``module`` (a stage's blocks, an ``nn.Sequential``) in place with FSDP2 over
     ``group``: each block with parameters, then the stage (module docstring); ``mode`` is
-    ``full`` or ``grad-op``."""
+    ``full`` or ``grad-op``. ``mesh``: the ``dp`` dimension of the ``(pp, dp, tp)`` mesh
+    when the stage is also tensor-parallel (FSDP2 then shards the split parameters over
+    ``dp``, a 2-D ``(dp, tp)`` layout, as torchtitan does); None: a mesh of ``group``."""
     if mode not in ("full", "grad-op"):
         raise ValueError(f"shard mode {mode!r}: give full or grad-op (none is not sharded)")
     if device_type == "cuda" and dist.get_backend(group) != "nccl":
         raise ValueError(f"--shard {mode} on CUDA needs NCCL, but ranks share GPUs over "
                          f"{dist.get_backend(group)}; give every rank its own GPU, or --shard none")
-    mesh = DeviceMesh.from_group(group, device_type=device_type)
+    if mesh is None:
+        mesh = DeviceMesh.from_group(group, device_type=device_type)
     reshard = mode == "full"
     for block in module.children():
         if any(True for _ in block.parameters()):

@@ -28,3 +28,13 @@ def test_pp2_tp2_trains_the_whole_models_parameters(schedule: str) -> None:
     assert sorted(r.rank for r in results) == [0, 1]  # one result per pipeline rank
     assert_matches_reference(results, reference_run(job), microbatches=job.plan.microbatches,
                              tolerance=1e-10)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(900)
+def test_pp2_dp2_tp2_sharded_trains_the_whole_models_parameters() -> None:
+    job = _job("1f1b", width=2, shard="full")  # 8 processes: FSDP2 over dp on (dp, tp)
+    results = launch_local(job, deadline_s=800)
+    assert sorted(r.rank for r in results) == [0, 1, 2, 3]
+    assert_matches_reference(results, reference_run(job), microbatches=job.plan.microbatches,
+                             tolerance=1e-10)

@@ -18,7 +18,8 @@ unsharded run's; the ``AR`` then has nothing left to do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -38,6 +39,20 @@ class StageSharding:
     root: FSDPModule
     last: frozenset[tuple[int, int]]
     """``(micro-batch, pipeline)`` of every backward that is the stage's last before an update."""
+
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        """The stage's parameters whole over ``dp`` inside (FSDP2's unsharded ones: plain
+        tensors, or the tensor-parallel DTensors with their own layout, which the sharded
+        2-D spec of a head-split ``qkv`` does not describe), sharded again after."""
+        parts = [m for m in self.root.modules() if isinstance(m, FSDPModule)]  # every block
+        for part in parts:
+            part.unshard()
+        try:
+            yield
+        finally:
+            for part in parts:
+                part.reshard()
 
     def before_backward(self, microbatch: int, pipeline: int) -> None:
         """Reduce-scatter at this backward only if it is the update's last."""

@@ -1,22 +1,45 @@
 """Tensor parallelism inside a stage (``Plan.tp``, docs/sharding.md): ``pp=2,tp=2`` trains
 the parameters a plain torch loop trains on the whole model (1F1B, interleaved 1F1B,
-zb-h1), and ``pp=2,dp=2,tp=2`` with ``--shard full`` too; what this slice does not cover is
-refused in one line before anything starts."""
+zb-h1), and ``pp=2,dp=2,tp=2`` with ``--shard full`` too; a process holds half of every split
+linear; what this slice does not cover is refused in one line before anything starts."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+
 import pytest
 
+from pipeweave.cli.cmd_train import add_parser as add_train, build_job
+from pipeweave.runtime import BuiltinModel, Plan, launch_local, run_local
+from pipeweave.runtime.communication.mesh import lane_groups, pipeline_results, process_of
+from pipeweave.runtime.launch.prepare import prepare
+from pipeweave.runtime.options import CheckpointOptions
 from pipeweave.testing import assert_matches_reference, reference_run
-from pipeweave.runtime import launch_local
 
-from runtime_jobs import gpt_job
+from runtime_jobs import GPT, gpt_job, mlp_job
+
+SPLIT = ("qkv.weight", "qkv.bias", "fc.weight", "fc.bias", "proj.weight")
+"""What tensor parallelism splits over ``tp`` (a row-wise ``proj``'s bias stays whole)."""
 
 
 def _job(schedule: str, **plan_fields: object):  # type: ignore[no-untyped-def]
     chunks = 2 if schedule == "interleaved-1f1b" else 1
     return gpt_job(depth=2, schedule=schedule, chunks=chunks, steps=2,
-                   plan_fields={"tp": 2, **plan_fields})
+                   plan_fields={"tp": 2, **plan_fields}, count_activations=True)
+
+
+def _held_bytes(job, stages: list[int], tp: int) -> int:  # type: ignore[no-untyped-def]
+    """Parameters, gradients and SGD momentum of ``stages`` on one of ``tp`` processes."""
+    spec = job.model()
+    total = 0
+    for stage in stages:
+        start, end = job.plan.stages[stage]
+        for block in spec.blocks[start:end]:
+            for name, param in block.named_parameters():
+                share = tp if name.endswith(SPLIT) else 1
+                total += 3 * param.numel() * param.element_size() // share
+    return total
 
 
 @pytest.mark.distributed
@@ -28,6 +51,11 @@ def test_pp2_tp2_trains_the_whole_models_parameters(schedule: str) -> None:
     assert sorted(r.rank for r in results) == [0, 1]  # one result per pipeline rank
     assert_matches_reference(results, reference_run(job), microbatches=job.plan.microbatches,
                              tolerance=1e-10)
+    layout = job.plan.layout()
+    for result in results:  # each process holds half of every split linear
+        stages = list(layout.stages_of(result.rank))
+        assert result.state_bytes == _held_bytes(job, stages, 2), (result.rank, stages)
+        assert result.state_bytes < _held_bytes(job, stages, 1)
 
 
 @pytest.mark.distributed
@@ -38,3 +66,69 @@ def test_pp2_dp2_tp2_sharded_trains_the_whole_models_parameters() -> None:
     assert sorted(r.rank for r in results) == [0, 1, 2, 3]
     assert_matches_reference(results, reference_run(job), microbatches=job.plan.microbatches,
                              tolerance=1e-10)
+    for result in results:  # a quarter of every split linear, half of the rest
+        stages = list(job.plan.layout().stages_of(result.rank))
+        assert abs(result.state_bytes / _held_bytes(job, stages, 2) - 0.5) < 0.05
+
+
+def test_processes_and_lanes() -> None:
+    plan = Plan.uniform(6, 2, width=2, shard="full", tp=2)
+    assert (plan.world_size, plan.processes) == (4, 8)
+    assert process_of(3, 1, 2) == 7
+    assert lane_groups([(0, 2), (1, 3)], 2) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert pipeline_results(["r0t0", "r0t1", "r1t0", "r1t1"], 2) == ["r0t0", "r1t0"]
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"tp": 0}, "int >= 1"),
+    ({"tp": 2, "schedule": "pipedream", "microbatches": 2}, "asynchronous schedule"),
+    ({"tp": 2, "width": 2}, "dp=2 and --shard none"),
+    ({"tp": 2, "replicas": (2, 1)}, "replicated stages"),
+    ({"tp": 2, "pipelines": 2, "schedule": "avgpipe"}, "parallel pipelines"),
+])
+def test_plan_refusals(fields: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        Plan.uniform(6, 2, **fields)
+
+
+@pytest.mark.parametrize(("job_fields", "words"), [
+    ({"checkpoint": CheckpointOptions(every=1, directory="/tmp/never")}, "checkpoints"),
+    ({"clip_grad_norm": 1.0}, "--clip-grad-norm"),
+    ({"apc": True}, "--apc"),
+    ({"eval_every": 1}, "--eval-every"),
+])
+def test_job_refusals_before_anything_starts(job_fields: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=f"tp=2 with {words}"):
+        prepare(dataclasses.replace(_job("1f1b"), **job_fields))
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    ({"n_heads": 1, "d_model": 32}, "does not divide the 1 attention heads"),
+    ({"d_ff": 63}, "does not divide the MLP width 63"),
+    ({"dropout": 0.1}, "dropout"),
+])
+def test_model_refusals(overrides: dict, words: str) -> None:
+    job = _job("1f1b")
+    model = BuiltinModel("gpt-tiny", dtype="float64", overrides={**GPT, **overrides})
+    with pytest.raises(ValueError, match=words):
+        prepare(dataclasses.replace(job, model=model))
+
+
+def test_other_models_and_single_process_refused() -> None:
+    with pytest.raises(ValueError, match="only the built-in GPT"):
+        prepare(mlp_job(depth=2, plan_fields={"tp": 2}))
+    fused = dataclasses.replace(_job("1f1b"), optimizer=dataclasses.replace(
+        _job("1f1b").optimizer, implementation="fused"))
+    with pytest.raises(ValueError, match="tp=2 with a fused optimizer step"):
+        prepare(fused)
+    with pytest.raises(ValueError, match="single-process executor"):
+        run_local(_job("1f1b"))
+
+
+def test_cli_mesh_with_tp() -> None:
+    parser = argparse.ArgumentParser()
+    add_train(parser.add_subparsers())
+    args = parser.parse_args(["train", "--model", "gpt-tiny", "--mesh", "pp=2,dp=2,tp=2",
+                              "--shard", "full"])
+    plan = build_job(args).plan
+    assert (plan.depth, plan.width, plan.tp, plan.shard) == (2, 2, 2, "full")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-__all__ = ["full_value", "local_value", "is_sharded"]
+__all__ = ["full_value", "local_value", "stored_part", "is_sharded"]
 
 
 def is_sharded(tensor: Tensor) -> bool:
@@ -27,3 +27,9 @@ def full_value(tensor: Tensor) -> Tensor:
 def local_value(tensor: Tensor) -> Tensor:
     """The part of ``tensor`` this rank stores."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def stored_part(tensor: Tensor) -> Tensor:
+    """The part of ``tensor`` this rank stores, without recording an autograd step (for a
+    saved-tensor hook, where ``to_local()`` would add one)."""
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import torch.distributed as dist
 from torch import nn
@@ -45,7 +46,8 @@ class StageSharding:
         """The stage's parameters whole over ``dp`` inside (FSDP2's unsharded ones: plain
         tensors, or the tensor-parallel DTensors with their own layout, which the sharded
         2-D spec of a head-split ``qkv`` does not describe), sharded again after."""
-        parts = [m for m in self.root.modules() if isinstance(m, FSDPModule)]  # every block
+        stage = cast(nn.Module, self.root)  # fully_shard keeps the module, adding FSDPModule
+        parts = [m for m in stage.modules() if isinstance(m, FSDPModule)]  # every block
         for part in parts:
             part.unshard()
         try:

@@ -132,3 +132,15 @@ def test_cli_mesh_with_tp() -> None:
                               "--shard", "full"])
     plan = build_job(args).plan
     assert (plan.depth, plan.width, plan.tp, plan.shard) == (2, 2, 2, "full")
+
+
+def test_torchtitan_config_names_the_tensor_parallel_degree() -> None:
+    import tomllib
+
+    from pipeweave.planner.interchange import torchtitan_config
+
+    names = ["embed", *(f"layer{i}" for i in range(6)), "head"]
+    plan = Plan(num_blocks=8, stages=((0, 4), (4, 8)), microbatches=4, width=2, shard="full",
+                tp=2)
+    config = tomllib.loads(torchtitan_config(plan, names, batch_size=8))["parallelism"]
+    assert (config["tensor_parallel_degree"], config["data_parallel_shard_degree"]) == (2, 2)

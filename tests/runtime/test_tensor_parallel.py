@@ -115,7 +115,7 @@ def test_model_refusals(overrides: dict, words: str) -> None:
 
 
 def test_other_models_and_single_process_refused() -> None:
-    with pytest.raises(ValueError, match="only the built-in GPT"):
+    with pytest.raises(ValueError, match="only the built-in GPT .* Llama family"):
         prepare(mlp_job(depth=2, plan_fields={"tp": 2}))
     fused = dataclasses.replace(_job("1f1b"), optimizer=dataclasses.replace(
         _job("1f1b").optimizer, implementation="fused"))

@@ -1,4 +1,4 @@
-"""Tensor parallelism inside a stage: the built-in GPT's layers split over ``tp`` processes.
+"""Tensor parallelism inside a stage: a transformer's layers split over ``tp`` processes.
 
 The ranks form a ``DeviceMesh`` of shape ``(pp, dp, tp)`` (:class:`RankMesh`). The schedule
 has programs for the ``pp x dp`` pipeline ranks only; process ``p`` is pipeline rank
@@ -13,6 +13,10 @@ Inside a stage, ``torch.distributed.tensor.parallel.parallelize_module`` splits 
   (``_StridedShard(0, split_factor=3)``, so a rank holds its heads' q, k and v), ``proj``
   row-wise (the partial sums all-reduced);
 * MLP: ``fc`` column-wise, ``proj`` row-wise;
+* the Hugging Face Llama family (:mod:`pipeweave.hf`; Llama, Qwen2, Mistral): ``q_proj``,
+  ``k_proj``, ``v_proj`` column-wise (by heads and key-value heads; HF's attention reads its
+  head count from the tensor), ``o_proj`` row-wise; ``gate_proj``, ``up_proj`` column-wise,
+  ``down_proj`` row-wise (as ``LlamaConfig.base_model_tp_plan``);
 * everything else (embeddings, LayerNorms, the head) replicated: ``Replicate()`` DTensors
   computed whole on every rank, so that every parameter is a DTensor on the same mesh and
   the optimizer's ``foreach`` step (and FSDP2 over ``dp`` on the ``(dp, tp)`` mesh) takes them.
@@ -35,11 +39,14 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, R
                                                parallelize_module)
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from ...hf import layers as hf_layers
 from ...models.gpt import AttentionBlock, Embedding, FFNBlock, Head, TransformerLayer
 
 __all__ = ["RankMesh", "make_rank_mesh", "parallelize_stage", "check_parallelizable"]
 
-_GPT_BLOCKS = (Embedding, AttentionBlock, FFNBlock, TransformerLayer, Head)
+_KNOWN_BLOCKS = (Embedding, AttentionBlock, FFNBlock, TransformerLayer, Head,
+                 hf_layers.TokenEmbedding, hf_layers.DecoderLayer, hf_layers.AttentionHalf,
+                 hf_layers.MLPHalf, hf_layers.Head)
 
 
 @dataclass(frozen=True)
@@ -105,18 +112,36 @@ class _Replicated(ParallelStyle):
         return distribute_module(module, device_mesh, None, inputs, outputs)  # type: ignore[arg-type]
 
 
-def _plan(block: nn.Module) -> dict[str, ParallelStyle]:
-    """The split of one GPT block's linears (module docstring)."""
-    attention = {"qkv": _HeadsColwise(), "proj": RowwiseParallel()}
-    mlp = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
-    if isinstance(block, AttentionBlock):
-        return dict(attention)
-    if isinstance(block, FFNBlock):
-        return dict(mlp)
-    if isinstance(block, TransformerLayer):
-        return {**{f"attn.{k}": v for k, v in attention.items()},
-                **{f"ffn.{k}": v for k, v in mlp.items()}}
+_HF_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_HF_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _has(part: nn.Module, names: Sequence[str]) -> bool:
+    return all(isinstance(getattr(part, n, None), nn.Linear) for n in names)
+
+
+def _styles(part: nn.Module) -> dict[str, ParallelStyle]:
+    """The split of one attention or MLP module (its linears by name; module docstring)."""
+    if isinstance(part, AttentionBlock):
+        return {"qkv": _HeadsColwise(), "proj": RowwiseParallel()}
+    if isinstance(part, FFNBlock):
+        return {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
+    if _has(part, _HF_ATTENTION):  # the Llama family: q, k, v by (key-value) heads
+        return {"q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(),
+                "v_proj": ColwiseParallel(), "o_proj": RowwiseParallel()}
+    if _has(part, _HF_MLP):  # SwiGLU: gate and up by hidden units, down row-wise
+        return {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(),
+                "down_proj": RowwiseParallel()}
     return {}
+
+
+def _plan(block: nn.Module) -> dict[str, ParallelStyle]:
+    """Every split linear of ``block``, by its path in the block."""
+    plan: dict[str, ParallelStyle] = {}
+    for name, part in block.named_modules():
+        plan.update({f"{name}.{key}" if name else key: style
+                     for key, style in _styles(part).items()})
+    return plan
 
 
 def parallelize_stage(module: nn.Module, tp_mesh: DeviceMesh) -> None:
@@ -132,26 +157,39 @@ def parallelize_stage(module: nn.Module, tp_mesh: DeviceMesh) -> None:
 
 def check_parallelizable(blocks: Sequence[nn.Module], tp: int) -> None:
     """Refuse, in one line naming the value and the fix, a model ``tp`` cannot split."""
+    if any(hasattr(part, "c_attn") for block in blocks for part in block.modules()):
+        raise ValueError(f"tp={tp} with the GPT-2 family: its fused Conv1D c_attn has no split "
+                         f"plan yet; use hf-llama, hf-qwen2, hf-mistral or gpt-*, or tp=1")
     for index, block in enumerate(blocks):
-        if not isinstance(block, _GPT_BLOCKS):
+        if not isinstance(block, _KNOWN_BLOCKS):
             raise ValueError(f"tp={tp} with block {index} ({type(block).__name__}): only the "
-                             f"built-in GPT (--model gpt-*) is tensor-parallel yet (not the "
-                             f"Hugging Face models nor custom blocks); use tp=1")
+                             f"built-in GPT (--model gpt-*) and the Hugging Face Llama family "
+                             f"are tensor-parallel yet, not custom blocks; use tp=1")
         for part in block.modules():
-            if isinstance(part, AttentionBlock):
-                _check_attention(part, tp)
-            elif isinstance(part, FFNBlock) and part.fc.out_features % tp:
-                raise ValueError(f"tp={tp} does not divide the MLP width "
-                                 f"{part.fc.out_features}; give a tp that divides it")
-            elif isinstance(part, nn.Dropout) and part.p > 0:
-                raise ValueError(f"tp={tp} with dropout {part.p}: the split heads would draw "
-                                 f"other masks than the whole model; use dropout 0 or tp=1")
+            _check_part(part, tp)
 
 
-def _check_attention(block: AttentionBlock, tp: int) -> None:
-    if block.n_heads % tp:
-        raise ValueError(f"tp={tp} does not divide the {block.n_heads} attention heads; give "
-                         f"a tp that divides the number of heads")
-    if block.dropout > 0:
-        raise ValueError(f"tp={tp} with attention dropout {block.dropout}: the split heads "
-                         f"would draw other masks than the whole model; use dropout 0 or tp=1")
+def _check_part(part: nn.Module, tp: int) -> None:
+    """Heads and widths ``tp`` divides, no dropout (its masks would differ per process)."""
+    config = getattr(part, "config", None)
+    counts: list[tuple[str, int]] = []
+    if isinstance(part, AttentionBlock):
+        counts.append((f"{part.n_heads} attention heads", part.n_heads))
+    elif _has(part, _HF_ATTENTION) and config is not None:
+        counts += [(f"{config.num_attention_heads} attention heads", config.num_attention_heads),
+                   (f"{config.num_key_value_heads} key-value heads", config.num_key_value_heads)]
+    elif isinstance(part, FFNBlock):
+        counts.append((f"MLP width {part.fc.out_features}", part.fc.out_features))
+    elif _has(part, _HF_MLP):
+        width = int(getattr(part, "gate_proj").out_features)
+        counts.append((f"MLP width {width}", width))
+    for what, count in counts:
+        if count % tp:
+            raise ValueError(f"tp={tp} does not divide the {what}; give a tp that divides "
+                             f"it")
+    dropout = [float(getattr(part, key, 0.0) or 0.0)
+               for key in ("p", "dropout", "attention_dropout")]
+    if (isinstance(part, (nn.Dropout, AttentionBlock)) or _has(part, _HF_ATTENTION)) \
+            and max(dropout) > 0:
+        raise ValueError(f"tp={tp} with dropout {max(dropout)}: the split heads would draw "
+                         f"other masks than the whole model; use dropout 0 or tp=1")

@@ -60,8 +60,11 @@ def test_pp2_tp2_trains_the_whole_models_parameters(schedule: str) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
-def test_pp2_dp2_tp2_sharded_trains_the_whole_models_parameters() -> None:
-    job = _job("1f1b", width=2, shard="full")  # 8 processes: FSDP2 over dp on (dp, tp)
+@pytest.mark.parametrize(("schedule", "shard"), [("1f1b", "full"), ("interleaved-1f1b", "full"),
+                                                 ("1f1b", "grad-op")])
+def test_pp2_dp2_tp2_sharded_trains_the_whole_models_parameters(schedule: str,
+                                                                shard: str) -> None:
+    job = _job(schedule, width=2, shard=shard)  # 8 processes: FSDP2 over dp on (dp, tp)
     results = launch_local(job, deadline_s=800)
     assert sorted(r.rank for r in results) == [0, 1, 2, 3]
     assert_matches_reference(results, reference_run(job), microbatches=job.plan.microbatches,

@@ -124,7 +124,6 @@ def test_mesh_is_stages_and_width() -> None:
 
 
 @pytest.mark.parametrize(("flags", "words"), [
-    (("--mesh", "pp=2,dp=2,tp=2"), "dp=2 and --shard none"),
     (("--mesh", "pp=2,xx=2"), "NAME=N"),
     (("--mesh", "dp=2"), "names no pp"),
     (("--mesh", "pp=2,dp=2", "--width", "2"), "give one of them"),

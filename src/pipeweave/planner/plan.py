@@ -86,7 +86,7 @@ class Plan:
         check_shard(self.shard, schedule=self.schedule, width=self.width,
                     replicas=self.replicas, pipelines=self.pipelines)
         check_tp(self.tp, schedule=self.schedule, width=self.width, replicas=self.replicas,
-                 pipelines=self.pipelines, shard=self.shard)
+                 pipelines=self.pipelines)
         for name in ("microbatches", "chunks", "width", "pipelines"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"plan {name} must be >= 1, got {getattr(self, name)}")

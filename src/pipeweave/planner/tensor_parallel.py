@@ -17,7 +17,7 @@ __all__ = ["check_tp"]
 
 
 def check_tp(tp: int, *, schedule: str, width: int, replicas: Sequence[int] | None,
-             pipelines: int, shard: str) -> None:
+             pipelines: int) -> None:
     """Refuse, in one line naming why and the fix, a tensor-parallel plan this slice cannot
     keep exact."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
@@ -34,9 +34,6 @@ def check_tp(tp: int, *, schedule: str, width: int, replicas: Sequence[int] | No
         (not info.synchronous, f"with the asynchronous schedule {schedule!r}: stashed and "
          f"predicted weight versions of split layers are not built; use 1f1b, gpipe, "
          f"interleaved-1f1b or zb-h1, or tp=1"),
-        (width > 1 and shard == "none", f"with dp={width} and --shard none: the replicated "
-         f"all-reduce of split (DTensor) gradients is not built; give --shard full or grad-op "
-         f"(FSDP2 over dp on the (dp, tp) mesh), or dp=1"),
     ]
     for refused, why in refusals:
         if refused:

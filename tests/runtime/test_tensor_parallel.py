@@ -146,3 +146,45 @@ def test_torchtitan_config_names_the_tensor_parallel_degree() -> None:
                 tp=2)
     config = tomllib.loads(torchtitan_config(plan, names, batch_size=8))["parallelism"]
     assert (config["tensor_parallel_degree"], config["data_parallel_shard_degree"]) == (2, 2)
+
+
+def _mesh_facts(process: int, store_path: str, out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    from pipeweave.runtime.execution.tensor_parallel import make_rank_mesh
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 8), rank=process,
+                            world_size=8)
+    try:
+        mesh = make_rank_mesh(depth=2, width=2, tp=2, process=process, device_type="cpu")
+        facts = {"rank": mesh.rank, "index": mesh.tp_index, "coordinates": mesh.coordinates,
+                 "tp": dist.get_process_group_ranks(mesh.tp_mesh.get_group()),
+                 "dp": dist.get_process_group_ranks(mesh.dp_mesh.get_group())}
+        with open(f"{out}/{process}.json", "w") as handle:
+            json.dump(facts, handle)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_every_process_knows_its_place_in_the_mesh(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """pp=2,dp=2,tp=2: process p runs pipeline rank p // 2 (copy k, position s: rank 2k + s)
+    at tp index p % 2; its tp group is its rank's two processes, its dp group the same tp
+    index of the same position in the other copy (the lanes of the dp all-reduce)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_mesh_facts, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=8,
+                       start_method="fork")  # no fresh interpreters: 8 on a few cores
+    for process in range(8):
+        facts = json.loads((tmp_path / f"{process}.json").read_text())
+        rank, index = divmod(process, 2)
+        copy, position = divmod(rank, 2)
+        assert (facts["rank"], facts["index"]) == (rank, index)
+        assert facts["coordinates"] == [position, copy, index]
+        assert sorted(facts["tp"]) == [2 * rank, 2 * rank + 1]
+        assert sorted(facts["dp"]) == sorted(lane_groups([(position, position + 2)], 2)[index])

@@ -61,6 +61,13 @@ class RankMesh:
     """This process's coordinate along ``tp``."""
 
     @property
+    def coordinates(self) -> tuple[int, int, int]:
+        """This process's ``(pp, dp, tp)`` coordinates in :attr:`mesh`."""
+        found = self.mesh.get_coordinate()
+        assert found is not None, "every process is in the mesh"
+        return found[0], found[1], found[2]
+
+    @property
     def tp(self) -> int:
         return int(self.mesh.size(2))
 

@@ -188,3 +188,16 @@ def test_every_process_knows_its_place_in_the_mesh(tmp_path) -> None:  # type: i
         assert facts["coordinates"] == [position, copy, index]
         assert sorted(facts["tp"]) == [2 * rank, 2 * rank + 1]
         assert sorted(facts["dp"]) == sorted(lane_groups([(position, position + 2)], 2)[index])
+
+
+def test_cli_counts_tp_processes(capsys) -> None:  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser()
+    add_train(parser.add_subparsers())
+    from pipeweave.cli.train_avgpipe import check_ranks
+
+    args = parser.parse_args(["train", "--model", "gpt-tiny", "--ranks", "4"])
+    plan = Plan.uniform(10, 2, tp=2)
+    check_ranks(args, plan, under_torchrun=False)  # 2 pipeline ranks x tp 2 = 4 processes
+    args = parser.parse_args(["train", "--model", "gpt-tiny", "--ranks", "2"])
+    with pytest.raises(ValueError, match=r"needs 4 ranks \(--stages 2 x tp 2\)"):
+        check_ranks(args, plan, under_torchrun=False)

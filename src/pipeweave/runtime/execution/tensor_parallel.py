@@ -27,6 +27,7 @@ the sequence between blocks and be gathered at every stage boundary (docs/shardi
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -154,6 +155,11 @@ def _plan(block: nn.Module) -> dict[str, ParallelStyle]:
 def parallelize_stage(module: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Split ``module`` (a stage's ``nn.Sequential`` of GPT blocks) in place over ``tp_mesh``;
     every parameter becomes a DTensor on it (module docstring)."""
+    # A replicated module's output is its DTensor's local tensor, a view; FSDP2 warns that an
+    # in-place op on it would skip its hook. Nothing changes a block's output in place (the
+    # runtime sends it or feeds it to the next block), so the warning is noise in every run.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(\w+\) returned a view",
+                            category=UserWarning)
     for block in module.children():
         parallelize_module(block, tp_mesh, _plan(block))
         for part in block.modules():

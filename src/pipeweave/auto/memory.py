@@ -48,7 +48,7 @@ def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> 
     if one_copy:
         ranks = predicted_memory(problem.profile, one_copy_plan(plan),
                                  batch_size=problem.batch // plan.width,
-                                 optimizer=problem.optimizer)
+                                 optimizer=problem.optimizer, copies_of=plan.width)
         return [r.total for r in ranks] * plan.width
     ranks = predicted_memory(problem.profile, plan, batch_size=problem.batch,
                              optimizer=problem.optimizer)

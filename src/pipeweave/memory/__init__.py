@@ -15,13 +15,14 @@ bytes (``avgpipe.simulated``).
 """
 
 from .held import held_activations
-from .model import ModelState, RankMemory, StageWeights, model_state, rank_memory, stage_state
+from .model import (ModelState, RankMemory, Sharding, StageWeights, model_state, rank_memory,
+                    stage_state)
 from .optimizers import (OPTIMIZER_STATE, check_optimizer, optimizer_key,
                          optimizer_state_bytes)
 from .timeline import PeakMoment, StageBytes, peak_moments, peak_moments_of
 from .versions import weight_copies, weight_versions
 
-__all__ = ["held_activations", "ModelState", "RankMemory", "StageWeights", "model_state",
-           "rank_memory", "stage_state", "OPTIMIZER_STATE", "check_optimizer", "optimizer_key",
+__all__ = ["held_activations", "ModelState", "RankMemory", "Sharding", "StageWeights",
+           "model_state", "rank_memory", "stage_state", "OPTIMIZER_STATE", "check_optimizer", "optimizer_key",
            "optimizer_state_bytes", "PeakMoment", "StageBytes", "peak_moments",
            "peak_moments_of", "weight_copies", "weight_versions"]

@@ -19,7 +19,12 @@ What changes over an iteration, per stage ``s`` of the rank and per micro-batch:
     I            + p_s   until its W: the gradients of the parameter holders' outputs, which
                          the W still needs (``pipeweave.split_backward``)
     W            - a_s - p_s
-    U            - g_s
+    U            + y_s   just before it, while the gradients are reduced over the stage's
+                         ``D`` ranks (its ``AR``, or in a one-copy program the update it
+                         precedes): the flattened gradients, the ``D`` gathered copies and
+                         their sum, ``(D + 2) g_s``; sharded, FSDP2's reduce-scatter input
+                         and output, ``(1 + 1/D) g_s``; then
+                 - g_s
 
 and the messages in flight, as the runtime's transport keeps them: a receive's buffer from
 when it is posted (the interpreter posts the next ``PREFETCH`` receives ahead) until its
@@ -71,6 +76,8 @@ class StageBytes:
     """One activation the stage receives (its input; the gradient it sends back is as big)."""
     sent: float = 0.0
     """One activation the stage sends (its output; the gradient it receives is as big)."""
+    reduction: float = 0.0
+    """y_s: the gradient reduction's own tensors before an update (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,9 @@ def _walk(steps: Sequence[tuple[int, Action]], stages: Sequence[StageBytes],
             if op is not _W:
                 workspace = cost.workspace + rebuilt.get(key, 0.0)
         elif op is _U and (stage, pipeline) in with_gradients:
+            reducing = PeakMoment(gradients, activations, cost.reduction, in_flight[position])
+            if reducing.total > best.total:
+                best = reducing
             with_gradients.discard((stage, pipeline))
             gradients -= cost.gradients
         moment = PeakMoment(gradients + fresh, activations, workspace, in_flight[position])

@@ -26,8 +26,10 @@ allocator (``Job.track_allocations``) for every schedule.
 
 from __future__ import annotations
 
-from ..memory import (OPTIMIZER_STATE, ModelState, RankMemory, StageBytes, StageWeights,
-                      check_optimizer, held_activations, model_state, peak_moments_of,
+from collections.abc import Sequence
+
+from ..memory import (OPTIMIZER_STATE, ModelState, RankMemory, Sharding, StageBytes,
+                      StageWeights, check_optimizer, held_activations, model_state, peak_moments_of,
                       rank_memory)
 from ..memory import optimizer_state_bytes as counted_state
 from ..profiler import Profile
@@ -37,11 +39,12 @@ from .plan import Plan
 
 __all__ = ["RankMemory", "ModelState", "predicted_memory", "predicted_state", "OPTIMIZER_STATE",
            "optimizer_state_bytes", "stage_activation_bytes", "stage_weights", "plan_analysis",
-           "plan_weight_copies", "held_microbatches"]
+           "plan_weight_copies", "held_microbatches", "plan_sharding",
+           "reduction_bytes"]
 
 def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
                      optimizer: str | None = "adam",
-                     iterations: int | None = None) -> list[RankMemory]:
+                     iterations: int | None = None, copies_of: int = 1) -> list[RankMemory]:
     """Peak memory of every rank of ``plan`` (rank order), per kind (:mod:`pipeweave.memory`).
 
     ``batch_size``: samples per iteration and pipeline (the plan's micro-batch holds
@@ -49,7 +52,8 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
     ``batch_size``). ``optimizer``: a name of :data:`OPTIMIZER_STATE`, or ``None``: the one
     the profile was made with (its ``optimizer_bytes`` as measured). ``iterations``: how
     many iterations of the schedule to lay out (:func:`plan_analysis`). Linear in the
-    schedule's length: a few seconds for 64 ranks x 128 micro-batches, of which a new
+    schedule's length (``copies_of``: ``plan`` is one of that many identical data-parallel
+    copies, whose gradients its ``AR`` reduces over them). A few seconds for 64 ranks x 128 micro-batches, of which a new
     partition of a shape already analysed (:mod:`.memory_shape`) pays only the
     bytes-weighted walk.
     """
@@ -63,7 +67,8 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
                          f"{plan.microbatches}; give a multiple of {plan.microbatches}")
     analysis = plan_analysis(plan, iterations)
     scale = _scale(profile, batch_size // plan.microbatches)
-    stages = _stage_bytes(profile, plan, scale, analysis.split)
+    reduced = [copies_of * len(ranks) for ranks in analysis.schedule.layout.stage_ranks]
+    stages = _stage_bytes(profile, plan, scale, analysis.split, reduced)
     recompute = [plan.recompute_stage(s) for s in range(len(plan.stages))]
     graphless = analysis.graphless(recompute, plan.semantics.backward or "recompute")
     moments = peak_moments_of(analysis.timelines, stages, graphless)
@@ -119,9 +124,17 @@ def plan_weight_copies(plan: Plan, iterations: int | None = None) -> list[int]:
 
 
 def stage_weights(profile: Profile, plan: Plan) -> list[StageWeights]:
-    """Per stage: the parameter bytes it holds (ties once), all trainable."""
-    held = [profile.stage_parameter_bytes(a, e) for a, e in plan.stages]
-    return [StageWeights(parameters=w, trainable=w) for w in held]
+    """Per stage: the parameter bytes it holds (ties once), all trainable, and its largest
+    block's."""
+    return [StageWeights(parameters=w, trainable=w,
+                         largest_block=max(b.parameter_bytes for b in profile.blocks[a:e]))
+            for w, (a, e) in zip((profile.stage_parameter_bytes(a, e) for a, e in plan.stages),
+                                 plan.stages)]
+
+
+def plan_sharding(plan: Plan) -> Sharding:
+    """How ``plan`` holds its stages over their data-parallel ranks (``Plan.shard``)."""
+    return Sharding(mode=plan.shard, ways=plan.width)
 
 
 def _state(profile: Profile, plan: Plan, optimizer: str | None,
@@ -130,13 +143,28 @@ def _state(profile: Profile, plan: Plan, optimizer: str | None,
     return model_state(stage_weights(profile, plan), optimizer_state_bytes(profile, plan, optimizer),
                        [layout.stages_of(r) for r in range(layout.num_ranks)],
                        pipelines=analysis.schedule.pipelines, reference=analysis.averages,
-                       copies=analysis.copies(plan.semantics.backward == "graph"))
+                       copies=analysis.copies(plan.semantics.backward == "graph"),
+                       sharding=plan_sharding(plan))
 
 
-def _stage_bytes(profile: Profile, plan: Plan, scale: float,
-                 split: frozenset[int]) -> list[StageBytes]:
-    """Per stage: what a micro-batch costs there (:class:`pipeweave.memory.StageBytes`)."""
+def reduction_bytes(gradients: float, ways: int, sharding: Sharding) -> float:
+    """What a stage's gradient reduction over ``ways`` ranks allocates while it runs
+    (:attr:`pipeweave.memory.StageBytes.reduction`): the runtime's all-reduce gathers every
+    rank's flattened gradients and sums them in rank order, ``(D + 2) g``; FSDP2's
+    reduce-scatter copies the gradients into its input and returns a ``1/D`` shard."""
+    if ways < 2:
+        return 0.0
+    if sharding.sharded:
+        return gradients * (1.0 + 1.0 / ways)
+    return gradients * (ways + 2)
+
+
+def _stage_bytes(profile: Profile, plan: Plan, scale: float, split: frozenset[int],
+                 reduced: Sequence[int]) -> list[StageBytes]:
+    """Per stage: what a micro-batch costs there (:class:`pipeweave.memory.StageBytes`);
+    ``reduced``: per stage, the ranks its gradients are reduced over."""
     weights = [profile.stage_parameter_bytes(a, e) for a, e in plan.stages]
+    sharding = plan_sharding(plan)
     held = stage_activation_bytes(profile, plan, scale)
     last = len(plan.stages) - 1
     return [StageBytes(gradients=weights[s], activations=held[s],
@@ -146,7 +174,8 @@ def _stage_bytes(profile: Profile, plan: Plan, scale: float,
                                  if s in split else 0.0),
                        workspace=scale * _workspace(profile, a, e),
                        received=scale * _input_bytes(profile, a) if s > 0 else 0.0,
-                       sent=scale * profile.blocks[e - 1].output_bytes if s < last else 0.0)
+                       sent=scale * profile.blocks[e - 1].output_bytes if s < last else 0.0,
+                       reduction=reduction_bytes(weights[s], reduced[s], sharding))
             for s, (a, e) in enumerate(plan.stages)]
 
 

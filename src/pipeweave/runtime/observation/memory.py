@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ...memory import StageWeights, model_state, optimizer_key, stage_state
-from ...planner.memory import plan_analysis
+from ...planner.memory import plan_analysis, plan_sharding
 from ...planner.plan import Plan
 from ...saved_tensors import observing_saved
 from ..communication.sharded import local_value, stored_part
@@ -157,7 +157,8 @@ def estimate_state_bytes(spec: ModelSpec, plan: Plan,
                          [layout.stages_of(r) for r in range(layout.num_ranks)],
                          pipelines=analysis.schedule.pipelines,
                          reference=averaging and analysis.averages,
-                         copies=analysis.copies(plan.semantics.backward == "graph"))
+                         copies=analysis.copies(plan.semantics.backward == "graph"),
+                         sharding=plan_sharding(plan))
     return [int(s.total) for s in states]
 
 
@@ -168,7 +169,9 @@ def stage_weights_of(blocks: Sequence[nn.Module]) -> StageWeights:
     trainable = [p for p in params if p.requires_grad]
     return StageWeights(parameters=float(sum(_nbytes(p) for p in params)),
                         trainable=float(sum(_nbytes(p) for p in trainable)),
-                        tensors=len(trainable))
+                        tensors=len(trainable),
+                        largest_block=float(max((sum(_nbytes(p) for p in b.parameters())
+                                                 for b in blocks), default=0)))
 
 
 def model_optimizer(optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]) -> str:

@@ -115,16 +115,15 @@ def _train_args(*flags: str) -> argparse.Namespace:
 
 
 def test_mesh_is_stages_and_width() -> None:
-    assert parse_mesh("pp=2,dp=3") == (2, 3)
-    assert parse_mesh("pp=4") == (4, 1)
-    assert parse_mesh("dp=2,pp=2,tp=1") == (2, 2)
+    assert parse_mesh("pp=2,dp=3") == (2, 3, 1)
+    assert parse_mesh("pp=4") == (4, 1, 1)
+    assert parse_mesh("dp=2,pp=2,tp=1") == (2, 2, 1)
     job = build_job(_train_args("--mesh", "pp=2,dp=2", "--shard", "grad-op"))
     assert (job.plan.depth, job.plan.width, job.plan.shard) == (2, 2, "grad-op")
     assert build_job(_train_args("--stages", "2")).plan.shard == "none"
 
 
 @pytest.mark.parametrize(("flags", "words"), [
-    (("--mesh", "pp=2,dp=2,tp=2"), "not built yet"),
     (("--mesh", "pp=2,xx=2"), "NAME=N"),
     (("--mesh", "dp=2"), "names no pp"),
     (("--mesh", "pp=2,dp=2", "--width", "2"), "give one of them"),

@@ -96,9 +96,10 @@ def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
                              "interleaved-1f1b and wpipe, else 1)")
     parser.add_argument("--width", type=int, default=None,
                         help="data-parallel copies of the pipeline (default 1)")
-    parser.add_argument("--mesh", default=None, metavar="pp=P,dp=D",
-                        help="the ranks as a mesh: pp=P,dp=D is --stages P --width D (tp > 1 "
-                             "is not built yet)")
+    parser.add_argument("--mesh", default=None, metavar="pp=P,dp=D,tp=T",
+                        help="the ranks as a mesh: pp=P,dp=D is --stages P --width D; tp=T "
+                             "splits each stage's layers over T processes (built-in GPT; "
+                             "docs/sharding.md)")
     parser.add_argument("--shard", default=None, choices=list(SHARD_MODES),
                         help="hold each stage over its dp ranks with FSDP2: full (ZeRO-3), "
                              "grad-op (ZeRO-2) or none (replicated, the default); needs dp > 1 "
@@ -232,7 +233,8 @@ def build_setup(args: argparse.Namespace) -> Setup:
                             microbatches=(defaults.microbatches if args.microbatches is None
                                           else args.microbatches),
                             width=1 if args.width is None else args.width, recompute=recompute,
-                            schedule_options=options, shard=args.shard or "none")
+                            schedule_options=options, shard=args.shard or "none",
+                            tp=getattr(args, "tp", 1))
     dataset = spec.dataset or "digits"
     seq_len = None
     if dataset in SEQUENCE_DATASETS:
@@ -261,12 +263,14 @@ COUNTS = ("steps", "batch_size", "stages", "microbatches", "chunks", "width")
 
 
 def apply_mesh(args: argparse.Namespace) -> None:
-    """``--mesh pp=P,dp=D``: the long form of ``--stages P --width D`` (refused beside them);
-    ``--shard`` refused with the single-process executor, before anything is built."""
+    """``--mesh pp=P,dp=D,tp=T``: the long form of ``--stages P --width D`` (refused beside
+    them) and the tensor-parallel size ``args.tp`` (1 without ``--mesh``); ``--shard`` refused
+    with the single-process executor, before anything is built."""
     if args.shard not in (None, "none") and args.executor == "local":
         raise ValueError(f"--shard {args.shard} shards each stage over its ranks' own process "
                          f"group; --executor local runs every rank in one process: use "
                          f"--executor processes, or --shard none")
+    args.tp = 1
     if args.mesh is None:
         return
     given = [flag for flag, value in (("--stages", args.stages), ("--width", args.width))
@@ -274,7 +278,7 @@ def apply_mesh(args: argparse.Namespace) -> None:
     if given:
         raise ValueError(f"--mesh {args.mesh} and {' '.join(given)} both give the shape; "
                          f"give one of them")
-    args.stages, args.width = parse_mesh(args.mesh)
+    args.stages, args.width, args.tp = parse_mesh(args.mesh)
 
 
 def check_counts(args: argparse.Namespace) -> None:

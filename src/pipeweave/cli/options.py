@@ -10,7 +10,8 @@ another:
 * the profile a command plans with: read from a file, or the model profiled now
   (``plan``, ``placement``, ``simulate``, ``auto``);
 * SCHEDULE and its shape options (``show``, ``simulate``);
-* ``--mesh pp=P,dp=D`` (``train``), the long form of ``--stages P --width D``.
+* ``--mesh pp=P,dp=D,tp=T`` (``train``), the long form of ``--stages P --width D`` with
+  ``tp`` tensor-parallel processes per pipeline rank.
 """
 
 from __future__ import annotations
@@ -194,9 +195,9 @@ def _parse_replicas(text: str | None) -> tuple[int, ...] | None:
 MESH_DIMENSIONS = ("pp", "dp", "tp")
 
 
-def parse_mesh(text: str) -> tuple[int, int]:
-    """``--mesh pp=P,dp=D[,tp=1]`` -> ``(P, D)``: pipeline depth and data-parallel width
-    (``dp`` 1 and ``tp`` 1 where not given). ``tp`` above 1 is refused: not yet built."""
+def parse_mesh(text: str) -> tuple[int, int, int]:
+    """``--mesh pp=P,dp=D,tp=T`` -> ``(P, D, T)``: pipeline depth, data-parallel width and
+    tensor-parallel size (``dp`` and ``tp`` 1 where not given; docs/sharding.md)."""
     sizes: dict[str, int] = {}
     for part in text.split(","):
         name, _, value = part.strip().partition("=")
@@ -208,7 +209,4 @@ def parse_mesh(text: str) -> tuple[int, int]:
         raise ValueError(f"--mesh {text!r} names no pp (pipeline depth); e.g. --mesh pp=2,dp=2")
     if any(size < 1 for size in sizes.values()):
         raise ValueError(f"--mesh {text!r}: every size must be >= 1")
-    if sizes.get("tp", 1) > 1:
-        raise ValueError(f"--mesh {text!r}: tensor parallelism (tp > 1) is not built yet; "
-                         f"give tp=1 or leave it out")
-    return sizes["pp"], sizes.get("dp", 1)
+    return sizes["pp"], sizes.get("dp", 1), sizes.get("tp", 1)

@@ -142,9 +142,10 @@ def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec, optimizer: Opti
 def check_ranks(args: argparse.Namespace, plan: Plan, *, under_torchrun: bool) -> None:
     """The ranks given (``--ranks``, else torchrun's ``WORLD_SIZE``) against what ``plan``
     needs, and the device (GPUs the ranks share are a warning); ValueError naming the fix."""
-    needed = plan.world_size
+    needed = plan.processes  # tp processes per pipeline rank
     how = (f"--stages {plan.depth}" + (f" x --width {plan.width}" if plan.width > 1 else "")
-           if plan.replicas is None else f"replicas {list(plan.replicas)}")
+           if plan.replicas is None else f"replicas {list(plan.replicas)}") + (
+               f" x tp {plan.tp}" if plan.tp > 1 else "")
     given, source = args.ranks, "--ranks"
     if under_torchrun:
         world = int(os.environ["WORLD_SIZE"])

@@ -142,15 +142,17 @@ class AttentionBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
-        h = self.n_heads
-        q, k, v = self.qkv(self.ln(x)).split(d, dim=2)  # 3 x [B, T, d]
-        q = q.view(b, t, h, d // h).transpose(1, 2)  # [B, h, T, d/h]
-        k = k.view(b, t, h, d // h).transpose(1, 2)
-        v = v.view(b, t, h, d // h).transpose(1, 2)
+        qkv = self.qkv(self.ln(x))  # [B, T, 3w]: w = d, or d / tp for this rank's heads
+        w = qkv.shape[2] // 3  # (tensor parallel: runtime/execution/tensor_parallel.py)
+        h = self.n_heads * w // d
+        q, k, v = qkv.split(w, dim=2)  # 3 x [B, T, w]
+        q = q.view(b, t, h, w // h).transpose(1, 2)  # [B, h, T, d/heads]
+        k = k.view(b, t, h, w // h).transpose(1, 2)
+        v = v.view(b, t, h, w // h).transpose(1, 2)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )  # [B, h, T, d/h]
-        y = y.transpose(1, 2).reshape(b, t, d)
+        )  # [B, h, T, d/heads]
+        y = y.transpose(1, 2).reshape(b, t, w)
         out: Tensor = x + self.drop(self.proj(y))
         return out
 

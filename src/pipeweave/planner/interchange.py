@@ -117,6 +117,7 @@ def torchtitan_config(plan: Plan, names: Sequence[str], *, batch_size: int) -> s
         f"data_parallel_replicate_degree = {1 if sharded else plan.width}",
         f"data_parallel_shard_degree = {plan.width if sharded else 1}",
         *(['fsdp_reshard_after_forward = "never"'] if plan.shard == "grad-op" else []),
+        *([f"tensor_parallel_degree = {plan.tp}"] if plan.tp > 1 else []),
         "",
         "[activation_checkpoint]",
         f'mode = "{recompute}"',

@@ -23,6 +23,7 @@ from ..schedules import Shape, get_info
 from .partition import uniform_partition
 from .semantics_options import Semantics, check_semantics
 from .sharding import check_shard
+from .tensor_parallel import check_tp
 
 __all__ = ["Plan"]
 
@@ -46,6 +47,9 @@ class Plan:
             (replicated, gradients all-reduced), ``full`` (FSDP2, ZeRO-3) or ``grad-op``
             (FSDP2 keeping parameters gathered from forward to backward, ZeRO-2); see
             :mod:`.sharding` and docs/sharding.md.
+        tp: tensor-parallel processes per pipeline rank: each stage's layers split by heads
+            and hidden units over ``tp`` processes (the mesh ``pp x dp x tp``; the schedule
+            sees only ``pp x dp``); see :mod:`.tensor_parallel` and docs/sharding.md.
         recompute: per stage, whether to recompute activations in the backward instead of
             keeping them (empty = no recomputation anywhere).
         schedule_options: extra options for the schedule generator (e.g. ``{"advance": 2}``).
@@ -64,6 +68,7 @@ class Plan:
     width: int = 1
     pipelines: int = 1
     shard: str = "none"
+    tp: int = 1
     recompute: tuple[bool, ...] = ()
     schedule_options: Mapping[str, Any] = field(default_factory=dict)
     semantics: Semantics = field(default_factory=Semantics)
@@ -80,6 +85,8 @@ class Plan:
         check_semantics(self.schedule, self.semantics)
         check_shard(self.shard, schedule=self.schedule, width=self.width,
                     replicas=self.replicas, pipelines=self.pipelines)
+        check_tp(self.tp, schedule=self.schedule, width=self.width, replicas=self.replicas,
+                 pipelines=self.pipelines)
         for name in ("microbatches", "chunks", "width", "pipelines"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"plan {name} must be >= 1, got {getattr(self, name)}")
@@ -129,9 +136,15 @@ class Plan:
 
     @property
     def world_size(self) -> int:
+        """Pipeline ranks (``pp x dp``): the ranks the schedule has programs for."""
         if self.replicas is not None:
             return sum(self.replicas)
         return self.depth * self.width
+
+    @property
+    def processes(self) -> int:
+        """Processes the run starts: ``tp`` per pipeline rank."""
+        return self.world_size * self.tp
 
     def layout(self) -> Layout:
         """Which rank holds each stage: the schedule's placement (interleaved, or the V)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-__all__ = ["full_value", "local_value", "is_sharded"]
+__all__ = ["full_value", "local_value", "stored_part", "with_local", "is_sharded"]
 
 
 def is_sharded(tensor: Tensor) -> bool:
@@ -27,3 +27,18 @@ def full_value(tensor: Tensor) -> Tensor:
 def local_value(tensor: Tensor) -> Tensor:
     """The part of ``tensor`` this rank stores."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def stored_part(tensor: Tensor) -> Tensor:
+    """The part of ``tensor`` this rank stores, without recording an autograd step (for a
+    saved-tensor hook, where ``to_local()`` would add one)."""
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def with_local(like: Tensor, local: Tensor) -> Tensor:
+    """``local`` as this rank's part of a tensor laid out as ``like`` (a DTensor with
+    ``like``'s mesh, placements and shape; ``local`` itself when ``like`` is plain)."""
+    if not isinstance(like, DTensor):
+        return local
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False,
+                              shape=like.shape, stride=like.stride())

@@ -267,13 +267,15 @@ class DistTransport:
         """The group :meth:`make_groups` made for ``ranks`` (a stage's, for FSDP2)."""
         return self._groups[tuple(ranks)]
 
-    def track_deliveries(self, schedule: Schedule) -> None:
+    def track_deliveries(self, schedule: Schedule, rank: int | None = None) -> None:
         """Release each sent tensor as soon as ``schedule`` proves it delivered.
 
         Without this (or for sends no later receive proves), sent tensors are kept until
         :meth:`finish`, or until polling reports them complete where the backend supports it.
+        ``rank``: the program this process runs, when not its own process rank (tensor
+        parallelism, :class:`.mesh.MeshTransport`).
         """
-        self._proofs = delivery_proofs(schedule, self.rank)
+        self._proofs = delivery_proofs(schedule, self.rank if rank is None else rank)
 
     def send(self, message: Action, tensor: Tensor, dst: int) -> None:
         kind = _kind(message, self.rank, dst)

@@ -30,6 +30,7 @@ from ...ir.deps import producer_rank, receiver
 from .features import Handler, RankFeature, overriding
 from .microbatches import MicrobatchSource
 from .stage import StageRuntime
+from ..communication.sharded import local_value, with_local
 from ..communication.transport import Transport
 from .weights import StageWeights
 
@@ -273,13 +274,14 @@ class RankInterpreter:
             return  # FSDP2 reduce-scattered the sum at the stage's last backward (.sharding)
         params = [p for p in self._stages(action)[action.stage].module.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        parts = [local_value(g) for g in grads]  # a tensor-parallel process sums its part
+        flat = torch.cat([g.reshape(-1) for g in parts]) if parts else torch.zeros(0)
         ranks = self.schedule.layout.stage_ranks[action.stage]
         total = yield from self.transport.all_reduce(action, flat, ranks)
         offset = 0
-        for param in params:
-            count = param.numel()
-            param.grad = total.narrow(0, offset, count).view_as(param).clone()
+        for param, grad, part in zip(params, grads, parts):
+            count = part.numel()
+            param.grad = with_local(grad, total.narrow(0, offset, count).view_as(part).clone())
             offset += count
 
     def _step(self, action: Action, position: int) -> None:

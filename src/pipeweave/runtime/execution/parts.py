@@ -32,6 +32,7 @@ from .weights import StageWeights, VersionRules
 
 if TYPE_CHECKING:
     from .sharding import StageSharding
+    from .tensor_parallel import RankMesh
 
 __all__ = ["RankParts", "PipelineParts", "build_rank", "make_schedule", "check_model_fits_plan",
            "preflight", "GroupOf"]
@@ -146,7 +147,8 @@ class RankParts:
 
 
 def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
-               spec: ModelSpec | None = None, group_of: GroupOf | None = None) -> RankParts:
+               spec: ModelSpec | None = None, group_of: GroupOf | None = None,
+               mesh: "RankMesh | None" = None) -> RankParts:
     """Stages and optimizers for the stages ``rank`` hosts: each stage's blocks made real on
     ``device`` (from the meta device, initialised per block) or deep-copied there
     (:meth:`ModelSpec.stage_blocks`); no other block is built.
@@ -160,11 +162,16 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
 
     With ``Plan.shard`` each stage is wrapped with FSDP2 over the process group ``group_of``
     gives for its ranks (:mod:`.sharding`) before its optimizer is built on the shards.
+
+    With ``Plan.tp`` (``mesh`` given) each stage's layers are first split over the mesh's
+    ``tp`` dimension (:mod:`.tensor_parallel`); FSDP2 then shards over ``dp`` on the
+    ``(dp, tp)`` mesh.
     """
     spec = job.model() if spec is None else spec
     check_model_fits_plan(spec, job.plan)
     sizes = update_sizes(schedule)
-    main = RankParts(tuple(_build_pipeline(job, rank, schedule, device, spec, p, sizes, group_of)
+    main = RankParts(tuple(_build_pipeline(job, rank, schedule, device, spec, p, sizes,
+                                           (group_of, mesh))
                            for p in range(schedule.pipelines)),
                      tied_to={later: group[0] for group in spec.tied for later in group[1:]})
     if any(a.op is Op.AVERAGE for a in schedule.programs[rank]):
@@ -179,8 +186,10 @@ def build_rank(job: Job, rank: int, schedule: Schedule, device: torch.device,
 def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.device,
                     spec: ModelSpec, pipeline: int,
                     sizes: Mapping[tuple[int, int], int],
-                    group_of: GroupOf | None = None) -> PipelineParts:
-    """``sizes``: micro-batches per update of every (stage, pipeline), ``update_sizes``."""
+                    groups: "tuple[GroupOf | None, RankMesh | None]" = (None, None)
+                    ) -> PipelineParts:
+    """``sizes``: micro-batches per update of every (stage, pipeline), ``update_sizes``;
+    ``groups``: :func:`build_rank`'s ``group_of`` and ``mesh``."""
     last = schedule.num_stages - 1
     last_size = sizes[(last, pipeline)]
     stages: dict[int, StageRuntime] = {}
@@ -192,7 +201,11 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
         start, end = job.plan.stages[stage]
         module = cast_module(nn.Sequential(*spec.stage_blocks(start, end, device)), job.precision)
         module.train()  # whatever mode the blocks came in (see the docstring)
-        sharding = _sharded(job, module, stage, schedule, rank, device, group_of)
+        if groups[1] is not None:
+            from .tensor_parallel import parallelize_stage  # DTensor loads only for tp runs
+
+            parallelize_stage(module, groups[1].tp_mesh)
+        sharding = _sharded(job, module, stage, schedule, rank, device, groups)
         stages[stage] = StageRuntime(
             place=StagePlace(stage, (start, end), is_first=stage == 0, is_last=stage == last),
             blocks=module, loss_fn=spec.loss_fn, held=held, training=StageTraining(
@@ -214,14 +227,17 @@ def _build_pipeline(job: Job, rank: int, schedule: Schedule, device: torch.devic
 
 
 def _sharded(job: Job, module: nn.Module, stage: int, schedule: Schedule, rank: int,
-             device: torch.device, group_of: GroupOf | None) -> "StageSharding | None":
+             device: torch.device,
+             groups: "tuple[GroupOf | None, RankMesh | None]") -> "StageSharding | None":
     """FSDP2 over the stage's ranks when the plan shards (None: replicated as it is)."""
     if job.plan.shard == "none":
         return None
+    group_of, mesh = groups
     if group_of is None:
         raise ValueError(f"--shard {job.plan.shard} needs a process group per stage: run it "
                          f"with the distributed executor (--executor processes, launch_local)")
     from .sharding import shard_stage  # FSDP2 loads only for sharded runs
 
     return shard_stage(module, group_of(schedule.layout.stage_ranks[stage]), job.plan.shard,
-                       device_type=device.type, program=schedule.programs[rank], stage=stage)
+                       device_type=device.type, program=schedule.programs[rank], stage=stage,
+                       mesh=mesh.dp_mesh if mesh is not None else None)

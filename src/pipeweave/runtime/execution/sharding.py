@@ -18,8 +18,10 @@ unsharded run's; the ``AR`` then has nothing left to do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import torch.distributed as dist
 from torch import nn
@@ -38,6 +40,21 @@ class StageSharding:
     root: FSDPModule
     last: frozenset[tuple[int, int]]
     """``(micro-batch, pipeline)`` of every backward that is the stage's last before an update."""
+
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        """The stage's parameters whole over ``dp`` inside (FSDP2's unsharded ones: plain
+        tensors, or the tensor-parallel DTensors with their own layout, which the sharded
+        2-D spec of a head-split ``qkv`` does not describe), sharded again after."""
+        stage = cast(nn.Module, self.root)  # fully_shard keeps the module, adding FSDPModule
+        parts = [m for m in stage.modules() if isinstance(m, FSDPModule)]  # every block
+        for part in parts:
+            part.unshard()
+        try:
+            yield
+        finally:
+            for part in parts:
+                part.reshard()
 
     def before_backward(self, microbatch: int, pipeline: int) -> None:
         """Reduce-scatter at this backward only if it is the update's last."""
@@ -61,16 +78,20 @@ def last_backwards(program: Sequence[Action], stage: int) -> frozenset[tuple[int
 
 
 def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, device_type: str,
-                program: Sequence[Action], stage: int) -> StageSharding:
+                program: Sequence[Action], stage: int,
+                mesh: DeviceMesh | None = None) -> StageSharding:
     """Wrap ``module`` (a stage's blocks, an ``nn.Sequential``) in place with FSDP2 over
     ``group``: each block with parameters, then the stage (module docstring); ``mode`` is
-    ``full`` or ``grad-op``."""
+    ``full`` or ``grad-op``. ``mesh``: the ``dp`` dimension of the ``(pp, dp, tp)`` mesh
+    when the stage is also tensor-parallel (FSDP2 then shards the split parameters over
+    ``dp``, a 2-D ``(dp, tp)`` layout, as torchtitan does); None: a mesh of ``group``."""
     if mode not in ("full", "grad-op"):
         raise ValueError(f"shard mode {mode!r}: give full or grad-op (none is not sharded)")
     if device_type == "cuda" and dist.get_backend(group) != "nccl":
         raise ValueError(f"--shard {mode} on CUDA needs NCCL, but ranks share GPUs over "
                          f"{dist.get_backend(group)}; give every rank its own GPU, or --shard none")
-    mesh = DeviceMesh.from_group(group, device_type=device_type)
+    if mesh is None:
+        mesh = DeviceMesh.from_group(group, device_type=device_type)
     reshard = mode == "full"
     for block in module.children():
         if any(True for _ in block.parameters()):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,9 @@ from ..observation.results import RankResult, collect_result
 from ..checkpoint.snapshots import WeightSnapshots
 from ..observation.timeline import Recorder
 from .prepare import PreparedJob
+
+if TYPE_CHECKING:
+    from ..execution.tensor_parallel import RankMesh
 
 __all__ = ["AssembledRank", "RankFeatures", "FeatureFactory", "assemble_rank"]
 
@@ -180,15 +184,17 @@ class AssembledRank:
 def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
                   transport: Transport, session: Session | None,
                   spec: ModelSpec | None = None, apply_rng: bool = True,
-                  group_of: GroupOf | None = None) -> AssembledRank:
+                  group_of: GroupOf | None = None,
+                  mesh: "RankMesh | None" = None) -> AssembledRank:
     """Build ``rank``'s part of ``prepared``: its stages and optimizers (from ``spec`` or the
     job's model factory), restored when resuming (``session``), and its data positioned at the
     resume point (the timeline starts with :meth:`AssembledRank.with_timeline`).
     ``apply_rng``: set this process's random generator from the checkpoint (one process per
     rank). ``group_of``: a stage's process group, for FSDP2 (``Plan.shard``; distributed runs
-    only)."""
+    only). ``mesh``: this process's place in the ``(pp, dp, tp)`` mesh (``Plan.tp``)."""
     job = prepared.job
-    parts = build_rank(job, rank, prepared.schedule, device, spec=spec, group_of=group_of)
+    parts = build_rank(job, rank, prepared.schedule, device, spec=spec, group_of=group_of,
+                       mesh=mesh)
     recovery = RankRecovery(job=job, schedule=prepared.schedule, rank=rank, parts=parts,
                             device=device, session=session, apply_rng=apply_rng)
     window = data_window(prepared.schedule.programs[rank], microbatches=job.plan.microbatches,

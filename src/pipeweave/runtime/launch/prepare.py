@@ -68,7 +68,9 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     preflight(spec, job.plan, inputs, precision=job.precision)
     ties = split_ties(spec, job.plan, schedule)
     if job.plan.shard != "none":
-        _check_sharded(job, tied=bool(spec.tied))
+        _check_sharded(job, tied=bool(spec.tied), flag=f"--shard {job.plan.shard}")
+    if job.plan.tp > 1:
+        _check_tensor_parallel(job, spec)
     check_advance(job, spec)
     check_checkpointable(job, schedule)
     check_step_corrections(schedule, job.optimizer)
@@ -89,26 +91,38 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     return PreparedJob(job, schedule, session, stored.step if stored is not None else 0, ties)
 
 
-def _check_sharded(job: Job, *, tied: bool) -> None:
-    """What FSDP2 inside a stage (``Plan.shard``) does not cover yet: one line each, naming
-    why and the fix (the plan's own refusals are :func:`pipeweave.planner.sharding.check_shard`;
-    docs/sharding.md lists them as the next slices)."""
-    flag = f"--shard {job.plan.shard}"
+def _check_tensor_parallel(job: Job, spec: ModelSpec) -> None:
+    """What tensor parallelism inside a stage (``Plan.tp``) does not cover yet (the plan's
+    own refusals are :func:`pipeweave.planner.tensor_parallel.check_tp`): the model must be
+    the built-in GPT with ``tp`` dividing its heads and MLP width; every option sharding
+    refuses is refused too (the split parameters are DTensors as FSDP2's are)."""
+    from ..execution.tensor_parallel import check_parallelizable  # DTensor only for tp
+
+    check_parallelizable(spec.blocks, job.plan.tp)
+    _check_sharded(job, tied=bool(spec.tied), flag=f"tp={job.plan.tp}")
+
+
+def _check_sharded(job: Job, *, tied: bool, flag: str) -> None:
+    """What FSDP2 inside a stage (``Plan.shard``) and tensor parallelism (``Plan.tp``) do not
+    cover yet: one line each, naming why and the fix (the plan's own refusals are
+    :func:`pipeweave.planner.sharding.check_shard`; docs/sharding.md lists them as the next
+    slices). ``flag``: the option refused."""
+    none = "--shard none" if flag.startswith("--shard") else "tp=1"
     refusals = [
-        (job.checkpoint is not None, "with checkpoints (--checkpoint-every/--resume): sharded "
-         "state is not saved or resumed yet; drop the checkpoint options or use --shard none"),
-        (job.clip_grad_norm is not None, "with --clip-grad-norm: the global norm over sharded "
-         "gradients is not summed yet; drop --clip-grad-norm or use --shard none"),
+        (job.checkpoint is not None, "with checkpoints (--checkpoint-every/--resume): split or sharded "
+         "state is not saved or resumed yet; drop the checkpoint options or use " + none),
+        (job.clip_grad_norm is not None, "with --clip-grad-norm: the global norm over split or sharded "
+         "gradients is not summed yet; drop --clip-grad-norm or use " + none),
         (tied, "with tied parameters (the model's tied groups): a weight held by two blocks "
-         "cannot be sharded per block yet; untie them or use --shard none"),
+         "cannot be sharded per block yet; untie them or use " + none),
         (job.apc, "with --apc: compressed messages are not combined with sharding yet; drop "
-         "--apc or use --shard none"),
+         "--apc or use " + none),
         (job.advance is not None, "with --advance auto (AvgPipe's online controller): "
-         "AvgPipe's averaging reads whole parameters; use --shard none"),
+         "AvgPipe's averaging reads whole parameters; use " + none),
         (_fused(job.optimizer), "with a fused optimizer step: torch has no fused kernel for "
-         "sharded (DTensor) parameters; use --optimizer-impl auto, foreach or loop"),
+         "split or sharded (DTensor) parameters; use --optimizer-impl auto, foreach or loop"),
         (job.eval_every > 0, "with --eval-every: the held-out loss copies whole stage weights, "
-         "not shards, yet; drop --eval-every or use --shard none"),
+         "not shards, yet; drop --eval-every or use " + none),
     ]
     for refused, why in refusals:
         if refused:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
+from ..communication.mesh import pipeline_results
 from ..job import Job
 from ..observation.results import RankResult, attach_partial, partial_results
 from ...devices import place
@@ -146,7 +147,8 @@ def _write_pickle(path: Path, value: object) -> None:
 
 def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
                  bind: str = LOOPBACK) -> list[RankResult]:
-    """Run ``job`` on ``plan.world_size`` local processes; one result per rank.
+    """Run ``job`` on ``plan.processes`` local processes; one result per pipeline rank (with
+    ``Plan.tp``, tensor-parallel index 0's).
 
     The rendezvous store listens on ``bind`` only (loopback by default; another address of
     this machine opens it to other hosts), and on loopback gloo's sockets stay there too.
@@ -156,7 +158,7 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
     the ranks had done (:func:`~..observation.results.partial_results`).
     """
     ready = prepared(job)  # every check, before any rank starts
-    world_size = ready.schedule.num_ranks
+    world_size = ready.schedule.num_ranks * ready.job.plan.tp  # tp processes per rank
     # forkserver: the server imports torch once (no kernels run there, so no thread pools
     # exist to break by forking); each launch then forks ranks in milliseconds instead of
     # re-importing torch in every fresh interpreter as ``spawn`` does.
@@ -165,7 +167,7 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
     rendezvous = _LauncherStore(bind, ready.job.timeout_s)
     with tempfile.TemporaryDirectory(prefix="pipeweave-") as folder:
         failure = _run_ranks(ready, world_size, rendezvous, folder, deadline_s)
-        return _results(Path(folder), world_size, failure)
+        return pipeline_results(_results(Path(folder), world_size, failure), ready.job.plan.tp)
 
 
 def _run_ranks(ready: PreparedJob, world_size: int, rendezvous: _LauncherStore, folder: str,

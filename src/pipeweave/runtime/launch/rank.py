@@ -15,7 +15,7 @@ import datetime
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,7 @@ from ...ir import Action
 from ..advance.online import OnlineAdvance, run_rank_windows
 from ..checkpoint.resume import Session
 from ..communication.delay import delayed_transport
+from ..communication.mesh import MeshTransport, lane_groups, pipeline_results
 from ..communication.transport import DistTransport
 from ..execution.features import OnStep, PositionHooks
 from ..execution.stage import StageRuntime
@@ -37,6 +38,9 @@ from ..observation.results import RankResult, attach_partial
 from .assemble import AssembledRank, assemble_rank
 from .faults import injected_fault_hooks
 from .prepare import PreparedJob
+
+if TYPE_CHECKING:
+    from ..execution.tensor_parallel import RankMesh
 
 __all__ = ["run_rank"]
 
@@ -63,7 +67,7 @@ def run_rank(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: i
             return [result]
         gathered: list[RankResult | None] = [None] * world_size if rank == 0 else []
         dist.gather_object(result, gathered if rank == 0 else None, dst=0)
-        return [r for r in gathered if r is not None]
+        return pipeline_results([r for r in gathered if r is not None], prepared.job.plan.tp)
     finally:
         dist.destroy_process_group()
 
@@ -74,10 +78,11 @@ def _join(prepared: PreparedJob, *, rank: int, world_size: int, local_rank: int,
     job, schedule = prepared.job, prepared.schedule
     torch.set_num_threads(threads_per_rank(local_world_size))
     torch.manual_seed(job.seed)
-    if schedule.num_ranks != world_size:
+    needed = schedule.num_ranks * job.plan.tp  # tp processes per pipeline rank
+    if needed != world_size:
         raise ValueError(
-            f"plan needs {schedule.num_ranks} ranks but the run has world size {world_size}; "
-            f"start {schedule.num_ranks} processes (e.g. torchrun --nproc-per-node {schedule.num_ranks})"
+            f"plan needs {needed} ranks but the run has world size {world_size}; "
+            f"start {needed} processes (e.g. torchrun --nproc-per-node {needed})"
         )
     placement = place(job.device, local_rank=local_rank, local_ranks=local_world_size)
     if placement.device.type == "cuda":
@@ -92,20 +97,17 @@ def _run(prepared: PreparedJob, rank: int, world_size: int, placement: Placement
          journal: Path | None) -> RankResult:
     """Build the rank, run its program and return its result (the process group is up)."""
     job, schedule, device = prepared.job, prepared.schedule, placement.device
-    transport = DistTransport(rank, device, datetime.timedelta(seconds=job.timeout_s),
-                              apc=job.apc, wire=placement.wire)
-    transport.make_groups([*schedule.layout.stage_ranks,
-                           *([range(world_size)] if job.clip_grad_norm is not None else []),
-                           *tie_groups(prepared.ties, schedule.layout)])
-    transport.track_deliveries(schedule)
+    transport, mesh = _transport(prepared, rank, world_size, placement)
+    process, rank = rank, transport.rank  # from here on, the pipeline rank of the schedule
     tracker = AllocationTracker(device) if job.track_allocations else None
     if tracker is not None:
         tracker.__enter__()
     assembled = assemble_rank(prepared, rank, device=device,
                               transport=delayed_transport(transport, rank),  # usually none
-                              session=_agreed(prepared.session), group_of=transport.group)
+                              session=_agreed(prepared.session), group_of=transport.group,
+                              mesh=mesh)
     origin = _common_origin(placement)
-    progress = _progress_bar(prepared, rank)
+    progress = _progress_bar(prepared, rank) if process % job.plan.tp == 0 else None
     steps = None if journal is None else StepJournal(  # reads the final ``assembled`` below
         journal, lambda: assembled.result(wall=time.time() - origin, device=device,
                                           final=False, losses=False),
@@ -138,7 +140,36 @@ def _run(prepared: PreparedJob, rank: int, world_size: int, placement: Placement
     return result
 
 
-def _interpret(assembled: AssembledRank, online: OnlineAdvance | None, transport: DistTransport,
+def _transport(prepared: PreparedJob, process: int, world_size: int, placement: Placement
+               ) -> tuple[DistTransport | MeshTransport, RankMesh | None]:
+    """This process's transport, its process groups made, and its place in the
+    ``(pp, dp, tp)`` mesh (None without tensor parallelism, where process = pipeline rank)."""
+    job, schedule = prepared.job, prepared.schedule
+    transport = DistTransport(process, placement.device, datetime.timedelta(seconds=job.timeout_s),
+                              apc=job.apc, wire=placement.wire)
+    groups = [*schedule.layout.stage_ranks,
+              *([range(schedule.num_ranks)] if job.clip_grad_norm is not None else []),
+              *tie_groups(prepared.ties, schedule.layout)]
+    tp = job.plan.tp
+    if tp == 1:
+        transport.make_groups(groups)
+        transport.track_deliveries(schedule)
+        return transport, None
+    from ..execution.tensor_parallel import make_rank_mesh  # DTensor loads only for tp runs
+
+    if placement.device.type == "cuda" and placement.backend != "nccl":
+        raise ValueError(f"tp={tp} on CUDA needs NCCL, but processes share GPUs over "
+                         f"{placement.backend}; give every process its own GPU, or tp=1")
+    transport.make_groups(lane_groups(groups, tp))
+    mesh = make_rank_mesh(depth=job.plan.depth, width=job.plan.width, tp=tp, process=process,
+                          device_type=placement.device.type)
+    lanes = MeshTransport(transport, rank=mesh.rank, index=mesh.tp_index, tp=tp)
+    lanes.track_deliveries(schedule)
+    return lanes, mesh
+
+
+def _interpret(assembled: AssembledRank, online: OnlineAdvance | None,
+               transport: DistTransport | MeshTransport,
                device: torch.device) -> None:
     """The whole program, or AvgPipe's Algorithm 1: one iteration at a time
     (:mod:`..advance.online`)."""

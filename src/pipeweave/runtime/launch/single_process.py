@@ -66,6 +66,10 @@ def _run(given: Job | PreparedJob, features: FeatureFactory | None) -> list[Rank
         raise ValueError(f"--shard {job.plan.shard} shards each stage over its ranks' own "
                          f"process group; the single-process executor has none: use "
                          f"--executor processes (launch_local), or --shard none")
+    if job.plan.tp > 1:
+        raise ValueError(f"tp={job.plan.tp} splits each stage over {job.plan.tp} processes; the "
+                         f"single-process executor has one: use --executor processes "
+                         f"(launch_local), or tp=1")
     torch.manual_seed(job.seed)
     spec = job.model()
     prepared = given if isinstance(given, PreparedJob) else prepare(job, spec=spec)

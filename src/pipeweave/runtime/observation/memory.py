@@ -34,7 +34,7 @@ from ...memory import StageWeights, model_state, optimizer_key, stage_state
 from ...planner.memory import plan_analysis, plan_sharding
 from ...planner.plan import Plan
 from ...saved_tensors import observing_saved
-from ..communication.sharded import local_value
+from ..communication.sharded import local_value, stored_part
 
 if TYPE_CHECKING:
     from ...models import ModelSpec
@@ -86,6 +86,7 @@ class ActivationMeter:
             nonlocal total
             if _is_parameter(tensor):  # e.g. FSDP2's gathered parameters (new storage each time)
                 return
+            tensor = stored_part(tensor)  # a DTensor activation (tensor parallelism): its part
             storage = tensor.untyped_storage().data_ptr()
             if storage in excluded:
                 return

@@ -9,6 +9,7 @@ results the ranks had so far (:func:`attach_partial`, :func:`partial_results`);
 from __future__ import annotations
 
 import resource
+from contextlib import nullcontext
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -160,8 +161,9 @@ def owned_parameters(rank: int, parts: RankParts, schedule: Schedule) -> dict[st
         first = schedule.layout.stage_ranks[stage_id][0] == rank
         if first or stage.sharding is not None:  # every rank of a sharded stage gathers
             averager = parts.averagers.get(stage_id)
-            named = _named_parameters(
-                stage, averager.reference_parameters() if averager is not None else None)
+            with stage.sharding.gathered() if stage.sharding is not None else nullcontext():
+                named = _named_parameters(
+                    stage, averager.reference_parameters() if averager is not None else None)
             if first:
                 owned.update(named)
     return owned

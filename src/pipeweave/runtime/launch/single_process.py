@@ -56,8 +56,8 @@ def run_local(job: Job | PreparedJob, *,
         torch.set_num_threads(threads)
 
 
-def _run(given: Job | PreparedJob, features: FeatureFactory | None) -> list[RankResult]:
-    job = given if isinstance(given, Job) else given.job
+def _refuse_what_needs_processes(job: Job) -> None:
+    """One line for each option that needs a process per rank."""
     if job.track_allocations:
         raise ValueError("track_allocations measures each rank's tensors in its own process; "
                          "the single-process executor runs every rank in one: launch the job "
@@ -70,6 +70,11 @@ def _run(given: Job | PreparedJob, features: FeatureFactory | None) -> list[Rank
         raise ValueError(f"tp={job.plan.tp} splits each stage over {job.plan.tp} processes; the "
                          f"single-process executor has one: use --executor processes "
                          f"(launch_local), or tp=1")
+
+
+def _run(given: Job | PreparedJob, features: FeatureFactory | None) -> list[RankResult]:
+    job = given if isinstance(given, Job) else given.job
+    _refuse_what_needs_processes(job)
     torch.manual_seed(job.seed)
     spec = job.model()
     prepared = given if isinstance(given, PreparedJob) else prepare(job, spec=spec)

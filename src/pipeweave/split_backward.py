@@ -56,17 +56,28 @@ class PendingWeights:
     """The gradient the backward started from (None: the output is a scalar loss)."""
     parts: list[tuple[Tensor, Tensor, list[nn.Parameter]]] = field(default_factory=list)
     """(module output, its gradient, the module's parameters)."""
-    rest: list[nn.Parameter] = field(default_factory=list)
-    """Parameters whose gradient comes from ``output`` (see the module docstring)."""
+    module: nn.Module | None = None
+    """The module whose parameters not in ``covered`` get their gradient from ``output``
+    (see the module docstring); asked at ``W``, when they are the ones the graph holds."""
+    covered: set[int] = field(default_factory=set)
+    """``id`` of the parameters ``parts`` covers."""
+
+    @property
+    def rest(self) -> list[nn.Parameter]:
+        """Parameters whose gradient comes from ``output`` (see the module docstring)."""
+        if self.module is None:
+            return []
+        return [p for p in self.module.parameters() if p.requires_grad and id(p) not in self.covered]
 
 
-_HOLDERS: WeakKeyDictionary[nn.Module, list[tuple[nn.Module, list[nn.Parameter]]]] = (
-    WeakKeyDictionary())
+_HOLDERS: WeakKeyDictionary[nn.Module, list[tuple[nn.Module, list[str]]]] = WeakKeyDictionary()
 
 
-def parameter_holders(module: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
-    """The sub-modules holding parameters that need a gradient, each with the parameters only
-    it holds (a parameter held by two modules is left out); cached per module."""
+def _holder_names(module: nn.Module) -> list[tuple[nn.Module, list[str]]]:
+    """The sub-modules holding parameters that need a gradient, each with the names of the
+    parameters only it holds (one held by two modules is left out); cached per module.
+    Names, not tensors: FSDP2 swaps a module's parameters between its sharded and its
+    gathered ones, and the forward's graph holds those registered when the module ran."""
     cached = _HOLDERS.get(module)
     if cached is None:
         owners: dict[int, int] = {}
@@ -75,38 +86,48 @@ def parameter_holders(module: nn.Module) -> list[tuple[nn.Module, list[nn.Parame
                 owners[id(param)] = owners.get(id(param), 0) + 1
         cached = []
         for owner in module.modules():
-            params = [p for p in owner.parameters(recurse=False)
-                      if p.requires_grad and owners[id(p)] == 1]
-            if params:
-                cached.append((owner, params))
+            names = [name for name, p in owner.named_parameters(recurse=False)
+                     if p.requires_grad and owners[id(p)] == 1]
+            if names:
+                cached.append((owner, names))
         _HOLDERS[module] = cached
     return cached
+
+
+def parameter_holders(module: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+    """The sub-modules holding parameters that need a gradient, each with the parameters only
+    it holds now (a parameter held by two modules is left out)."""
+    return [(owner, [owner.get_parameter(name) for name in names])
+            for owner, names in _holder_names(module)]
 
 
 @contextmanager
 def recording(module: nn.Module) -> Iterator[list[RecordedOutput]]:
     """Record the outputs of ``module``'s parameter holders while its forward runs inside."""
     recorded: list[RecordedOutput] = []
+    holder_of: dict[int, int] = {}  # id of a record: the index of its holder
     seen: set[int] = set()
     spoiled: set[int] = set()
 
-    def hook(params: list[nn.Parameter]) -> Callable[..., None]:
-        def record(_module: nn.Module, _args: object, output: object) -> None:
-            if isinstance(output, Tensor) and output.requires_grad and id(params) not in seen:
+    def hook(index: int, names: list[str]) -> Callable[..., None]:
+        def record(owner: nn.Module, _args: object, output: object) -> None:
+            if isinstance(output, Tensor) and output.requires_grad and index not in seen:
+                params = [owner.get_parameter(name) for name in names]  # those the graph holds
                 recorded.append(RecordedOutput(output, output._version, params))
+                holder_of[id(recorded[-1])] = index
             else:  # called twice, or not one tensor out: reached from the output instead
-                spoiled.add(id(params))
-            seen.add(id(params))
+                spoiled.add(index)
+            seen.add(index)
         return record
 
-    handles = [owner.register_forward_hook(hook(params))
-               for owner, params in parameter_holders(module)]
+    handles = [owner.register_forward_hook(hook(index, names))
+               for index, (owner, names) in enumerate(_holder_names(module))]
     try:
         yield recorded
     finally:
         for handle in handles:
             handle.remove()
-    recorded[:] = [r for r in recorded if id(r.params) not in spoiled]
+    recorded[:] = [r for r in recorded if holder_of[id(r)] not in spoiled]
 
 
 def input_gradient(module: nn.Module, inputs: Tensor, output: Tensor, grad: Tensor | None,
@@ -117,14 +138,13 @@ def input_gradient(module: nn.Module, inputs: Tensor, output: Tensor, grad: Tens
     ``recorded``; ``grad`` the gradient of ``output`` (None for a scalar loss).
     """
     usable = [r for r in recorded if r.output._version == r.version]
-    covered = {id(p) for r in usable for p in r.params}
-    rest = [p for p in module.parameters() if p.requires_grad and id(p) not in covered]
     wants_input = inputs.requires_grad
     targets = ([inputs] if wants_input else []) + [r.output for r in usable]
     found: tuple[Tensor | None, ...] = ()
     if targets:
         found = torch.autograd.grad(output, targets, grad, retain_graph=True, allow_unused=True)
-    pending = PendingWeights(output, grad, rest=rest)
+    pending = PendingWeights(output, grad, module=module,
+                             covered={id(p) for r in usable for p in r.params})
     for r, gradient in zip(usable, found[1:] if wants_input else found):
         if gradient is not None:  # None: the output does not reach the loss
             pending.parts.append((r.output, gradient, r.params))
@@ -137,5 +157,6 @@ def weight_gradient(pending: PendingWeights) -> None:
     """Accumulate the weight gradients :func:`input_gradient` left pending into ``.grad``."""
     for output, gradient, params in pending.parts:
         torch.autograd.backward(output, gradient, inputs=params, retain_graph=True)
-    if pending.rest:
-        torch.autograd.backward(pending.output, pending.grad, inputs=pending.rest)
+    rest = pending.rest
+    if rest:
+        torch.autograd.backward(pending.output, pending.grad, inputs=rest)

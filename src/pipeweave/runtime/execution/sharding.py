@@ -14,6 +14,18 @@ FSDP whether it is the stage's last backward before the next ``U`` in this rank'
 the unsharded gradient locally (``set_requires_gradient_sync(False)``). The reduction sums, as
 the ``AR`` it replaces does (divide factor 1, sum on the wire), so the update is the
 unsharded run's; the ``AR`` then has nothing left to do.
+
+A split backward (``I`` then ``W``, :mod:`pipeweave.split_backward`) runs partly outside
+FSDP2's autograd hooks: ``I`` is an ordinary backward to the stage input and the blocks'
+recorded outputs, so FSDP2 gathers the parameters before it (pre-backward hook) and lets them
+go after (post-backward hook, with ``full``; ``grad-op`` keeps them for the ``W``), reducing
+nothing (``set_requires_gradient_sync(False)``). ``W`` starts from the recorded outputs
+inside the blocks and reaches only the parameters, so no FSDP2 hook fires: the stage gathers
+the blocks itself (``unshard``: the weight-gradient kernels may read the weights), the
+gradients accumulate on the gathered parameters the forward's graph holds, and at the
+stage's last ``W`` before a ``U`` it runs FSDP2's post-backward itself (reduce-scatter,
+reshard, then the root's final callback), as ``torch.distributed.pipelining`` does for its
+zero-bubble schedules; the stage then reshards.
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch.distributed as dist
 from torch import nn
@@ -39,15 +51,21 @@ class StageSharding:
 
     root: FSDPModule
     last: frozenset[tuple[int, int]]
-    """``(micro-batch, pipeline)`` of every backward that is the stage's last before an update."""
+    """``(micro-batch, pipeline)`` of every backward (``B``, or ``W`` of a split one) that is
+    the stage's last before an update."""
+    mode: str = "full"
+    """``full`` or ``grad-op`` (:func:`shard_stage`)."""
+
+    def _parts(self) -> list[FSDPModule]:
+        stage = cast(nn.Module, self.root)  # fully_shard keeps the module, adding FSDPModule
+        return [m for m in stage.modules() if isinstance(m, FSDPModule)]  # every block
 
     @contextmanager
     def gathered(self) -> Iterator[None]:
         """The stage's parameters whole over ``dp`` inside (FSDP2's unsharded ones: plain
         tensors, or the tensor-parallel DTensors with their own layout, which the sharded
         2-D spec of a head-split ``qkv`` does not describe), sharded again after."""
-        stage = cast(nn.Module, self.root)  # fully_shard keeps the module, adding FSDPModule
-        parts = [m for m in stage.modules() if isinstance(m, FSDPModule)]  # every block
+        parts = self._parts()
         for part in parts:
             part.unshard()
         try:
@@ -57,18 +75,55 @@ class StageSharding:
                 part.reshard()
 
     def before_backward(self, microbatch: int, pipeline: int) -> None:
-        """Reduce-scatter at this backward only if it is the update's last."""
+        """``B``: reduce-scatter at this backward only if it is the update's last."""
+        self.root.set_reshard_after_backward(True)
         self.root.set_requires_gradient_sync((microbatch, pipeline) in self.last)
+
+    def before_input_gradient(self) -> None:
+        """``I``: reduce nothing (its ``W`` has not run); ``grad-op`` keeps the gathered
+        parameters for the ``W`` (ZeRO-2: whole from the forward to the backward)."""
+        self.root.set_reshard_after_backward(self.mode == "full")
+        self.root.set_requires_gradient_sync(False)
+
+    @contextmanager
+    def weight_gradient(self, microbatch: int, pipeline: int) -> Iterator[None]:
+        """``W`` inside: the blocks gathered, no reduction during it; after it, the
+        reduce-scatter if it is the update's last backward, then the blocks sharded again."""
+        self.root.set_requires_gradient_sync(False)
+        parts = self._parts()
+        for part in parts:
+            part.unshard()  # a no-op where the I left them gathered
+        yield
+        if (microbatch, pipeline) in self.last:
+            _post_backward(self.root)
+        for part in parts:
+            part.reshard()
+
+
+def _post_backward(root: FSDPModule) -> None:
+    """FSDP2's post-backward for every block of ``root``, run by hand: the gathered gradients
+    reduce-scattered into the shards, then the root's final callback (waits for the
+    reductions, resets FSDP2's backward state). Its hooks do this after a backward that
+    crosses the blocks' inputs; ``W`` never does. Private FSDP2 state, read as
+    ``torch.distributed.pipelining`` reads it (its ``perform_reduce_grad``)."""
+    root.set_reshard_after_backward(True)
+    root.set_requires_gradient_sync(True)
+    state: Any = fully_shard.state(cast(nn.Module, root))  # type: ignore[attr-defined]
+    for part in state._state_ctx.all_states:
+        for group in part._fsdp_param_groups:
+            group.post_backward()
+    state._root_post_backward_final_callback()
 
 
 def last_backwards(program: Sequence[Action], stage: int) -> frozenset[tuple[int, int]]:
-    """The backwards of ``stage`` in ``program`` that are its last before each of its updates."""
+    """The backwards of ``stage`` in ``program`` that are its last before each of its updates:
+    ``B``, or the ``W`` of a split one (its ``I`` computes no weight gradient)."""
     found: set[tuple[int, int]] = set()
     last: tuple[int, int] | None = None
     for action in program:
         if action.stage != stage:
             continue
-        if action.op is Op.BACKWARD:
+        if action.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT):
             assert action.microbatch is not None
             last = (action.microbatch, action.pipeline)
         elif action.op is Op.STEP and last is not None:
@@ -101,4 +156,4 @@ def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, devic
         if isinstance(part, FSDPModule):
             part.set_gradient_divide_factor(1.0)  # a sum, as the all-reduce it replaces
             part.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
-    return StageSharding(root=root, last=last_backwards(program, stage))
+    return StageSharding(root=root, last=last_backwards(program, stage), mode=mode)

@@ -23,6 +23,7 @@ first stage's floating inputs and the last stage's floating targets are cast to 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -307,6 +308,8 @@ class StageRuntime:
         """``I``: the gradient of the stage input only; what ``W`` needs is kept (module
         docstring). Arguments as for :meth:`backward`."""
         grads: list[Tensor] = []
+        if self.sharding is not None:  # FSDP2 gathers before it and reduces nothing
+            self.sharding.before_input_gradient()
         for key, stash, output, part in self._unstashed(microbatch, pipeline, grad_output,
                                                         batch_rows, recompute_module):
             grad = self._input_gradient(key, stash, output, part)  # its bytes count until W
@@ -331,10 +334,12 @@ class StageRuntime:
         pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._pending]
         if not pieces:
             raise StageError(f"stage {self.stage}: W of micro-batch {microbatch} before its I")
-        for piece in pieces:
-            pending = self._pending.pop((microbatch, piece, pipeline))
-            self._stashed_bytes -= pending.nbytes
-            weight_gradient(pending.weights)
+        with (self.sharding.weight_gradient(microbatch, pipeline) if self.sharding is not None
+              else nullcontext()):  # gathered; reduce-scattered at the update's last W
+            for piece in pieces:
+                pending = self._pending.pop((microbatch, piece, pipeline))
+                self._stashed_bytes -= pending.nbytes
+                weight_gradient(pending.weights)
         self._recount()
 
     def _module(self, replica: nn.Module | None) -> nn.Module:

@@ -106,22 +106,31 @@ def recording(module: nn.Module) -> Iterator[list[RecordedOutput]]:
     """Record the outputs of ``module``'s parameter holders while its forward runs inside."""
     recorded: list[RecordedOutput] = []
     holder_of: dict[int, int] = {}  # id of a record: the index of its holder
+    used: dict[int, list[nn.Parameter]] = {}  # holder index: the parameters its call saw
     seen: set[int] = set()
     spoiled: set[int] = set()
 
-    def hook(index: int, names: list[str]) -> Callable[..., None]:
-        def record(owner: nn.Module, _args: object, output: object) -> None:
+    def before(index: int, names: list[str]) -> Callable[..., None]:
+        def take(owner: nn.Module, _args: object) -> None:
+            # the parameters the graph will hold, read when the call starts: FSDP2 gathers
+            # them in an earlier pre-hook and may shard them again in an earlier post-hook
+            used[index] = [owner.get_parameter(name) for name in names]
+        return take
+
+    def hook(index: int) -> Callable[..., None]:
+        def record(_owner: nn.Module, _args: object, output: object) -> None:
             if isinstance(output, Tensor) and output.requires_grad and index not in seen:
-                params = [owner.get_parameter(name) for name in names]  # those the graph holds
-                recorded.append(RecordedOutput(output, output._version, params))
+                recorded.append(RecordedOutput(output, output._version, used[index]))
                 holder_of[id(recorded[-1])] = index
             else:  # called twice, or not one tensor out: reached from the output instead
                 spoiled.add(index)
             seen.add(index)
         return record
 
-    handles = [owner.register_forward_hook(hook(index, names))
-               for index, (owner, names) in enumerate(_holder_names(module))]
+    handles = []
+    for index, (owner, names) in enumerate(_holder_names(module)):
+        handles.append(owner.register_forward_pre_hook(before(index, names)))
+        handles.append(owner.register_forward_hook(hook(index)))
     try:
         yield recorded
     finally:

@@ -27,14 +27,23 @@ CASES = [("1f1b", "full", {}), ("1f1b", "grad-op", {}), ("gpipe", "full", {}),
          ("gpipe", "grad-op", {}), ("interleaved-1f1b", "full", {}),
          ("gpipe", "full", {"recompute": (True, True)}),
          ("sliced-1f1b", "full", {"schedule_options": {"sliced": 2}}),
-         ("gpipe-grouped", "grad-op", {})]
+         ("gpipe-grouped", "grad-op", {}),
+         # split backward (I, then W): the reduce-scatter at the update's last W
+         ("zb-h1", "full", {}), ("zb-h1", "grad-op", {}), ("zb-h2", "full", {}),
+         ("zb-h2", "grad-op", {}), ("interleaved-zb", "full", {}),
+         ("interleaved-zb", "grad-op", {}), ("zbv", "grad-op", {}), ("v-half", "full", {}),
+         ("v-min", "grad-op", {}), ("dualpipev", "full", {"microbatches": 8}),
+         ("zb-h1", "full", {"recompute": (True, True)})]
+TWO_CHUNKS = ("interleaved-1f1b", "gpipe-grouped", "interleaved-zb", "zbv", "v-half", "v-min",
+              "dualpipev")
 
 
 def _job(schedule: str, shard: str, fields: dict | None = None,
          **job_fields: object):  # type: ignore[no-untyped-def]
-    chunks = 2 if schedule in ("interleaved-1f1b", "gpipe-grouped") else 1
-    return gpt_job(depth=2, schedule=schedule, chunks=chunks, steps=2,
-                   plan_fields={"width": 2, "shard": shard, **(fields or {})}, **job_fields)
+    fields = dict(fields or {})
+    return gpt_job(depth=2, schedule=schedule, chunks=2 if schedule in TWO_CHUNKS else 1,
+                   steps=2, microbatches=fields.pop("microbatches", 4),
+                   plan_fields={"width": 2, "shard": shard, **fields}, **job_fields)
 
 
 @pytest.mark.distributed
@@ -74,12 +83,25 @@ def test_reduce_scatter_waits_for_the_updates_last_backward() -> None:
             assert last == {(backwards[1].microbatch, 0), (backwards[3].microbatch, 0)}
 
 
+def test_a_split_backward_reduce_scatters_at_the_updates_last_W() -> None:
+    plan = Plan.uniform(6, 2, schedule="zb-h1", microbatches=4, width=2, shard="full")
+    schedule = make_schedule(plan, 2)
+    for rank in range(schedule.num_ranks):
+        program = schedule.programs[rank]
+        stage = schedule.layout.stages_of(rank)[0]
+        # the first stage needs no input gradient: B there, I then W on the last stage
+        op = Op.BACKWARD if stage == 0 else Op.BACKWARD_WEIGHT
+        weights = [a for a in program if a.op is op and a.stage == stage]
+        assert len(weights) == 4
+        assert last_backwards(program, stage) == {(weights[1].microbatch, 0),
+                                                  (weights[3].microbatch, 0)}
+
+
 @pytest.mark.parametrize(("fields", "words"), [
     ({"shard": "zero3"}, "give --shard full"),
     ({"shard": "full"}, "width is 1"),
     ({"shard": "full", "width": 2, "schedule": "pipedream", "microbatches": 2},
      "asynchronous schedule 'pipedream'"),
-    ({"shard": "grad-op", "width": 2, "schedule": "zb-h1"}, "split backward"),
     ({"shard": "full", "replicas": (2, 1)}, "replicated stages"),
 ])
 def test_plan_refusals(fields: dict, words: str) -> None:
@@ -210,3 +232,57 @@ def test_torchtitan_config_shards_the_width() -> None:
         config = tomllib.loads(torchtitan_config(plan, names, batch_size=8))["parallelism"]
         assert {k: v for k, v in config.items() if "data_parallel" in k or "fsdp" in k} == {
             "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2, **extra}
+
+
+@pytest.mark.parametrize("mode", ["full", "grad-op"])
+def test_split_backward_reduce_scatters_once_at_the_last_W(tmp_path, monkeypatch,  # type: ignore[no-untyped-def]
+                                                           mode: str) -> None:
+    """Four I's, then four W's, one update: nothing is reduced at an I, FSDP2 reduces once, at
+    the last W, and the gradient is the sum of the four (a one-rank group, in this process)."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    from pipeweave.ir import Action
+    from pipeweave.runtime.execution.sharding import shard_stage
+    from pipeweave.split_backward import input_gradient, recording, weight_gradient
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+        plain = [p.detach().clone().requires_grad_() for p in module.parameters()]
+        program = [*(Action(Op.FORWARD, 0, j) for j in range(4)),
+                   *(Action(Op.BACKWARD_INPUT, 0, j) for j in range(4)),
+                   *(Action(Op.BACKWARD_WEIGHT, 0, j) for j in range(4)),
+                   Action(Op.STEP, 0, version=1)]
+        sharding = shard_stage(module, dist.group.WORLD, mode, device_type="cpu",
+                               program=program, stage=0)
+        reduced: list[int] = []
+        real = _fsdp_param_group.foreach_reduce
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            reduced.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_fsdp_param_group, "foreach_reduce", counted)
+        inputs = torch.randn(4, 3, 4, dtype=torch.float64, requires_grad=True)
+        pending = []
+        for j in range(4):
+            with recording(module) as recorded:
+                loss = module(inputs[j]).sum()
+            sharding.before_input_gradient()
+            pending.append(input_gradient(module, inputs[j], loss, None, recorded)[1])
+        assert not reduced
+        for j in range(4):
+            with sharding.weight_gradient(j, 0):
+                weight_gradient(pending[j])
+            assert len(reduced) == (2 if j == 3 else 0)  # one per sharded block, at the last
+        w1, b1, w2, b2 = plain
+        loss = sum((torch.tanh(x @ w1.t() + b1) @ w2.t() + b2).sum() for x in inputs.detach())
+        loss.backward()  # type: ignore[union-attr]
+        for param, want in zip(module.parameters(), plain):
+            torch.testing.assert_close(param.grad.full_tensor(), want.grad)  # type: ignore[union-attr]
+    finally:
+        dist.destroy_process_group()

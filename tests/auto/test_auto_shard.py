@@ -44,6 +44,9 @@ def test_sharded_costs_by_hand(shard: str) -> None:
         assert sharded.forward[s] == pytest.approx(plain.forward[s] + gather)
         again = gather if shard == "full" else 0.0
         assert sharded.backward[s] == pytest.approx(plain.backward[s] + again)
+        # a split backward's I and W each gather as a B does (the W by the stage itself)
+        assert sharded.input_grad[s] == pytest.approx(plain.input_grad[s] + again)
+        assert sharded.weight_grad[s] == pytest.approx(plain.weight_grad[s] + again)
         # the reduce-scatter is half the all-reduce (one phase of two)
         assert sharded.all_reduce[s] == pytest.approx(plain.all_reduce[s] / 2)
 
@@ -63,9 +66,9 @@ def _heavy_profile() -> Profile:
 def _problem(limit: float | None, **extra: object) -> AutoProblem:
     profile = _heavy_profile() if extra.pop("heavy", False) else small_profile(
         7, blocks=8, link=LinkProfile(1e9, 1e-5))
+    extra.setdefault("schedules", ("1f1b", "gpipe"))
     return AutoProblem(profile=profile, ranks=8 if profile.model == "heavy" else 4,
-                       memory_limit=limit,
-                       schedules=("1f1b", "gpipe"), methods=("uniform", "time"),
+                       memory_limit=limit, methods=("uniform", "time"),
                        **extra)  # type: ignore[arg-type]
 
 
@@ -79,6 +82,8 @@ def test_the_axis_offers_sharding_only_under_a_limit_or_when_asked() -> None:
     # a width-1 candidate has nothing to shard over
     assert all(c.shard == "none" for c in enumerate_candidates(_problem(1e12))
                if c.width == 1)
+    # split-backward schedules shard too (their I and W gather and reduce as B does)
+    assert modes(_problem(1e12, schedules=("zb-h1",))) == {"none", "full", "grad-op"}
 
 
 def _least_memory(problem: AutoProblem) -> dict[bool, float]:

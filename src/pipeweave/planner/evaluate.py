@@ -27,7 +27,7 @@ Every planner is judged the same way: the plan's schedule is simulated
                 the straight placement puts between them); holders on one rank add locally
     (a stage's parameter bytes count a tie held by several of its blocks once)
     sharded     a plan whose stages FSDP2 shards over their replicas (``Plan.shard``): the
-                gathers in each forward (and backward, ``full``) and a reduce-scatter in
+                gathers in each forward (and each B, I and W, ``full``) and a reduce-scatter in
                 place of the all-reduce (:mod:`.sharded_costs`)
 
 :class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
@@ -123,8 +123,8 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
             stage_ranks=stage_ranks)
         weight = [min(w, b) for w, b in zip(weight, backward)]
     if shard != "none" and replicas is not None:
-        forward, backward, reduce = _sharded(profile, bounds, network, replicas, shard,
-                                             forward, backward)
+        forward, backward, weight, inputs, reduce = _sharded(
+            profile, bounds, network, replicas, shard, forward, backward, weight, inputs)
     return Costs(forward=forward, backward=backward, weight_grad=weight, input_grad=inputs,
                  comm=comm or 0.0,
                  latency=network.latency + (profile.runtime.message_latency
@@ -134,14 +134,16 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
 
 
 def _sharded(profile: Profile, bounds: Bounds, network: Network, replicas: Sequence[int],
-             shard: str, forward: list[float], backward: list[float]
-             ) -> tuple[list[float], list[float], list[float]]:
-    """``forward``, ``backward`` and the reduction of a sharded plan (module docstring)."""
+             shard: str, forward: list[float], *backwards: list[float]
+             ) -> tuple[list[float], ...]:
+    """``forward``, the ``backwards`` (``B``, ``W``, ``I``: each gathers as a ``B`` does)
+    and the reduction of a sharded plan (module docstring)."""
     latency = profile.runtime.message_latency if profile.runtime is not None else 0.0
     times = sharded_times(profile, bounds, shard, replicas,
                           [network.replicas(s) for s in range(len(bounds))], latency)
     return ([f + g for f, g in zip(forward, times.forward)],
-            [b + g for b, g in zip(backward, times.backward)], list(times.reduce))
+            *([b + g for b, g in zip(column, times.backward)] for column in backwards),
+            list(times.reduce))
 
 
 def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],

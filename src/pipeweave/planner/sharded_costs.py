@@ -12,7 +12,11 @@ for the two phases of a ring all-reduce)::
 per block for the gathers (each block is gathered on its own), once per stage for the
 reduce-scatter. A forward gathers its stage's blocks (``full`` and ``grad-op``); a backward
 gathers them again with ``full`` (ZeRO-3 reshards after the forward) and not with
-``grad-op`` (kept from the forward). The reduce-scatter takes the all-reduce's place before
+``grad-op`` (kept from the forward). A split backward's ``I`` and ``W`` each gather them
+again with ``full`` (the ``I`` through FSDP2's hook, the ``W`` by the stage: each reshards
+after) and neither does with ``grad-op`` (the ``I`` keeps them for the ``W``; as for ``B``,
+a gather that follows another backward's reshard, in the cool-down, is not counted). The
+reduce-scatter takes the all-reduce's place before
 the update (the schedule's ``AR``). Gathers are not overlapped with compute: on a CPU with
 gloo they run in the computing thread, and pipeweave does not yet prefetch them on CUDA.
 """
@@ -40,11 +44,12 @@ def ring_phase_time(nbytes: float, ways: int, bandwidth: float, latency: float =
 
 @dataclass(frozen=True)
 class ShardedTimes:
-    """Per stage: seconds each forward and each backward spend gathering, and the
-    reduce-scatter before each update (module docstring)."""
+    """Per stage: seconds each forward and each backward (``B``, or ``I`` and ``W`` each)
+    spend gathering, and the reduce-scatter before each update (module docstring)."""
 
     forward: tuple[float, ...]
     backward: tuple[float, ...]
+    """Of a ``B``, and of each of a split backward's ``I`` and ``W``."""
     reduce: tuple[float, ...]
 
 

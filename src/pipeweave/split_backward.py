@@ -25,7 +25,7 @@ profiler, which times the halves separately.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
@@ -61,6 +61,13 @@ class PendingWeights:
     (see the module docstring); asked at ``W``, when they are the ones the graph holds."""
     covered: set[int] = field(default_factory=set)
     """``id`` of the parameters ``parts`` covers."""
+    trainable: int = 0
+    """How many parameters of ``module`` need a gradient (the same count sharded or not)."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether ``parts`` covers every parameter (nothing comes from ``output``)."""
+        return len(self.covered) == self.trainable
 
     @property
     def rest(self) -> list[nn.Parameter]:
@@ -153,7 +160,8 @@ def input_gradient(module: nn.Module, inputs: Tensor, output: Tensor, grad: Tens
     if targets:
         found = torch.autograd.grad(output, targets, grad, retain_graph=True, allow_unused=True)
     pending = PendingWeights(output, grad, module=module,
-                             covered={id(p) for r in usable for p in r.params})
+                             covered={id(p) for r in usable for p in r.params},
+                             trainable=sum(1 for p in module.parameters() if p.requires_grad))
     for r, gradient in zip(usable, found[1:] if wants_input else found):
         if gradient is not None:  # None: the output does not reach the loss
             pending.parts.append((r.output, gradient, r.params))
@@ -162,8 +170,18 @@ def input_gradient(module: nn.Module, inputs: Tensor, output: Tensor, grad: Tens
     return (found[0] if found[0] is not None else torch.zeros_like(inputs)), pending
 
 
-def weight_gradient(pending: PendingWeights) -> None:
-    """Accumulate the weight gradients :func:`input_gradient` left pending into ``.grad``."""
+def weight_gradient(pending: PendingWeights, within: Collection[int] | None = None) -> None:
+    """Accumulate the weight gradients :func:`input_gradient` left pending into ``.grad``.
+
+    ``within``: only the parts whose parameters all have their ``id`` there, taken out of
+    ``pending`` (a sharded stage gathers one block at a time); the rest stays pending."""
+    if within is not None:
+        owned = [all(id(p) in within for p in part[2]) for part in pending.parts]
+        mine = [part for part, own in zip(pending.parts, owned) if own]
+        pending.parts = [part for part, own in zip(pending.parts, owned) if not own]
+        for output, gradient, params in mine:
+            torch.autograd.backward(output, gradient, inputs=params, retain_graph=True)
+        return
     for output, gradient, params in pending.parts:
         torch.autograd.backward(output, gradient, inputs=params, retain_graph=True)
     rest = pending.rest

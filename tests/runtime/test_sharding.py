@@ -245,7 +245,7 @@ def test_split_backward_reduce_scatters_once_at_the_last_W(tmp_path, monkeypatch
 
     from pipeweave.ir import Action
     from pipeweave.runtime.execution.sharding import shard_stage
-    from pipeweave.split_backward import input_gradient, recording, weight_gradient
+    from pipeweave.split_backward import input_gradient, recording
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
                             world_size=1)
@@ -276,8 +276,8 @@ def test_split_backward_reduce_scatters_once_at_the_last_W(tmp_path, monkeypatch
             pending.append(input_gradient(module, inputs[j], loss, None, recorded)[1])
         assert not reduced
         for j in range(4):
-            with sharding.weight_gradient(j, 0):
-                weight_gradient(pending[j])
+            sharding.weight_gradient(j, 0, [pending[j]])
+            assert not pending[j].parts  # every part ran, each block gathered on its own
             assert len(reduced) == (2 if j == 3 else 0)  # one per sharded block, at the last
         w1, b1, w2, b2 = plain
         loss = sum((torch.tanh(x @ w1.t() + b1) @ w2.t() + b2).sum() for x in inputs.detach())

@@ -21,11 +21,12 @@ recorded outputs, so FSDP2 gathers the parameters before it (pre-backward hook) 
 go after (post-backward hook, with ``full``; ``grad-op`` keeps them for the ``W``), reducing
 nothing (``set_requires_gradient_sync(False)``). ``W`` starts from the recorded outputs
 inside the blocks and reaches only the parameters, so no FSDP2 hook fires: the stage gathers
-the blocks itself (``unshard``: the weight-gradient kernels may read the weights), the
-gradients accumulate on the gathered parameters the forward's graph holds, and at the
+the blocks itself, one at a time (``unshard``: the weight-gradient kernels may read the
+weights), the gradients accumulate on the gathered parameters the forward's graph holds
+(:func:`pipeweave.split_backward.recording` reads them as each module's call starts), and at the
 stage's last ``W`` before a ``U`` it runs FSDP2's post-backward itself (reduce-scatter,
 reshard, then the root's final callback), as ``torch.distributed.pipelining`` does for its
-zero-bubble schedules; the stage then reshards.
+zero-bubble schedules.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ...ir import Action, Op
+from ...split_backward import PendingWeights, weight_gradient
 
 __all__ = ["StageSharding", "shard_stage", "last_backwards"]
 
@@ -85,19 +87,25 @@ class StageSharding:
         self.root.set_reshard_after_backward(self.mode == "full")
         self.root.set_requires_gradient_sync(False)
 
-    @contextmanager
-    def weight_gradient(self, microbatch: int, pipeline: int) -> Iterator[None]:
-        """``W`` inside: the blocks gathered, no reduction during it; after it, the
-        reduce-scatter if it is the update's last backward, then the blocks sharded again."""
+    def weight_gradient(self, microbatch: int, pipeline: int,
+                        pending: Sequence[PendingWeights]) -> None:
+        """``W`` of ``pending`` (a micro-batch's pieces) block by block, each gathered only
+        while its weight gradients are computed (ZeRO-3's one block at a time); what falls
+        back to the stage output with the whole stage gathered. No reduction during it;
+        after it, the reduce-scatter if it is the update's last backward."""
         self.root.set_requires_gradient_sync(False)
-        parts = self._parts()
-        for part in parts:
-            part.unshard()  # a no-op where the I left them gathered
-        yield
+        for part in reversed(self._parts()):  # the blocks, then the root's own parameters
+            part.unshard()  # a no-op where the I left them gathered (grad-op)
+            within = {id(p) for p in cast(nn.Module, part).parameters()}  # the gathered ones
+            for each in pending:
+                weight_gradient(each, within)
+            part.reshard()
+        if any(each.parts or not each.complete for each in pending):
+            with self.gathered():
+                for each in pending:
+                    weight_gradient(each)
         if (microbatch, pipeline) in self.last:
             _post_backward(self.root)
-        for part in parts:
-            part.reshard()
 
 
 def _post_backward(root: FSDPModule) -> None:

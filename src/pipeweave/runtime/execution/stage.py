@@ -23,7 +23,6 @@ first stage's floating inputs and the last stage's floating targets are cast to 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -334,12 +333,13 @@ class StageRuntime:
         pieces = [p for p in (0, 1, 2) if (microbatch, p, pipeline) in self._pending]
         if not pieces:
             raise StageError(f"stage {self.stage}: W of micro-batch {microbatch} before its I")
-        with (self.sharding.weight_gradient(microbatch, pipeline) if self.sharding is not None
-              else nullcontext()):  # gathered; reduce-scattered at the update's last W
-            for piece in pieces:
-                pending = self._pending.pop((microbatch, piece, pipeline))
-                self._stashed_bytes -= pending.nbytes
-                weight_gradient(pending.weights)
+        pending = [self._pending.pop((microbatch, piece, pipeline)) for piece in pieces]
+        self._stashed_bytes -= sum(each.nbytes for each in pending)
+        if self.sharding is not None:  # gathered block by block; reduced at the update's last W
+            self.sharding.weight_gradient(microbatch, pipeline, [each.weights for each in pending])
+        else:
+            for each in pending:
+                weight_gradient(each.weights)
         self._recount()
 
     def _module(self, replica: nn.Module | None) -> nn.Module:

@@ -1,6 +1,6 @@
 """Tensor parallelism inside a stage (``Plan.tp``, docs/sharding.md): ``pp=2,tp=2`` trains
 the parameters a plain torch loop trains on the whole model (1F1B, interleaved 1F1B,
-zb-h1), and ``pp=2,dp=2,tp=2`` with ``--shard full`` too; a process holds half of every split
+zb-h1), and ``pp=2,dp=2,tp=2`` with ``--shard full`` too (zb-h1 included); a process holds half of every split
 linear; what this slice does not cover is refused in one line before anything starts."""
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def test_pp2_tp2_trains_the_whole_models_parameters(schedule: str) -> None:
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("schedule", "shard"), [("1f1b", "full"), ("interleaved-1f1b", "full"),
-                                                 ("1f1b", "grad-op"), ("1f1b", "none")])
+                                                 ("zb-h1", "full"), ("1f1b", "grad-op"),
+                                                 ("1f1b", "none")])
 def test_pp2_dp2_tp2_trains_the_whole_models_parameters(schedule: str, shard: str) -> None:
     job = _job(schedule, width=2, shard=shard)  # 8 processes; FSDP2 over dp on (dp, tp)
     results = launch_local(job, deadline_s=800)

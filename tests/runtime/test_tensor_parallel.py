@@ -1,7 +1,8 @@
 """Tensor parallelism inside a stage (``Plan.tp``, docs/sharding.md): ``pp=2,tp=2`` trains
 the parameters a plain torch loop trains on the whole model (1F1B, interleaved 1F1B,
-zb-h1), and ``pp=2,dp=2,tp=2`` with ``--shard full`` too (zb-h1 included); a process holds half of every split
-linear; what this slice does not cover is refused in one line before anything starts."""
+zb-h1), and ``pp=2,dp=2,tp=2`` with ``--shard full`` too (zb-h1 included); a process holds
+half of every split linear; what this slice does not cover is refused in one line before
+anything starts."""
 
 from __future__ import annotations
 

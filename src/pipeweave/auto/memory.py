@@ -6,7 +6,8 @@ flight). Two lower bounds of it prune before it is asked: :func:`static_memory`,
 that needs no schedule (parameters, gradients and optimizer state), before anything is
 built; and :func:`memory_floor`, parameters and optimizer state plus the most activations
 the rank's compute-only program holds at once (the schedule the simulator walks, cached
-per shape, :mod:`pipeweave.auto.timing`): a walk of the program, where the memory model
+per shape, :mod:`pipeweave.auto.timing`; its held counts walked once per shape,
+:func:`pipeweave.memory.held_counts.held_peak_bytes`): a walk of the program, where the memory model
 first lowers it and proves every delivery (seconds at 1,000 ranks). It drops what the model
 adds on top (gradients, weight copies, buffers, workspace, split backwards' pending bytes),
 each at least zero, and the moment of the activations' peak is one of those the model
@@ -16,7 +17,8 @@ weighs, so the floor never exceeds the model's peak (``tests/auto/test_memory_fl
 from __future__ import annotations
 
 from ..ir import Schedule
-from ..memory import held_activations, model_state
+from ..memory import model_state
+from ..memory.held_counts import held_peak_bytes
 from ..planner.memory import (optimizer_state_bytes, predicted_memory, stage_activation_bytes,
                               stage_weights)
 from ..planner.plan import Plan
@@ -24,7 +26,11 @@ from ..schedules import get_info
 from .copies import one_copy_plan
 from .problem import AutoProblem
 
-__all__ = ["rank_memory", "static_memory", "memory_floor"]
+__all__ = ["rank_memory", "static_memory", "memory_floor", "ROUNDING"]
+
+ROUNDING = 1e-9
+""":func:`memory_floor`'s activations are this fraction below the counted bytes: the model sums
+the same bytes in another order (:mod:`pipeweave.memory.held_counts`)."""
 
 
 def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
@@ -68,7 +74,9 @@ def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
     scale = 1.0 if profile.batch_size is None else rows / profile.batch_size
     # a forward keeps its graph unless its stage recomputes (synchronous: no predictions)
     kept = stage_activation_bytes(profile, own, scale)
-    _, held = held_activations(schedule, kept)
+    # counted once per shape, weighed per partition; the bytes summed in another order than
+    # the model's running total, so a relative ROUNDING below it (still a floor)
+    held = [peak * (1.0 - ROUNDING) for peak in held_peak_bytes(schedule, kept)]
     state = optimizer_state_bytes(profile, own, problem.optimizer)
     states = model_state(stage_weights(profile, own), state,
                          [schedule.layout.stages_of(r) for r in range(schedule.num_ranks)],

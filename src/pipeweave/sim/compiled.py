@@ -209,41 +209,37 @@ def _edges(schedule: Schedule, index: dict[Action, Location],
            offset: np.ndarray) -> tuple[np.ndarray, ...]:
     """Every edge as ``(target, source, kind, boundary, half)``, flat rank-major numbers."""
     layout, lowered, programs = schedule.layout, schedule.lowered, schedule.programs
-    last = -1  # no transfer: the padding entry after the transfer table
-    target: list[int] = []
-    source: list[int] = []
-    kind: list[int] = []
-    boundary: list[int] = []
-    half: list[bool] = []
+    starts = [int(o) for o in offset]
+    edges: list[tuple[int, int, int, int, bool]] = []
+    add = edges.append
     groups: dict[object, list[int]] = {}
+    all_reduce, checks = Op.ALL_REDUCE, CHECK_OPS
     for rank, program in enumerate(programs):
-        base = int(offset[rank])
+        base = starts[rank]
         for position, action in enumerate(program):
             me = base + position
-            if action.op is Op.ALL_REDUCE:
+            if action.op is all_reduce:
                 groups.setdefault(collective_key(action), []).append(me)
                 continue
             if position:
-                target.append(me), source.append(me - 1), kind.append(_SAME)
-                boundary.append(last), half.append(False)
+                add((me, me - 1, _SAME, -1, False))
             for dep in dependencies(action, layout, lowered=lowered):
                 dep_rank, dep_position = index[dep]
-                producer = programs[dep_rank][dep_position]
-                target.append(me), source.append(int(offset[dep_rank]) + dep_position)
+                source = starts[dep_rank] + dep_position
                 if dep_rank == rank:
-                    kind.append(_SAME), boundary.append(last), half.append(False)
-                elif producer.op in CHECK_OPS:
-                    kind.append(_CHECK), boundary.append(last), half.append(False)
+                    add((me, source, _SAME, -1, False))
+                    continue
+                producer = programs[dep_rank][dep_position]
+                if producer.op in checks:
+                    add((me, source, _CHECK, -1, False))
                 else:
-                    kind.append(_DATA), boundary.append(min(producer.stage, action.stage))
-                    half.append(bool(producer.piece))
-    starts = set(int(o) for o in offset)
+                    add((me, source, _DATA, min(producer.stage, action.stage),
+                         bool(producer.piece)))
+    firsts = set(starts)
     for members in groups.values():  # each starts when the last replica reaches it
-        for me in members:
-            for other in members:
-                if other not in starts:
-                    target.append(me), source.append(other - 1), kind.append(_SAME)
-                    boundary.append(last), half.append(False)
-    return (np.asarray(target, dtype=np.int64), np.asarray(source, dtype=np.int64),
-            np.asarray(kind, dtype=np.int8), np.asarray(boundary, dtype=np.int64),
-            np.asarray(half, dtype=bool))
+        add_group = [(me, other - 1, _SAME, -1, False) for me in members for other in members
+                     if other not in firsts]
+        edges.extend(add_group)
+    table = np.array(edges, dtype=np.int64).reshape(len(edges), 5)
+    return (table[:, 0], table[:, 1], table[:, 2].astype(np.int8), table[:, 3],
+            table[:, 4].astype(bool))

@@ -6,6 +6,7 @@
         ──► for each, best first:  shape bound can't beat the best?  ─► pruned (and all after it)
                                    partition (planner methods), options, plan
                                    static memory > limit?            ─► pruned
+                                   held floor > limit (held_floor.py)? ─► pruned
                                    plan bound can't beat the best?   ─► pruned
                                    simulate (timing only)            ─► simulated
                                    memory floor > limit?             ─► pruned (memory)
@@ -39,6 +40,7 @@ from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, shape_bound
 from .budget import Budget, work_units
 from .floors import StateFloor, inflight_floor
+from .held_floor import held_floor
 from .links import default_topology
 from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
@@ -345,9 +347,10 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     except ValueError:
         state.invalid += 1
         return None
-    if problem.memory_limit is not None and \
-            max(static_memory(problem, plan)) > problem.memory_limit:
-        state.pruned_memory += 1
+    if problem.memory_limit is not None and (
+            max(static_memory(problem, plan)) > problem.memory_limit
+            or max(held_floor(problem, plan), default=0.0) > problem.memory_limit):
+        state.pruned_memory += 1  # the held_floor: what its schedule surely holds, unbuilt
         return None
     key = json.dumps([plan.to_json(), done.apc], sort_keys=True)
     if key in state.seen:

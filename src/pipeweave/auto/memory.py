@@ -38,13 +38,26 @@ def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
     weight copies and the reference model (they need the schedule): ``N * (2 + k) * |w|`` of
     the stages it hosts (``k`` optimizer tensors per parameter), at most the model's
     prediction for every schedule."""
-    layout = plan.layout()
+    # data-parallel copies host the same stages, so copy 0's numbers repeat for each copy
+    copies = plan.width if _copies_alike(plan) else 1
+    own = one_copy_plan(plan) if copies > 1 else plan
+    layout = own.layout()
     profile = problem.profile
-    states = model_state(stage_weights(profile, plan),
-                         optimizer_state_bytes(profile, plan, problem.optimizer),
+    states = model_state(stage_weights(profile, own),
+                         optimizer_state_bytes(profile, own, problem.optimizer),
                          [layout.stages_of(r) for r in range(layout.num_ranks)],
-                         pipelines=plan.pipelines, reference=False)
-    return [s.total for s in states]
+                         pipelines=own.pipelines, reference=False)
+    return [s.total for s in states] * copies
+
+
+def _copies_alike(plan: Plan) -> bool:
+    """``plan``'s ranks are ``w`` copies of one pipeline (N = 1), copy ``k`` on ranks ``k·d ..``
+    (every stage on ``w`` ranks, none replicated PipeDream's way)."""
+    if plan.width == 1 or plan.replicas is not None or plan.pipelines != 1:
+        return False
+    depth = plan.world_size // plan.width
+    return all(ranks == tuple(ranks[0] + k * depth for k in range(plan.width))
+               for ranks in plan.layout().stage_ranks)
 
 
 def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> list[float]:

@@ -395,7 +395,10 @@ def _table_memory(state: _Search) -> None:
     """The memory of the fastest of those that could not win, for the table and the plot."""
     problem = state.problem
     state.slower.sort(key=lambda t: -t.samples_per_second)
-    for timed in state.slower[:TABLE_MEMORY]:
+    chosen = state.slower[:TABLE_MEMORY]
+    if problem.time_limit is None:  # one shape after another: the memory model's shape
+        chosen.sort(key=_shape_key)  # cache serves each shape's partitions (same results)
+    for timed in chosen:
         if problem.time_limit is not None and not state.budget.fits(
                 timed.candidate, problem.time_limit - (time.perf_counter() - state.started),
                 simulation=False):
@@ -403,6 +406,14 @@ def _table_memory(state: _Search) -> None:
         prediction = state.memory(timed)
         fits = problem.memory_limit is None or prediction.max_memory <= problem.memory_limit
         (state.ranked if fits else state.over).append(prediction)
+
+
+def _shape_key(timed: Timed) -> tuple[Any, ...]:
+    """What the memory model analyses once per shape (planner/memory_shape.py), then the
+    speed: candidates of one shape next to each other."""
+    c = timed.candidate
+    return (c.schedule, c.depth, c.width, c.chunks, c.pipelines, c.microbatches,
+            c.replicas or (), -timed.samples_per_second)
 
 
 def _result(state: _Search, considered: int) -> SearchResult:

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pipeweave.profiler import BlockProfile, LinkProfile, Profile
 
@@ -112,20 +113,29 @@ def main() -> None:
           f"(search {report['search_seconds']:.1f} s; {cpu:.1f} s CPU), under 60 s: "
           f"{seconds < 60}")
     print("  ".join(f"{key} {value}" for key, value in counts.items()))
-    print(f"winner: {winner['schedule']} d={winner['depth']} w={winner['width']} "
-          f"v={winner['chunks']} M={winner['microbatches']} N={winner['pipelines']} "
-          f"recompute={winner['recompute']} method={winner['method']}: "
-          f"{winner['predicted_samples_per_second']:.1f} samples/s, peak "
-          f"{max(winner['predicted_peak_memory_bytes']) / 1e9:.1f} GB")
-    if args.json_out is not None:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps({
-            "blocks": args.blocks, "ranks": args.ranks, "topology": args.topology,
-            "memory_limit": args.memory_limit, "time_limit": args.time_limit,
-            "methods": args.methods, "finished": True,
-            "wall_seconds": seconds, "cpu_seconds": cpu,
-            "search_seconds": report["search_seconds"], **counts,
-            "winner": {k: v for k, v in winner.items() if k != "plan"}}, indent=2) + "\n")
+    print(f"winner: {_winner_line(winner)}")
+    _record(args, {"finished": True, "wall_seconds": seconds, "cpu_seconds": cpu,
+                   "search_seconds": report["search_seconds"], **counts,
+                   "winner": {k: v for k, v in winner.items() if k != "plan"}})
+
+
+def _winner_line(winner: dict[str, Any]) -> str:
+    return (f"{winner['schedule']} d={winner['depth']} w={winner['width']} "
+            f"v={winner['chunks']} M={winner['microbatches']} N={winner['pipelines']} "
+            f"recompute={winner['recompute']} method={winner['method']}: "
+            f"{winner['predicted_samples_per_second']:.1f} samples/s, peak "
+            f"{max(winner['predicted_peak_memory_bytes']) / 1e9:.1f} GB")
+
+
+def _record(args: argparse.Namespace, outcome: dict[str, object]) -> None:
+    """Write the run's settings and ``outcome`` to ``--json-out`` (if given)."""
+    if args.json_out is None:
+        return
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps({
+        "blocks": args.blocks, "ranks": args.ranks, "topology": args.topology,
+        "memory_limit": args.memory_limit, "time_limit": args.time_limit,
+        "methods": args.methods, **outcome}, indent=2) + "\n")
 
 
 def _child_cpu() -> float:
@@ -145,13 +155,8 @@ def _gave_up(args: argparse.Namespace, seconds: float,
     print(f"{args.blocks} blocks on {args.ranks} ranks ({args.topology}): stopped after "
           f"{seconds:.1f} s wall ({cpu:.1f} s CPU) (--give-up), not finished; last progress: "
           f"{last}")
-    if args.json_out is not None:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps({
-            "blocks": args.blocks, "ranks": args.ranks, "topology": args.topology,
-            "memory_limit": args.memory_limit, "time_limit": args.time_limit,
-            "methods": args.methods, "finished": False, "wall_seconds": seconds,
-            "cpu_seconds": cpu, "last_progress": last}, indent=2) + "\n")
+    _record(args, {"finished": False, "wall_seconds": seconds, "cpu_seconds": cpu,
+                   "last_progress": last})
 
 
 if __name__ == "__main__":

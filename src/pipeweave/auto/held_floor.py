@@ -24,7 +24,9 @@ floor of one micro-batch)::
 
 A rank holds at least the largest of its stages' ``a_s x count_s`` (``a_s`` the bytes a
 micro-batch leaves on stage ``s``, :func:`~pipeweave.planner.memory.stage_activation_bytes`)
-on top of its parameters and optimizer state, so :func:`held_floor` is at most
+on top of its parameters and optimizer state (or, if more, a stage's gradients and their
+reduction's buffers before its update, :func:`~pipeweave.auto.memory.reduction_floor`), so
+:func:`held_floor` is at most
 :func:`~pipeweave.auto.memory.memory_floor` (which takes the program's real peak of the
 sum), hence at most the memory model: a candidate over the limit by it is pruned before its
 schedule is built.
@@ -40,7 +42,7 @@ from ..planner.memory import (optimizer_state_bytes, plan_sharding, stage_activa
 from ..planner.plan import Plan
 from ..schedules import get_info
 from .copies import one_copy_plan
-from .memory import ROUNDING
+from .memory import ROUNDING, reduction_floor
 from .problem import AutoProblem
 
 __all__ = ["HELD_AT_LEAST", "held_at_least", "held_floor"]
@@ -93,13 +95,16 @@ def held_floor(problem: AutoProblem, plan: Plan) -> list[float]:
     stages = len(own.stages)
     depth = stages // own.chunks
     own_layout = own.layout()
-    states = model_state(stage_weights(profile, own),
-                         optimizer_state_bytes(profile, own, problem.optimizer),
-                         [own_layout.stages_of(r) for r in range(own_layout.num_ranks)],
-                         pipelines=1, reference=False, sharding=plan_sharding(plan))
+    weights = stage_weights(profile, own)
+    hosted = [own_layout.stages_of(r) for r in range(own_layout.num_ranks)]
+    sharding = plan_sharding(plan)
+    states = model_state(weights, optimizer_state_bytes(profile, own, problem.optimizer),
+                         hosted, pipelines=1, reference=False, sharding=sharding)
+    reducing = reduction_floor(weights, hosted, [plan.width] * stages, sharding)
     floors = []
     for rank, state in enumerate(states):
         held = max((kept[s] * held_at_least(plan.schedule, s, stages, depth, own.microbatches)
-                    for s in own_layout.stages_of(rank)), default=0.0)
-        floors.append(state.parameters + state.optimizer_state + held * (1.0 - ROUNDING))
+                    for s in hosted[rank]), default=0.0)
+        floors.append(state.parameters + state.optimizer_state
+                      + max(held * (1.0 - ROUNDING), reducing[rank]))
     return floors

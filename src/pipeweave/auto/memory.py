@@ -19,7 +19,9 @@ buffers (``planner.memory.reduction_bytes``), which the floor takes when it is l
 from __future__ import annotations
 
 from ..ir import Schedule
-from ..memory import model_state
+from collections.abc import Sequence
+
+from ..memory import Sharding, StageWeights, model_state
 from ..memory.held_counts import held_peak_bytes
 from ..planner.memory import (optimizer_state_bytes, plan_sharding, predicted_memory,
                               reduction_bytes, stage_activation_bytes, stage_weights)
@@ -28,7 +30,7 @@ from ..schedules import get_info
 from .copies import one_copy_plan
 from .problem import AutoProblem
 
-__all__ = ["rank_memory", "static_memory", "memory_floor", "ROUNDING"]
+__all__ = ["rank_memory", "static_memory", "memory_floor", "reduction_floor", "ROUNDING"]
 
 ROUNDING = 1e-9
 """:func:`memory_floor`'s activations are this fraction below the counted bytes: the model sums
@@ -77,6 +79,16 @@ def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> 
     return [r.total for r in ranks]
 
 
+def reduction_floor(weights: Sequence[StageWeights], hosted: Sequence[Sequence[int]],
+                    ways: Sequence[int], sharding: Sharding) -> list[float]:
+    """Per rank hosting ``hosted[r]``: what it holds besides parameters and optimizer state
+    while a stage's gradients are reduced over its ``ways[s]`` ranks before the update (the
+    gradients and the reduction's buffers, ``planner.memory.reduction_bytes``), whatever
+    else it holds then."""
+    return [max((weights[s].trainable + reduction_bytes(weights[s], ways[s], sharding)
+                 for s in stages), default=0.0) for stages in hosted]
+
+
 def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
                  one_copy: bool = False) -> list[float]:
     """Per rank of ``schedule`` (compute-only, one iteration of a synchronous ``plan``, or
@@ -99,11 +111,8 @@ def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
     sharding = plan_sharding(plan)
     states = model_state(weights, state, hosted, pipelines=own.pipelines, reference=False,
                          sharding=sharding)
-    # the gradients' reduction before a stage's update: its gradients and the reduction's
-    # buffers, whatever else is held then
     ways = [(plan.width if one_copy else 1) * len(r) for r in schedule.layout.stage_ranks]
-    reducing = [max((weights[s].trainable + reduction_bytes(weights[s], ways[s], sharding)
-                     for s in stages), default=0.0) for stages in hosted]
+    reducing = reduction_floor(weights, hosted, ways, sharding)
     # without the gradients, which the model counts at the peak's moment
     return [s.parameters + s.optimizer_state + max(peak, extra)
             for s, peak, extra in zip(states, held, reducing)]

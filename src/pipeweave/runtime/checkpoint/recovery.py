@@ -88,10 +88,11 @@ class RankRecovery:
 
     def __init__(self, *, job: Job, schedule: Schedule, rank: int, parts: RankParts,
                  device: torch.device, session: Session | None, apply_rng: bool = True,
-                 stored: StoredCheckpoint | None = None) -> None:
+                 stored: StoredCheckpoint | None = None, writes: bool = True) -> None:
         """The checks on ``job`` and the checkpoint were made once by
         :func:`~pipeweave.runtime.launch.prepare.prepare`; ``stored``: the checkpoint
-        ``session`` resumes, if already open."""
+        ``session`` resumes, if already open; ``writes`` False: a tensor-parallel process
+        other than its group's first (it gathers, the first writes)."""
         self.job = job
         self.steps_done = 0
         """Steps already done when this run starts (the checkpoint's step)."""
@@ -119,7 +120,7 @@ class RankRecovery:
             assert session is not None, "writing checkpoints needs the run's session"
             self.writer = CheckpointWriter(job=job, schedule=schedule, rank=rank, parts=parts,
                                            device=device, session=session, cuts=cuts,
-                                           steps_done=self.steps_done)
+                                           steps_done=self.steps_done, writes=writes)
 
     @property
     def hooks(self) -> dict[int, Callable[[], None]]:

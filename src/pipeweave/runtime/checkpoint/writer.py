@@ -22,6 +22,7 @@ from torch import Tensor
 from ...ir import Op, Schedule
 from ...models.naming import global_name, global_names
 from .boundaries import combine_hooks
+from ..communication.sharded import full_value
 from .export import model_record
 from .resume import Session, optimizer_hyper
 from .store import FORMAT, finalize, step_folder, write_shard
@@ -53,8 +54,11 @@ class CheckpointWriter:
 
     def __init__(self, *, job: Job, schedule: Schedule, rank: int, parts: RankParts,
                  device: torch.device, session: Session, cuts: Mapping[int, int],
-                 steps_done: int) -> None:
-        """``cuts``: the rank's iteration boundaries; ``steps_done``: where the run starts."""
+                 steps_done: int, writes: bool = True) -> None:
+        """``cuts``: the rank's iteration boundaries; ``steps_done``: where the run starts;
+        ``writes`` False: a process of a tensor-parallel group other than its first, which
+        takes part in the gathers of split tensors but writes nothing (the first writes the
+        pipeline rank's shard)."""
         assert job.checkpoint is not None and job.checkpoint.directory is not None
         self.job = job
         self.directory = job.checkpoint.directory
@@ -63,6 +67,7 @@ class CheckpointWriter:
         self.parts = parts
         self.device = device
         self.session = session
+        self.writes = writes
         self.stream: dict[str, Any] | None = None
         """The data stream's description (without its position), recorded in the manifest."""
         self.stall_s = 0.0
@@ -121,6 +126,9 @@ class CheckpointWriter:
             self._futures[0].result()
             self._raise_failed()
         payload, record = self._capture(steps_done)
+        if not self.writes:  # the group's first process writes what all gathered
+            self.stall_s += time.perf_counter() - began
+            return
         if advance is not None:
             record["common"]["advance"] = advance
         folder = step_folder(self.directory, steps_done, self.session.run_id)
@@ -186,9 +194,11 @@ class CheckpointWriter:
                 assert not weights.snapshots and not weights.predicted, "no version at a boundary"
             averager = self.parts.averagers.get(stage_id)
             assert averager is None or averager.between_iterations, "averaging at a boundary"
-            if layout.stage_ranks[stage_id][0] != self.rank:
-                continue  # another replica writes this stage
-            blocks.update(range(*stage.block_range))
+            first = layout.stage_ranks[stage_id][0] == self.rank
+            if not first and stage.sharding is None:
+                continue  # another replica writes this stage (a sharded one: all gather)
+            if first:
+                blocks.update(range(*stage.block_range))
             for index, pipeline in enumerate(pipelines):
                 module = pipeline.stages[stage_id].module
                 optimizer = pipeline.optimizers[stage_id]
@@ -198,11 +208,11 @@ class CheckpointWriter:
                         copies[index][name] = _digest(param)
                     if name in self.parts.tied_to:
                         continue  # a copy of a tied parameter: stored once, by its first use
-                    parameters[index][name] = param.detach()
-                    state = optimizer.state.get(param)
-                    if state:
-                        optimizer_state[index][name] = {
-                            k: v.detach() if isinstance(v, Tensor) else v for k, v in state.items()}
+                    whole, state = _whole(param, optimizer.state.get(param))
+                    if first:
+                        parameters[index][name] = whole
+                        if state:
+                            optimizer_state[index][name] = state
             if averager is not None:  # replaced, never changed in place: no copy needed either
                 for local, tensor in averager.reference_parameters().items():
                     reference[global_name(local, stage.block_range[0])] = tensor.detach()
@@ -260,6 +270,18 @@ class CheckpointWriter:
             self._raise_failed()
         else:
             self._futures = []
+
+
+def _whole(param: Tensor, state: Mapping[str, Any] | None
+           ) -> tuple[Tensor, dict[str, Any] | None]:
+    """A parameter and its optimizer state as whole tensors, so the checkpoint is the one an
+    unsharded run writes and loads into any mesh: references to plain tensors (the writer
+    copies them later), new gathered ones for a stage sharded over ``dp`` (FSDP2) or split
+    over ``tp`` (a collective every process of the group calls in the same order: parameters
+    in ``named_parameters`` order, each with its state in the optimizer's key order)."""
+    saved = None if not state else {
+        k: full_value(v.detach()) if isinstance(v, Tensor) else v for k, v in state.items()}
+    return full_value(param.detach()), saved
 
 
 def _digest(param: Tensor) -> str:

@@ -41,7 +41,11 @@ controller's state in the manifest (``advance``), which a resumed run restores
 **Keyed by block.** Parameters and optimizer state are stored under ``"<block>.<name>"``
 (the names :class:`~pipeweave.runtime.execution.parts.RankResult` uses), written by the first replica
 of each stage. A resumed run finds each of its blocks wherever it was, so the stage count,
-split, chunks and replicas may all change between checkpoint and resume.
+split, chunks and replicas may all change between checkpoint and resume. The tensors are
+always whole: a stage sharded over ``dp`` (FSDP2) or split over ``tp`` gathers them at the
+checkpoint (all its ranks and processes, a collective) and its first process writes them; a
+resumed sharded or split stage cuts its own part out (:func:`..communication.sharded.laid_out_like`),
+so the mesh may change too (docs/sharding.md, "Checkpoints").
 
 **No copy on the critical path.** At the checkpoint the rank only records references to its
 tensors and hands them to a writer thread. The writer first copies them (a staging copy in

@@ -4,6 +4,9 @@ At a checkpoint the rank only records references to its tensors (:meth:`Checkpoi
 and hands them to a thread that first makes a staging copy and then serialises, hashes and
 ``fsync``s it (:func:`~.store.write_shard`, :func:`~.store.finalize`). A fence right before the
 rank's next optimizer step waits until the staging copy is done (see :mod:`.recovery`).
+A stage sharded over ``dp`` or split over ``tp`` gathers its whole tensors on the training
+thread instead (a collective of its ranks, :func:`_whole`): they are new tensors, which the
+live ones' next update does not change.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -31,6 +31,10 @@ from .resume import Session, optimizer_hyper
 from .store import FORMAT, finalize, step_folder, write_shard
 from ..job import Job
 from ..execution.parts import RankParts
+from ..execution.stage import StageRuntime
+
+if TYPE_CHECKING:
+    from ..execution.two_step import TwoStep
 
 __all__ = ["CheckpointWriter", "MAX_PENDING_WRITES"]
 
@@ -204,6 +208,7 @@ class CheckpointWriter:
                 blocks.update(range(*stage.block_range))
             for index, pipeline in enumerate(pipelines):
                 module = pipeline.stages[stage_id].module
+                layouts = _layouts(pipeline.stages[stage_id])
                 optimizer = pipeline.optimizers[stage_id]
                 for name, param in global_names(module.named_parameters(),
                                                 stage.block_range[0]):
@@ -211,7 +216,8 @@ class CheckpointWriter:
                         copies[index][name] = _digest(param)
                     if name in self.parts.tied_to:
                         continue  # a copy of a tied parameter: stored once, by its first use
-                    whole, state = _whole(param, optimizer.state.get(param))
+                    whole, state = _whole(param, optimizer.state.get(param),
+                                          layouts.get(id(param)))
                     if first:
                         parameters[index][name] = whole
                         if state:
@@ -275,16 +281,29 @@ class CheckpointWriter:
             self._futures = []
 
 
-def _whole(param: Tensor, state: Mapping[str, Any] | None
+def _layouts(stage: StageRuntime) -> Mapping[int, TwoStep]:
+    """The two-step layouts of a stage sharded over ``dp`` on top of ``tp`` (else none)."""
+    return stage.sharding.layouts if stage.sharding is not None else {}
+
+
+def _whole(param: Tensor, state: Mapping[str, Any] | None, layout: TwoStep | None = None
            ) -> tuple[Tensor, dict[str, Any] | None]:
     """A parameter and its optimizer state as whole tensors, so the checkpoint is the one an
     unsharded run writes and loads into any mesh: references to plain tensors (the writer
     copies them later), new gathered ones for a stage sharded over ``dp`` (FSDP2) or split
     over ``tp`` (a collective every process of the group calls in the same order: parameters
-    in ``named_parameters`` order, each with its state in the optimizer's key order)."""
+    in ``named_parameters`` order, each with its state in the optimizer's key order);
+    ``layout``: both at once (:mod:`..execution.two_step`)."""
+    def whole(tensor: Tensor) -> Tensor:
+        tensor = tensor.detach()
+        if layout is not None and tensor.shape == param.shape:
+            from ..execution.two_step import two_step_whole  # FSDP2 only where sharded
+
+            return two_step_whole(tensor, layout)
+        return full_value(tensor)
     saved = None if not state else {
-        k: full_value(v.detach()) if isinstance(v, Tensor) else v for k, v in state.items()}
-    return full_value(param.detach()), saved
+        k: whole(v) if isinstance(v, Tensor) else v for k, v in state.items()}
+    return whole(param), saved
 
 
 def _digest(param: Tensor) -> str:

@@ -109,10 +109,6 @@ def _check_sharded(job: Job, *, tied: bool, flag: str) -> None:
     slices). ``flag``: the option refused."""
     none = "--shard none" if flag.startswith("--shard") else "tp=1"
     refusals = [
-        (job.checkpoint is not None and job.plan.tp > 1 and job.plan.shard != "none",
-         f"with tp={job.plan.tp} and checkpoints (--checkpoint-every/--resume): FSDP2's "
-         "2-D (dp, tp) layout of a head-split qkv cannot be gathered whole yet; use --shard "
-         "none or tp=1 with checkpoints"),
         (job.clip_grad_norm is not None, "with --clip-grad-norm: the global norm over split or sharded "
          "gradients is not summed yet; drop --clip-grad-norm or use " + none),
         (tied, "with tied parameters (the model's tied groups): a weight held by two blocks "

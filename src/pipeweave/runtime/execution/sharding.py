@@ -18,9 +18,9 @@ unsharded run's; the ``AR`` then has nothing left to do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch.distributed as dist
@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ...ir import Action, Op
+from .two_step import TwoStep, two_step_layouts
 
 __all__ = ["StageSharding", "shard_stage", "last_backwards"]
 
@@ -40,6 +41,9 @@ class StageSharding:
     root: FSDPModule
     last: frozenset[tuple[int, int]]
     """``(micro-batch, pipeline)`` of every backward that is the stage's last before an update."""
+    layouts: Mapping[int, TwoStep] = field(default_factory=dict)
+    """With tensor parallelism: ``id(parameter) ->`` its two-step layout (:mod:`.two_step`),
+    how a checkpoint gathers and cuts its tensors; empty without."""
 
     @contextmanager
     def gathered(self) -> Iterator[None]:
@@ -90,6 +94,7 @@ def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, devic
     if device_type == "cuda" and dist.get_backend(group) != "nccl":
         raise ValueError(f"--shard {mode} on CUDA needs NCCL, but ranks share GPUs over "
                          f"{dist.get_backend(group)}; give every rank its own GPU, or --shard none")
+    split = mesh is not None  # the stage is tensor-parallel: 2-D (dp, tp) parameters
     if mesh is None:
         mesh = DeviceMesh.from_group(group, device_type=device_type)
     reshard = mode == "full"
@@ -101,4 +106,5 @@ def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, devic
         if isinstance(part, FSDPModule):
             part.set_gradient_divide_factor(1.0)  # a sum, as the all-reduce it replaces
             part.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
-    return StageSharding(root=root, last=last_backwards(program, stage))
+    layouts = two_step_layouts(module, mesh) if split else {}
+    return StageSharding(root=root, last=last_backwards(program, stage), layouts=layouts)

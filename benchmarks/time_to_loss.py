@@ -84,6 +84,7 @@ BASELINE = "1F1B"
 LADDER = (0.5, 0.75, 0.9, 1.0)
 """Targets: these fractions of 1F1B's drop from the initial held-out loss to its final one."""
 TIMED_STEPS = 24          # timed iterations of a multi-process run (plus one warm-up)
+QUICK_TIMED = 8           # with --quick (where no earlier result file has the timing)
 RATE_QUANTILE = 0.25      # samples/s from this quantile of the per-iteration times (see measure_once)
 QUIET_WAIT_S = 5.0        # wait up to this long for the machine to be quiet before each
 OPTIMIZER = "adam"        # of convergence.CASES' optimizers; the issue's GPT-tiny setting
@@ -115,7 +116,7 @@ MODELS: dict[str, cv.Case] = {
     "cnn": replace(cv.CASES["cnn"], updates=600),
 }
 EVAL_POINTS = 40          # held-out evaluations per run (plus the initial weights)
-QUICK = {"gpt-tiny": 32, "gpt-small": 8, "cnn": 32}
+QUICK = {"gpt-tiny": 24, "gpt-small": 4, "cnn": 24}
 """Batches per run with ``--quick``."""
 
 
@@ -195,7 +196,8 @@ def train(case: cv.Case, method: MethodRow, ranks: int, seed: int, batches: int,
 
 
 # -- wall time: short multi-process runs ----------------------------------------------------
-def measure_once(case: cv.Case, method: MethodRow, ranks: int) -> dict[str, Any]:
+def measure_once(case: cv.Case, method: MethodRow, ranks: int,
+                 timed: int = TIMED_STEPS) -> dict[str, Any]:
     """Samples/s of one multi-process run (seed 0) and its batch losses.
 
     The rate is the batch over the ``RATE_QUANTILE`` quantile of the gaps between consecutive
@@ -204,7 +206,7 @@ def measure_once(case: cv.Case, method: MethodRow, ranks: int) -> dict[str, Any]
     the quickest quarter is the closest to what the schedule does alone. The mean rate is
     recorded beside it (``mean_samples_per_second``)."""
     plan = make_plan(case, method, ranks)
-    steps = TIMED_STEPS + 1
+    steps = timed + 1
     job = make_job(case, plan, 0, steps)
     batches = tuple(islice(iter(job.data()), steps))  # made once, shipped to the ranks
     job = replace(job, data=_Replay(batches), record_timeline=True)
@@ -221,7 +223,7 @@ def measure_once(case: cv.Case, method: MethodRow, ranks: int) -> dict[str, Any]
 
 
 def time_methods(case: cv.Case, methods: Sequence[MethodRow], ranks: int,
-                 repeats: int) -> list[dict[str, Any]]:
+                 repeats: int, timed: int = TIMED_STEPS) -> list[dict[str, Any]]:
     """One timing record per method: the median samples/s of ``repeats`` runs, taken round-robin
     over the methods (a burst of other work on the machine then hits them alike)."""
     records: dict[str, dict[str, Any]] = {}
@@ -236,7 +238,7 @@ def time_methods(case: cv.Case, methods: Sequence[MethodRow], ranks: int,
         for method in methods:
             record = records[method.label]
             if "skipped" not in record:
-                record["repeats"].append(measure_once(case, method, ranks))
+                record["repeats"].append(measure_once(case, method, ranks, timed))
     for record in records.values():
         if record["repeats"]:
             record["samples_per_second"] = statistics.median(
@@ -244,7 +246,7 @@ def time_methods(case: cv.Case, methods: Sequence[MethodRow], ranks: int,
             record["train_loss"] = record["repeats"][-1].pop("train_loss")
             record["source"] = (f"measured: launch_local, {ranks} processes, median of "
                                 f"{len(record['repeats'])} runs, each the {RATE_QUANTILE:g} "
-                                f"quantile of {TIMED_STEPS - 1} iteration times")
+                                f"quantile of {timed - 1} iteration times")
     return list(records.values())
 
 
@@ -414,7 +416,7 @@ def save(study: Mapping[str, Any], path: Path) -> None:
 def run_study(study: dict[str, Any], cases: Sequence[cv.Case], methods: Sequence[MethodRow], *,
               ranks: Sequence[int], seeds: Sequence[int], batches: Mapping[str, int],
               repeats: int, path: Path, reuse: Sequence[Mapping[str, Any]] = (),
-              train_too: bool = True) -> None:
+              train_too: bool = True, timed: int = TIMED_STEPS) -> None:
     """Add every missing timing and run to ``study``, saving it to ``path`` after each step.
 
     A timing missing here is copied from ``reuse`` (another result file's timings) when that
@@ -432,7 +434,7 @@ def run_study(study: dict[str, Any], cases: Sequence[cv.Case], methods: Sequence
                     study["timing"].append({**copied[0], "source": "reused: "
                                             + copied[0].get("source", "another result file")})
                     missing.remove(method)
-            for record in time_methods(case, missing, p, repeats) if missing else []:
+            for record in time_methods(case, missing, p, repeats, timed) if missing else []:
                 study["timing"].append(record)
                 _report(record)
             save(study, path)
@@ -472,8 +474,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     labels = [m.label for m in METHODS]
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help=f"short runs ({QUICK}), one timing each (or the full study's, "
-                             f"{DEFAULT_JSON.relative_to(ROOT)}, where it has one); "
+                        help=f"short runs ({QUICK}), one short timing each (or an earlier "
+                             f"study's, benchmarks/results/time_to_loss*.json, where one has it); "
                              f"JSON to {QUICK_JSON.relative_to(ROOT)}, no figures")
     parser.add_argument("--models", nargs="+", default=None, choices=list(MODELS),
                         help="default: gpt-tiny gpt-small (the CNN on request)")
@@ -497,11 +499,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = args.json_out or (QUICK_JSON if args.quick else DEFAULT_JSON)
     study = load(path, args.resume)
     started = time.perf_counter()
-    reuse = (json.loads(DEFAULT_JSON.read_text())["timing"]
-             if args.quick and DEFAULT_JSON.exists() and path != DEFAULT_JSON else [])
+    reuse = [t for found in sorted(DEFAULT_JSON.parent.glob("time_to_loss*.json"))
+             if args.quick and found != path and found != QUICK_JSON
+             for t in json.loads(found.read_text())["timing"]]
     run_study(study, cases, [m for m in METHODS if m.label in args.methods], ranks=args.ranks,
               seeds=args.seeds, batches=batches, path=path, reuse=reuse,
-              train_too=not args.timing_only,
+              train_too=not args.timing_only, timed=QUICK_TIMED if args.quick else TIMED_STEPS,
               repeats=args.timing_repeats or (1 if args.quick else 2))
     _check_identity(study)
     study["settings"]["parts"].append({"argv": sys.argv[1:] if argv is None else argv,

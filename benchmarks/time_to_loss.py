@@ -22,9 +22,10 @@ A per-batch method (1F1B, 2BW, WPipe) updates once per batch; a per-micro-batch 
   method that model never exists at one instant; it is the model the run returns if stopped
   there after draining.
 * **Samples/s** per (model, P, method) come from a short multi-process run (``launch_local``,
-  one process per rank, gloo, 24 timed iterations): the batch over the quickest quarter of the
-  iteration times (:func:`measure_once` says why), the median of ``--timing-repeats`` runs
-  taken round-robin over the methods.
+  one process per rank, gloo, 24 timed iterations): six batches over the quickest quarter of
+  the times of six consecutive iterations (:func:`measure_once` says why), the median of
+  ``--timing-repeats`` runs taken round-robin over the methods; ``--timing-from FILE`` puts
+  another result file's timings in place of this one's (a re-timing pass run apart).
   The issue-12 throughput results (``benchmarks/results/async_throughput*.json``) are for a
   different model (d 128, L 4, T 64) and batch, so they are not reused.
 * **Time to a target** = samples the (seed-mean) held-out curve needs to first reach it,
@@ -85,7 +86,8 @@ LADDER = (0.5, 0.75, 0.9, 1.0)
 """Targets: these fractions of 1F1B's drop from the initial held-out loss to its final one."""
 TIMED_STEPS = 24          # timed iterations of a multi-process run (plus one warm-up)
 QUICK_TIMED = 8           # with --quick (where no earlier result file has the timing)
-RATE_QUANTILE = 0.25      # samples/s from this quantile of the per-iteration times (see measure_once)
+RATE_QUANTILE = 0.25      # samples/s from this quantile of the windows' times (see measure_once)
+RATE_WINDOW = 6           # iterations per window
 QUIET_WAIT_S = 5.0        # wait up to this long for the machine to be quiet before each
 OPTIMIZER = "adam"        # of convergence.CASES' optimizers; the issue's GPT-tiny setting
 
@@ -200,11 +202,13 @@ def measure_once(case: cv.Case, method: MethodRow, ranks: int,
                  timed: int = TIMED_STEPS) -> dict[str, Any]:
     """Samples/s of one multi-process run (seed 0) and its batch losses.
 
-    The rate is the batch over the ``RATE_QUANTILE`` quantile of the gaps between consecutive
-    iteration ends (the first iteration left out), not over their mean: on a machine that other
-    jobs saturate (this one: 2 cores, a load of 10) most iterations are stretched by them, and
-    the quickest quarter is the closest to what the schedule does alone. The mean rate is
-    recorded beside it (``mean_samples_per_second``)."""
+    The rate is ``RATE_WINDOW`` batches over the ``RATE_QUANTILE`` quantile of the times of every
+    window of that many consecutive iterations (the first iteration left out), not the mean
+    rate: on a machine that other jobs saturate (this one: 2 cores, a load of 10-20) most
+    iterations are stretched by them, and the quickest quarter of the windows is the closest to
+    what the schedule does alone. Windows, not single iterations, because an asynchronous
+    schedule ends its iterations in bursts. The mean rate is recorded beside it
+    (``mean_samples_per_second``)."""
     plan = make_plan(case, method, ranks)
     steps = timed + 1
     job = make_job(case, plan, 0, steps)
@@ -215,9 +219,10 @@ def measure_once(case: cv.Case, method: MethodRow, ranks: int,
     summary = summarize(results, schedule=method.schedule, steps=steps,
                         batch_size=case.update_size, microbatches=cv.MICROBATCHES)
     ends = summary.iteration_end_s
-    gaps = sorted(b - a for a, b in zip(ends[1:], ends[2:]))
-    quick = gaps[min(len(gaps) - 1, int(RATE_QUANTILE * len(gaps)))]
-    return {"samples_per_second": case.update_size / quick,
+    window = min(RATE_WINDOW, len(ends) - 2)
+    spans = sorted(b - a for a, b in zip(ends[1:], ends[1 + window:]))
+    quick = spans[min(len(spans) - 1, int(RATE_QUANTILE * len(spans)))]
+    return {"samples_per_second": window * case.update_size / quick,
             "mean_samples_per_second": summary.samples_per_second, "busy_before": busy,
             "train_loss": iteration_losses(results, cv.MICROBATCHES)}
 
@@ -246,7 +251,7 @@ def time_methods(case: cv.Case, methods: Sequence[MethodRow], ranks: int,
             record["train_loss"] = record["repeats"][-1].pop("train_loss")
             record["source"] = (f"measured: launch_local, {ranks} processes, median of "
                                 f"{len(record['repeats'])} runs, each the {RATE_QUANTILE:g} "
-                                f"quantile of {timed - 1} iteration times")
+                                f"quantile of the times of {RATE_WINDOW} consecutive iterations of {timed}")
     return list(records.values())
 
 
@@ -459,6 +464,17 @@ def _report(record: Mapping[str, Any]) -> None:
               f"{record['heldout_loss'][-1]:.3f} ({record['local_seconds']:.0f} s)", flush=True)
 
 
+def replace_timings(study: dict[str, Any], timings: Sequence[Mapping[str, Any]],
+                    source: str) -> None:
+    """Put ``timings`` (measured samples/s) in place of ``study``'s for the same model, ranks
+    and method."""
+    new = {(t["model"], t["ranks"], t["method"]): t for t in timings if "samples_per_second" in t}
+    study["timing"] = [t for t in study["timing"]
+                       if (t["model"], t["ranks"], t["method"]) not in new]
+    study["timing"] += [{**t, "source": f"{t.get('source', 'measured')} ({source})"}
+                        for t in new.values()]
+
+
 def _check_identity(study: dict[str, Any]) -> None:
     """Mark each timing whose multi-process losses equal the single-process run's start."""
     for timing in study["timing"]:
@@ -488,6 +504,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--timing-only", action="store_true",
                         help="measure the missing samples/s, train nothing (with --resume: a "
                              "first part of the study)")
+    parser.add_argument("--timing-from", type=Path, default=None, metavar="FILE",
+                        help="take the samples/s of FILE (a --timing-only result) in place of "
+                             "this study's, for the same model, ranks and method")
     parser.add_argument("--resume", action="store_true",
                         help="add to the result file's runs and timings instead of starting anew")
     parser.add_argument("--json-out", type=Path, default=None)
@@ -498,6 +517,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     batches = {c.key: args.updates or (QUICK[c.key] if args.quick else c.updates) for c in cases}
     path = args.json_out or (QUICK_JSON if args.quick else DEFAULT_JSON)
     study = load(path, args.resume)
+    if args.timing_from is not None:
+        replace_timings(study, json.loads(args.timing_from.read_text())["timing"],
+                        f"from {args.timing_from.name}")
     started = time.perf_counter()
     reuse = [t for found in sorted(DEFAULT_JSON.parent.glob("time_to_loss*.json"))
              if args.quick and found != path and found != QUICK_JSON

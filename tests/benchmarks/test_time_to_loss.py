@@ -69,11 +69,14 @@ def test_rows_convert_samples_to_seconds_and_ratio_to_1f1b() -> None:
     assert rows["1F1B"]["samples_to"] == [200.0, 300.0, pytest.approx(360.0), 400.0]
     assert rows["1F1B"]["seconds_to"][-1] == 4.0 and rows["1F1B"]["ratio_to_1f1b"] == 1.0
     assert rows["Fast"]["seconds_to"][-1] == 2.0 and rows["Fast"]["ratio_to_1f1b"] == 0.5
+    assert rows["Fast"]["samples_ratio_to_1f1b"] == 1.0 and rows["Fast"]["rate_ratio_to_1f1b"] == 2.0
     assert rows["Stale"]["samples_to"] == [400.0, None, None, None]
     assert rows["Stale"]["seconds_to"][0] == 1.0 and rows["Stale"]["ratio_to_1f1b"] is None
     table = ttl.markdown(list(rows.values()))
-    assert "| Stale | 400 | 4.000 | 1.0 s / 400 | never | never | never | never reached |" in table
-    assert "| Fast | 200 | 2.000 | 1.0 s / 200 | 1.5 s / 300 | 1.8 s / 360 | 2.0 s / 400 | 0.50 |" in table
+    assert ("| Stale | 400 | 4.000 | 1.0 s / 400 | never | never | never | — | 4.00 | "
+            "never reached |") in table
+    assert ("| Fast | 200 | 2.000 | 1.0 s / 200 | 1.5 s / 300 | 1.8 s / 360 | 2.0 s / 400 | "
+            "1.00 | 2.00 | 0.50 |") in table
 
 
 def test_rows_without_a_timing_keep_samples_and_leave_seconds_out() -> None:

@@ -477,8 +477,10 @@ def _report(record: Mapping[str, Any]) -> None:
 def replace_timings(study: dict[str, Any], timings: Sequence[Mapping[str, Any]],
                     source: str) -> None:
     """Put ``timings`` (measured samples/s) in place of ``study``'s for the same model, ranks
-    and method."""
-    new = {(t["model"], t["ranks"], t["method"]): t for t in timings if "samples_per_second" in t}
+    and method; each the best of its repeats, as :func:`time_methods` takes it."""
+    new = {(t["model"], t["ranks"], t["method"]): {**t, "samples_per_second": max(
+        r["samples_per_second"] for r in t["repeats"])} if t.get("repeats") else t
+        for t in timings if "samples_per_second" in t}
     study["timing"] = [t for t in study["timing"]
                        if (t["model"], t["ranks"], t["method"]) not in new]
     study["timing"] += [{**t, "source": f"{t.get('source', 'measured')} ({source})"}

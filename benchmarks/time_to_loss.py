@@ -118,6 +118,7 @@ MODELS: dict[str, cv.Case] = {
     "cnn": replace(cv.CASES["cnn"], updates=600),
 }
 EVAL_POINTS = 40          # held-out evaluations per run (plus the initial weights)
+QUICK_EVAL_POINTS = 6     # with --quick (each evaluation is a forward of the held-out set)
 QUICK = {"gpt-tiny": 24, "gpt-small": 4, "cnn": 24}
 """Batches per run with ``--quick``."""
 
@@ -431,14 +432,15 @@ def save(study: Mapping[str, Any], path: Path) -> None:
 def run_study(study: dict[str, Any], cases: Sequence[cv.Case], methods: Sequence[MethodRow], *,
               ranks: Sequence[int], seeds: Sequence[int], batches: Mapping[str, int],
               repeats: int, path: Path, reuse: Sequence[Mapping[str, Any]] = (),
-              train_too: bool = True, timed: int = TIMED_STEPS) -> None:
+              train_too: bool = True, timed: int = TIMED_STEPS,
+              eval_points: int = EVAL_POINTS) -> None:
     """Add every missing timing and run to ``study``, saving it to ``path`` after each step.
 
     A timing missing here is copied from ``reuse`` (another result file's timings) when that
     has one for the same model, ranks and method, else measured."""
     have_runs = {(r["model"], r["ranks"], r["method"], r["seed"], r["batches"]) for r in study["runs"]}
     for case in cases:
-        every = max(1, batches[case.key] // EVAL_POINTS)
+        every = max(1, batches[case.key] // eval_points)
         for p in ranks:
             have = {(t["model"], t["ranks"], t["method"]) for t in study["timing"]}
             missing = [m for m in methods if (case.key, p, m.label) not in have]
@@ -539,6 +541,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run_study(study, cases, [m for m in METHODS if m.label in args.methods], ranks=args.ranks,
               seeds=args.seeds, batches=batches, path=path, reuse=reuse,
               train_too=not args.timing_only, timed=QUICK_TIMED if args.quick else TIMED_STEPS,
+              eval_points=QUICK_EVAL_POINTS if args.quick else EVAL_POINTS,
               repeats=args.timing_repeats or (1 if args.quick else 2))
     _check_identity(study)
     study["settings"]["parts"].append({"argv": sys.argv[1:] if argv is None else argv,

@@ -106,8 +106,12 @@ METHODS: tuple[MethodRow, ...] = (
     MethodRow("2BW", "2bw", {}),
     MethodRow("WPipe", "wpipe", {}),
     MethodRow("PipeOptim", "pipeoptim", {}),
+    MethodRow("PipeDream+warmup", "pipedream", {"warmup": 50}),
+    MethodRow("PipeDream+PipeMare", "pipedream", {"pipemare": 300}),
 )
-"""The study's methods; a correction (e.g. a semantics option) is one more row."""
+"""The study's methods; a correction (a schedule option, docs/semantics.md "Stale-weight
+corrections") is one more row. The delay-aware Nesterov correction (``nesterov=G``) needs
+SGD with momentum or NAdam, not the study's Adam, so it has no row here."""
 
 MODELS: dict[str, cv.Case] = {
     # updates: batches of U samples in the full study (the issue: >= 1,000 on GPT-tiny).

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pipeweave.profiler import BlockProfile, LinkProfile, Profile
 
@@ -99,6 +101,7 @@ def main() -> None:
             _gave_up(args, time.perf_counter() - started, expired)
             return
         seconds = time.perf_counter() - started
+    cpu = _child_cpu()
     if done.returncode != 0:
         sys.exit(f"pipeweave auto failed:\n{done.stderr}")
     report = json.loads(done.stdout)
@@ -107,22 +110,39 @@ def main() -> None:
                                            "pruned_memory", "simulated", "duplicates",
                                            "unexamined", "over_budget", "over_memory_limit")}
     print(f"{args.blocks} blocks on {args.ranks} ranks ({args.topology}): {seconds:.1f} s wall "
-          f"(search {report['search_seconds']:.1f} s), under 60 s: {seconds < 60}")
+          f"(search {report['search_seconds']:.1f} s; {cpu:.1f} s CPU), under 60 s: "
+          f"{seconds < 60}")
     print("  ".join(f"{key} {value}" for key, value in counts.items()))
-    print(f"winner: {winner['schedule']} d={winner['depth']} w={winner['width']} "
-          f"v={winner['chunks']} M={winner['microbatches']} N={winner['pipelines']} "
-          f"recompute={winner['recompute']} method={winner['method']}: "
-          f"{winner['predicted_samples_per_second']:.1f} samples/s, peak "
-          f"{max(winner['predicted_peak_memory_bytes']) / 1e9:.1f} GB")
-    if args.json_out is not None:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps({
-            "blocks": args.blocks, "ranks": args.ranks, "topology": args.topology,
-            "memory_limit": args.memory_limit, "time_limit": args.time_limit,
-            "methods": args.methods, "finished": True,
-            "wall_seconds": seconds,
-            "search_seconds": report["search_seconds"], **counts,
-            "winner": {k: v for k, v in winner.items() if k != "plan"}}, indent=2) + "\n")
+    print(f"winner: {_winner_line(winner)}")
+    _record(args, {"finished": True, "wall_seconds": seconds, "cpu_seconds": cpu,
+                   "search_seconds": report["search_seconds"], **counts,
+                   "winner": {k: v for k, v in winner.items() if k != "plan"}})
+
+
+def _winner_line(winner: dict[str, Any]) -> str:
+    return (f"{winner['schedule']} d={winner['depth']} w={winner['width']} "
+            f"v={winner['chunks']} M={winner['microbatches']} N={winner['pipelines']} "
+            f"recompute={winner['recompute']} method={winner['method']}: "
+            f"{winner['predicted_samples_per_second']:.1f} samples/s, peak "
+            f"{max(winner['predicted_peak_memory_bytes']) / 1e9:.1f} GB")
+
+
+def _record(args: argparse.Namespace, outcome: dict[str, object]) -> None:
+    """Write the run's settings and ``outcome`` to ``--json-out`` (if given)."""
+    if args.json_out is None:
+        return
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps({
+        "blocks": args.blocks, "ranks": args.ranks, "topology": args.topology,
+        "memory_limit": args.memory_limit, "time_limit": args.time_limit,
+        "methods": args.methods, **outcome}, indent=2) + "\n")
+
+
+def _child_cpu() -> float:
+    """CPU seconds (user + system) of the finished command: on a shared machine the wall time
+    measures the load as much as the search."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _gave_up(args: argparse.Namespace, seconds: float,
@@ -131,15 +151,12 @@ def _gave_up(args: argparse.Namespace, seconds: float,
     err = expired.stderr.decode() if isinstance(expired.stderr, bytes) else expired.stderr or ""
     lines = [line for line in err.splitlines() if line.strip()]
     last = lines[-1] if lines else "(no progress line)"
+    cpu = _child_cpu()
     print(f"{args.blocks} blocks on {args.ranks} ranks ({args.topology}): stopped after "
-          f"{seconds:.1f} s wall (--give-up), not finished; last progress: {last}")
-    if args.json_out is not None:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps({
-            "blocks": args.blocks, "ranks": args.ranks, "topology": args.topology,
-            "memory_limit": args.memory_limit, "time_limit": args.time_limit,
-            "methods": args.methods, "finished": False, "wall_seconds": seconds,
-            "last_progress": last}, indent=2) + "\n")
+          f"{seconds:.1f} s wall ({cpu:.1f} s CPU) (--give-up), not finished; last progress: "
+          f"{last}")
+    _record(args, {"finished": False, "wall_seconds": seconds, "cpu_seconds": cpu,
+                   "last_progress": last})
 
 
 if __name__ == "__main__":

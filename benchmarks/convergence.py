@@ -311,7 +311,7 @@ def time_one(case: Case, method: Method, geometry: str, updates: int) -> dict[st
     batches = tuple(islice(iter(job.data()), steps))
     job = replace(job, steps=steps, data=functools.partial(iter, batches), record_timeline=True,
                   return_parameters=False)
-    wait_for_quiet(QUIET_WAIT_S, QUIET_BUSY, sample_s=0.5)
+    busy = wait_for_quiet(QUIET_WAIT_S, QUIET_BUSY, sample_s=0.5)
     results = launch_local(job, deadline_s=300)
     summary = summarize(results, schedule=method.schedule, steps=steps,
                         batch_size=int(batches[0][0].shape[0]), microbatches=MICROBATCHES)

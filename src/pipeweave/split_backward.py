@@ -74,7 +74,8 @@ class PendingWeights:
         """Parameters whose gradient comes from ``output`` (see the module docstring)."""
         if self.module is None:
             return []
-        return [p for p in self.module.parameters() if p.requires_grad and id(p) not in self.covered]
+        return [p for p in self.module.parameters()
+                if p.requires_grad and id(p) not in self.covered]
 
 
 _HOLDERS: WeakKeyDictionary[nn.Module, list[tuple[nn.Module, list[str]]]] = WeakKeyDictionary()

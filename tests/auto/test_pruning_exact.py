@@ -24,6 +24,7 @@ def _exhaustive(problem: AutoProblem, monkeypatch: pytest.MonkeyPatch) -> search
         patch.setattr(StateFloor, "__call__", lambda self, candidate: 0.0)
         patch.setattr(search_module, "static_memory", lambda problem, plan: [0.0])
         patch.setattr(search_module, "inflight_floor", lambda *args: [0.0])
+        patch.setattr(search_module, "held_floor", lambda problem, plan: [])
         result = search(problem)
     assert result.pruned == 0
     return result

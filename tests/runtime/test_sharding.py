@@ -18,7 +18,6 @@ from pipeweave.runtime import Plan, launch_local, run_local
 from pipeweave.runtime.execution.parts import make_schedule
 from pipeweave.runtime.execution.sharding import last_backwards
 from pipeweave.runtime.launch.prepare import prepare
-from pipeweave.runtime.options import CheckpointOptions
 from pipeweave.testing import assert_matches_reference, merged_parameters, reference_run
 
 from runtime_jobs import gpt_job
@@ -110,7 +109,6 @@ def test_plan_refusals(fields: dict, words: str) -> None:
 
 
 @pytest.mark.parametrize(("job_fields", "words"), [
-    ({"checkpoint": CheckpointOptions(every=1, directory="/tmp/never")}, "checkpoints"),
     ({"clip_grad_norm": 1.0}, "--clip-grad-norm"),
     ({"apc": True}, "--apc"),
     ({"eval_every": 1}, "--eval-every"),

@@ -15,7 +15,6 @@ from pipeweave.cli.cmd_train import add_parser as add_train, build_job
 from pipeweave.runtime import BuiltinModel, Plan, launch_local, run_local
 from pipeweave.runtime.communication.mesh import lane_groups, pipeline_results, process_of
 from pipeweave.runtime.launch.prepare import prepare
-from pipeweave.runtime.options import CheckpointOptions
 from pipeweave.testing import assert_matches_reference, reference_run
 
 from runtime_jobs import GPT, gpt_job, mlp_job
@@ -96,7 +95,6 @@ def test_plan_refusals(fields: dict, words: str) -> None:
 
 
 @pytest.mark.parametrize(("job_fields", "words"), [
-    ({"checkpoint": CheckpointOptions(every=1, directory="/tmp/never")}, "checkpoints"),
     ({"clip_grad_norm": 1.0}, "--clip-grad-norm"),
     ({"apc": True}, "--apc"),
     ({"eval_every": 1}, "--eval-every"),

@@ -6,7 +6,8 @@ flight). Two lower bounds of it prune before it is asked: :func:`static_memory`,
 that needs no schedule (parameters, gradients and optimizer state), before anything is
 built; and :func:`memory_floor`, parameters and optimizer state plus the most activations
 the rank's compute-only program holds at once (the schedule the simulator walks, cached
-per shape, :mod:`pipeweave.auto.timing`): a walk of the program, where the memory model
+per shape, :mod:`pipeweave.auto.timing`; its held counts walked once per shape,
+:func:`pipeweave.memory.held_counts.held_peak_bytes`): a walk of the program, where the memory model
 first lowers it and proves every delivery (seconds at 1,000 ranks). It drops what the model
 adds on top (gradients, weight copies, buffers, workspace, split backwards' pending bytes),
 each at least zero, and the moment of the activations' peak is one of those the model
@@ -18,7 +19,10 @@ buffers (``planner.memory.reduction_bytes``), which the floor takes when it is l
 from __future__ import annotations
 
 from ..ir import Schedule
-from ..memory import held_activations, model_state
+from collections.abc import Sequence
+
+from ..memory import Sharding, StageWeights, model_state
+from ..memory.held_counts import held_peak_bytes
 from ..planner.memory import (optimizer_state_bytes, plan_sharding, predicted_memory,
                               reduction_bytes, stage_activation_bytes, stage_weights)
 from ..planner.plan import Plan
@@ -26,7 +30,11 @@ from ..schedules import get_info
 from .copies import one_copy_plan
 from .problem import AutoProblem
 
-__all__ = ["rank_memory", "static_memory", "memory_floor"]
+__all__ = ["rank_memory", "static_memory", "memory_floor", "reduction_floor", "ROUNDING"]
+
+ROUNDING = 1e-9
+""":func:`memory_floor`'s activations are this fraction below the counted bytes: the model sums
+the same bytes in another order (:mod:`pipeweave.memory.held_counts`)."""
 
 
 def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
@@ -34,14 +42,27 @@ def static_memory(problem: AutoProblem, plan: Plan) -> list[float]:
     weight copies and the reference model (they need the schedule): ``N * (2 + k) * |w|`` of
     the stages it hosts (``k`` optimizer tensors per parameter), at most the model's
     prediction for every schedule."""
-    layout = plan.layout()
+    # data-parallel copies host the same stages, so copy 0's numbers repeat for each copy
+    copies = plan.width if _copies_alike(plan) else 1
+    own = one_copy_plan(plan) if copies > 1 else plan
+    layout = own.layout()
     profile = problem.profile
-    states = model_state(stage_weights(profile, plan),
-                         optimizer_state_bytes(profile, plan, problem.optimizer),
+    states = model_state(stage_weights(profile, own),
+                         optimizer_state_bytes(profile, own, problem.optimizer),
                          [layout.stages_of(r) for r in range(layout.num_ranks)],
-                         pipelines=plan.pipelines, reference=False,
+                         pipelines=own.pipelines, reference=False,
                          sharding=plan_sharding(plan))
-    return [s.total for s in states]
+    return [s.total for s in states] * copies
+
+
+def _copies_alike(plan: Plan) -> bool:
+    """``plan``'s ranks are ``w`` copies of one pipeline (N = 1), copy ``k`` on ranks ``k·d ..``
+    (every stage on ``w`` ranks, none replicated PipeDream's way)."""
+    if plan.width == 1 or plan.replicas is not None or plan.pipelines != 1:
+        return False
+    depth = plan.world_size // plan.width
+    return all(ranks == tuple(ranks[0] + k * depth for k in range(plan.width))
+               for ranks in plan.layout().stage_ranks)
 
 
 def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> list[float]:
@@ -58,6 +79,16 @@ def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> 
     return [r.total for r in ranks]
 
 
+def reduction_floor(weights: Sequence[StageWeights], hosted: Sequence[Sequence[int]],
+                    ways: Sequence[int], sharding: Sharding) -> list[float]:
+    """Per rank hosting ``hosted[r]``: what it holds besides parameters and optimizer state
+    while a stage's gradients are reduced over its ``ways[s]`` ranks before the update (the
+    gradients and the reduction's buffers, ``planner.memory.reduction_bytes``), whatever
+    else it holds then."""
+    return [max((weights[s].trainable + reduction_bytes(weights[s], ways[s], sharding)
+                 for s in stages), default=0.0) for stages in hosted]
+
+
 def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
                  one_copy: bool = False) -> list[float]:
     """Per rank of ``schedule`` (compute-only, one iteration of a synchronous ``plan``, or
@@ -71,18 +102,17 @@ def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
     scale = 1.0 if profile.batch_size is None else rows / profile.batch_size
     # a forward keeps its graph unless its stage recomputes (synchronous: no predictions)
     kept = stage_activation_bytes(profile, own, scale)
-    _, held = held_activations(schedule, kept)
+    # counted once per shape, weighed per partition; the bytes summed in another order than
+    # the model's running total, so a relative ROUNDING below it (still a floor)
+    held = [peak * (1.0 - ROUNDING) for peak in held_peak_bytes(schedule, kept)]
     state = optimizer_state_bytes(profile, own, problem.optimizer)
     weights = stage_weights(profile, own)
     hosted = [schedule.layout.stages_of(r) for r in range(schedule.num_ranks)]
     sharding = plan_sharding(plan)
     states = model_state(weights, state, hosted, pipelines=own.pipelines, reference=False,
                          sharding=sharding)
-    # the gradients' reduction before a stage's update: its gradients and the reduction's
-    # buffers, whatever else is held then
     ways = [(plan.width if one_copy else 1) * len(r) for r in schedule.layout.stage_ranks]
-    reducing = [max((weights[s].trainable + reduction_bytes(weights[s], ways[s], sharding)
-                     for s in stages), default=0.0) for stages in hosted]
+    reducing = reduction_floor(weights, hosted, ways, sharding)
     # without the gradients, which the model counts at the peak's moment
     return [s.parameters + s.optimizer_state + max(peak, extra)
             for s, peak, extra in zip(states, held, reducing)]

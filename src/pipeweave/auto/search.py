@@ -6,6 +6,7 @@
         ──► for each, best first:  shape bound can't beat the best?  ─► pruned (and all after it)
                                    partition (planner methods), options, plan
                                    static memory > limit?            ─► pruned
+                                   held floor > limit (held_floor.py)? ─► pruned
                                    plan bound can't beat the best?   ─► pruned
                                    simulate (timing only)            ─► simulated
                                    memory floor > limit?             ─► pruned (memory)
@@ -39,6 +40,7 @@ from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, shape_bound
 from .budget import Budget, work_units
 from .floors import StateFloor, inflight_floor
+from .held_floor import held_floor
 from .links import default_topology
 from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
@@ -253,8 +255,8 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
     say(f"{len(candidates)} candidates from {len(axes)} axes")
     keyed = _by_bound(state, candidates)
     last_report = time.perf_counter()
-    order = keyed if problem.time_limit is None else _safe_first(keyed,
-                                                                 lambda: bool(state.ranked))
+    order = _cheap_first(keyed) if problem.time_limit is None else _safe_first(
+        keyed, lambda: bool(state.ranked))
     for position, entry in enumerate(order):
         if problem.time_limit is not None and state.ranked and \
                 time.perf_counter() - state.started > problem.time_limit:
@@ -345,9 +347,10 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     except ValueError:
         state.invalid += 1
         return None
-    if problem.memory_limit is not None and \
-            max(static_memory(problem, plan)) > problem.memory_limit:
-        state.pruned_memory += 1
+    if problem.memory_limit is not None and (
+            max(static_memory(problem, plan)) > problem.memory_limit
+            or max(held_floor(problem, plan), default=0.0) > problem.memory_limit):
+        state.pruned_memory += 1  # the held_floor: what its schedule surely holds, unbuilt
         return None
     key = json.dumps([plan.to_json(), done.apc], sort_keys=True)
     if key in state.seen:
@@ -392,7 +395,10 @@ def _table_memory(state: _Search) -> None:
     """The memory of the fastest of those that could not win, for the table and the plot."""
     problem = state.problem
     state.slower.sort(key=lambda t: -t.samples_per_second)
-    for timed in state.slower[:TABLE_MEMORY]:
+    chosen = state.slower[:TABLE_MEMORY]
+    if problem.time_limit is None:  # one shape after another: the memory model's shape
+        chosen.sort(key=_shape_key)  # cache serves each shape's partitions (same results)
+    for timed in chosen:
         if problem.time_limit is not None and not state.budget.fits(
                 timed.candidate, problem.time_limit - (time.perf_counter() - state.started),
                 simulation=False):
@@ -400,6 +406,14 @@ def _table_memory(state: _Search) -> None:
         prediction = state.memory(timed)
         fits = problem.memory_limit is None or prediction.max_memory <= problem.memory_limit
         (state.ranked if fits else state.over).append(prediction)
+
+
+def _shape_key(timed: Timed) -> tuple[Any, ...]:
+    """What the memory model analyses once per shape (planner/memory_shape.py), then the
+    speed: candidates of one shape next to each other."""
+    c = timed.candidate
+    return (c.schedule, c.depth, c.width, c.chunks, c.pipelines, c.microbatches,
+            c.replicas or (), -timed.samples_per_second)
 
 
 def _result(state: _Search, considered: int) -> SearchResult:
@@ -432,10 +446,8 @@ def _safe_first(keyed: list[Keyed], found: Callable[[], bool]) -> Iterator[Keyed
     :func:`~pipeweave.auto.budget.work_units`), then the best-bound 1F1B candidate recomputing
     every stage; then every candidate not yet given, best bound first.
 
-    The order decides nothing in an exact search (every candidate is examined or pruned by a
-    true bound, so ``search`` does not call this then: best bound first keeps the table's
-    runners-up and the tie-break among equal plans as they were); under a time limit it
-    decides what is examined. The best bounds are often schedules that hold more activations (zero bubble: up
+    In an exact search the order decides only the work (:func:`_cheap_first`, which
+    ``search`` uses then); under a time limit it decides what is examined. The best bounds are often schedules that hold more activations (zero bubble: up
     to 2P - 1 micro-batches) and, on a large model, do not fit, and the first candidate is
     examined with no measured rate, so a huge one could spend the whole limit. The cheapest
     candidate of the memory-frugal schedule every pipeline runs that passes the static memory
@@ -454,6 +466,27 @@ def _safe_first(keyed: list[Keyed], found: Callable[[], bool]) -> Iterator[Keyed
             given.add(index)
             yield entry
     yield from (entry for index, entry in enumerate(keyed) if index not in given)
+
+
+CHEAP_UNITS = 1 << 15
+"""An exact search first examines, best bound first, the candidates of at most this many
+work units (:func:`~pipeweave.auto.budget.work_units`, some 30,000 forwards: well under a
+second to build and simulate), then every other one, best bound first (:func:`_cheap_first`)."""
+
+
+def _cheap_first(keyed: list[Keyed]) -> Iterator[Keyed]:
+    """``keyed`` (best bound first) in the order an exact search examines it: the cheap
+    candidates (:data:`CHEAP_UNITS`) first, then the rest, each part best bound first.
+
+    Every candidate is still examined, and every pruning is by a true bound against the
+    best simulated candidate so far, so the winner is the same as in bound order (up to
+    plans of exactly equal time, which the final sort orders by memory, then simplicity);
+    the order only decides how much is built and simulated. At planning scale the best
+    bounds are 256-stage pipelines of thousands of micro-batches (seconds to build, and
+    often over the memory limit), while a good plan of a few hundred thousand actions is
+    simulated in milliseconds; its time then prunes the expensive ones by their bounds."""
+    yield from (entry for entry in keyed if work_units(entry.candidate) <= CHEAP_UNITS)
+    yield from (entry for entry in keyed if work_units(entry.candidate) > CHEAP_UNITS)
 
 
 def _cannot_beat(samples: float, bound: float, best: float, candidate: Candidate) -> bool:

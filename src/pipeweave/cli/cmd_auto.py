@@ -38,6 +38,7 @@ from ..planner import Topology
 from ..planner.sharding import SHARD_MODES
 from ..profiler import Profile
 from ..auto.problem import SEMANTICS, check_settings
+from ..auto.time_to_loss import TimeToLoss, TimeToLossRanking
 from .model_options import add_profile_source, check_profile_source, chosen_model
 from .options import core_count, load_profile, parse_bytes, shared_cores
 from .plan_exports import write_plan_exports
@@ -79,6 +80,10 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
                              "iteration); any: also asynchronous schedules and APC (stale "
                              "weights, lossy messages)")
     parser.add_argument("--top", type=int, default=10, help="rows of the table (and --json's)")
+    parser.add_argument("--target-loss", type=float, default=None, metavar="LOSS",
+                        help="with --semantics any and --model: rank the table's candidates by "
+                             "predicted time to this training loss, from a pilot of --steps "
+                             "steps of each (default: 1F1B's loss after --steps)")
     parser.add_argument("--schedules", default=None, metavar="A,B,...",
                         help="search only these schedules (default: every registered one)")
     parser.add_argument("--shard", default=None, metavar="none,full,grad-op",
@@ -123,7 +128,9 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
                         help="say where the winner's and the default's iterations differ "
                              "(compute, updates, bubble, communication, memory) and write "
                              "their simulated timelines as PNGs beside --out")
-    parser.add_argument("--steps", type=int, default=6, help="with --run: steps per plan")
+    parser.add_argument("--steps", type=int, default=6,
+                        help="with --run: steps per plan; with --semantics any and --model: "
+                             "steps of each pilot")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="with --run: seconds a rank waits for a peer")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -209,6 +216,7 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
     for count in _counts(args.microbatches) or ():
         if count < 1:
             raise ValueError(f"--microbatches {args.microbatches!r}: each count must be >= 1")
+    _check_target(args)
     if args.run:
         check_steps(args.steps)
         if args.timeout <= 0:
@@ -218,6 +226,41 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
         if path is not None:
             check_can_write(path, flag)
     return limit, topology
+
+
+def _check_target(args: argparse.Namespace) -> None:
+    """``--target-loss`` only where a time-to-loss ranking runs: --semantics any, a model."""
+    from ..measure import check_pilot
+
+    if args.target_loss is not None and args.semantics != "any":
+        raise ValueError(f"--target-loss ranks by time to loss, which only differs from "
+                         f"samples/s when training may change: add --semantics any or drop "
+                         f"--target-loss (--semantics {args.semantics} keeps the updates)")
+    if args.semantics == "any" and chosen_model(args)[0] is None:
+        if args.target_loss is not None:
+            raise ValueError("--target-loss pilots each finalist on a built-in model: give "
+                             "--model NAME, or drop --target-loss")
+        return
+    if args.semantics == "any":
+        check_pilot(steps=args.steps, target_loss=args.target_loss)
+
+
+def _rank_by_time(args: argparse.Namespace, result: SearchResult
+                  ) -> tuple[SearchResult, TimeToLossRanking | None]:
+    """Under --semantics any with a model: the table's candidates piloted and re-ranked by
+    predicted time to the target loss (:mod:`pipeweave.measure.pilot`)."""
+    from ..measure import pilot_finalists
+
+    model, overrides = chosen_model(args)
+    if args.semantics != "any" or model is None or not result.ranked:
+        return result, None
+    _say(f"piloting the top {min(args.top, len(result.ranked))} candidates and 1F1B for "
+         f"{args.steps} steps each to rank by time to loss ...")
+    ranking = pilot_finalists(result, model=model, steps=args.steps, top=args.top,
+                              target=args.target_loss, optimizer=args.optimizer,
+                              overrides=overrides, progress=_say)
+    ranked = tuple(r.prediction for r in ranking.rows) + result.ranked[args.top:]
+    return dataclasses.replace(result, ranked=ranked), ranking
 
 
 def _fitted(args: argparse.Namespace,
@@ -260,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
         problem.profile.save(args.profile_out)
     _say(f"searching {profile.model} ({profile.num_blocks} blocks) on {args.ranks} ranks, "
          f"batch {problem.batch} ...")
-    result = search(problem, progress=_say)
+    result, ranking = _rank_by_time(args, search(problem, progress=_say))
     winner = result.winner  # a clear error when nothing fits
     args.out.parent.mkdir(parents=True, exist_ok=True)
     winner.plan.save(args.out)
@@ -270,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_pareto(shown, args.plot, winner=winner,
                        default=result.default, memory_limit=problem.memory_limit,
                        title=f"pipeweave auto: {profile.model} on {args.ranks} ranks")
-    report = report_json(result, args.top)
+    report = report_json(result, args.top, ranking)
     report["plan_file"] = str(args.out)
     report["plan_exports"] = write_plan_exports(
         winner.plan, [b.name for b in profile.blocks], batch_size=problem.batch, plan_file=args.out)
@@ -284,15 +327,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        _print_report(args, result, report, problem)
+        _print_report(args, result, report, problem, ranking)
     return 0
 
 
 def _print_report(args: argparse.Namespace, result: SearchResult, report: dict[str, Any],
-                  problem: AutoProblem) -> None:
+                  problem: AutoProblem, ranking: TimeToLossRanking | None = None) -> None:
     """The table, the measured runs, and where the plan and its exports went."""
     winner, profile = result.winner, problem.profile
-    print(format_table(result, args.top))
+    print(format_table(result, args.top, ranking))
     if "measured" in report:
         print(format_measured(report))
     if "why" in report:
@@ -366,9 +409,28 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
     }
 
 
-def report_json(result: SearchResult, top: int) -> dict[str, Any]:
+def time_to_loss_json(row: TimeToLoss | None) -> dict[str, Any]:
+    """A table row's time-to-loss fields (empty when the table is ranked by samples/s)."""
+    if row is None:
+        return {}
+    return {"loss_per_sample": row.slope, "loss_per_sample_vs_1f1b": row.relative_slope,
+            "piloted": row.piloted, "predicted_samples_to_target": row.samples,
+            "predicted_seconds_to_target": row.seconds}
+
+
+def _rows_of(ranking: TimeToLossRanking | None) -> dict[int, TimeToLoss]:
+    return {} if ranking is None else {id(r.prediction): r for r in ranking.rows}
+
+
+def report_json(result: SearchResult, top: int,
+                ranking: TimeToLossRanking | None = None) -> dict[str, Any]:
     problem = result.problem
+    rows = _rows_of(ranking)
     return {
+        "ranked_by": "time to loss" if ranking is not None else "samples per second",
+        "time_to_loss": None if ranking is None else {
+            "target_loss": ranking.target, "start_loss": ranking.start,
+            "loss_per_sample_1f1b": ranking.baseline_slope, "pilot_steps": ranking.steps},
         "model": problem.profile.model, "ranks": problem.ranks, "batch_size": problem.batch,
         "memory_limit": problem.memory_limit, "semantics": problem.semantics,
         "winner": prediction_json(result.winner),
@@ -379,7 +441,8 @@ def report_json(result: SearchResult, top: int) -> dict[str, Any]:
         "unexamined": result.unexamined, "over_budget": result.over_budget,
         "over_memory_limit": len(result.over_limit), "search_seconds": result.seconds,
         "invalid_ties": result.refused_ties, "invalid_ties_reason": result.tie_reason,
-        "table": [prediction_json(p) for p in result.ranked[:top]],
+        "table": [{**prediction_json(p), **time_to_loss_json(rows.get(id(p)))}
+                  for p in result.ranked[:top]],
     }
 
 
@@ -404,17 +467,28 @@ def _shape(p: Prediction) -> str:
         f" {c.shard}" if c.shard != "none" else "")
 
 
-def format_table(result: SearchResult, top: int) -> str:
+def _time_cells(row: TimeToLoss | None) -> tuple[str, ...]:
+    """The time-to-loss columns: learning per sample against 1F1B's, seconds to the target."""
+    if row is None:
+        return ("", "")
+    seconds = "never" if row.seconds is None else f"{row.seconds:.2f}"
+    return (f"{row.relative_slope:.2f}" + ("" if row.piloted else "="), seconds)
+
+
+def format_table(result: SearchResult, top: int,
+                 ranking: TimeToLossRanking | None = None) -> str:
+    times = _rows_of(ranking)
+    extra = ("per sample x1F1B", "s to target") if ranking is not None else ()
     rows: list[tuple[str, ...]] = [("#", "schedule", "split (blocks per stage)", "M", "N", "dxw",
                                     "recomp", "apc", "samples/s", "peak MiB per rank", "bubble",
-                                    "training")]
+                                    "training", *extra)]
 
     def row(label: str, p: Prediction) -> tuple[str, ...]:
         c = p.candidate
         return (label, c.schedule, _split(p), str(c.microbatches), str(c.pipelines), _shape(p),
                 c.recompute_label(len(p.plan.stages)), "on" if c.apc else "off",
                 f"{p.samples_per_second:.1f}", _memory(p), f"{p.bubble_fraction:.3f}",
-                c.training())
+                c.training(), *(_time_cells(times.get(id(p))) if ranking is not None else ()))
 
     for index, p in enumerate(result.ranked[:top]):
         rows.append(row(str(index + 1), p))
@@ -438,7 +512,7 @@ def format_table(result: SearchResult, top: int) -> str:
               + (f", {result.over_budget} skipped as too long for the time left"
                  if result.over_budget else "") + f" in {result.seconds:.2f} s")
     winner, default = result.winner, result.default
-    lines = [head, *lines, counts]
+    lines = [head, *lines, counts, *_ranking_lines(result, ranking)]
     if default is not None:
         lines.append(f"winner {winner.samples_per_second / default.samples_per_second:.2f}x the "
                      f"default plan's predicted samples/s")
@@ -446,6 +520,18 @@ def format_table(result: SearchResult, top: int) -> str:
     if rule:
         lines.append(rule)
     return "\n".join(lines)
+
+
+def _ranking_lines(result: SearchResult, ranking: TimeToLossRanking | None) -> list[str]:
+    """What the table is ranked by, under --semantics any."""
+    if ranking is not None:
+        return [f"ranked by predicted time to loss {ranking.target:.4f} (from {ranking.start:.4f}"
+                f"): samples needed at each plan's loss per sample (pilots of {ranking.steps} "
+                f"steps in one process; '=' an exact plan, 1F1B's) / predicted samples/s"]
+    if result.problem.semantics == "any":
+        return ["ranked by predicted samples/s: ranking by time to loss pilots a built-in "
+                "model; give --model NAME"]
+    return []
 
 
 def learning_rule(p: Prediction, batch: int) -> str:

@@ -111,7 +111,18 @@ class Layout:
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """The stages (chunks) hosted by ``rank``, in stage order."""
-        return tuple(s for s, ranks in enumerate(self.stage_ranks) if rank in ranks)
+        by_rank = self._stages_by_rank
+        return by_rank[rank] if 0 <= rank < len(by_rank) else ()
+
+    @cached_property
+    def _stages_by_rank(self) -> tuple[tuple[int, ...], ...]:
+        """:meth:`stages_of` of every rank, in one pass (asked for every rank of 1,024-rank
+        layouts, rank by rank, by the memory model and the search's floors)."""
+        by_rank: list[list[int]] = [[] for _ in range(self.num_ranks)]
+        for stage, ranks in enumerate(self.stage_ranks):
+            for rank in ranks:
+                by_rank[rank].append(stage)
+        return tuple(map(tuple, by_rank))
 
     def to_json(self) -> list[list[int]]:
         return [list(ranks) for ranks in self.stage_ranks]

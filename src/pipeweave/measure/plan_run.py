@@ -26,7 +26,7 @@ from ..runtime import BuiltinModel, Job, OptimizerFactory, Plan, launch_local
 from ..runtime.observation.summary import summarize
 from ..schedules import get_info
 
-__all__ = ["Measured", "measure_plan", "measure_prediction", "check_steps"]
+__all__ = ["Measured", "plan_job", "measure_plan", "measure_prediction", "check_steps"]
 
 
 @contextmanager
@@ -68,6 +68,20 @@ def check_steps(steps: int) -> None:
                          f"and the time is a gap between two later ones; use --steps 3 or more")
 
 
+def plan_job(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bool = False,
+             optimizer: str = "adam", lr: float = 1e-3, seed: int = 0, timeout_s: float = 120.0,
+             overrides: Mapping[str, Any] | None = None) -> Job:
+    """The job ``pipeweave train --plan`` runs for ``plan``: the built-in ``model`` and its
+    dataset at ``batch_size`` samples (seed ``seed``), ``optimizer`` at ``lr`` (or the
+    schedule's own optimizer where it names one)."""
+    builtin = BuiltinModel(model, seed=seed, overrides=dict(overrides or {}))
+    default = get_info(plan.schedule).default_optimizer
+    name, kwargs = (default[0], dict(default[1])) if default is not None else (optimizer, {})
+    return Job(plan=plan, steps=steps, model=builtin, data=builtin.data(batch_size, seed=seed),
+               optimizer=OptimizerFactory(name, {"lr": lr, **kwargs}), seed=seed,
+               timeout_s=timeout_s, progress=False, apc=apc)
+
+
 def measure_plan(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bool = False,
                  optimizer: str = "adam", seed: int = 0, timeout_s: float = 120.0,
                  overrides: Mapping[str, Any] | None = None, memory: bool = True) -> Measured:
@@ -75,12 +89,8 @@ def measure_plan(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bo
     samples and measure it (``memory`` False: time only, no second run;
     ``peak_memory_bytes`` is then empty)."""
     check_steps(steps)
-    builtin = BuiltinModel(model, seed=seed, overrides=dict(overrides or {}))
-    default = get_info(plan.schedule).default_optimizer
-    name, kwargs = (default[0], dict(default[1])) if default is not None else (optimizer, {})
-    job = Job(plan=plan, steps=steps, model=builtin, data=builtin.data(batch_size, seed=seed),
-              optimizer=OptimizerFactory(name, {"lr": 1e-3, **kwargs}), seed=seed,
-              timeout_s=timeout_s, progress=False, apc=apc)
+    job = plan_job(plan, model=model, batch_size=batch_size, steps=steps, apc=apc,
+                   optimizer=optimizer, seed=seed, timeout_s=timeout_s, overrides=overrides)
     with _stdout_to_stderr():
         results = launch_local(job, deadline_s=timeout_s * 4)
         tracked = launch_local(replace(job, steps=min(steps, 4), track_allocations=True),

@@ -8,7 +8,8 @@ bytes (``avgpipe.simulated``).
 
 * :mod:`.optimizers`: optimizer state per parameter, per ``torch.optim`` optimizer;
 * :mod:`.versions`: weight versions and copies, from the schedule's version tags;
-* :mod:`.held`: activations in flight, from the schedule;
+* :mod:`.held`: activations in flight, from the schedule (:mod:`.held_counts`: counted once
+  per schedule, weighed per partition);
 * :mod:`.timeline`: the moment of a rank's peak (gradients, activations, recomputation,
   split backwards, messages in flight, workspace);
 * :mod:`.model`: the parts put together per rank (``N`` pipelines, AvgPipe's reference model).

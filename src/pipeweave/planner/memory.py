@@ -127,7 +127,8 @@ def stage_weights(profile: Profile, plan: Plan) -> list[StageWeights]:
     """Per stage: the parameter bytes it holds (ties once), all trainable, and its largest
     block's."""
     return [StageWeights(parameters=w, trainable=w,
-                         largest_block=max(b.parameter_bytes for b in profile.blocks[a:e]))
+                         largest_block=max((b.parameter_bytes for b in profile.blocks[a:e]),
+                                           default=0.0))
             for w, (a, e) in zip((profile.stage_parameter_bytes(a, e) for a, e in plan.stages),
                                  plan.stages)]
 

@@ -37,6 +37,7 @@ from typing import NamedTuple
 from ..ir import CHECK_OPS, Action, Op, Schedule, ScheduleError, render_grid, walk
 from ..ir.walk import DelayFn, DurationFn, Location, Walk, index_actions
 from . import metrics
+from .compiled import compiled_for
 from .costs import Costs, StageCosts
 from .critical_path import critical_path, master_stage
 from .shared_cores import walk_shared_cores
@@ -207,6 +208,10 @@ def _walk(schedule: Schedule, table: StageCosts, index: dict[Action, Location]) 
     cores = table.shared_cores
     if cores is not None and cores < schedule.num_ranks:
         timing = walk_shared_cores(schedule, duration, delay, index, cores=cores)
+    elif (compiled := compiled_for(schedule, index)) is not None:
+        start, end = compiled.times(table)  # the same walk, vectorised (sim/compiled.py)
+        return Walk(start=compiled.rows(start), end=compiled.rows(end),
+                    binding=[[None] * n for n in compiled.lengths], stuck=[])
     else:
         timing = walk(schedule, duration, delay, index=index)
     if timing.deadlocked:

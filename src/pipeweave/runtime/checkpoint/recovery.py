@@ -41,7 +41,11 @@ controller's state in the manifest (``advance``), which a resumed run restores
 **Keyed by block.** Parameters and optimizer state are stored under ``"<block>.<name>"``
 (the names :class:`~pipeweave.runtime.execution.parts.RankResult` uses), written by the first replica
 of each stage. A resumed run finds each of its blocks wherever it was, so the stage count,
-split, chunks and replicas may all change between checkpoint and resume.
+split, chunks and replicas may all change between checkpoint and resume. The tensors are
+always whole: a stage sharded over ``dp`` (FSDP2) or split over ``tp`` gathers them at the
+checkpoint (all its ranks and processes, a collective) and its first process writes them; a
+resumed sharded or split stage cuts its own part out (:func:`..communication.sharded.laid_out_like`),
+so the mesh may change too (docs/sharding.md, "Checkpoints").
 
 **No copy on the critical path.** At the checkpoint the rank only records references to its
 tensors and hands them to a writer thread. The writer first copies them (a staging copy in
@@ -88,10 +92,11 @@ class RankRecovery:
 
     def __init__(self, *, job: Job, schedule: Schedule, rank: int, parts: RankParts,
                  device: torch.device, session: Session | None, apply_rng: bool = True,
-                 stored: StoredCheckpoint | None = None) -> None:
+                 stored: StoredCheckpoint | None = None, writes: bool = True) -> None:
         """The checks on ``job`` and the checkpoint were made once by
         :func:`~pipeweave.runtime.launch.prepare.prepare`; ``stored``: the checkpoint
-        ``session`` resumes, if already open."""
+        ``session`` resumes, if already open; ``writes`` False: a tensor-parallel process
+        other than its group's first (it gathers, the first writes)."""
         self.job = job
         self.steps_done = 0
         """Steps already done when this run starts (the checkpoint's step)."""
@@ -119,7 +124,7 @@ class RankRecovery:
             assert session is not None, "writing checkpoints needs the run's session"
             self.writer = CheckpointWriter(job=job, schedule=schedule, rank=rank, parts=parts,
                                            device=device, session=session, cuts=cuts,
-                                           steps_done=self.steps_done)
+                                           steps_done=self.steps_done, writes=writes)
 
     @property
     def hooks(self) -> dict[int, Callable[[], None]]:

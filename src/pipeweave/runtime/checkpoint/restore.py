@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -19,9 +19,13 @@ from ...ir import Action, Op, Schedule
 from ...schedules import get_info
 from ...models.naming import global_name, global_names
 from .resume import optimizer_hyper
+from ..communication.sharded import laid_out_like
 from .store import CheckpointError, StoredCheckpoint
 from ..job import Job
 from ..execution.parts import RankParts
+
+if TYPE_CHECKING:
+    from ..execution.two_step import TwoStep
 
 __all__ = ["ResumePoint", "restore_rank", "rekey_losses"]
 
@@ -93,16 +97,18 @@ def _restore_pipelines(shards: _Shards, done: Sequence[Action], pipelines: int,
             # a copy of a tied parameter is restored from its first use's stored weight
             names = {param: parts.tied_to.get(name, name) for name, param in
                      global_names(stage.module.named_parameters(), stage.block_range[0])}
-            with torch.no_grad():
+            layouts = stage.sharding.layouts if stage.sharding is not None else {}
+            with torch.no_grad():  # whole tensors, cut to this rank's part when sharded
                 for param, name in names.items():
-                    param.copy_(shards.holding(name, index)["parameters"][name])
+                    param.copy_(_laid_out(param, shards.holding(name, index)["parameters"][name],
+                                          layouts))
             optimizer = pipeline.optimizers[stage_id]
             state = optimizer.state_dict()
             params = [p for group in optimizer.param_groups for p in group["params"]]
             for position, param in enumerate(params):
                 saved = shards.holding(names[param], index)["optimizer"].get(names[param])
                 if saved:
-                    state["state"][position] = {k: v.clone() if isinstance(v, Tensor) else v
+                    state["state"][position] = {k: _state_value(param, v, layouts)
                                                 for k, v in saved.items()}
             optimizer.load_state_dict(state)
             weights = pipeline.weights[stage_id]
@@ -110,6 +116,28 @@ def _restore_pipelines(shards: _Shards, done: Sequence[Action], pipelines: int,
                 1 for a in done if a.op is Op.STEP and a.stage == stage_id and a.pipeline == index)
             if weights.directions is not None:  # PipeOptim, SpecTrain: predict from the state
                 weights.directions.resume(weights.live_version)
+
+
+def _state_value(param: Tensor, saved: Any, layouts: Mapping[int, "TwoStep"]) -> Any:
+    """A saved optimizer state value for ``param``: a copy, laid out as ``param`` (sharded
+    over ``dp`` or split over ``tp``) when it has the parameter's shape (Adam's moments,
+    momentum); a step counter stays as saved."""
+    if not isinstance(saved, Tensor):
+        return saved
+    if saved.shape == param.shape:
+        return _laid_out(param, saved.clone(), layouts)
+    return saved.clone()
+
+
+def _laid_out(param: Tensor, whole: Tensor, layouts: Mapping[int, "TwoStep"]) -> Tensor:
+    """``whole`` as ``param``'s part: in two steps on a stage sharded over ``dp`` on top of
+    ``tp`` (:mod:`..execution.two_step`), else as :func:`laid_out_like`."""
+    layout = layouts.get(id(param))
+    if layout is None:
+        return laid_out_like(param, whole)
+    from ..execution.two_step import two_step_part  # FSDP2 only where sharded
+
+    return two_step_part(param, whole, layout)
 
 
 def _restore_references(shards: _Shards, schedule: Schedule, parts: RankParts) -> None:

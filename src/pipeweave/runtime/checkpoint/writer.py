@@ -4,6 +4,9 @@ At a checkpoint the rank only records references to its tensors (:meth:`Checkpoi
 and hands them to a thread that first makes a staging copy and then serialises, hashes and
 ``fsync``s it (:func:`~.store.write_shard`, :func:`~.store.finalize`). A fence right before the
 rank's next optimizer step waits until the staging copy is done (see :mod:`.recovery`).
+A stage sharded over ``dp`` or split over ``tp`` gathers its whole tensors on the training
+thread instead (a collective of its ranks, :func:`_whole`): they are new tensors, which the
+live ones' next update does not change.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -22,11 +25,16 @@ from torch import Tensor
 from ...ir import Op, Schedule
 from ...models.naming import global_name, global_names
 from .boundaries import combine_hooks
+from ..communication.sharded import full_value
 from .export import model_record
 from .resume import Session, optimizer_hyper
 from .store import FORMAT, finalize, step_folder, write_shard
 from ..job import Job
 from ..execution.parts import RankParts
+from ..execution.stage import StageRuntime
+
+if TYPE_CHECKING:
+    from ..execution.two_step import TwoStep
 
 __all__ = ["CheckpointWriter", "MAX_PENDING_WRITES"]
 
@@ -53,8 +61,11 @@ class CheckpointWriter:
 
     def __init__(self, *, job: Job, schedule: Schedule, rank: int, parts: RankParts,
                  device: torch.device, session: Session, cuts: Mapping[int, int],
-                 steps_done: int) -> None:
-        """``cuts``: the rank's iteration boundaries; ``steps_done``: where the run starts."""
+                 steps_done: int, writes: bool = True) -> None:
+        """``cuts``: the rank's iteration boundaries; ``steps_done``: where the run starts;
+        ``writes`` False: a process of a tensor-parallel group other than its first, which
+        takes part in the gathers of split tensors but writes nothing (the first writes the
+        pipeline rank's shard)."""
         assert job.checkpoint is not None and job.checkpoint.directory is not None
         self.job = job
         self.directory = job.checkpoint.directory
@@ -63,6 +74,7 @@ class CheckpointWriter:
         self.parts = parts
         self.device = device
         self.session = session
+        self.writes = writes
         self.stream: dict[str, Any] | None = None
         """The data stream's description (without its position), recorded in the manifest."""
         self.stall_s = 0.0
@@ -121,6 +133,9 @@ class CheckpointWriter:
             self._futures[0].result()
             self._raise_failed()
         payload, record = self._capture(steps_done)
+        if not self.writes:  # the group's first process writes what all gathered
+            self.stall_s += time.perf_counter() - began
+            return
         if advance is not None:
             record["common"]["advance"] = advance
         folder = step_folder(self.directory, steps_done, self.session.run_id)
@@ -186,11 +201,14 @@ class CheckpointWriter:
                 assert not weights.snapshots and not weights.predicted, "no version at a boundary"
             averager = self.parts.averagers.get(stage_id)
             assert averager is None or averager.between_iterations, "averaging at a boundary"
-            if layout.stage_ranks[stage_id][0] != self.rank:
-                continue  # another replica writes this stage
-            blocks.update(range(*stage.block_range))
+            first = layout.stage_ranks[stage_id][0] == self.rank
+            if not first and stage.sharding is None:
+                continue  # another replica writes this stage (a sharded one: all gather)
+            if first:
+                blocks.update(range(*stage.block_range))
             for index, pipeline in enumerate(pipelines):
                 module = pipeline.stages[stage_id].module
+                layouts = _layouts(pipeline.stages[stage_id])
                 optimizer = pipeline.optimizers[stage_id]
                 for name, param in global_names(module.named_parameters(),
                                                 stage.block_range[0]):
@@ -198,11 +216,12 @@ class CheckpointWriter:
                         copies[index][name] = _digest(param)
                     if name in self.parts.tied_to:
                         continue  # a copy of a tied parameter: stored once, by its first use
-                    parameters[index][name] = param.detach()
-                    state = optimizer.state.get(param)
-                    if state:
-                        optimizer_state[index][name] = {
-                            k: v.detach() if isinstance(v, Tensor) else v for k, v in state.items()}
+                    whole, state = _whole(param, optimizer.state.get(param),
+                                          layouts.get(id(param)))
+                    if first:
+                        parameters[index][name] = whole
+                        if state:
+                            optimizer_state[index][name] = state
             if averager is not None:  # replaced, never changed in place: no copy needed either
                 for local, tensor in averager.reference_parameters().items():
                     reference[global_name(local, stage.block_range[0])] = tensor.detach()
@@ -260,6 +279,31 @@ class CheckpointWriter:
             self._raise_failed()
         else:
             self._futures = []
+
+
+def _layouts(stage: StageRuntime) -> Mapping[int, TwoStep]:
+    """The two-step layouts of a stage sharded over ``dp`` on top of ``tp`` (else none)."""
+    return stage.sharding.layouts if stage.sharding is not None else {}
+
+
+def _whole(param: Tensor, state: Mapping[str, Any] | None, layout: TwoStep | None = None
+           ) -> tuple[Tensor, dict[str, Any] | None]:
+    """A parameter and its optimizer state as whole tensors, so the checkpoint is the one an
+    unsharded run writes and loads into any mesh: references to plain tensors (the writer
+    copies them later), new gathered ones for a stage sharded over ``dp`` (FSDP2) or split
+    over ``tp`` (a collective every process of the group calls in the same order: parameters
+    in ``named_parameters`` order, each with its state in the optimizer's key order);
+    ``layout``: both at once (:mod:`..execution.two_step`)."""
+    def whole(tensor: Tensor) -> Tensor:
+        tensor = tensor.detach()
+        if layout is not None and tensor.shape == param.shape:
+            from ..execution.two_step import two_step_whole  # FSDP2 only where sharded
+
+            return two_step_whole(tensor, layout)
+        return full_value(tensor)
+    saved = None if not state else {
+        k: whole(v) if isinstance(v, Tensor) else v for k, v in state.items()}
+    return whole(param), saved
 
 
 def _digest(param: Tensor) -> str:

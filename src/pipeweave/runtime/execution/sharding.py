@@ -31,9 +31,9 @@ zero-bubble schedules.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch.distributed as dist
@@ -43,6 +43,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ...ir import Action, Op
 from ...split_backward import PendingWeights, weight_gradient
+from .two_step import TwoStep, two_step_layouts
 
 __all__ = ["StageSharding", "shard_stage", "last_backwards"]
 
@@ -55,6 +56,9 @@ class StageSharding:
     last: frozenset[tuple[int, int]]
     """``(micro-batch, pipeline)`` of every backward (``B``, or ``W`` of a split one) that is
     the stage's last before an update."""
+    layouts: Mapping[int, TwoStep] = field(default_factory=dict)
+    """With tensor parallelism: ``id(parameter) ->`` its two-step layout (:mod:`.two_step`),
+    how a checkpoint gathers and cuts its tensors; empty without."""
     mode: str = "full"
     """``full`` or ``grad-op`` (:func:`shard_stage`)."""
 
@@ -153,6 +157,7 @@ def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, devic
     if device_type == "cuda" and dist.get_backend(group) != "nccl":
         raise ValueError(f"--shard {mode} on CUDA needs NCCL, but ranks share GPUs over "
                          f"{dist.get_backend(group)}; give every rank its own GPU, or --shard none")
+    split = mesh is not None  # the stage is tensor-parallel: 2-D (dp, tp) parameters
     if mesh is None:
         mesh = DeviceMesh.from_group(group, device_type=device_type)
     reshard = mode == "full"
@@ -164,4 +169,6 @@ def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, devic
         if isinstance(part, FSDPModule):
             part.set_gradient_divide_factor(1.0)  # a sum, as the all-reduce it replaces
             part.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
-    return StageSharding(root=root, last=last_backwards(program, stage), mode=mode)
+    layouts = two_step_layouts(module, mesh) if split else {}
+    return StageSharding(root=root, last=last_backwards(program, stage), layouts=layouts,
+                         mode=mode)

@@ -196,7 +196,8 @@ def assemble_rank(prepared: PreparedJob, rank: int, *, device: torch.device,
     parts = build_rank(job, rank, prepared.schedule, device, spec=spec, group_of=group_of,
                        mesh=mesh)
     recovery = RankRecovery(job=job, schedule=prepared.schedule, rank=rank, parts=parts,
-                            device=device, session=session, apply_rng=apply_rng)
+                            device=device, session=session, apply_rng=apply_rng,
+                            writes=mesh is None or mesh.tp_index == 0)
     window = data_window(prepared.schedule.programs[rank], microbatches=job.plan.microbatches,
                          pipelines=job.plan.pipelines)
     data = MicrobatchSource(recovery.positioned(job.data()), microbatches=job.plan.microbatches,

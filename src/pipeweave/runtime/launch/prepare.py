@@ -109,8 +109,6 @@ def _check_sharded(job: Job, *, tied: bool, flag: str) -> None:
     slices). ``flag``: the option refused."""
     none = "--shard none" if flag.startswith("--shard") else "tp=1"
     refusals = [
-        (job.checkpoint is not None, "with checkpoints (--checkpoint-every/--resume): split or sharded "
-         "state is not saved or resumed yet; drop the checkpoint options or use " + none),
         (job.clip_grad_norm is not None, "with --clip-grad-norm: the global norm over split or sharded "
          "gradients is not summed yet; drop --clip-grad-norm or use " + none),
         (tied, "with tied parameters (the model's tied groups): a weight held by two blocks "

@@ -1,0 +1,96 @@
+"""The compiled walk (sim/compiled.py) times every action exactly as the Python walk does, for
+every registered schedule (compute-only and lowered, with Slicer halves, all-reduces, uneven
+costs and transfers, several iterations), and the simulator uses it from a schedule's second
+timing on with the same results."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipeweave.ir import lower
+from pipeweave.ir.walk import index_actions
+from pipeweave.ir.walk import walk
+from pipeweave.planner import Plan
+from pipeweave.schedules import available_schedules, build_schedule
+from pipeweave.sim import Costs, simulate, simulate_path, simulate_timing
+from pipeweave.sim import compiled as compiled_module
+from pipeweave.sim.compiled import compile_schedule
+from pipeweave.sim.simulator import _delay_fn, _duration_fn
+
+NAMES = [info.name for info in available_schedules()]
+
+
+def _costs(stages: int, seed: int, latency: float = 0.01) -> Costs:
+    rng = random.Random(seed)
+    return Costs(forward=[rng.uniform(0.5, 2) for _ in range(stages)],
+                 backward=[rng.uniform(1, 4) for _ in range(stages)],
+                 weight_grad=[rng.uniform(0.2, 0.9) for _ in range(stages)],
+                 comm=[rng.uniform(0, 0.5) for _ in range(stages - 1)], latency=latency,
+                 update=[rng.uniform(0, 1) for _ in range(stages)],
+                 all_reduce=[rng.uniform(0, 2) for _ in range(stages)])
+
+
+def _schedules(name: str):  # type: ignore[no-untyped-def]
+    info = next(i for i in available_schedules() if i.name == name)
+    chunks = info.default_chunks
+    iterations = 1 if info.synchronous else 3
+    for depth, microbatches, width in ((2, 4, 1), (4, 8, 1), (4, 8, 2), (8, 16, 1)):
+        plan = Plan.uniform(depth * chunks * 2, depth, chunks=chunks, schedule=name,
+                            microbatches=microbatches, width=width)
+        try:
+            schedule = build_schedule(name, plan.shape(iterations))
+        except ValueError:
+            continue  # the schedule does not take this shape
+        yield depth * chunks, schedule
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compiled_times_equal_the_walk(name: str) -> None:
+    checked = 0
+    for stages, schedule in _schedules(name):
+        for shown in (schedule, lower(schedule)):
+            index = index_actions(shown)
+            compiled = compile_schedule(shown, index, min_width=0)
+            assert compiled is not None
+            for seed, latency in ((0, 0.01), (1, 0.0)):
+                costs = _costs(stages, seed, latency)
+                table = costs.resolve(stages)
+                plain = walk(shown, _duration_fn(table), _delay_fn(table), index=index)
+                start, end = compiled.times(table)
+                assert compiled.rows(start) == plain.start, name
+                assert compiled.rows(end) == plain.end, name
+                checked += 1
+    assert checked >= 4, name
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h2", "interleaved-1f1b", "sliced-1f1b", "zbv"])
+def test_the_simulator_uses_it_from_the_second_timing(name: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiled_module, "MIN_WIDTH", 0)  # compile even these small ones
+    stages, schedule = list(_schedules(name))[-1]
+    costs = _costs(stages, 3)
+    first = simulate_timing(schedule, costs)
+    assert compiled_module.compiled_for(schedule, index_actions(schedule)) is not None
+    again = simulate_timing(schedule, costs)  # compiled now
+    assert again == first
+    full = simulate(schedule, costs)
+    assert (full.iteration_time, full.bubble_fraction) == (first.iteration_time,
+                                                           first.bubble_fraction)
+    assert simulate_path(schedule, costs) == simulate_path(schedule, costs)
+    assert simulate_path(schedule, costs).iteration_time == full.iteration_time
+    assert simulate_path(schedule, costs).master_stage == full.master_stage
+
+
+def test_a_deadlock_is_left_to_the_walk() -> None:
+    stages, schedule = list(_schedules("1f1b"))[-1]
+    swapped = [list(p) for p in schedule.programs]
+    swapped[0].reverse()  # rank 0 waits for a backward before its first forward
+    broken = type(schedule)(**{**schedule.__dict__, "programs": tuple(map(tuple, swapped))})
+    assert compile_schedule(broken, index_actions(broken), min_width=0) is None
+
+
+def test_narrow_schedules_are_walked() -> None:
+    _, schedule = list(_schedules("1f1b"))[0]  # 2 ranks: about 1 action per level
+    assert compile_schedule(schedule, index_actions(schedule)) is None

@@ -4,7 +4,8 @@ Run::
 
     cd /work/main && PYTHONPATH=src .venv/bin/python benchmarks/vs_torch_mesh.py
         [--meshes pp2 pp2-dp2 pp2-dp2-full pp2-dp2-grad-op pp2-tp2] [--case gpt]
-        [--steps 12] [--repeats 1] [--quiet-wait 0] [--json-out benchmarks/results/vs_torch_mesh.json]
+        [--steps 12] [--repeats 1] [--microbatches M] [--quiet-wait 0]
+        [--json-out benchmarks/results/vs_torch_mesh.json]
 
 The model, data, batch, micro-batch count M, SGD, seed, steps and timing are those of
 ``vs_torch_pipelining.py`` (its ``gpt`` case by default: the built-in GPT d128, 4 layers as
@@ -153,7 +154,8 @@ def mesh_row(case: Case, mesh: Mesh, runs: dict[str, list[Run]]) -> dict[str, An
     }
 
 
-def compare(case: Case, mesh: Mesh, steps: int, repeats: int, quiet_wait_s: float) -> dict[str, Any]:
+def compare(case: Case, mesh: Mesh, steps: int, repeats: int,
+            quiet_wait_s: float) -> dict[str, Any]:
     """Alternate the two sides ``repeats`` times (waiting for a quiet machine if asked)."""
     runs: dict[str, list[Run]] = {"pipeweave": [], "torch": []}
     for repeat in range(repeats):

@@ -45,7 +45,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -66,6 +66,7 @@ SCHEDULE = "1f1b"
 STEPS = 12            # iterations per run; the first is warm-up and is not timed
 REPEATS = 1           # runs per side and mesh; the table shows the median
 QUIET_BUSY = 0.25     # "idle": other processes use less than this share of the CPUs
+PORT_RETRIES = 2      # a run whose loopback port another process took is started again
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vs_torch_mesh.json"
 
 
@@ -154,6 +155,20 @@ def mesh_row(case: Case, mesh: Mesh, runs: dict[str, list[Run]]) -> dict[str, An
     }
 
 
+def _run_once(runner: Callable[[Case, Mesh, int], Run], case: Case, mesh: Mesh,
+              steps: int) -> Run:
+    """``runner``'s run, started again (up to ``PORT_RETRIES`` times) when another process
+    took the free loopback port between choosing it and listening on it (a shared machine)."""
+    for attempt in range(PORT_RETRIES + 1):
+        try:
+            return runner(case, mesh, steps)
+        except Exception as error:  # torch's spawn wraps the rank's error in its message
+            if "EADDRINUSE" not in str(error) or attempt == PORT_RETRIES:
+                raise
+            print(f"  {mesh.label}: the port was taken, starting again", flush=True)
+    raise AssertionError("unreachable")
+
+
 def compare(case: Case, mesh: Mesh, steps: int, repeats: int,
             quiet_wait_s: float) -> dict[str, Any]:
     """Alternate the two sides ``repeats`` times (waiting for a quiet machine if asked)."""
@@ -163,7 +178,8 @@ def compare(case: Case, mesh: Mesh, steps: int, repeats: int,
         for side in order:
             busy = wait_for_quiet(quiet_wait_s, QUIET_BUSY) if quiet_wait_s > 0 else 0.0
             with ForeignLoad() as load:
-                run = (run_pipeweave if side == "pipeweave" else run_torch)(case, mesh, steps)
+                run = _run_once(run_pipeweave if side == "pipeweave" else run_torch,
+                                case, mesh, steps)
             run.busy_before, run.foreign = busy, load.share
             runs[side].append(run)
     return mesh_row(case, mesh, runs)

@@ -213,7 +213,7 @@ def _hold(module: nn.Module, side: TorchSide, mesh: Any) -> None:
 
 
 def _build_stages(side: TorchSide,
-                  rank: int) -> tuple[list[Any], list[nn.Module], Any, int, tuple[int, ...]]:
+                  rank: int) -> tuple[list[Any], list[nn.Sequential], Any, int, tuple[int, ...]]:
     """The rank's PipelineStages, their modules, the model spec, its copy and the global
     indices of the stages it holds."""
     from torch.distributed.pipelining import PipelineStage

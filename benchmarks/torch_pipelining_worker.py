@@ -20,6 +20,20 @@ and the schedule gets the list of the rank's stages. ``step()`` gets the batch o
 holding stage 0 and the targets (and a list for the losses) on the rank holding the last
 stage; with the V that is rank 0 for both.
 
+**Meshes** (``vs_torch_mesh.py``): with ``dp > 1`` or ``tp > 1`` the processes form
+``init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))`` (process
+``(p*dp + k)*tp + t`` at ``(p, k, t)``). Each stage's module is split over ``tp`` with
+pipeweave's own parallelize plan (``parallelize_stage``: torch's ``parallelize_module`` with
+the column/row styles docs/sharding.md lists), then held over ``dp`` as torchtitan holds it:
+``shard="full"`` / ``"grad-op"`` wrap every block with parameters, then the stage, with
+``fully_shard`` (``reshard_after_forward`` True / False); ``"none"`` wraps the stage with
+``replicate`` (``torch.distributed._composable.replicate_with_fsdp``, FSDP2's replicated
+twin, which ``PipelineStage`` knows). ``PipelineStage`` talks over the ``pp`` sub-mesh's group.
+Copy ``k`` trains micro-batches ``k, k+dp, ...`` of every batch (:func:`copy_rows`), as
+pipeweave's width deals them, so the global batch, the micro-batch size and the gradient (the
+mean over the batch: torch scales by its ``M/dp`` micro-batches, FSDP2 averages over ``dp``)
+are pipeweave's.
+
 :func:`launch` starts one process per rank the way pipeweave's ``launch_local`` does:
 ``forkserver`` processes that meet on a free loopback port over gloo, results returned as
 pickles, startup outside the timed window.
@@ -43,7 +57,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-__all__ = ["TorchSide", "TorchRankResult", "TORCH_SCHEDULES", "PLACEMENTS", "launch"]
+__all__ = ["TorchSide", "TorchRankResult", "TORCH_SCHEDULES", "PLACEMENTS", "SHARDS", "launch",
+           "copy_rows"]
 
 TORCH_SCHEDULES = {
     "gpipe": "ScheduleGPipe",
@@ -58,6 +73,9 @@ rank starts, so a class this torch lacks fails that run with a clear error, not 
 
 PLACEMENTS = ("loop", "v")
 """How a rank's chunks sit (module docstring); ``"loop"`` with one chunk is a straight pipeline."""
+
+SHARDS = ("none", "full", "grad-op")
+"""How a stage is held over ``dp`` (module docstring), as pipeweave's ``--shard``."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +100,22 @@ class TorchSide:
     """Stages per rank: 1 for GPipe/1F1B, 2 for the interleaved and V schedules."""
     placement: str = "loop"
     """Where a rank's chunks sit (module docstring): ``"loop"`` or ``"v"`` (two chunks)."""
+    dp: int = 1
+    """Data-parallel copies of the pipeline (the mesh's ``dp``)."""
+    shard: str = "none"
+    """With ``dp > 1``: ``"none"`` (replicate), ``"full"`` or ``"grad-op"`` (fully_shard)."""
+    tp: int = 1
+    """Tensor-parallel processes per pipeline rank (the mesh's ``tp``)."""
 
     def __post_init__(self) -> None:
+        if self.shard not in SHARDS:
+            raise ValueError(f"shard {self.shard!r}: use one of {list(SHARDS)}")
+        if self.dp < 1 or self.tp < 1 or self.microbatches % self.dp:
+            raise ValueError(f"dp={self.dp}, tp={self.tp}, microbatches={self.microbatches}: "
+                             f"dp and tp >= 1 and dp must divide the micro-batches")
+        if self.shard != "none" and self.dp == 1:
+            raise ValueError(f"shard {self.shard!r} with dp=1 has nothing to shard over; "
+                             f"give dp >= 2 or shard 'none'")
         if self.schedule not in TORCH_SCHEDULES:
             raise ValueError(f"torch side runs schedules {sorted(TORCH_SCHEDULES)}, "
                              f"not {self.schedule!r}")
@@ -97,7 +129,12 @@ class TorchSide:
 
     @property
     def ranks(self) -> int:
+        """Pipeline ranks of one copy (the mesh's ``pp``)."""
         return len(self.stages) // self.chunks
+
+    @property
+    def processes(self) -> int:
+        return self.ranks * self.dp * self.tp
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """Global indices of the stages ``rank`` holds, in stage order."""
@@ -129,13 +166,78 @@ def _schedule_class(name: str) -> type:
     return found
 
 
+def copy_rows(tensor: torch.Tensor, microbatches: int, dp: int, copy: int) -> torch.Tensor:
+    """The rows of ``tensor`` (a whole batch) that copy ``copy`` of ``dp`` trains: micro-batches
+    ``copy, copy + dp, ...`` of ``microbatches`` row blocks, in that order (pipeweave's width
+    deals a batch's micro-batches to its copies so)."""
+    if dp == 1:
+        return tensor
+    blocks = torch.tensor_split(tensor, microbatches)
+    return torch.cat(blocks[copy::dp])
+
+
+def _coordinates(side: TorchSide, rank: int) -> tuple[int, int, Any]:
+    """``rank``'s pipeline rank, its copy and the ``(pp, dp, tp)`` mesh (None: no mesh)."""
+    if side.dp * side.tp == 1:
+        return rank, 0, None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (side.ranks, side.dp, side.tp),
+                            mesh_dim_names=("pp", "dp", "tp"))
+    pipeline = rank // side.tp
+    return pipeline // side.dp, pipeline % side.dp, mesh
+
+
+def _hold(module: nn.Module, side: TorchSide, mesh: Any) -> None:
+    """Split ``module`` over ``tp`` and hold it over ``dp`` (module docstring), in place."""
+    if mesh is None:
+        return
+    if side.tp > 1:
+        from pipeweave.runtime.execution.tensor_parallel import parallelize_stage
+
+        parallelize_stage(module, mesh["tp"])
+    if side.dp == 1:
+        return
+    if side.shard == "none":
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        replicate(module, mesh=mesh["dp"])
+        return
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = side.shard == "full"
+    for block in module.children():
+        if any(True for _ in block.parameters()):
+            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard)
+    fully_shard(module, mesh=mesh["dp"], reshard_after_forward=reshard)
+
+
+def _build_stages(side: TorchSide,
+                  rank: int) -> tuple[list[Any], list[nn.Sequential], Any, int, tuple[int, ...]]:
+    """The rank's PipelineStages, their modules, the model spec, its copy and the global
+    indices of the stages it holds."""
+    from torch.distributed.pipelining import PipelineStage
+
+    from pipeweave.models import build_model
+
+    pipeline, copy_index, mesh = _coordinates(side, rank)
+    spec = build_model(side.model, seed=side.seed, **side.overrides)
+    held = side.stages_of(pipeline)
+    modules = [nn.Sequential(*copy.deepcopy(list(spec.blocks[slice(*side.stages[s])])))
+               for s in held]
+    for module in modules:
+        _hold(module, side, mesh)
+    group = mesh["pp"].get_group() if mesh is not None else None
+    stages = [PipelineStage(module, s, len(side.stages), torch.device("cpu"), group=group)
+              for s, module in zip(held, modules)]
+    return stages, modules, spec, copy_index, held
+
+
 def run_rank(side: TorchSide, rank: int, world_size: int, init_method: str) -> TorchRankResult:
     """Train ``side.steps`` iterations as ``rank``; return its timings, losses and memory."""
-    from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
     from pipeweave.data import build_dataset
-    from pipeweave.models import build_model
 
     torch.set_num_threads(1)  # one core per rank, as pipeweave's threads_per_rank gives here
     torch.manual_seed(side.seed)
@@ -143,20 +245,15 @@ def run_rank(side: TorchSide, rank: int, world_size: int, init_method: str) -> T
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timeout)
     try:
-        spec = build_model(side.model, seed=side.seed, **side.overrides)
-        held = side.stages_of(rank)
-        modules = [nn.Sequential(*copy.deepcopy(list(spec.blocks[slice(*side.stages[s])])))
-                   for s in held]
-        stages = [PipelineStage(module, s, len(side.stages), torch.device("cpu"))
-                  for s, module in zip(held, modules)]
+        stages, modules, spec, copy_index, held = _build_stages(side, rank)
         schedule_class = _schedule_class(side.schedule)
         single = issubclass(schedule_class, PipelineScheduleSingle)
         if single and len(stages) != 1:
             raise ValueError(f"{schedule_class.__name__} runs one stage per rank, got "
                              f"chunks={side.chunks}")
         # loss_fn on every rank (only the last stage calls it; without it the others hang).
-        schedule = schedule_class(stages[0] if single else stages, side.microbatches,
-                                  loss_fn=spec.loss_fn)
+        schedule = schedule_class(stages[0] if single else stages,
+                                  side.microbatches // side.dp, loss_fn=spec.loss_fn)
         optimizer = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=side.lr)
         stream = iter(build_dataset(side.dataset, batch_size=side.batch_size,
                                     seq_len=side.seq_len, seed=side.seed))
@@ -167,7 +264,8 @@ def run_rank(side: TorchSide, rank: int, world_size: int, init_method: str) -> T
         result = TorchRankResult(rank=rank)
         has_first, has_last = 0 in held, len(side.stages) - 1 in held
         for _ in range(side.steps):
-            inputs, targets = next(stream)
+            inputs, targets = (copy_rows(t, side.microbatches, side.dp, copy_index)
+                               for t in next(stream))
             args = (inputs,) if has_first else ()
             if has_last:
                 losses: list[torch.Tensor] = []
@@ -198,7 +296,7 @@ def launch(side: TorchSide) -> list[TorchRankResult]:
     """One ``forkserver`` process per rank on a loopback port; one result per rank."""
     from pipeweave.host import free_port
 
-    world_size = side.ranks
+    world_size = side.processes
     mp.set_forkserver_preload(["torch", "pipeweave.runtime.launch.rank"])
     init_method = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="torch-pp-") as out_dir:

@@ -11,13 +11,31 @@ rank's memory added.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from ..ir import Op, Schedule
+from ..ir import Action, Op, Schedule
 
-__all__ = ["held_activations"]
+__all__ = ["held_activations", "held_changes"]
 
 _F, _B, _W = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_WEIGHT
+
+
+def held_changes(program: Sequence[Action]) -> Iterator[tuple[int, float]]:
+    """The changes of a rank's held activations, in program order: ``(stage, +share)`` at
+    each forward (a Slicer half 0.5), ``(stage, -share)`` where a ``B`` or ``W`` releases
+    what its forwards left (an ``I`` leaves it to its ``W``)."""
+    held: dict[tuple[object, ...], float] = {}  # (stage, micro-batch, pipeline) -> share
+    for action in program:
+        op = action[0]
+        if op is _F:
+            share = 0.5 if action[3] else 1.0
+            key = (action[1], action[2], action[6])
+            held[key] = held.get(key, 0.0) + share
+            yield action[1], share
+        elif op is _B or op is _W:
+            share = held.pop((action[1], action[2], action[6]), 0.0)
+            if share:
+                yield action[1], -share
 
 
 def held_activations(schedule: Schedule, sizes: Sequence[float]
@@ -30,24 +48,14 @@ def held_activations(schedule: Schedule, sizes: Sequence[float]
     """
     counts, volumes = [], []
     for program in schedule.programs:
-        held: dict[tuple[int, int | None, int], float] = {}  # (stage, mb, pipeline) -> share
         count = volume = peak_count = peak_volume = 0.0
-        for action in program:
-            op = action[0]
-            if op is _F:
-                share = 0.5 if action[3] else 1.0
-                key = (action[1], action[2], action[6])
-                held[key] = held.get(key, 0.0) + share
-                count += share
-                volume += share * sizes[action[1]]
-                if count > peak_count:
-                    peak_count = count
-                if volume > peak_volume:
-                    peak_volume = volume
-            elif op is _B or op is _W:  # an I leaves the activation to its W
-                share = held.pop((action[1], action[2], action[6]), 0.0)
-                count -= share
-                volume -= share * sizes[action[1]]
+        for stage, change in held_changes(program):
+            count += change
+            volume += change * sizes[stage]
+            if count > peak_count:
+                peak_count = count
+            if volume > peak_volume:
+                peak_volume = volume
         counts.append(peak_count)
         volumes.append(peak_volume)
     return counts, volumes

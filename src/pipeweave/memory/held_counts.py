@@ -20,13 +20,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..ir import Action, Op, Schedule
+from .held import held_changes
 
 __all__ = ["held_peak_bytes", "CACHE_SIZE"]
 
 CACHE_SIZE = 8
 """Schedules whose counts are remembered."""
 
-_F, _B, _W = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_WEIGHT
 _cache: OrderedDict[int, tuple[weakref.ref[Schedule], list[tuple[np.ndarray, np.ndarray]]]] = \
     OrderedDict()
 
@@ -58,23 +58,13 @@ def _counts(schedule: Schedule) -> list[tuple[np.ndarray, np.ndarray]]:
 def _rank_counts(program: Sequence[Action]) -> tuple[np.ndarray, np.ndarray]:
     """``(stages, counts)`` of one rank: its stages, and a row per forward of how many
     activations of each it holds right after that forward (:mod:`.held`'s rules)."""
-    stages = sorted({a.stage for a in program if a.op is _F})
+    stages = sorted({a.stage for a in program if a.op is Op.FORWARD})
     column = {s: i for i, s in enumerate(stages)}
-    held: dict[tuple[object, ...], float] = {}
     current = [0.0] * len(stages)
     rows: list[list[float]] = []
-    for action in program:
-        op = action[0]
-        if op is _F:
-            share = 0.5 if action[3] else 1.0
-            key = (action[1], action[2], action[6])
-            held[key] = held.get(key, 0.0) + share
-            current[column[action[1]]] += share
+    for stage, change in held_changes(program):
+        current[column[stage]] += change
+        if change > 0:  # only forwards add: the peak is right after one
             rows.append(current.copy())
-        elif op is _B or op is _W:
-            key = (action[1], action[2], action[6])
-            share = held.pop(key, 0.0)
-            if share:
-                current[column[action[1]]] -= share
     return np.asarray(stages, dtype=np.int64), np.asarray(rows, dtype=float).reshape(
         len(rows), len(stages))

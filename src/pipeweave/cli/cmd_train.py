@@ -371,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
     # Every check, once, before any rank starts (a checkpoint that does not fit stops us here;
     # under torchrun each process checks, and rank 0 verifies the shards' checksums).
     ready = prepare(job, spec=setup.spec, verify_checksums=reports)
+    train_avgpipe.warn_shared_devices(args, job.plan, under_torchrun=under_torchrun())
     opened = open_outputs(_writable(args, job), fresh=args.output_dir if fresh_folder else None
                           ) if reports else Opened()
     first_step = ready.first_step

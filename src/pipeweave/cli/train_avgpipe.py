@@ -43,8 +43,8 @@ from ..runtime.observation.summary import TrainSummary
 from ..schedules import available_schedules, get_info
 from ..schedules.avgpipe import parse_advance
 
-__all__ = ["add_arguments", "apply", "check_ranks", "parse_advance_flag", "fixed_advance",
-           "add_metrics", "summary_lines"]
+__all__ = ["add_arguments", "apply", "check_ranks", "warn_shared_devices", "parse_advance_flag",
+           "fixed_advance", "add_metrics", "summary_lines"]
 
 AVGPIPE_FLAGS = ("pipelines", "alpha", "average_order", "advance", "memory_limit")
 
@@ -141,7 +141,7 @@ def apply(args: argparse.Namespace, plan: Plan, spec: ModelSpec, optimizer: Opti
 
 def check_ranks(args: argparse.Namespace, plan: Plan, *, under_torchrun: bool) -> None:
     """The ranks given (``--ranks``, else torchrun's ``WORLD_SIZE``) against what ``plan``
-    needs, and the device (GPUs the ranks share are a warning); ValueError naming the fix."""
+    needs, and the device; ValueError naming the fix (warnings: :func:`warn_shared_devices`)."""
     needed = plan.processes  # tp processes per pipeline rank
     how = (f"--stages {plan.depth}" + (f" x --width {plan.width}" if plan.width > 1 else "")
            if plan.replicas is None else f"replicas {list(plan.replicas)}") + (
@@ -166,6 +166,11 @@ def check_ranks(args: argparse.Namespace, plan: Plan, *, under_torchrun: bool) -
                          f"{'s' if needed > 1 else ''} ({how}).{hint} Either {fix}, or change "
                          f"--stages/--width so that the plan needs {given}")
     devices.require_device(args.device)  # both executors: no GPU is one line naming the fix
+
+
+def warn_shared_devices(args: argparse.Namespace, plan: Plan, *, under_torchrun: bool) -> None:
+    """Once every check has passed: ranks that share a GPU or CPU cores (a warning each)."""
+    needed = plan.processes
     if args.device == "cuda" and (under_torchrun or args.executor == "processes"):
         local = int(os.environ.get("LOCAL_WORLD_SIZE", needed)) if under_torchrun else needed
         shared = devices.sharing_warning("cuda", local_ranks=local, gpus=devices.gpu_count())

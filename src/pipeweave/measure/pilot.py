@@ -53,9 +53,9 @@ def pilot_finalists(result: SearchResult, *, model: str, steps: int, top: int,
     """The first ``top`` ranked predictions, piloted (all but exact ones) against the default
     plan (1F1B), ranked by predicted seconds to ``target`` (None: 1F1B's loss after
     ``steps``)."""
-    if result.default is None or result.default.plan.schedule != "1f1b":
-        raise ValueError("ranking by time to loss needs the default 1F1B plan as the baseline, "
-                         "and this search has none; use --semantics exact or check --ranks")
+    if result.default is None or result.default.candidate.training() != "exact":
+        raise ValueError("ranking by time to loss needs the default plan (1F1B, exact) as the "
+                         "baseline, and this search has none; check --ranks and --schedules")
     batch = result.problem.batch
 
     def pilot(prediction: Prediction) -> PilotCurve:

@@ -4,7 +4,7 @@ Run on a machine with one GPU (``scripts/gpu_check.sh`` runs it after the ``cuda
 
     PYTHONPATH=src python benchmarks/gpu_check.py [--out benchmarks/results/gpu_check.json]
         [--config benchmarks/gpu/llama550m.json] [--deadline-s 300]
-        [--parts plain pipeweave counting profile schedules cli plain-again]
+        [--parts plain pipeweave counting profile stages schedules cli cli-local plain-again]
 
 1. **Overhead at one stage.** The 551 M-parameter Llama of ``benchmarks/gpu/llama550m.json``
    (sequence 1024, batch 16 in M = 4 micro-batches, bf16 autocast over float32 weights, fused
@@ -14,20 +14,26 @@ Run on a machine with one GPU (``scripts/gpu_check.sh`` runs it after the ``cuda
    * ``pipeweave``: ``run_local`` of the same model (``pipeweave.hf`` blocks, whole layers),
      one stage, as ``pipeweave train --device cuda`` runs it (the timeline on, activations not
      counted);
-   * ``pipeweave counting``: the same with ``--count-activations`` (a hook per saved tensor).
+   * ``pipeweave counting``: the same with ``--count-activations`` (a hook per saved tensor;
+     not in the default parts).
 
    Steps are timed the same way for all: a CUDA event after every optimizer step (torch's
    global post-step hook; no host-device synchronisation), the steady state from step 2 on.
    ``ratio_to_plain_loop`` is pipeweave's samples/s over the plain loop's; MFU counts
-   6 x parameters x tokens per step against ``--peak-flops``. Three steady-state steps of
-   ``pipeweave`` are profiled with ``torch.profiler``: the host-side operations that
-   synchronise (``aten::item``, ``aten::_local_scalar_dense``, ``cudaStreamSynchronize``,
-   ``cudaDeviceSynchronize``, ``cudaMemcpy``) are counted per step.
+   6 x parameters x tokens per step against ``--peak-flops``; it is read against the faster
+   of two plain-loop runs, one first and one last (``plain-again``), so running first does not
+   favour either side. The ``profile`` part (not in the default parts) profiles three
+   steady-state steps with ``torch.profiler`` and counts the host-side operations that
+   synchronise (``aten::item``, ``cudaStreamSynchronize``, ``cudaMemcpy``, ...) per step.
+1b. **The same model at P stages on one GPU** (``stages``): 1F1B at P = 2 and 4, GPipe,
+   interleaved 1F1B and ZB-H1 at P = 2, every stage on the one GPU; one device does all the
+   compute, so the ratio to one stage is what P stages cost in the runtime.
 2. **Every schedule on one GPU.** Each registered schedule trains GPT (d 512, 8 layers,
    sequence 256) on one GPU with ``run_local``, P = 2 stages (its default chunks), M = 8,
    batch 32, Adam: samples/s and its ratio to the same model at one stage (the compute every
    schedule must do; split backward and recomputation cost more, asynchronous ones no flush).
-3. ``pipeweave train`` as a user runs it (the CLI, one rank process), command to exit.
+3. ``pipeweave train`` as a user runs it (the CLI, one rank process, and ``--executor local``):
+   command to exit, and its steady steps from ``summary.json``'s step ends.
 
 Prints one table; writes the JSON (partial results are written as each part ends).
 """
@@ -35,11 +41,13 @@ Prints one table; writes the JSON (partial results are written as each part ends
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,9 +66,9 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
 SEQ, BATCH, M, STEPS, WARM = 1024, 16, 4, 12, 2
 SWEEP = {"d_model": 512, "n_layers": 8, "n_heads": 8, "d_ff": 2048, "seq_len": 256}
 SWEEP_BATCH, SWEEP_M, SWEEP_STEPS = 32, 8, 8
-PARTS = ("plain", "pipeweave", "counting", "profile", "schedules", "cli", "cli-local",
+PARTS = ("plain", "pipeweave", "counting", "profile", "stages", "schedules", "cli", "cli-local",
          "plain-again")
-DEFAULT_PARTS = PARTS[:-2]
+DEFAULT_PARTS = ("plain", "pipeweave", "stages", "schedules", "cli", "cli-local", "plain-again")
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize",
             "cudaDeviceSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 
@@ -170,6 +178,42 @@ def profiled(config_file: Path, out: Path) -> dict[str, Any]:
             / active / 1e3}
 
 
+# -- 1b. the large model at P stages on one GPU -------------------------------------------------
+STAGE_RUNS = (("1f1b", 2), ("1f1b", 4), ("gpipe", 2), ("interleaved-1f1b", 2), ("zb-h1", 2))
+STAGE_STEPS = 8
+
+
+def stages_run(config_file: Path, one_stage: float | None) -> list[dict[str, Any]]:
+    """The 551 M Llama split into P stages, every stage on the one GPU (``run_local``): one
+    device does all the compute, so the iteration should take what one stage takes; the ratio
+    to one stage is the runtime's cost of P stages (the bubble a schedule has on P devices is
+    not idle time here). Same settings as the one-stage run, fewer steps."""
+    rows: list[dict[str, Any]] = []
+    layers = json.loads(config_file.read_text())["num_hidden_layers"]
+    for schedule, stages in STAGE_RUNS:
+        row: dict[str, Any] = {"schedule": schedule, "stages": stages}
+        try:
+            own = schedule_defaults(schedule, stages, microbatches=M, chunks=None)
+            job = dataclasses.replace(
+                pipeweave_job(config_file, counting=False, steps=STAGE_STEPS),
+                plan=Plan.uniform(layers + 2, stages, chunks=own.chunks, schedule=schedule,
+                                  microbatches=M))
+            torch.cuda.reset_peak_memory_stats()
+            with StepClock() as clock:
+                run_local(job)
+            per_step = len(clock.events) // STAGE_STEPS
+            row["samples_per_second"] = rate(clock.step_seconds(per_step, WARM), BATCH)
+            row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+            if one_stage:
+                row["ratio_to_one_stage"] = row["samples_per_second"] / one_stage
+        except Exception as error:  # noqa: BLE001 - a failing run is a row, not the end
+            row["error"] = f"{type(error).__name__}: {str(error).splitlines()[-1][:200]}"
+        torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"  {row}", flush=True)
+    return rows
+
+
 # -- 2. every schedule on one GPU ------------------------------------------------------------
 def sweep_job(schedule: str, stages: int) -> Job:
     own = schedule_defaults(schedule, stages, microbatches=SWEEP_M,
@@ -213,9 +257,9 @@ def sweep(deadline: float) -> list[dict[str, Any]]:
 
 
 # -- 3. the command line ---------------------------------------------------------------------
-def command_line(config_file: Path, out: Path, executor: str = "processes") -> dict[str, Any]:
+def command_line(config_file: Path, executor: str = "processes") -> dict[str, Any]:
     """``pipeweave train`` at one stage as a user runs it: wall time, its own samples/s."""
-    folder = out.parent / f"gpu_check_train_{executor}"
+    folder = Path(tempfile.mkdtemp(prefix=f"gpu_check_train_{executor}_"))  # not beside out
     command = [sys.executable, "-m", "pipeweave", "train", "--hf-config", str(config_file),
                "--device", "cuda", "--stages", "1", "--microbatches", str(M),
                "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--precision", "bf16-mixed",
@@ -233,6 +277,11 @@ def command_line(config_file: Path, out: Path, executor: str = "processes") -> d
         summary = json.loads(summary_file.read_text())
         result["samples_per_second"] = summary["samples_per_second"]
         result["train_seconds"] = summary["wall_seconds"]
+        ends = summary.get("iteration_end_s") or []
+        steps = [b - a for a, b in zip(ends[WARM - 1:], ends[WARM:])]
+        if steps:  # the steady state, as the in-process parts are read
+            result["steady_samples_per_second"] = rate(steps, BATCH)
+            result["step_ms"] = [round(1e3 * s, 2) for s in steps]
     return result
 
 
@@ -263,6 +312,12 @@ def table(results: dict[str, Any]) -> str:
         ratio = speed / plain if plain else float("nan")
         lines.append(f"{name:<29} {speed:>9.2f} {ratio:>7.3f} "
                      f"{row['peak_allocated_bytes'] / 2**30:>10.1f} {mfu:>5.3f}")
+    for row in results.get("stages", []):
+        speed = row.get("samples_per_second")
+        label = f"llama {row['schedule']} P={row['stages']}"
+        text = (f"{speed:>9.2f} {row.get('ratio_to_one_stage', float('nan')):>7.3f} "
+                f"{row['peak_allocated_bytes'] / 2**30:>10.1f}" if speed else row.get("error", ""))
+        lines.append(f"  {label:<27} {text}")
     for row in results.get("schedules", []):
         speed = row.get("samples_per_second")
         text = (f"{speed:>9.1f} {row.get('ratio_to_one_stage', 1.0):>7.3f}" if speed
@@ -273,6 +328,7 @@ def table(results: dict[str, Any]) -> str:
         cli = results.get(key, {})
         if cli:
             lines.append(f"pipeweave {label:<23} {cli.get('samples_per_second', 0):>9.2f}   "
+                         f"steady {cli.get('steady_samples_per_second', 0):.2f}, "
                          f"exit {cli.get('exit_code')} in {cli.get('wall_s')} s")
     return "\n".join(lines)
 
@@ -304,16 +360,20 @@ def main() -> None:
         "pipeweave": ("pipeweave", lambda: pipeweave_run(args.config, counting=False)),
         "counting": ("pipeweave_counting", lambda: pipeweave_run(args.config, counting=True)),
         "profile": ("profile", lambda: profiled(args.config, args.out)),
+        "stages": ("stages", lambda: stages_run(
+            args.config, results.get("pipeweave", {}).get("samples_per_second"))),
         "schedules": ("schedules", lambda: sweep(began + args.deadline_s)),
-        "cli": ("command_line", lambda: command_line(args.config, args.out)),
+        "cli": ("command_line", lambda: command_line(args.config)),
         "cli-local": ("command_line_local",
-                      lambda: command_line(args.config, args.out, executor="local")),
+                      lambda: command_line(args.config, executor="local")),
         "plain-again": ("plain_loop_again", lambda: plain_loop(args.config)),
     }
     for part in args.parts:
         timed(*work[part], results=results, out=args.out)
-        plain = results.get("plain_loop", {}).get("samples_per_second")
+        plain = max((results.get(key, {}).get("samples_per_second") or 0.0)
+                    for key in ("plain_loop", "plain_loop_again"))
         if plain and "samples_per_second" in results.get("pipeweave", {}):
+            # against the faster of the two plain-loop runs (one before, one after)
             results["ratio_to_plain_loop"] = results["pipeweave"]["samples_per_second"] / plain
     results["total_seconds"] = round(time.time() - began, 1)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# On a machine with one GPU (at most ~6 minutes): the `cuda` tests, then the GPU benchmarks
-# (runtime overhead over a plain loop, host syncs per step, every schedule on one GPU, the CLI).
+# On a machine with one GPU (about nine minutes; the lent machines have ~16 cores):
+#   1. the whole suite but the `cuda` tests, on the machine's own torch (pytest-xdist over the
+#      cores), beside the `cuda` tests and a probe of gloo's CUDA collectives;
+#   2. then, on a quiet host, the GPU benchmarks (benchmarks/gpu_check.py: overhead over a plain
+#      loop, the large model at P stages on one GPU, every schedule on one GPU, the CLI).
 # Uses the python3 that holds a CUDA build of torch; nothing is installed. Writes
-# $OUT/gpu_check.json (default benchmarks/results/), the test log and the profiler table.
+# $OUT (default benchmarks/results/): gpu_check.json, gpu_check_tests.log, gpu_suite.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-benchmarks/results}
@@ -15,8 +18,19 @@ print("torch", torch.__version__, "transformers", transformers.__version__,
 PY
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader || true
 started=$(date +%s)
-timeout 170 python3 -m pytest -m cuda tests/cuda -q -rfE -p no:cacheprovider --timeout 150 \
-    --durations=8 2>&1 | tee "$out/gpu_check_tests.log" | tail -40
+workers=$(( $(nproc) > 8 ? $(nproc) - 4 : 2 ))
+( timeout 220 python3 -m pytest -m "not cuda" tests -n "$workers" -p no:cacheprovider \
+      --timeout 200 -v --tb=short > "$out/gpu_suite.log" 2>&1
+  echo "suite: exit $? after $(( $(date +%s) - started )) s" >> "$out/gpu_suite.log" ) &
+suite=$!
+timeout 200 python3 -m pytest -m cuda tests/cuda -q -rfE -p no:cacheprovider --timeout 180 \
+    --durations=8 2>&1 | tee "$out/gpu_check_tests.log" | tail -30
 echo "cuda tests: exit ${PIPESTATUS[0]} after $(( $(date +%s) - started )) s"
-timeout 230 python3 benchmarks/gpu_check.py --out "$out/gpu_check.json" --deadline-s 150
+timeout 40 python3 benchmarks/gpu/gloo_cuda_probe.py 2>&1 | grep -v Warning | tail -6
+wait "$suite"
+echo "== whole suite (not cuda), $workers workers:"
+grep -E "^(FAILED|ERROR)|(FAILED|ERROR) tests/" "$out/gpu_suite.log" | sort -u | head -40
+tail -3 "$out/gpu_suite.log"
+timeout 330 python3 benchmarks/gpu_check.py --out "$out/gpu_check.json" --deadline-s 290 \
+    --parts plain pipeweave plain-again stages cli cli-local schedules
 echo "gpu_check.py: exit $? after $(( $(date +%s) - started )) s in all"

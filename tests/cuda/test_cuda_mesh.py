@@ -1,9 +1,7 @@
 """On a GPU (marked ``cuda``): checkpoints of sharded (``--shard full``) and tensor-parallel
-(``tp=2``) runs, written on the CPU, resume on the GPU; processes that would share the GPU
-for sharding or tensor parallelism are refused in one line before anything starts.
-
-FSDP2 and tensor parallelism themselves need one GPU per process (NCCL), so on a one-GPU
-machine their collectives are not run on CUDA: docs/gpu.md says so.
+(``tp=2``) runs, written on the CPU, resume on the GPU; and processes sharing one GPU train
+sharded and tensor-parallel stages as the same processes do on the CPU (gloo runs the
+all-gather, reduce-scatter and all-reduce on CUDA tensors: ``benchmarks/gpu/gloo_cuda_probe.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS / "runtime"), str(TESTS / "checkpoint")]
 
-from pipeweave.devices import gpu_count  # noqa: E402
 from pipeweave.runtime import Job, launch_local, run_local  # noqa: E402
 from pipeweave.runtime.checkpoint.options import CheckpointOptions  # noqa: E402
 from pipeweave.runtime.checkpoint.store import complete_checkpoints  # noqa: E402
@@ -50,18 +47,13 @@ def test_a_sharded_or_tensor_parallel_checkpoint_resumes_on_the_gpu(
     assert max(relative_error(got[name], want[name]) for name in want) < 1e-10
 
 
-@pytest.mark.parametrize(("flags", "refused"), [(["--mesh", "pp=2,dp=2", "--shard", "full"],
-                                                 "--shard full"),
-                                                (["--mesh", "pp=2,tp=2"], "tp=2")])
-def test_processes_sharing_the_gpu_are_refused_sharding_in_one_line(
-        capsys: pytest.CaptureFixture[str], flags: list[str], refused: str) -> None:
-    if gpu_count() >= 4:
-        pytest.skip("every process has a GPU of its own here")
-    from pipeweave.cli.main import main
-
-    assert main(["train", "--model", "gpt-tiny", "--device", "cuda", *flags, "--steps", "1",
-                 "--no-progress"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"pipeweave: error: {refused} on CUDA needs a "
-                                               "GPU per process"), err
-    assert not Path("runs").exists()
+@pytest.mark.parametrize("mesh", [{"width": 2, "shard": "full"}, {"tp": 2}])
+def test_sharded_and_tensor_parallel_processes_sharing_the_gpu_train_as_on_the_cpu(
+        mesh: dict[str, Any]) -> None:
+    """Four processes on one GPU: FSDP2's all-gather and reduce-scatter and the tensor-parallel
+    collectives run over gloo on CUDA tensors (pipeline messages through host memory)."""
+    job = _job(**mesh)
+    on_gpu = launch_local(dataclasses.replace(job, device="cuda"), deadline_s=250)
+    got, want = merged_parameters(on_gpu), merged_parameters(launch_local(job, deadline_s=250))
+    assert got.keys() == want.keys() and got
+    assert max(relative_error(got[name], want[name]) for name in want) < 1e-10

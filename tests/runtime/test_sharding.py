@@ -118,26 +118,6 @@ def test_job_refusals_before_anything_starts(job_fields: dict, words: str) -> No
         prepare(_job("1f1b", "full", **job_fields))
 
 
-@pytest.mark.parametrize(("plan_fields", "flag"), [({"shard": "full"}, "--shard full"),
-                                                   ({"shard": "none", "width": 1, "tp": 2},
-                                                    "tp=2")])
-def test_processes_sharing_a_gpu_refused_before_anything_starts(
-        monkeypatch: pytest.MonkeyPatch, plan_fields: dict, flag: str) -> None:
-    """Processes that share a GPU talk over gloo, which has no CUDA all-gather or
-    reduce-scatter: refused in one line in the launcher, not in a rank (one GPU seen here)."""
-    import pipeweave.devices
-    import pipeweave.runtime.launch.prepare as prepare_module
-
-    monkeypatch.setattr(pipeweave.devices, "gpu_count", lambda: 1)
-    monkeypatch.setattr(prepare_module, "gpu_count", lambda: 1)
-    job = _job("1f1b", "full")
-    job = dataclasses.replace(job, device="cuda",
-                              plan=dataclasses.replace(job.plan, **plan_fields))
-    with pytest.raises(ValueError, match=rf"^{flag} on CUDA needs a GPU per process \("
-                                         rf"\d processes on this machine, 1 GPU\(s\) visible\)"):
-        prepare(job)
-
-
 def test_fused_step_and_single_process_refused() -> None:
     job = _job("1f1b", "full")
     fused = dataclasses.replace(job, optimizer=dataclasses.replace(job.optimizer,

@@ -154,9 +154,6 @@ def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, devic
     ``dp``, a 2-D ``(dp, tp)`` layout, as torchtitan does); None: a mesh of ``group``."""
     if mode not in ("full", "grad-op"):
         raise ValueError(f"shard mode {mode!r}: give full or grad-op (none is not sharded)")
-    if device_type == "cuda" and dist.get_backend(group) != "nccl":
-        raise ValueError(f"--shard {mode} on CUDA needs NCCL, but ranks share GPUs over "
-                         f"{dist.get_backend(group)}; give every rank its own GPU, or --shard none")
     split = mesh is not None  # the stage is tensor-parallel: 2-D (dp, tp) parameters
     if mesh is None:
         mesh = DeviceMesh.from_group(group, device_type=device_type)

@@ -14,13 +14,11 @@ the process the user started.
 
 from __future__ import annotations
 
-import os
-
 from dataclasses import dataclass
 
 import torch
 
-from ...devices import gpu_count, require_device
+from ...devices import require_device
 from ...ir import Schedule
 from ...models import ModelSpec
 from ...precision import check_precision
@@ -122,25 +120,11 @@ def _check_sharded(job: Job, *, tied: bool, flag: str) -> None:
         (_fused(job.optimizer), "with a fused optimizer step: torch has no fused kernel for "
          "split or sharded (DTensor) parameters; use --optimizer-impl auto, foreach or loop"),
         (job.eval_every > 0, "with --eval-every: the held-out loss copies whole stage weights, "
-         "not shards, yet; drop --eval-every or use " + none),        (job.device == "cuda" and _gpus_short(job.plan.processes), "on CUDA needs a GPU per "
-         f"process ({_local_processes(job.plan.processes)} processes on this machine, "
-         f"{gpu_count()} GPU(s) visible): processes that share a GPU talk over gloo, which has "
-         "no CUDA all-gather or reduce-scatter; use --device cpu, one GPU per process, or "
-         + none),
+         "not shards, yet; drop --eval-every or use " + none),
     ]
     for refused, why in refusals:
         if refused:
             raise ValueError(f"{flag} {why}")
-
-
-def _local_processes(processes: int) -> int:
-    """Processes on this machine: torchrun's ``LOCAL_WORLD_SIZE``, else all of them."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", processes))
-
-
-def _gpus_short(processes: int) -> bool:
-    """Fewer visible GPUs than processes on this machine (they would share one over gloo)."""
-    return gpu_count() < _local_processes(processes)
 
 
 def _fused(optimizer: object) -> bool:

@@ -157,9 +157,6 @@ def _transport(prepared: PreparedJob, process: int, world_size: int, placement: 
         return transport, None
     from ..execution.tensor_parallel import make_rank_mesh  # DTensor loads only for tp runs
 
-    if placement.device.type == "cuda" and placement.backend != "nccl":
-        raise ValueError(f"tp={tp} on CUDA needs NCCL, but processes share GPUs over "
-                         f"{placement.backend}; give every process its own GPU, or tp=1")
     transport.make_groups(lane_groups(groups, tp))
     mesh = make_rank_mesh(depth=job.plan.depth, width=job.plan.width, tp=tp, process=process,
                           device_type=placement.device.type)

@@ -264,7 +264,9 @@ def run_rank(side: TorchSide, rank: int, world_size: int, init_method: str) -> T
         result = TorchRankResult(rank=rank)
         has_first, has_last = 0 in held, len(side.stages) - 1 in held
         for _ in range(side.steps):
-            inputs, targets = (copy_rows(t, side.microbatches, side.dp, copy_index)
+            # contiguous: the stream's inputs are a slice of (batch, seq + 1) token rows, and
+            # torch 2.11's PipelineStage refuses their strides (2.13 accepts them)
+            inputs, targets = (copy_rows(t, side.microbatches, side.dp, copy_index).contiguous()
                                for t in next(stream))
             args = (inputs,) if has_first else ()
             if has_last:

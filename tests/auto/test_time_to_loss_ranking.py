@@ -63,7 +63,11 @@ def test_a_poor_pilot_slope_moves_the_faster_plan_down(result) -> None:  # type:
                            target=None, lr=5e-2)
     assert _order(poor)[0] == "1f1b"
     stale = next(r for r in poor.rows if r.prediction.candidate.schedule == "pipedream")
-    assert stale.piloted and stale.relative_slope < 0.6
+    exact = next(r for r in poor.rows if r.prediction.candidate.schedule == "1f1b")
+    # What moves it down: its loss per sample against 1F1B's, times its speed, is below 1
+    # (0.34 x 1.19 on torch 2.13; 0.79 x 1.19 on 2.11: a 6-step pilot at this rate is chaotic)
+    speedup = stale.prediction.samples_per_second / exact.prediction.samples_per_second
+    assert stale.piloted and stale.relative_slope * speedup < 1.0
     exact = next(r for r in poor.rows if r.prediction.candidate.schedule == "1f1b")
     assert not exact.piloted and exact.relative_slope == 1.0
     # the target is 1F1B's line after its pilot, and the time is samples / samples per second

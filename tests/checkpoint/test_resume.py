@@ -126,3 +126,24 @@ def test_dropout_resumes_exactly_with_each_ranks_random_stream(tmp_path: Path) -
     run_local(with_checkpoints(job, directory=str(tmp_path), every=2))
     after2 = complete_checkpoints(tmp_path)[0]
     assert_same_run(_resumed(job, after2), straight, microbatches=4, steps=[3, 4])
+
+
+def test_resume_warns_about_hyper_parameters_not_about_how_the_step_runs(
+        tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
+    """Another device or mesh picks fused/foreach anew (fused on a GPU): no warning for that;
+    another learning rate is warned about."""
+    job = gpt_job(depth=2, steps=4, optimizer="adam")
+    run_local(with_checkpoints(job, directory=str(tmp_path), every=2))
+    after2 = complete_checkpoints(tmp_path)[0]
+    for implementation, lr, warned in (("foreach", None, False), ("loop", None, False),
+                                       ("auto", 0.5, True)):
+        optimizer = dataclasses.replace(job.optimizer, implementation=implementation)
+        if lr is not None:
+            optimizer = dataclasses.replace(optimizer, kwargs={**optimizer.kwargs, "lr": lr})
+        recwarn.clear()
+        run_local(dataclasses.replace(job, optimizer=optimizer,
+                                      checkpoint=CheckpointOptions(resume=str(after2))))
+        said = [str(w.message) for w in recwarn if "resuming with optimizer settings" in
+                str(w.message)]
+        assert bool(said) == warned, (implementation, said)
+        assert all("fused" not in text and "foreach" not in text for text in said)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS / "runtime"), str(TESTS / "checkpoint")]
@@ -19,11 +20,15 @@ sys.path[:0] = [str(TESTS / "runtime"), str(TESTS / "checkpoint")]
 from pipeweave.runtime import Job, launch_local, run_local  # noqa: E402
 from pipeweave.runtime.checkpoint.options import CheckpointOptions  # noqa: E402
 from pipeweave.runtime.checkpoint.store import complete_checkpoints  # noqa: E402
+from pipeweave.runtime.launch.prepare import TP_TORCH  # noqa: E402
 from pipeweave.testing import merged_parameters, relative_error  # noqa: E402
 
 from checkpoint_jobs import gpt_job, with_checkpoints  # noqa: E402
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(300)]
+MESHES = [{"width": 2, "shard": "full"},
+          pytest.param({"tp": 2}, marks=pytest.mark.skipif(
+              torch.__version__ < TP_TORCH, reason=f"tp needs torch {TP_TORCH} or newer"))]
 
 
 def _job(**plan_fields: Any) -> Job:
@@ -31,7 +36,7 @@ def _job(**plan_fields: Any) -> Job:
     return gpt_job(depth=2, steps=4, optimizer="adam", plan_fields=plan_fields)
 
 
-@pytest.mark.parametrize("mesh", [{"width": 2, "shard": "full"}, {"tp": 2}])
+@pytest.mark.parametrize("mesh", MESHES)
 def test_a_sharded_or_tensor_parallel_checkpoint_resumes_on_the_gpu(
         tmp_path: Path, mesh: dict[str, Any]) -> None:
     job = _job(**mesh)
@@ -47,7 +52,7 @@ def test_a_sharded_or_tensor_parallel_checkpoint_resumes_on_the_gpu(
     assert max(relative_error(got[name], want[name]) for name in want) < 1e-10
 
 
-@pytest.mark.parametrize("mesh", [{"width": 2, "shard": "full"}, {"tp": 2}])
+@pytest.mark.parametrize("mesh", MESHES)
 def test_sharded_and_tensor_parallel_processes_sharing_the_gpu_train_as_on_the_cpu(
         mesh: dict[str, Any]) -> None:
     """Four processes on one GPU: FSDP2's all-gather and reduce-scatter and the tensor-parallel

@@ -118,6 +118,19 @@ def test_job_refusals_before_anything_starts(job_fields: dict, words: str) -> No
         prepare(_job("1f1b", "full", **job_fields))
 
 
+def test_tensor_parallelism_on_an_older_torch_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's DTensor fails to redistribute the head-split qkv weight (seen on the GPU
+    machine, docs/gpu.md): one line before anything starts, not a rank's traceback."""
+    from torch.torch_version import TorchVersion
+
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.11.0+cu130"))
+    job = _job("1f1b", "none")
+    job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, width=1, tp=2))
+    with pytest.raises(ValueError, match=r"^tp=2 needs torch 2\.13 or newer, this is torch "
+                                         r"2\.11\.0\+cu130: .* use tp=1$"):
+        prepare(job)
+
+
 def test_fused_step_and_single_process_refused() -> None:
     job = _job("1f1b", "full")
     fused = dataclasses.replace(job, optimizer=dataclasses.replace(job.optimizer,

@@ -61,6 +61,17 @@ class _Shards:
         return self.part(self.stored.file_of(name), pipeline)
 
 
+IMPLEMENTATION_KEYS = frozenset({"foreach", "fused", "capturable", "differentiable"})
+"""torch.optim settings that choose how a step is computed, not what it computes: another
+device or mesh picks them anew (fused on a GPU, not for sharded parameters), so a resumed
+run that differs only in them is not warned about."""
+
+
+def _arithmetic(hyper: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The hyper-parameters per group without :data:`IMPLEMENTATION_KEYS`."""
+    return [{k: v for k, v in group.items() if k not in IMPLEMENTATION_KEYS} for group in hyper]
+
+
 def restore_rank(stored: StoredCheckpoint, *, job: Job, schedule: Schedule, rank: int,
                  parts: RankParts, device: torch.device, cuts: Mapping[int, int],
                  apply_rng: bool) -> ResumePoint:
@@ -68,10 +79,11 @@ def restore_rank(stored: StoredCheckpoint, *, job: Job, schedule: Schedule, rank
     :func:`~.resume.check_resume` found to fit, before any rank started); ``cuts``: the rank's iteration
     boundaries (:func:`~.boundaries.iteration_boundaries`). ``apply_rng``: also set this
     process's CPU generator (a distributed rank; the single-process executor swaps per rank)."""
-    here = next(iter(parts.optimizers.values()))
-    if stored.manifest["optimizer"]["hyper"] != optimizer_hyper(here) and rank == 0:
-        warnings.warn(f"resuming with optimizer settings {optimizer_hyper(here)}; the checkpoint "
-                      f"was written with {stored.manifest['optimizer']['hyper']}", stacklevel=3)
+    here = optimizer_hyper(next(iter(parts.optimizers.values())))
+    written = stored.manifest["optimizer"]["hyper"]
+    if _arithmetic(written) != _arithmetic(here) and rank == 0:
+        warnings.warn(f"resuming with optimizer settings {_arithmetic(here)}; the checkpoint "
+                      f"was written with {_arithmetic(written)}", stacklevel=3)
     if parts.averagers and rank == 0:
         _warn_averaging_settings(stored, job)
     start = cuts[stored.step - 1]

@@ -91,6 +91,11 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     return PreparedJob(job, schedule, session, stored.step if stored is not None else 0, ties)
 
 
+TP_TORCH = "2.13"
+"""The oldest torch tensor parallelism ran on (the whole suite); 2.11 fails in DTensor's
+redistribution of ``_StridedShard`` placements, 2.12 was never tried."""
+
+
 def _check_tensor_parallel(job: Job, spec: ModelSpec) -> None:
     """What tensor parallelism inside a stage (``Plan.tp``) does not cover yet (the plan's
     own refusals are :func:`pipeweave.planner.tensor_parallel.check_tp`): the model must be
@@ -98,6 +103,11 @@ def _check_tensor_parallel(job: Job, spec: ModelSpec) -> None:
     refuses is refused too (the split parameters are DTensors as FSDP2's are)."""
     from ..execution.tensor_parallel import check_parallelizable  # DTensor only for tp
 
+    if torch.__version__ < TP_TORCH:
+        raise ValueError(f"tp={job.plan.tp} needs torch {TP_TORCH} or newer, this is torch "
+                         f"{torch.__version__}: its DTensor cannot redistribute the head-split "
+                         f"qkv weight (a _StridedShard; seen on 2.11, docs/gpu.md); upgrade torch "
+                         f"or use tp=1")
     check_parallelizable(spec.blocks, job.plan.tp)
     _check_sharded(job, tied=bool(spec.tied), flag=f"tp={job.plan.tp}")
 

@@ -27,6 +27,9 @@ weights), the gradients accumulate on the gathered parameters the forward's grap
 stage's last ``W`` before a ``U`` it runs FSDP2's post-backward itself (reduce-scatter,
 reshard, then the root's final callback), as ``torch.distributed.pipelining`` does for its
 zero-bubble schedules.
+
+Each action's first gather can start one action early, in the order of the rank's program
+(:meth:`StageSharding.prefetch`, driven by :mod:`.gathers`); FSDP2's hooks then wait for it.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ parameters are bit for bit the same either way."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from pipeweave.cli.cmd_train import add_parser as add_train, build_job
 from pipeweave.ir import Op
 from pipeweave.runtime import Plan
 from pipeweave.runtime.execution.gathers import gather_plan
@@ -68,6 +70,14 @@ def test_refused_without_sharding() -> None:
     job = gpt_job(depth=2, plan_fields={"width": 2}, prefetch_gathers=False)
     with pytest.raises(ValueError, match="--no-prefetch-gathers without --shard"):
         prepare(job)
+
+
+def test_cli_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_train(parser.add_subparsers())
+    flags = ["train", "--model", "mlp", "--mesh", "pp=2,dp=2", "--shard", "full"]
+    assert build_job(parser.parse_args(flags)).prefetch_gathers
+    assert not build_job(parser.parse_args([*flags, "--no-prefetch-gathers"])).prefetch_gathers
 
 
 # -- the order of the all-gathers in a real pp=2,dp=2 run ----------------------------------

@@ -173,6 +173,8 @@ def _check_rank(program: Any, events: list[list[Any]], stages: tuple[int, ...],
         early = _gathers(events, action.stage, block, low, start)
         if prefetched:
             assert early, (str(action), events[low:start + 1])
+            inside = [e[2] for e in events[start:end] if e[0] == "gather" and e[1] == action.stage]
+            assert not inside or inside[0] != block, (str(action), inside)  # not gathered again
             if before:
                 assert early[0] < at["start"][previous], str(action)
                 crossed += 1

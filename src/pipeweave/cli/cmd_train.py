@@ -105,6 +105,9 @@ def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
                              "grad-op (ZeRO-2) or none (replicated, the default); needs dp > 1 "
                              "and a synchronous schedule without split backward "
                              "(docs/sharding.md)")
+    parser.add_argument("--no-prefetch-gathers", action="store_true",
+                        help="with --shard: gather each block when FSDP2's hook fires, not one "
+                             "action early in the schedule's order (docs/sharding.md)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="schedule option, e.g. sliced=2 (repeatable)")
     parser.add_argument("--plan", type=Path, default=None,
@@ -253,7 +256,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
         clip_grad_norm=args.clip_grad_norm, precision=args.precision,
         count_activations=(args.device == "cpu" if args.count_activations is None
                            else args.count_activations),
-        eval_every=args.eval_every,
+        eval_every=args.eval_every, prefetch_gathers=not args.no_prefetch_gathers,
     )
     return Setup(job, spec, limit)
 

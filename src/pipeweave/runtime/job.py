@@ -204,6 +204,11 @@ class Job:
             weights at the iteration boundary (``RankResult.snapshots``) for a held-out loss
             (:mod:`pipeweave.runtime.observation.held_out`); 0: never. Synchronous
             schedules, one pipeline.
+        prefetch_gathers: with ``Plan.shard``, start each action's first all-gather one
+            action early, in the order of the rank's program
+            (:mod:`pipeweave.runtime.execution.gathers`; bit for bit the same training);
+            False: FSDP2's own order only (each block gathered when its hook fires). Refused
+            False without ``Plan.shard`` (there is nothing to gather).
     """
 
     plan: Plan
@@ -225,6 +230,7 @@ class Job:
     precision: str = "full"
     count_activations: bool = False
     eval_every: int = 0
+    prefetch_gathers: bool = True
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -235,6 +241,8 @@ class Job:
             raise ValueError(f"eval_every must be >= 0 (0: never), got {self.eval_every}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not isinstance(self.prefetch_gathers, bool):
+            raise TypeError(f"prefetch_gathers must be True or False, got {self.prefetch_gathers!r}")
         if not isinstance(self.apc, bool):
             raise TypeError(f"apc must be True or False, got {self.apc!r}")
         dtype = DTYPES.get(getattr(self.model, "dtype", "float32"), torch.float32)

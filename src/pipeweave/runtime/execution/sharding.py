@@ -27,6 +27,9 @@ weights), the gradients accumulate on the gathered parameters the forward's grap
 stage's last ``W`` before a ``U`` it runs FSDP2's post-backward itself (reduce-scatter,
 reshard, then the root's final callback), as ``torch.distributed.pipelining`` does for its
 zero-bubble schedules.
+
+Each action's first gather can start one action early, in the order of the rank's program
+(:meth:`StageSharding.prefetch`, driven by :mod:`.gathers`); FSDP2's hooks then wait for it.
 """
 
 from __future__ import annotations
@@ -65,6 +68,17 @@ class StageSharding:
     def _parts(self) -> list[FSDPModule]:
         stage = cast(nn.Module, self.root)  # fully_shard keeps the module, adding FSDPModule
         return [m for m in stage.modules() if isinstance(m, FSDPModule)]  # every block
+
+    def prefetch(self, end: str) -> None:
+        """Start the gather (``unshard(async_op=True)``) of the ``first`` or ``last`` block
+        with parameters, the one an action begins with (:mod:`.gathers`): nothing to do if it
+        is gathered already (``grad-op`` after a forward) or being gathered; the block's own
+        FSDP2 hook, or ``W``'s ``unshard``, waits for it."""
+        if end not in ("first", "last"):
+            raise ValueError(f"prefetch end {end!r}: give first or last")
+        blocks = [m for m in cast(nn.Module, self.root).children() if isinstance(m, FSDPModule)]
+        if blocks:
+            (blocks[0] if end == "first" else blocks[-1]).unshard(async_op=True)
 
     @contextmanager
     def gathered(self) -> Iterator[None]:

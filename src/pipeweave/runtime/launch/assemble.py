@@ -20,6 +20,7 @@ from ..communication.transport import Transport
 from ..execution.clipping import GradientClipper
 from ..execution.corrections import step_corrections
 from ..execution.features import MeterActivations, PositionHooks, RankFeature, RecordTimeline
+from ..execution.gathers import prefetch_gathers
 from ..execution.global_check import GlobalCheck, has_global_check
 from ..execution.interpreter import RankInterpreter, RankIO
 from ..execution.microbatches import MicrobatchSource, data_window
@@ -109,8 +110,9 @@ class AssembledRank:
                   meter: ActivationMeter | None) -> list[RankFeature]:
         """In the order their hooks run: the timeline first (what the others do before an
         action is its time), the gradients' sums and clipping, the step
-        corrections (nesterov, pipemare), the meter, the caller's, and the
-        hooks at positions (checkpoints, then weight snapshots)."""
+        corrections (nesterov, pipemare), the meter, the caller's, the sharded stages'
+        early gathers (:mod:`..execution.gathers`: last before an action, first after it of
+        what computes), and the hooks at positions (checkpoints, then weight snapshots)."""
         own = self.features
         if meter is None and whole:
             meter = own.meter
@@ -121,7 +123,9 @@ class AssembledRank:
             own.clipper if whole else None, own.check if whole else None,
             step_corrections(program, self.prepared.job.plan),
             None if meter is None else MeterActivations(meter),
-            *(own.extra(self.rank, program) if own.extra is not None else ())]
+            *(own.extra(self.rank, program) if own.extra is not None else ()),
+            prefetch_gathers(program.programs[self.rank], self.parts)
+            if self.prepared.job.prefetch_gathers else None]
         if whole:
             found.append(PositionHooks(combine_hooks(
                 self.recovery.hooks, own.snapshots.hooks if own.snapshots else {})))

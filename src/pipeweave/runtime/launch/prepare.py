@@ -69,6 +69,9 @@ def prepare(job: Job, *, spec: ModelSpec | None = None,
     ties = split_ties(spec, job.plan, schedule)
     if job.plan.shard != "none":
         _check_sharded(job, tied=bool(spec.tied), flag=f"--shard {job.plan.shard}")
+    elif not job.prefetch_gathers:
+        raise ValueError("--no-prefetch-gathers without --shard: an unsharded stage gathers "
+                         "nothing; drop it or give --shard full or grad-op")
     if job.plan.tp > 1:
         _check_tensor_parallel(job, spec)
     check_advance(job, spec)

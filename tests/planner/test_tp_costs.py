@@ -55,8 +55,9 @@ def test_a_split_block_by_hand() -> None:
     assert layer.activation_bytes == pytest.approx(4 * MB + 8 * MB)
     assert layer.output_bytes == 4 * MB  # stage boundaries stay whole
     assert view.metadata["tp"] == 2
+    assert tp_profile(view, 2) is view  # already the view: not split twice
     with pytest.raises(ValueError, match="already one of 2 tensor-parallel"):
-        tp_profile(view, 2)
+        tp_profile(view, 4)
     assert tp_profile(_profile(), 1) == _profile()
 
 

@@ -57,15 +57,17 @@ def tp_ready(profile: Profile) -> bool:
 def tp_profile(profile: Profile, tp: int, *, bandwidth: float = math.inf,
                latency: float = 0.0) -> Profile:
     """``profile`` as one of ``tp`` tensor-parallel processes sees it (module docstring);
-    ``bandwidth``, ``latency``: the link among the ``tp`` processes."""
+    ``bandwidth``, ``latency``: the link among the ``tp`` processes. A profile that already
+    is that view (``metadata["tp"] == tp``) is returned as it is."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp={tp!r}: give the tensor-parallel size as an int >= 1")
-    if tp == 1:
+    seen = profile.metadata.get("tp", 1)
+    if tp == seen:  # whole (tp 1), or already this view (auto views once per tp)
         return profile
-    if profile.metadata.get("tp", 1) != 1:
-        raise ValueError(f"profile of {profile.model!r} is already one of "
-                         f"{profile.metadata['tp']} tensor-parallel processes' view; give the "
-                         f"whole model's profile")
+    if seen != 1:
+        raise ValueError(f"profile of {profile.model!r} is already one of {seen} "
+                         f"tensor-parallel processes' view, not of {tp}; give the whole "
+                         f"model's profile")
     if not tp_ready(profile):
         raise ValueError(f"tp={tp}: the profile of {profile.model!r} records no tensor-parallel "
                          f"split (a model without a split plan, or a profile written before "

@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import random
+from pathlib import Path
 
 import pytest
 
 from pipeweave.auto import AutoProblem, enumerate_candidates, search
 from pipeweave.auto.predict import candidate_costs, predict
 from pipeweave.auto.tensor_parallel import tp_problem, tp_refusal
+from pipeweave.planner import Plan
 from pipeweave.planner.memory import predicted_memory
 from pipeweave.planner.topology import Topology
 from pipeweave.planner.tp_costs import ring_allreduce_time
@@ -147,3 +149,38 @@ def test_under_a_limit_only_splitting_meets_auto_splits() -> None:
     assert winner.candidate.training() == "exact"
     with pytest.raises(ValueError, match="memory"):
         search(dataclasses.replace(problem, memory_limit=limit, tp=(1,))).winner
+
+
+def test_the_cli_offers_the_sizes_the_runtime_splits() -> None:
+    from pipeweave.cli.auto_tp import auto_tp_sizes
+
+    def sizes(text: str | None, model: str | None = "gpt-tiny", limited: bool = False
+              ) -> tuple[int, ...] | None:
+        return auto_tp_sizes(text, model=model, overrides={}, ranks=8, limited=limited)
+
+    assert sizes(None) is None  # 1 only without a memory limit
+    assert sizes(None, limited=True) == (1, 2, 4)  # gpt-tiny: 4 heads; 8 does not divide them
+    assert sizes("auto") == (1, 2, 4)
+    assert sizes("1,2") == (1, 2)
+    assert sizes("auto", model=None) is None  # a profile only: nothing to check against
+    with pytest.raises(ValueError, match="does not divide the 4 attention heads"):
+        sizes("8")
+    with pytest.raises(ValueError, match="only the built-in GPT"):
+        sizes("2", model="mlp")
+    assert sizes("auto", model="mlp") == (1,)  # offered: none but 1
+
+
+def test_auto_writes_a_tp_plan(tmp_path: Path) -> None:
+    from pipeweave.cli.main import main
+
+    problem = _problem(3, shard=("none",))
+    limit = (_least(problem, 1) + _least(problem, 2)) / 2
+    path = tmp_path / "profile.json"
+    problem.profile.save(path)
+    out = tmp_path / "plan.json"
+    argv = ["auto", "--profile", str(path), "--ranks", "4", "--topology", "2x4e9,2x1e9",
+            "--schedules", "1f1b,gpipe,zb-h1", "--methods", "uniform,time", "--shard", "none",
+            "--memory-limit", f"{limit:.0f}", "--tp", "1,2", "--shared-cores", "none",
+            "--out", str(out), "--plot", str(tmp_path / "p.png"), "--json"]
+    assert main(argv) == 0
+    assert Plan.load(out).tp == 2

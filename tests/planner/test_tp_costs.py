@@ -27,7 +27,8 @@ def _profile() -> Profile:
                          activation_bytes=20 * MB, parameter_bytes=10 * MB,
                          optimizer_bytes=20 * MB, weight_grad=6.0, input_grad=12.0,
                          tp_split_parameter_bytes=9 * MB, tp_split_activation_bytes=16 * MB,
-                         tp_forward_reduces=2, tp_backward_reduces=2)
+                         tp_forward_reduces=2, tp_backward_reduces=2, pending_bytes=12 * MB,
+                         tp_split_output_bytes=10 * MB)
     return Profile(blocks=(embed, layer, replace(layer, name="layer2")), model="hand",
                    batch_size=4)
 
@@ -54,6 +55,8 @@ def test_a_split_block_by_hand() -> None:
     assert layer.optimizer_bytes == pytest.approx(20 * MB * 5.5 / 10)
     assert layer.activation_bytes == pytest.approx(4 * MB + 8 * MB)
     assert layer.output_bytes == 4 * MB  # stage boundaries stay whole
+    # a split backward's pending output gradients: the column-wise outputs' are split
+    assert layer.pending_bytes == pytest.approx(12 * MB - 10 * MB / 2)
     assert view.metadata["tp"] == 2
     assert tp_profile(view, 2) is view  # already the view: not split twice
     with pytest.raises(ValueError, match="already one of 2 tensor-parallel"):

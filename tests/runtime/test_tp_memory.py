@@ -3,7 +3,8 @@
 half of the activations saved between a column-wise and a row-wise linear, and the rest whole
 (embeddings, norms, the head, what the norms save, the stage boundaries). The prediction is
 compared with the peak of live tensor bytes at torch's allocator on real processes
-(gpt-small, Adam): -2.0 % on both stages in the runs of this slice (docs/sharding.md)."""
+(gpt-small, Adam): 1F1B -2.0 % on both stages (-7.3 % on stage 1 in one of three runs),
+zb-h1 -1.5 % and -1.1 % (its W keeps the split output gradients too; docs/sharding.md)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-def test_tp_prediction_within_ten_percent_of_the_allocator() -> None:
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_tp_prediction_within_ten_percent_of_the_allocator(schedule: str) -> None:
     model, batch = "gpt-small", 4
     profile = profile_builtin(model, batch_size=1, warmup=0, repeats=1, optimizer="adam")
-    plans = {tp: Plan.uniform(profile.num_blocks, 2, microbatches=4, tp=tp) for tp in (1, 2)}
+    plans = {tp: Plan.uniform(profile.num_blocks, 2, schedule=schedule, microbatches=4, tp=tp)
+             for tp in (1, 2)}
     job = Job(plan=plans[2], steps=2, model=BuiltinModel(model),
               data=BuiltinData("stdlib-bytes", batch_size=batch, seq_len=default_seq_len(model),
                                seed=0),
@@ -32,9 +35,9 @@ def test_tp_prediction_within_ten_percent_of_the_allocator() -> None:
     predicted, whole = ([r.total for r in predicted_memory(profile, plans[tp], batch_size=batch,
                                                            optimizer="adam")]
                         for tp in (2, 1))
-    # -2.0 % on both stages when written; 10 %, the issue's bound, leaves the run-to-run
-    # spread of the sharded test's peaks room; the whole stage's prediction is 70 % over
+    # within 2.0 % in most runs when written (-7.3 % once); 10 %, the issue's bound, leaves
+    # the run-to-run spread of the peaks room; the whole stage's prediction is 70 % over
     for rank, (p, m) in enumerate(zip(predicted, measured)):
         assert m is not None
         assert abs(p - m) / m < 0.10, (rank, p, m)
-        assert whole[rank] > 1.5 * m, (rank, whole[rank], m)
+        assert whole[rank] > 1.4 * m, (rank, whole[rank], m)

@@ -11,6 +11,9 @@ tensor-parallel plan exactly as they read any other, with no second formula::
                                                       step in the same proportion)
     activation_bytes   replicated + split / T        (no sequence parallelism: the norms'
                                                       inputs and outputs stay whole)
+    pending_bytes      less (1 - 1/T) of the column-wise linears' outputs (their
+                       gradients, kept from a split backward's I to its W, are split);
+                       recorded_bytes stay whole
     forward            forward / T  + n_f * allreduce(output_bytes, T)
     backward           backward / T + n_b * allreduce(output_bytes, T)
     input_grad (I)     input_grad / T + n_b * allreduce(output_bytes, T)
@@ -86,6 +89,7 @@ def _block(block: BlockProfile, tp: int, bandwidth: float, latency: float) -> Bl
     activations = block.activation_bytes - saved + saved / tp
     reduce = ring_allreduce_time(block.output_bytes, tp, bandwidth, latency)
     backward_reduces = block.tp_backward_reduces * reduce
+    pending = max(0.0, block.pending_bytes - block.tp_split_output_bytes * (1 - 1 / tp))
     shrunk = (block.parameter_bytes - params) + (block.activation_bytes - activations)
     return replace(
         block,
@@ -95,6 +99,7 @@ def _block(block: BlockProfile, tp: int, bandwidth: float, latency: float) -> Bl
         weight_grad=block.weight_grad / tp,
         update=block.update * share,
         parameter_bytes=params, optimizer_bytes=block.optimizer_bytes * share,
-        activation_bytes=activations,
+        activation_bytes=activations, pending_bytes=pending,
+        tp_split_output_bytes=block.tp_split_output_bytes / tp,
         peak_memory_bytes=max(0.0, block.peak_memory_bytes - shrunk),
         tp_split_parameter_bytes=split / tp, tp_split_activation_bytes=saved / tp)

@@ -292,6 +292,7 @@ def measure_block(
         tp_split_activation_bytes=min(tp.split_saved_bytes, runs[-1].saved_bytes),
         tp_forward_reduces=tp.forward_reduces,
         tp_backward_reduces=tp.backward_reduces,
+        tp_split_output_bytes=tp.split_output_bytes,
     ), spread
 
 

@@ -75,9 +75,10 @@ blocks' own parameters (every profile measured since; see :attr:`Profile.stash_b
 _BLOCK_NUMBERS = ("forward", "backward", "output_bytes", "activation_bytes", "parameter_bytes",
                   "optimizer_bytes", "peak_memory_bytes", "update", "weight_grad", "input_grad",
                   "pending_bytes", "recorded_bytes", "tp_split_parameter_bytes",
-                  "tp_split_activation_bytes", "tp_forward_reduces", "tp_backward_reduces")
+                  "tp_split_activation_bytes", "tp_forward_reduces", "tp_backward_reduces",
+                  "tp_split_output_bytes")
 _TP = ("tp_split_parameter_bytes", "tp_split_activation_bytes", "tp_forward_reduces",
-       "tp_backward_reduces")
+       "tp_backward_reduces", "tp_split_output_bytes")
 _OPTIONAL = frozenset({"optimizer_bytes", "peak_memory_bytes", "update", "weight_grad",
                        "input_grad", "pending_bytes", "recorded_bytes", *_TP})
 
@@ -103,6 +104,7 @@ class BlockProfile:
     tp_split_activation_bytes: float = 0.0
     tp_forward_reduces: float = 0.0
     tp_backward_reduces: float = 0.0
+    tp_split_output_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -16,7 +16,10 @@ The plan is :func:`pipeweave.models.tp_plan.split_linears` (what the runtime's
 * ``split_saved_bytes``: of the bytes autograd saves in a forward, those saved between a
   column-wise linear's output and the next row-wise linear's output (the heads' q, k, v and
   attention, the MLP's hidden units, the row-wise linear's input): a process holds ``1/T``
-  of them. What a column-wise linear saves (its input) and what the norms save is whole.
+  of them. What a column-wise linear saves (its input) and what the norms save is whole;
+* ``split_output_bytes``: the column-wise linears' outputs, split over the processes: of a
+  split backward's ``pending_bytes`` (the gradients of the parameter holders' outputs) the
+  gradients of these are split too.
 
 ``tests/runtime/test_tp_costs.py`` counts the collectives the runtime actually issues
 (torch's ``CommDebugMode``) and compares.
@@ -45,6 +48,7 @@ class TpFacts:
     forward_reduces: int
     backward_reduces: int
     split_saved_bytes: int
+    split_output_bytes: int = 0
 
 
 def tp_facts(block: nn.Module, inputs: Tensor) -> TpFacts:
@@ -57,15 +61,18 @@ def tp_facts(block: nn.Module, inputs: Tensor) -> TpFacts:
         split += sum(p.numel() * p.element_size() for key, p in linear.named_parameters()
                      if kind != "row" or key == "weight")
     kinds = list(plan.values())
+    outputs: list[int] = []
+    saved = _split_saved(block, inputs, plan, modules, outputs)
     return TpFacts(split_parameter_bytes=split, forward_reduces=kinds.count("row"),
                    backward_reduces=len(kinds) - kinds.count("row"),
-                   split_saved_bytes=_split_saved(block, inputs, plan, modules))
+                   split_saved_bytes=saved, split_output_bytes=sum(outputs))
 
 
 def _split_saved(block: nn.Module, inputs: Tensor, plan: dict[str, str],
-                 modules: dict[str, nn.Module]) -> int:
+                 modules: dict[str, nn.Module], outputs: list[int]) -> int:
     """Bytes saved inside the split region (module docstring), each storage once, the
-    block's own parameters left out."""
+    block's own parameters left out; the column-wise linears' output bytes appended to
+    ``outputs``."""
     if not plan:
         return 0
     own = {p.untyped_storage().data_ptr() for p in block.parameters()}
@@ -81,18 +88,21 @@ def _split_saved(block: nn.Module, inputs: Tensor, plan: dict[str, str],
             total += tensor.untyped_storage().nbytes()
 
     x = inputs.detach().requires_grad_(inputs.is_floating_point())
-    with _region(plan, modules, inside), observing_saved(count):
+    with _region(plan, modules, inside, outputs), observing_saved(count):
         block(x)
     return total
 
 
 @contextmanager
-def _region(plan: dict[str, str], modules: dict[str, nn.Module],
-            inside: list[bool]) -> Iterator[None]:
-    """Keeps ``inside[0]``: True from a column-wise linear's output to a row-wise one's."""
+def _region(plan: dict[str, str], modules: dict[str, nn.Module], inside: list[bool],
+            outputs: list[int]) -> Iterator[None]:
+    """Keeps ``inside[0]``: True from a column-wise linear's output to a row-wise one's;
+    appends each column-wise output's bytes to ``outputs``."""
     def setter(value: bool) -> Any:
-        def hook(*_args: Any) -> None:
+        def hook(_module: nn.Module, _args: Any, *output: Any) -> None:
             inside[0] = value
+            if value and output and isinstance(output[0], Tensor):
+                outputs.append(output[0].numel() * output[0].element_size())
         return hook
 
     with ExitStack() as stack:

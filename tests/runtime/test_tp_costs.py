@@ -17,6 +17,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from pipeweave.models import build_model
+from pipeweave.models.tp_plan import split_linears
 from pipeweave.profiler.tp_facts import tp_facts
 from pipeweave.runtime.execution.tensor_parallel import make_rank_mesh, parallelize_stage
 
@@ -69,8 +70,16 @@ def test_facts_match_the_runtime_plan(fake_group: None, name: str,
             t.numel() * t.element_size() for t, placements in local
             if placements == (Replicate(),))
         inputs = x.detach().requires_grad_(x.is_floating_point())
+        outputs: list[int] = []
+        columns = [stage[0].get_submodule(name) for name, kind in split_linears(block).items()
+                   if kind != "row"]
+        hooks = [m.register_forward_hook(lambda _m, _a, out: outputs.append(
+            out.numel() * out.element_size())) for m in columns]
         with CommDebugMode() as forward:
             out = stage(inputs)
+        for hook in hooks:
+            hook.remove()
+        assert TP * sum(outputs) == facts.split_output_bytes
         with CommDebugMode() as backward:
             out.float().sum().backward()
         assert _all_reduces(forward) == facts.forward_reduces, type(block).__name__

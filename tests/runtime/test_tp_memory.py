@@ -4,7 +4,8 @@ half of the activations saved between a column-wise and a row-wise linear, and t
 (embeddings, norms, the head, what the norms save, the stage boundaries). The prediction is
 compared with the peak of live tensor bytes at torch's allocator on real processes
 (gpt-small, Adam): 1F1B -2.0 % on both stages (-7.3 % on stage 1 in one of three runs),
-zb-h1 -1.5 % and -1.1 % (its W keeps the split output gradients too; docs/sharding.md)."""
+zb-h1 -1.5 % and -1.1 % (its W keeps the split output gradients too), and
+``pp=2,dp=2,tp=2 --shard full`` -0.8 % to -3.3 % on its four pipeline ranks (docs/sharding.md)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
-def test_tp_prediction_within_ten_percent_of_the_allocator(schedule: str) -> None:
+@pytest.mark.parametrize(("schedule", "width", "shard"),
+                         [("1f1b", 1, "none"), ("zb-h1", 1, "none"),
+                          ("1f1b", 2, "full")])  # pp=2,dp=2,tp=2: FSDP2 on the tp shares
+def test_tp_prediction_within_ten_percent_of_the_allocator(schedule: str, width: int,
+                                                           shard: str) -> None:
     model, batch = "gpt-small", 4
     profile = profile_builtin(model, batch_size=1, warmup=0, repeats=1, optimizer="adam")
-    plans = {tp: Plan.uniform(profile.num_blocks, 2, schedule=schedule, microbatches=4, tp=tp)
-             for tp in (1, 2)}
+    plans = {tp: Plan.uniform(profile.num_blocks, 2, schedule=schedule, microbatches=4, tp=tp,
+                              width=width, shard=shard) for tp in (1, 2)}
     job = Job(plan=plans[2], steps=2, model=BuiltinModel(model),
               data=BuiltinData("stdlib-bytes", batch_size=batch, seq_len=default_seq_len(model),
                                seed=0),
@@ -40,4 +44,4 @@ def test_tp_prediction_within_ten_percent_of_the_allocator(schedule: str) -> Non
     for rank, (p, m) in enumerate(zip(predicted, measured)):
         assert m is not None
         assert abs(p - m) / m < 0.10, (rank, p, m)
-        assert whole[rank] > 1.4 * m, (rank, whole[rank], m)
+        assert whole[rank] > 1.3 * m, (rank, whole[rank], m)

@@ -250,22 +250,25 @@ def _fastest_link(problem: AutoProblem) -> float:
 def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
            progress: Progress | None = None) -> SearchResult:
     """Search ``problem``'s space (module docstring), one search per tensor-parallel size
-    (:mod:`.tensor_parallel`), the results merged."""
+    (:mod:`.tensor_parallel`; ``time_limit`` shared evenly among them), the results merged."""
     say = progress or (lambda _text: None)
     sizes = tp_sizes(problem)
     if sizes == (1,):
         return _search_one(problem, axes, say)
-    results, refusals = [], []
-    for size in sizes:
-        refused = tp_refusal(problem, size)
+    refusals = {size: tp_refusal(problem, size) for size in sizes}
+    searched = [size for size, refused in refusals.items() if refused is None]
+    if not searched:
+        raise ValueError(f"{next(r for r in refusals.values() if r)}; or give tp 1")
+    results = []
+    for size, refused in refusals.items():
         if refused is not None:
-            refusals.append(refused)
             say(f"not searched: {refused}")
             continue
         say(f"tp={size}: searching {problem.ranks // size} pipeline ranks of {size} processes")
-        results.append(_search_one(tp_problem(problem, size), axes, say))
-    if not results:
-        raise ValueError(f"{refusals[0]}; or give tp 1")
+        sized = tp_problem(problem, size)
+        if problem.time_limit is not None:  # --time-limit shared evenly among the sizes
+            sized = replace(sized, time_limit=problem.time_limit / len(searched))
+        results.append(_search_one(sized, axes, say))
     return _merged(problem, results)
 
 

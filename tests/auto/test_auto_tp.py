@@ -72,6 +72,11 @@ def test_tp_sits_inside_the_fastest_level() -> None:
     assert "tied" in (tp_refusal(dataclasses.replace(problem, profile=tied), 2) or "")
     with pytest.raises(ValueError, match="fastest level"):
         search(dataclasses.replace(problem, tp=(4,)))
+    # ranks sharing 4 CPU cores: a tp=2 pipeline rank computes on 2 of them, so the two
+    # pipeline ranks share 2 groups; on 1 core tp=2 could not compute at once
+    assert tp_problem(dataclasses.replace(problem, shared_cores=4), 2).shared_cores == 2
+    assert "could not compute at once" in (
+        tp_refusal(dataclasses.replace(problem, shared_cores=1), 2) or "")
 
 
 def test_tp_costs_by_hand() -> None:

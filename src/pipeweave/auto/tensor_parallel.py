@@ -13,6 +13,9 @@ become ``m_1 / T`` pipeline ranks each; the levels above are unchanged. The prob
   latency; the view is taken at the profile's micro-batch and scaled with the candidate's
   like every block cost, :mod:`.scaling`), so every bound, floor and the memory model read
   it exactly as the simulator does, and the pruned search's proofs hold per size;
+* ranks sharing ``C`` CPU cores (``shared_cores``): a pipeline rank's ``T`` processes
+  compute together on ``T`` of them, so the pipeline ranks share ``C / T`` groups (a size
+  above ``C`` is not searched: its processes could not compute at once);
 * what the runtime refuses with ``tp > 1`` is not offered: APC and AvgPipe's parallel
   pipelines (one value each), and plans that the plan's own check refuses (asynchronous
   schedules, PipeDream's replicated stages) are counted invalid.
@@ -51,6 +54,10 @@ def tp_refusal(problem: AutoProblem, tp: int) -> str | None:
     if problem.ranks % tp or lowest % tp:
         return (f"tp={tp} does not divide the {lowest} workers of the topology's fastest "
                 f"level (tensor parallelism stays inside it)")
+    cores = problem.shared_cores
+    if cores is not None and cores < tp:
+        return (f"tp={tp} on {cores} shared CPU cores: a pipeline rank's {tp} processes could "
+                f"not compute at once (the split assumes they do)")
     if not tp_ready(problem.profile):
         return (f"tp={tp}: the profile of {problem.profile.model!r} records no tensor-parallel "
                 f"split; profile the model again (pipeweave profile)")
@@ -78,4 +85,5 @@ def tp_problem(problem: AutoProblem, tp: int) -> AutoProblem:
         problem, profile=view(problem.profile), batch_size=problem.batch,
         extra_profiles=tuple(view(p) for p in problem.extra_profiles),
         ranks=problem.ranks // tp, tp=(tp,), apc=(False,), pipelines=(1,),
+        shared_cores=None if problem.shared_cores is None else problem.shared_cores // tp,
         topology=Topology((Level(lowest.machines // tp, lowest.bandwidth), *rest)))

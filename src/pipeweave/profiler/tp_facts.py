@@ -21,7 +21,7 @@ The plan is :func:`pipeweave.models.tp_plan.split_linears` (what the runtime's
   split backward's ``pending_bytes`` (the gradients of the parameter holders' outputs) the
   gradients of these are split too.
 
-``tests/runtime/test_tp_costs.py`` counts the collectives the runtime actually issues
+``tests/runtime/test_tp_facts.py`` counts the collectives the runtime actually issues
 (torch's ``CommDebugMode``) and compares.
 """
 

@@ -34,6 +34,9 @@ shard          ``none``, and under a memory limit ``full`` and ``grad-op`` where
                APC, no tied weights): the
                same training, less memory, more time (the gathers), so only worth it when
                the replicated plan does not fit
+tp             the size whose view the problem's profile is (1: the whole model):
+               :func:`~pipeweave.auto.search.search` runs one search per size of ``--tp``
+               on its own problem (:mod:`pipeweave.auto.tensor_parallel`)
 =============  ===============================================================================
 """
 
@@ -170,6 +173,12 @@ def _shard(partial: dict[str, Any], problem: AutoProblem) -> Iterable[str]:
         yield mode
 
 
+def _tp(partial: dict[str, Any], problem: AutoProblem) -> Iterable[int]:
+    # one size per search, the one its profile is the view of: :func:`~pipeweave.auto.search.
+    # search` searches each size of ``problem.tp`` on its own problem (auto/tensor_parallel.py)
+    yield int(problem.profile.metadata.get("tp", 1))
+
+
 DEFAULT_AXES: tuple[Axis, ...] = (
     Axis("schedule", _schedules),
     Axis("depth", _depths),
@@ -181,6 +190,7 @@ DEFAULT_AXES: tuple[Axis, ...] = (
     Axis("recompute", _recompute),
     Axis("apc", _apc),
     Axis("shard", _shard),
+    Axis("tp", _tp),
 )
 
 

@@ -87,7 +87,7 @@ def candidate_plan(candidate: Candidate, problem: AutoProblem) -> Plan:
                 schedule=candidate.schedule, microbatches=candidate.microbatches,
                 chunks=candidate.chunks, replicas=candidate.replicas,
                 width=1 if candidate.replicas is not None else candidate.width,
-                pipelines=candidate.pipelines, shard=candidate.shard,
+                pipelines=candidate.pipelines, shard=candidate.shard, tp=candidate.tp,
                 recompute=candidate.recomputed(stages),
                 schedule_options=dict(candidate.options))
 
@@ -103,7 +103,7 @@ def candidate_costs(candidate: Candidate, plan: Plan, profile: Profile,
     replicas = tuple(layout.replicas(s) for s in range(layout.num_stages))
     costs = plan_costs(profile, plan.stages, network,
                        replicas if any(r > 1 for r in replicas) else None,
-                       stage_ranks=layout.stage_ranks, shard=plan.shard)
+                       stage_ranks=layout.stage_ranks, shard=plan.shard, tp=plan.tp)
     if plan.recompute:
         costs = _recomputed(costs, plan, profile)
     if candidate.apc:

@@ -4,7 +4,8 @@ A candidate fixes every axis of the search: schedule, partition method, micro-ba
 chunks per rank, parallel pipelines N, pipeline depth d and data-parallel width w
 (``d * w = ranks``), recomputation (how many leading stages recompute), APC and how each
 stage is held over its ``w`` data-parallel ranks (``shard``: replicated, ZeRO-2 or ZeRO-3,
-docs/sharding.md). The global
+docs/sharding.md) and over how many tensor-parallel processes each rank's stage is split
+(``tp``: ``d * w * tp = ranks``, :mod:`pipeweave.auto.tensor_parallel`). The global
 batch B (samples per iteration of one pipeline) is fixed for the whole search, as in WPipe's
 Eq. 3 (``B = b * M * w``: "since B directly affects the accuracy of the model, it is often a
 given value"): a candidate's micro-batch holds ``b = B / M`` samples, and its per-block costs
@@ -121,8 +122,15 @@ class AutoProblem:
     recompute: tuple[int, ...] | None = None
     apc: tuple[bool, ...] | None = None
     shard: tuple[str, ...] | None = None
+    tp: tuple[int, ...] | None = None
+    """Tensor-parallel sizes to search (``None``: 1 only); only for a model the runtime can
+    split (its caller checks: ``pipeweave auto --model`` asks the runtime's
+    ``check_parallelizable``) and a profile that records the split (:mod:`.tensor_parallel`)."""
 
     def __post_init__(self) -> None:
+        for size in self.tp or ():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"tp={size!r}: give tensor-parallel sizes as ints >= 1")
         check_settings(ranks=self.ranks, batch_size=self.batch_size,
                        memory_limit=self.memory_limit, semantics=self.semantics,
                        topology=self.topology, shared_cores=self.shared_cores,
@@ -175,6 +183,7 @@ class Candidate:
     recompute: int
     apc: bool
     shard: str = "none"
+    tp: int = 1
     options: Mapping[str, Any] = field(default_factory=dict)
     bounds: tuple[tuple[int, int], ...] | None = None
     replicas: tuple[int, ...] | None = None
@@ -211,7 +220,7 @@ class Candidate:
         return {"schedule": self.schedule, "method": self.method, "depth": self.depth,
                 "width": self.width, "chunks": self.chunks, "pipelines": self.pipelines,
                 "microbatches": self.microbatches, "recompute": self.recompute, "apc": self.apc,
-                "shard": self.shard}
+                "shard": self.shard, "tp": self.tp}
 
 
 def _check_recompute(count: object) -> None:

@@ -24,7 +24,8 @@ from ..profiler import Profile
 
 __all__ = ["scaled_profile", "time_factor"]
 
-_BYTES = ("output_bytes", "activation_bytes", "peak_memory_bytes")
+_BYTES = ("output_bytes", "activation_bytes", "peak_memory_bytes", "tp_split_activation_bytes",
+          "tp_split_output_bytes")
 
 
 def time_factor(points: Sequence[tuple[int, float]], base: int, size: int) -> float:

@@ -42,6 +42,7 @@ from .budget import Budget, work_units
 from .floors import StateFloor, inflight_floor
 from .held_floor import held_floor
 from .links import default_topology
+from .tensor_parallel import tp_problem, tp_refusal, tp_sizes
 from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
 from .predict import (Prediction, Timed, candidate_costs, candidate_plan, one_copy_suffices,
@@ -248,8 +249,46 @@ def _fastest_link(problem: AutoProblem) -> float:
 
 def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
            progress: Progress | None = None) -> SearchResult:
-    """Search ``problem``'s space (module docstring)."""
+    """Search ``problem``'s space (module docstring), one search per tensor-parallel size
+    (:mod:`.tensor_parallel`; ``time_limit`` shared evenly among them), the results merged."""
     say = progress or (lambda _text: None)
+    sizes = tp_sizes(problem)
+    if sizes == (1,):
+        return _search_one(problem, axes, say)
+    refusals = {size: tp_refusal(problem, size) for size in sizes}
+    searched = [size for size, refused in refusals.items() if refused is None]
+    if not searched:
+        raise ValueError(f"{next(r for r in refusals.values() if r)}; or give tp 1")
+    results = []
+    for size, refused in refusals.items():
+        if refused is not None:
+            say(f"not searched: {refused}")
+            continue
+        say(f"tp={size}: searching {problem.ranks // size} pipeline ranks of {size} processes")
+        sized = tp_problem(problem, size)
+        if problem.time_limit is not None:  # --time-limit shared evenly among the sizes
+            sized = replace(sized, time_limit=problem.time_limit / len(searched))
+        results.append(_search_one(sized, axes, say))
+    return _merged(problem, results)
+
+
+def _merged(problem: AutoProblem, results: Sequence[SearchResult]) -> SearchResult:
+    """One result of the per-size searches (their counts summed, their ranked merged)."""
+    ranked = sorted((p for r in results for p in r.ranked),
+                    key=lambda p: (-p.samples_per_second, p.max_memory, _simplicity(p.candidate)))
+    whole = [r.default for r in results if r.problem.tp == (1,)]
+    counted = ("considered", "invalid", "pruned_time", "pruned_memory", "simulated",
+               "duplicates", "seconds", "unexamined", "over_budget", "refused_ties")
+    return SearchResult(
+        problem=problem, ranked=tuple(ranked),
+        over_limit=tuple(p for r in results for p in r.over_limit),
+        default=whole[0] if whole else default_prediction(replace(problem, tp=None)),
+        tie_reason=next((r.tie_reason for r in results if r.tie_reason), None),
+        **{name: sum(getattr(r, name) for r in results) for name in counted})
+
+
+def _search_one(problem: AutoProblem, axes: Sequence[Axis], say: Progress) -> SearchResult:
+    """Search one tensor-parallel size's space (module docstring)."""
     state = _Search(problem, say)
     candidates = list(enumerate_candidates(problem, axes))
     say(f"{len(candidates)} candidates from {len(axes)} axes")
@@ -497,7 +536,8 @@ def _cannot_beat(samples: float, bound: float, best: float, candidate: Candidate
 
 def _simplicity(candidate: Candidate) -> tuple[Any, ...]:
     """Tie-break: fewer features first (no recompute, no APC, one pipeline, one chunk)."""
-    return (candidate.recompute, candidate.apc, candidate.pipelines, candidate.chunks,
+    return (candidate.recompute, candidate.apc, candidate.tp, candidate.pipelines,
+            candidate.chunks,
             candidate.schedule != SAFE_SCHEDULE, candidate.method != "uniform")
 
 

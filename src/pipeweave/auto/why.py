@@ -26,6 +26,7 @@ from pathlib import Path
 from ..ir import COMPUTE_OPS, Op
 from ..planner.evaluate import simulated_iterations
 from ..sim import SimulationResult, simulate
+from .tensor_parallel import tp_problem
 from .predict import Prediction, candidate_costs, one_copy_suffices
 from .problem import AutoProblem
 from .timing import plan_schedule
@@ -76,6 +77,8 @@ def _busiest(result: SimulationResult) -> tuple[float, float]:
 def _simulated(prediction: Prediction, problem: AutoProblem, *,
                free_transfers: bool) -> SimulationResult:
     plan = prediction.plan
+    if plan.tp != problem.profile.metadata.get("tp", 1):  # its own size's problem
+        problem = tp_problem(problem, plan.tp)
     costs = candidate_costs(prediction.candidate, plan, problem.profile, problem)
     if free_transfers:
         costs = dataclasses.replace(costs, comm=0.0, boundary_bytes=None, bandwidth=None,

@@ -90,6 +90,9 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how stages may be held over their data-parallel copies "
                              "(docs/sharding.md; default: none, and full and grad-op too "
                              "under --memory-limit)")
+    parser.add_argument("--tp", default=None, metavar="auto|1,2,...",
+                        help="tensor-parallel sizes to search (docs/sharding.md; default: 1, "
+                             "and under --memory-limit every size the model can be split at)")
     parser.add_argument("--methods", default=None, metavar="A,B,...",
                         help="search only these partition methods (default: all)")
     parser.add_argument("--microbatches", default=None, metavar="M1,M2,...",
@@ -287,8 +290,17 @@ def _fitted(args: argparse.Namespace,
     return problem, fit
 
 
+def _tp(args: argparse.Namespace, limit: float | None) -> tuple[int, ...] | None:
+    from .auto_tp import auto_tp_sizes
+
+    model, overrides = chosen_model(args)
+    return auto_tp_sizes(args.tp, model=model, overrides=overrides, ranks=args.ranks,
+                         limited=limit is not None)
+
+
 def run(args: argparse.Namespace) -> int:
     limit, topology = _check(args)
+    sizes = _tp(args, limit)  # the runtime's own check, before anything is profiled
     profile, *others = _profiles(args)
     problem = AutoProblem(
         profile=profile, extra_profiles=tuple(others), ranks=args.ranks, batch_size=args.batch_size,
@@ -296,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
         optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
         methods=_names(args.methods), microbatches=_counts(args.microbatches),
-        shard=_names(args.shard))
+        shard=_names(args.shard), tp=sizes)
     problem, fit = _fitted(args, problem)
     if args.profile_out is not None:
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)
@@ -400,7 +412,7 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
         "width": c.width, "chunks": c.chunks, "replicas": list(c.replicas) if c.replicas
         else None, "recompute": sum(p.plan.recompute),
         "recompute_per_stage": [p.plan.recompute_stage(s) for s in range(len(p.plan.stages))],
-        "apc": c.apc, "shard": c.shard, "training": c.training(),
+        "apc": c.apc, "shard": c.shard, "tp": c.tp, "training": c.training(),
         "predicted_iteration_time": p.iteration_time,
         "predicted_samples_per_second": p.samples_per_second,
         "predicted_bubble_fraction": p.bubble_fraction,
@@ -464,7 +476,7 @@ def _shape(p: Prediction) -> str:
     c = p.candidate
     text = f"{c.depth}x{c.width}" if c.replicas is None else f"RR {list(c.replicas)}"
     return text + (f" v{c.chunks}" if c.chunks > 1 else "") + (
-        f" {c.shard}" if c.shard != "none" else "")
+        f" {c.shard}" if c.shard != "none" else "") + (f" tp{c.tp}" if c.tp > 1 else "")
 
 
 def _time_cells(row: TimeToLoss | None) -> tuple[str, ...]:

@@ -29,6 +29,9 @@ Every planner is judged the same way: the plan's schedule is simulated
     sharded     a plan whose stages FSDP2 shards over their replicas (``Plan.shard``): the
                 gathers in each forward (and each B, I and W, ``full``) and a reduce-scatter in
                 place of the all-reduce (:mod:`.sharded_costs`)
+    tensor      a plan whose stages are split over ``tp`` processes (``Plan.tp``): the costs
+    parallel    of one of them, the compute of split blocks / tp plus the plan's activation
+                all-reduces over ``Network.tp_bandwidth`` (:mod:`.tp_costs`)
 
 :class:`Evaluator` builds the schedule once and re-times it for each candidate partition,
 which is what AutoPipe's search loop needs.
@@ -49,6 +52,7 @@ from ..sim import Costs, PathTiming, SimulationResult, simulate, simulate_path
 from .partition import Bounds
 from .pipedream import allreduce_time
 from .sharded_costs import sharded_times
+from .tp_costs import tp_profile
 
 __all__ = ["Network", "plan_costs", "tie_sums", "Evaluator", "simulated_iterations",
            "sharing_overhead_of"]
@@ -72,6 +76,9 @@ class Network:
     latency: float = 0.0
     allreduce_bandwidth: float | Sequence[float] | None = None
     shared_cores: int | None = None
+    tp_bandwidth: float | None = None
+    """Bytes/s among a stage's tensor-parallel processes (``None``: ``bandwidth`` when it is
+    one number, else free); read when ``plan_costs`` is given ``tp > 1``."""
 
     def boundary(self, index: int) -> float:
         return float(self.bandwidth if isinstance(self.bandwidth, (int, float))
@@ -87,10 +94,17 @@ class Network:
 def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
                replicas: Sequence[int] | None = None,
                stage_ranks: Sequence[Sequence[int]] | None = None,
-               shard: str = "none") -> Costs:
+               shard: str = "none", tp: int = 1) -> Costs:
     """Per-stage simulator costs of ``bounds`` (module docstring); ``stage_ranks``: the ranks
     of each stage (default: a rank each), which says which tie holders share a rank;
-    ``shard``: how the stages are held over their ``replicas`` (``Plan.shard``)."""
+    ``shard``: how the stages are held over their ``replicas`` (``Plan.shard``); ``tp``: the
+    stages split over that many tensor-parallel processes (``Plan.tp``), costed as one of
+    them (:func:`.tp_costs.tp_profile` at ``network.tp_bandwidth``)."""
+    if tp > 1:
+        link = network.tp_bandwidth
+        if link is None:
+            link = network.bandwidth if isinstance(network.bandwidth, (int, float)) else math.inf
+        profile = tp_profile(profile, tp, bandwidth=float(link), latency=network.latency)
     blocks = profile.blocks
     overhead = sharing_overhead_of(profile) if network.shared_cores is not None else 1.0
     forward = [overhead * sum(b.forward for b in blocks[a:e]) for a, e in bounds]

@@ -18,7 +18,12 @@ them up (its docstrings give the formulas):
   (``recorded_bytes``, from the F);
 * messages: one received activation (the stage's input) and one sent (its output);
 * workspace: the largest of the stage's blocks' ``peak_memory_bytes`` less what the block
-  keeps (saved tensors, output, gradients), plus what a recomputing backward rebuilds.
+  keeps (saved tensors, output, gradients), plus what a recomputing backward rebuilds;
+* a tensor-parallel plan (``Plan.tp > 1``): every byte above as one of its ``tp`` processes
+  holds it (:func:`.tp_costs.tp_profile`: the split linears' parameters, gradients,
+  optimizer state and split activations ``1/tp``, the rest whole), by
+  :func:`predicted_memory` and :func:`predicted_state`; the helpers below read the profile
+  they are given.
 
 ``docs/memory.md`` compares the total with the peak of live tensor bytes measured at the
 allocator (``Job.track_allocations``) for every schedule.
@@ -36,6 +41,7 @@ from ..profiler import Profile
 from ..schedules import Shape, get_info
 from .memory_shape import ShapeAnalysis, shape_analysis
 from .plan import Plan
+from .tp_costs import tp_profile
 
 __all__ = ["RankMemory", "ModelState", "predicted_memory", "predicted_state", "OPTIMIZER_STATE",
            "optimizer_state_bytes", "stage_activation_bytes", "stage_weights", "plan_analysis",
@@ -58,6 +64,7 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
     bytes-weighted walk.
     """
     _check_profile(profile, plan)
+    profile = tp_profile(profile, plan.tp)
     if optimizer is not None:
         check_optimizer(optimizer)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -83,6 +90,7 @@ def predicted_state(profile: Profile, plan: Plan, *, optimizer: str = "adam",
     activation, as ``train --memory-limit`` checks it."""
     _check_profile(profile, plan)
     check_optimizer(optimizer)
+    profile = tp_profile(profile, plan.tp)
     return _state(profile, plan, optimizer, plan_analysis(plan, iterations))
 
 

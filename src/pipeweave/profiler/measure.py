@@ -59,6 +59,7 @@ from ..devices import require_device
 from ..models import ModelSpec
 from ..precision import cast_input, cast_module, check_precision, compute
 from ..saved_tensors import observing_saved
+from .tp_facts import tp_facts
 from ..split_backward import input_gradient, recording, weight_gradient
 from ..host import machine_cores
 from .apc_rate import measure_apc_rate
@@ -272,6 +273,7 @@ def measure_block(
     input_grad, weight_grad, pending, recorded = _split_times(block, inputs, loss_fn, targets,
                                                               repeats)
     spread = _spread([run.forward + run.backward for run in runs])
+    tp = tp_facts(block, inputs)
     return BlockProfile(
         name=name,
         forward=statistics.median(run.forward for run in runs),
@@ -286,6 +288,11 @@ def measure_block(
         peak_memory_bytes=_peak_memory(block, inputs, loss_fn, targets),
         pending_bytes=pending,
         recorded_bytes=recorded,
+        tp_split_parameter_bytes=tp.split_parameter_bytes,
+        tp_split_activation_bytes=min(tp.split_saved_bytes, runs[-1].saved_bytes),
+        tp_forward_reduces=tp.forward_reduces,
+        tp_backward_reduces=tp.backward_reduces,
+        tp_split_output_bytes=tp.split_output_bytes,
     ), spread
 
 

@@ -74,9 +74,13 @@ blocks' own parameters (every profile measured since; see :attr:`Profile.stash_b
 
 _BLOCK_NUMBERS = ("forward", "backward", "output_bytes", "activation_bytes", "parameter_bytes",
                   "optimizer_bytes", "peak_memory_bytes", "update", "weight_grad", "input_grad",
-                  "pending_bytes", "recorded_bytes")
+                  "pending_bytes", "recorded_bytes", "tp_split_parameter_bytes",
+                  "tp_split_activation_bytes", "tp_forward_reduces", "tp_backward_reduces",
+                  "tp_split_output_bytes")
+_TP = ("tp_split_parameter_bytes", "tp_split_activation_bytes", "tp_forward_reduces",
+       "tp_backward_reduces", "tp_split_output_bytes")
 _OPTIONAL = frozenset({"optimizer_bytes", "peak_memory_bytes", "update", "weight_grad",
-                       "input_grad", "pending_bytes", "recorded_bytes"})
+                       "input_grad", "pending_bytes", "recorded_bytes", *_TP})
 
 
 @dataclass(frozen=True)
@@ -96,12 +100,22 @@ class BlockProfile:
     input_grad: float = 0.0
     pending_bytes: float = 0.0
     recorded_bytes: float = 0.0
+    tp_split_parameter_bytes: float = 0.0
+    tp_split_activation_bytes: float = 0.0
+    tp_forward_reduces: float = 0.0
+    tp_backward_reduces: float = 0.0
+    tp_split_output_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"a block profile needs a non-empty name, got {self.name!r}")
         for name in _BLOCK_NUMBERS:
             object.__setattr__(self, name, _number(f"block {self.name!r} {name}", getattr(self, name)))
+        for part, whole in (("tp_split_parameter_bytes", "parameter_bytes"),
+                            ("tp_split_activation_bytes", "activation_bytes")):
+            if getattr(self, part) > getattr(self, whole):
+                raise ValueError(f"block {self.name!r} {part}={getattr(self, part):g} exceeds "
+                                 f"{whole}={getattr(self, whole):g}; give at most the whole")
 
     @property
     def compute(self) -> float:
@@ -283,7 +297,8 @@ class Profile:
             "apc_bytes_per_second": self.apc_bytes_per_second,
             "link": None if self.link is None else {"bandwidth": self.link.bandwidth,
                                                     "latency": self.link.latency},
-            "blocks": [{f.name: getattr(b, f.name) for f in fields(b)} for b in self.blocks],
+            "blocks": [{f.name: getattr(b, f.name) for f in fields(b)
+                        if f.name not in _TP or getattr(b, f.name)} for b in self.blocks],
             "metadata": dict(self.metadata),
             **({} if self.runtime is None else {"runtime": self.runtime.to_json()}),
             **({"ties": [{"blocks": list(t.blocks), "parameter_bytes": t.parameter_bytes,

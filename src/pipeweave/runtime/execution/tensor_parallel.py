@@ -41,6 +41,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, R
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from ...models.gpt import AttentionBlock, Embedding, FFNBlock, Head, TransformerLayer
+from ...models.tp_plan import split_linears
 
 __all__ = ["RankMesh", "make_rank_mesh", "parallelize_stage", "check_parallelizable"]
 
@@ -133,28 +134,15 @@ def _has(part: nn.Module, names: Sequence[str]) -> bool:
     return all(isinstance(getattr(part, n, None), nn.Linear) for n in names)
 
 
-def _styles(part: nn.Module) -> dict[str, ParallelStyle]:
-    """The split of one attention or MLP module (its linears by name; module docstring)."""
-    if isinstance(part, AttentionBlock):
-        return {"qkv": _HeadsColwise(), "proj": RowwiseParallel()}
-    if isinstance(part, FFNBlock):
-        return {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
-    if _has(part, _HF_ATTENTION):  # the Llama family: q, k, v by (key-value) heads
-        return {"q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(),
-                "v_proj": ColwiseParallel(), "o_proj": RowwiseParallel()}
-    if _has(part, _HF_MLP):  # SwiGLU: gate and up by hidden units, down row-wise
-        return {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(),
-                "down_proj": RowwiseParallel()}
-    return {}
+def _style(kind: str) -> ParallelStyle:
+    """The torch style of one kind of :func:`~pipeweave.models.tp_plan.split_linears`."""
+    return {"heads": _HeadsColwise, "column": ColwiseParallel, "row": RowwiseParallel}[kind]()
 
 
 def _plan(block: nn.Module) -> dict[str, ParallelStyle]:
-    """Every split linear of ``block``, by its path in the block."""
-    plan: dict[str, ParallelStyle] = {}
-    for name, part in block.named_modules():
-        plan.update({f"{name}.{key}" if name else key: style
-                     for key, style in _styles(part).items()})
-    return plan
+    """Every split linear of ``block``, by its path in the block (one description,
+    :mod:`pipeweave.models.tp_plan`, that the profiler reads too)."""
+    return {name: _style(kind) for name, kind in split_linears(block).items()}
 
 
 def parallelize_stage(module: nn.Module, tp_mesh: DeviceMesh) -> None:

@@ -1,0 +1,47 @@
+"""The memory model sees tensor-parallel stages (``Plan.tp``, docs/sharding.md): a process of
+``--mesh pp=2,tp=2`` holds half of its split linears' parameters, gradients and Adam state,
+half of the activations saved between a column-wise and a row-wise linear, and the rest whole
+(embeddings, norms, the head, what the norms save, the stage boundaries). The prediction is
+compared with the peak of live tensor bytes at torch's allocator on real processes
+(gpt-small, Adam): 1F1B -2.0 % on both stages (-7.3 % on stage 1 in one of three runs),
+zb-h1 -1.5 % and -1.1 % (its W keeps the split output gradients too), and
+``pp=2,dp=2,tp=2 --shard full`` -0.8 % to -3.3 % on its four pipeline ranks (docs/sharding.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeweave.models import default_seq_len
+from pipeweave.planner import Plan
+from pipeweave.planner.memory import predicted_memory
+from pipeweave.profiler.measure import profile_builtin
+from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, launch_local
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("schedule", "width", "shard"),
+                         [("1f1b", 1, "none"), ("zb-h1", 1, "none"),
+                          ("1f1b", 2, "full")])  # pp=2,dp=2,tp=2: FSDP2 on the tp shares
+def test_tp_prediction_within_ten_percent_of_the_allocator(schedule: str, width: int,
+                                                           shard: str) -> None:
+    model, batch = "gpt-small", 4
+    profile = profile_builtin(model, batch_size=1, warmup=0, repeats=1, optimizer="adam")
+    plans = {tp: Plan.uniform(profile.num_blocks, 2, schedule=schedule, microbatches=4, tp=tp,
+                              width=width, shard=shard) for tp in (1, 2)}
+    job = Job(plan=plans[2], steps=2, model=BuiltinModel(model),
+              data=BuiltinData("stdlib-bytes", batch_size=batch, seq_len=default_seq_len(model),
+                               seed=0),
+              optimizer=OptimizerFactory("adam"), track_allocations=True,
+              record_timeline=False, timeout_s=300.0)
+    measured = [r.peak_allocated_bytes for r in sorted(launch_local(job, deadline_s=500),
+                                                       key=lambda r: r.rank)]
+    predicted, whole = ([r.total for r in predicted_memory(profile, plans[tp], batch_size=batch,
+                                                           optimizer="adam")]
+                        for tp in (2, 1))
+    # within 2.0 % in most runs when written (-7.3 % once); 10 %, the issue's bound, leaves
+    # the run-to-run spread of the peaks room; the whole stage's prediction is 70 % over
+    for rank, (p, m) in enumerate(zip(predicted, measured)):
+        assert m is not None
+        assert abs(p - m) / m < 0.10, (rank, p, m)
+        assert whole[rank] > 1.3 * m, (rank, whole[rank], m)

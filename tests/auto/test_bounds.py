@@ -89,6 +89,28 @@ def test_bounds_hold_where_all_reduces_dominate(ranks: int, topology: str) -> No
     assert checked > 100 and reduce_heavy > 50
 
 
+@pytest.mark.parametrize("topology", ["2x1e9,4x1e8", "8x2e8"])
+def test_bounds_hold_for_sharded_candidates(topology: str) -> None:
+    """A sharded candidate's shape bound counts its parameter gathers (every F, and every
+    backward with ``full``) and stays below its simulated time; without them it would be
+    the replicated candidate's bound, far below where gathers dominate."""
+    profile = _heavy(small_profile(5, blocks=8, link=LinkProfile(2e8, 2e-5)), 60.0)
+    problem = AutoProblem(profile=profile, ranks=8, topology=Topology.parse(topology),
+                          methods=("uniform", "time"), microbatches=(8, 16),
+                          shard=("full", "grad-op"))
+    link = max(level.bandwidth for level in problem.topology.levels)  # type: ignore[union-attr]
+    checked = raised = 0
+    for candidate, plan, scaled, costs, time in _simulated(problem):
+        assert candidate.shard in ("full", "grad-op") and plan.shard == candidate.shard
+        bound = shape_bound(candidate, scaled, problem, link)
+        assert bound <= time * (1 + 1e-9), candidate
+        assert plan_bound(plan, costs, problem) <= time * (1 + 1e-9), candidate
+        raised += bound > 1.5 * shape_bound(replace(candidate, shard="none"), scaled,
+                                            problem, link)
+        checked += 1
+    assert checked > 20 and raised > checked // 2
+
+
 def test_one_copy_predicts_like_the_whole_plan() -> None:
     """For width > 1 the search simulates copy 0 alone (auto/copies.py): same time and memory
     as simulating and asking the memory model about every copy."""

@@ -83,7 +83,12 @@ class StateFloor:
         if candidate.shard != "none" and candidate.width > 1:
             share = 1.0 / candidate.width
             per_copy = (1.0 + share) * self.weights + share * self.state
-        return max(candidate.pipelines * per_copy / candidate.depth, self.held(candidate))
+        return candidate.pipelines * per_copy / candidate.depth
+
+    def peak(self, candidate: Candidate) -> float:
+        """Bytes some rank of ``candidate``'s memory model holds at its peak, on every split:
+        the larger of the static floor and :meth:`held`."""
+        return max(self(candidate), self.held(candidate))
 
     def held(self, candidate: Candidate) -> float:
         """The floor of :func:`~pipeweave.auto.held_floor.held_floor` over every split

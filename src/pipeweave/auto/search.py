@@ -339,7 +339,7 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
             candidate, problem.time_limit - (time.perf_counter() - state.started)):
         state.over_budget += 1  # too long for the time left; a cheaper one may fit
         return None
-    if problem.memory_limit is not None and state.state_floor(candidate) > problem.memory_limit:
+    if problem.memory_limit is not None and state.state_floor.peak(candidate) > problem.memory_limit:
         state.pruned_memory += 1  # no split fits: its method is not run (auto/floors.py)
         return None
     try:

@@ -7,7 +7,8 @@
                                    partition (planner methods), options, plan
                                    static memory > limit?            ─► pruned
                                    held floor > limit (held_floor.py)? ─► pruned
-                                   plan bound can't beat the best?   ─► pruned
+                                   plan bound (or a simulated twin
+                                   recomputing fewer stages) can't beat the best? ─► pruned
                                    simulate (timing only)            ─► simulated
                                    memory floor > limit?             ─► pruned (memory)
                                    memory model: peak > limit?       ─► over the limit, never chosen

@@ -89,9 +89,33 @@ def test_bounds_hold_where_all_reduces_dominate(ranks: int, topology: str) -> No
     assert checked > 100 and reduce_heavy > 50
 
 
-def test_one_copy_predicts_like_the_whole_plan() -> None:
+@pytest.mark.parametrize("topology", ["2x1e9,4x1e8", "8x2e8"])
+def test_bounds_hold_for_sharded_candidates(topology: str) -> None:
+    """A sharded candidate's shape bound counts its parameter gathers (every F, and every
+    backward with ``full``) and stays below its simulated time; without them it would be
+    the replicated candidate's bound, far below where gathers dominate."""
+    profile = _heavy(small_profile(5, blocks=8, link=LinkProfile(2e8, 2e-5)), 60.0)
+    problem = AutoProblem(profile=profile, ranks=8, topology=Topology.parse(topology),
+                          methods=("uniform", "time"), microbatches=(8, 16),
+                          shard=("full", "grad-op"))
+    link = max(level.bandwidth for level in problem.topology.levels)  # type: ignore[union-attr]
+    checked = raised = 0
+    for candidate, plan, scaled, costs, time in _simulated(problem):
+        assert candidate.shard in ("full", "grad-op") and plan.shard == candidate.shard
+        bound = shape_bound(candidate, scaled, problem, link)
+        assert bound <= time * (1 + 1e-9), candidate
+        assert plan_bound(plan, costs, problem) <= time * (1 + 1e-9), candidate
+        raised += bound > 1.5 * shape_bound(replace(candidate, shard="none"), scaled,
+                                            problem, link)
+        checked += 1
+    assert checked > 20 and raised > checked // 2
+
+
+@pytest.mark.parametrize("shard", ["none", "full", "grad-op"])
+def test_one_copy_predicts_like_the_whole_plan(shard: str) -> None:
     """For width > 1 the search simulates copy 0 alone (auto/copies.py): same time and memory
-    as simulating and asking the memory model about every copy."""
+    as simulating and asking the memory model about every copy, sharded or not (copy 0 is
+    told it holds 1/w of each stage)."""
     from pipeweave.auto.predict import candidate_plan
     from pipeweave.planner.memory import predicted_memory
     from pipeweave.schedules import build_schedule
@@ -99,7 +123,8 @@ def test_one_copy_predicts_like_the_whole_plan() -> None:
 
     profile = small_profile(8, blocks=8, link=LinkProfile(2e8, 2e-5))
     problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
-                          methods=("time",), microbatches=(4, 8), depths=(2,))
+                          methods=("time",), microbatches=(4, 8), depths=(2,),
+                          shard=(shard,))
     state = _Search(problem, lambda _text: None)
     checked = 0
     for candidate in enumerate_candidates(problem):
@@ -110,7 +135,7 @@ def test_one_copy_predicts_like_the_whole_plan() -> None:
             prediction = predict(done, scaled, problem)
         except ValueError:
             continue
-        assert plan.width == 2
+        assert plan.width == 2 and plan.shard == shard
         whole = simulate(build_schedule(plan.schedule, plan.shape(
             1 if get_info(plan.schedule).synchronous else 4)),
             candidate_costs(done, candidate_plan(done, problem), scaled, problem))

@@ -9,6 +9,7 @@ import pytest
 
 from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem, enumerate_candidates
+from pipeweave.auto.floors import StateFloor
 from pipeweave.auto.held_floor import HELD_AT_LEAST, held_at_least, held_floor
 from pipeweave.auto.memory import memory_floor
 from pipeweave.auto.predict import one_copy_suffices
@@ -93,3 +94,30 @@ def test_floor_is_below_memory_floor_and_not_vacuous() -> None:
         tight += max(floor) >= 0.9 * max(walked)
         checked += 1
     assert checked > 50 and tight > checked // 3
+
+
+def test_shape_floor_is_below_every_split_and_not_vacuous() -> None:
+    """floors.StateFloor.held, before partitioning, never exceeds held_floor of any split the
+    partition methods make of the candidate, and comes close on the schedules that hold many
+    micro-batches on every stage (GPipe, zero bubble)."""
+    profile = small_profile(3, blocks=12, link=LinkProfile(2e8, 2e-5))
+    problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
+                          methods=("uniform", "time", "parameters"), microbatches=(4, 8, 16),
+                          memory_limit=1e12, shard=("none", "full"))
+    state, shape_floor = _Search(problem, lambda _text: None), StateFloor(problem)
+    checked = tight = 0
+    for candidate in enumerate_candidates(problem):
+        if not _valid_shape(candidate, problem):
+            continue
+        try:
+            _, plan, _ = state.complete(candidate)
+        except ValueError:
+            continue
+        floor, bound = held_floor(problem, plan), shape_floor.held(candidate)
+        if not floor:
+            assert bound == 0.0, candidate
+            continue
+        assert bound <= max(floor), candidate
+        tight += bound >= 0.5 * max(floor) and candidate.schedule in ("gpipe", "zb-h2")
+        checked += bound > 0
+    assert checked > 50 and tight > 10

@@ -22,6 +22,8 @@ def _exhaustive(problem: AutoProblem, monkeypatch: pytest.MonkeyPatch) -> search
         patch.setattr(search_module, "_cannot_beat", lambda *args: False)
         patch.setattr(search_module._Search, "over_floor", lambda self, plan: False)
         patch.setattr(StateFloor, "__call__", lambda self, candidate: 0.0)
+        patch.setattr(StateFloor, "peak", lambda self, candidate: 0.0)
+        patch.setattr(search_module._Search, "twin_bound", lambda self, plan, key: 0.0)
         patch.setattr(search_module, "static_memory", lambda problem, plan: [0.0])
         patch.setattr(search_module, "inflight_floor", lambda *args: [0.0])
         patch.setattr(search_module, "held_floor", lambda problem, plan: [])
@@ -93,3 +95,35 @@ def test_the_inflight_floor_is_below_every_predicted_peak(seed: int) -> None:
             assert bound <= peak * (1 + 1e-12), (candidate, bound, peak)
         checked += 1
     assert checked > 500
+
+
+def test_recomputation_never_shortens_a_plan() -> None:
+    """The twin bound's premise (search._Search.twin_bound): a plan recomputing a superset of
+    another's stages, the same plan otherwise, simulates no faster; on every synchronous
+    schedule, every prefix, with and without APC."""
+    from pipeweave.auto.predict import simulate_candidate
+
+    problem = dataclasses.replace(_problem(5, 1e15, True), schedules=None,
+                                  methods=("uniform", "time"), recompute=tuple(range(9)),
+                                  apc=(False, True))
+    state = search_module._Search(problem, lambda _text: None)
+    times: dict[str, list[tuple[tuple[bool, ...], float]]] = {}
+    for candidate in search_module.enumerate_candidates(problem):
+        if not search_module._valid_shape(candidate, problem):
+            continue
+        try:
+            done, plan, scaled = state.complete(candidate)
+            time = simulate_candidate(done, scaled, problem).iteration_time
+        except ValueError:
+            continue
+        if search_module.get_info(plan.schedule).synchronous:
+            key = search_module._twin_key(plan.to_json(), done.apc)
+            times.setdefault(key, []).append((search_module._recomputed(plan), time))
+    pairs = 0
+    for twins in times.values():
+        for mine, time in twins:
+            for theirs, other in twins:
+                if mine != theirs and all(m or not t for m, t in zip(mine, theirs)):
+                    assert time >= other * (1 - 1e-12), (mine, theirs)
+                    pairs += 1
+    assert pairs > 200

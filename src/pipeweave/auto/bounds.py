@@ -33,7 +33,9 @@ and the busiest rank starts no earlier than the earliest head of its stages::
 With ``c`` shared cores the ranks' compute (not their all-reduces) needs at least
 ``total / c``. Before a candidate is partitioned only the model's totals are known: the work
 of one copy spread over its ``d`` ranks (the all-reduce priced at the fastest link any
-stage's replicas share, :func:`~pipeweave.auto.links.replica_bandwidths`), the heaviest block
+stage's replicas share, :func:`~pipeweave.auto.links.replica_bandwidths`; a sharded
+candidate's per-block parameter gathers at that link too, in every F and, ``full``, every
+backward), the heaviest block
 on one rank, and the head-and-tail chain minimised over every split of the model into its
 ``S = d x chunks`` stages: with per-micro-batch cost ``C = sum of (F + g)`` and ``alpha`` the
 smallest ratio of a block's chain cost ``F/2 + g`` to ``F + g``, stages ``c_0, c_1, ...``
@@ -87,6 +89,7 @@ class _Totals:
     smallest: tuple[float, ...]  # [k]: the sum of the k smallest block forwards
     first_parameters: float  # of block 0, which the first stage always holds
     first_update: float
+    gathered: float  # sum over blocks of their parameter bytes (a sharded F gathers each)
 
 
 _TOTALS: dict[tuple[int, bool, bool], tuple[Profile, _Totals]] = {}
@@ -115,7 +118,8 @@ def _totals(profile: Profile, recompute: bool, splits: bool) -> _Totals:
         alpha=min((c / w for c, w in zip(chain, per_block) if w > 0), default=1.0),
         smallest=tuple(itertools.accumulate(sorted(b.forward for b in profile.blocks),
                                             initial=0.0)),
-        first_parameters=first.parameter_bytes, first_update=first.update)
+        first_parameters=first.parameter_bytes, first_update=first.update,
+        gathered=sum(b.parameter_bytes for b in profile.blocks))
     if len(_TOTALS) > 256:
         _TOTALS.clear()
     _TOTALS[key] = (profile, totals)
@@ -141,7 +145,8 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
     link = min(fastest_link, _replica_link(problem, candidate.depth, candidate.width))
     reduction = _reduction(candidate)
     reduce = reduction(totals.parameters, candidate.width, link) * candidate.pipelines
-    copy = per_replica * (totals.work + extra) + update + reduce
+    copy = per_replica * (totals.work + extra + _gathers(candidate, totals, link)) \
+        + update + reduce
     bound = copy / candidate.depth
     may_replicate = candidate.width == 1 and candidate.chunks == 1
     if not may_replicate:
@@ -161,9 +166,21 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
 
 def _reduction(candidate: Candidate) -> Callable[[float, int, float], float]:
     """The gradient reduction among a stage's copies: the all-reduce, or a sharded stage's
-    reduce-scatter (one ring phase, :mod:`pipeweave.planner.sharded_costs`; its gathers only
-    add time, so they are left out of the bound)."""
+    reduce-scatter (one ring phase, :mod:`pipeweave.planner.sharded_costs`; its gathers are
+    :func:`_gathers`)."""
     return allreduce_time if candidate.shard == "none" else ring_phase_time
+
+
+def _gathers(candidate: Candidate, totals: _Totals, link: float) -> float:
+    """Per micro-batch of a sharded candidate: the parameter all-gathers of every block in
+    its forward and, sharded ``full``, again in its backward (a split backward's ``I`` and
+    ``W`` each, so ``min(B + g, I + W + 2g) >= min(B, I + W) + g``), at the fastest link any
+    stage's replicas share and without the message latencies
+    (:mod:`pipeweave.planner.sharded_costs`: ring phases are linear in the bytes)."""
+    if candidate.shard == "none" or candidate.width < 2:
+        return 0.0
+    gather = ring_phase_time(totals.gathered, candidate.width, link)
+    return gather * (2.0 if candidate.shard == "full" else 1.0)
 
 
 def _replica_link(problem: AutoProblem, depth: int, width: int) -> float:

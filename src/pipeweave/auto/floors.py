@@ -27,9 +27,24 @@ A candidate sharded over its ``w`` copies (``shard`` ``full`` or ``grad-op``) ke
 the parameters and optimizer state, its gradients whole until the reduce-scatter, and
 gathered parameters besides (:class:`pipeweave.memory.Sharding`),
 so its floor is ``N ((1 + 1/w) |W| + K / w) / d``, leaving out what it gathers.
+
+The same mean bounds :func:`~pipeweave.auto.held_floor.held_floor` over every split, for a
+synchronous candidate of one pipeline that cannot replicate a stage (``w > 1`` or several
+chunks: every stage on one rank of each copy) and recomputes nothing. Rank ``r`` of copy 0
+holds at least its parameters and optimizer state and, at one moment, its stages' largest
+``a_s c_s`` (``c_s`` the micro-batches stage ``s`` surely holds, at least ``c =`` their least
+over the stages; ``a_s`` at least the saved bytes of the stage's blocks, and the ``S`` stages
+take every block), so with ``k`` chunks a rank and ``share = 1/w`` sharded (else 1)::
+
+    max over r of held_floor(r)  >=  (share (|W| + K) + c sum over blocks of a_b / k) / d
+
+which at planning scale prunes the zero-bubble and GPipe shapes (``c`` = ``P`` to ``M``)
+whose activations cannot fit on any split before a partition method runs.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from ..memory import model_state
 from ..planner.memory import (optimizer_state_bytes, plan_sharding, stage_activation_bytes,
@@ -38,6 +53,8 @@ from ..planner.plan import Plan
 from ..schedules import get_info
 from ..sim import Costs
 from .bounds import round_trips
+from .held_floor import held_at_least
+from .memory import ROUNDING
 from .problem import AutoProblem, Candidate
 
 __all__ = ["StateFloor", "inflight_floor"]
@@ -56,6 +73,9 @@ class StateFloor:
         self.weights, self.state = weights, state
         self.per_copy = 2.0 * weights + state
         """``2 |W| + K``: a pipeline copy's model state, summed over its ranks."""
+        self.problem = problem
+        self.saved = sum(profile.stash_bytes)
+        """``sum over blocks of a_b`` at the profile's micro-batch."""
 
     def __call__(self, candidate: Candidate) -> float:
         """Bytes some rank of ``candidate`` holds at least, on every split."""
@@ -64,6 +84,33 @@ class StateFloor:
             share = 1.0 / candidate.width
             per_copy = (1.0 + share) * self.weights + share * self.state
         return candidate.pipelines * per_copy / candidate.depth
+
+    def peak(self, candidate: Candidate) -> float:
+        """Bytes some rank of ``candidate``'s memory model holds at its peak, on every split:
+        the larger of the static floor and :meth:`held`."""
+        return max(self(candidate), self.held(candidate))
+
+    def held(self, candidate: Candidate) -> float:
+        """The floor of :func:`~pipeweave.auto.held_floor.held_floor` over every split
+        (module docstring; 0 where it does not apply)."""
+        if candidate.pipelines != 1 or candidate.recompute or not get_info(
+                candidate.schedule).synchronous or (candidate.width == 1
+                                                    and candidate.chunks == 1):
+            return 0.0
+        depth = candidate.depth
+        least = _least_held(candidate.schedule, candidate.stages, depth,
+                            candidate.microbatches // candidate.width)  # one copy's M
+        batch = self.problem.profile.batch_size
+        scale = 1.0 if batch is None else self.problem.batch // candidate.microbatches / batch
+        share = 1.0 / candidate.width if candidate.shard != "none" else 1.0
+        held = least * scale * self.saved / candidate.chunks * (1.0 - ROUNDING)
+        return (share * (self.weights + self.state) + held) / depth
+
+
+@lru_cache(maxsize=4096)
+def _least_held(schedule: str, stages: int, depth: int, microbatches: int) -> int:
+    """The fewest micro-batches any stage of the shape surely holds."""
+    return min(held_at_least(schedule, s, stages, depth, microbatches) for s in range(stages))
 
 
 def inflight_floor(problem: AutoProblem, plan: Plan, costs: Costs, period: float) -> list[float]:

@@ -69,10 +69,11 @@ def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> 
     """Predicted peak bytes of every rank (module docstring); ``one_copy``: the plan's
     data-parallel copies are identical (:mod:`pipeweave.auto.copies`), so copy 0 is asked
     and its ranks' numbers repeat for every copy."""
-    if one_copy and plan.shard == "none":  # a sharded copy's state depends on the others
+    if one_copy:  # a sharded copy holds 1/w of each stage: told by its sharding
         ranks = predicted_memory(problem.profile, one_copy_plan(plan),
                                  batch_size=problem.batch // plan.width,
-                                 optimizer=problem.optimizer, copies_of=plan.width)
+                                 optimizer=problem.optimizer, copies_of=plan.width,
+                                 sharding=plan_sharding(plan))
         return [r.total for r in ranks] * plan.width
     ranks = predicted_memory(problem.profile, plan, batch_size=problem.batch,
                              optimizer=problem.optimizer)

@@ -7,7 +7,8 @@
                                    partition (planner methods), options, plan
                                    static memory > limit?            ─► pruned
                                    held floor > limit (held_floor.py)? ─► pruned
-                                   plan bound can't beat the best?   ─► pruned
+                                   plan bound (or a simulated twin
+                                   recomputing fewer stages) can't beat the best? ─► pruned
                                    simulate (timing only)            ─► simulated
                                    memory floor > limit?             ─► pruned (memory)
                                    memory model: peak > limit?       ─► over the limit, never chosen
@@ -162,6 +163,8 @@ class _Search:
     best: float = 0.0
     """Samples/s of the best candidate that fits."""
     unexamined: int = 0
+    twins: dict[str, list[tuple[tuple[bool, ...], float]]] = field(default_factory=dict)
+    """Simulated iteration times by plan less its recomputation (:meth:`twin_bound`)."""
 
     def __post_init__(self) -> None:
         self.partitioner = Partitioner(self.problem)
@@ -192,6 +195,23 @@ class _Search:
         timed = simulate_candidate(candidate, profile, self.problem)
         self.budget.record_simulation(candidate, time.perf_counter() - started)
         return timed
+
+    def twin_bound(self, plan: Plan, key: str) -> float:
+        """The longest simulated time of a twin of ``plan`` (the same plan, options and APC;
+        ``key``, :func:`_twin_key`) that recomputes a subset of its stages: a lower bound of
+        ``plan``'s time, since recomputation only lengthens backwards (the forward added to
+        B and I) and the simulator's times never fall when a duration grows (every start is
+        a maximum of ends plus delays). 0 with shared cores, whose slowdowns are not
+        monotone."""
+        cores = self.problem.shared_cores
+        if cores is not None and cores < plan.world_size:
+            return 0.0
+        mine = _recomputed(plan)
+        return max((time for theirs, time in self.twins.get(key, ())
+                    if all(m or not t for m, t in zip(mine, theirs))), default=0.0)
+
+    def record_twin(self, plan: Plan, key: str, iteration_time: float) -> None:
+        self.twins.setdefault(key, []).append((_recomputed(plan), iteration_time))
 
     def over_floor(self, plan: Plan) -> bool:
         """The memory model's peak is surely over the limit (:func:`memory_floor`, for a
@@ -378,7 +398,7 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
             candidate, problem.time_limit - (time.perf_counter() - state.started)):
         state.over_budget += 1  # too long for the time left; a cheaper one may fit
         return None
-    if problem.memory_limit is not None and state.state_floor(candidate) > problem.memory_limit:
+    if problem.memory_limit is not None and state.state_floor.peak(candidate) > problem.memory_limit:
         state.pruned_memory += 1  # no split fits: its method is not run (auto/floors.py)
         return None
     try:
@@ -391,13 +411,16 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
             or max(held_floor(problem, plan), default=0.0) > problem.memory_limit):
         state.pruned_memory += 1  # the held_floor: what its schedule surely holds, unbuilt
         return None
-    key = json.dumps([plan.to_json(), done.apc], sort_keys=True)
+    data = plan.to_json()
+    key = json.dumps([data, done.apc], sort_keys=True)
     if key in state.seen:
         state.duplicates += 1
         return None
     state.seen.add(key)
     costs = candidate_costs(done, plan, profile, problem)
-    if _cannot_beat(samples, plan_bound(plan, costs, problem), state.best, done):
+    twin = _twin_key(data, done.apc)
+    if _cannot_beat(samples, max(plan_bound(plan, costs, problem),
+                                 state.twin_bound(plan, twin)), state.best, done):
         state.pruned_time += 1
         return None
     if problem.memory_limit is not None and state.best > 0 and max(inflight_floor(
@@ -407,7 +430,20 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     if not state.fits(done, state.started):
         state.over_budget += 1
         return None
-    return _checked_simulation(state, done, plan, profile)
+    simulated = _checked_simulation(state, done, plan, profile)
+    if simulated is not None:
+        state.record_twin(plan, twin, simulated.timed.iteration_time)
+    return simulated
+
+
+def _recomputed(plan: Plan) -> tuple[bool, ...]:
+    return tuple(plan.recompute_stage(s) for s in range(len(plan.stages)))
+
+
+def _twin_key(data: dict[str, Any], apc: bool) -> str:
+    """A plan's JSON less its recomputation: its twins recomputing other stages share it."""
+    return json.dumps([{k: v for k, v in data.items() if k != "recompute"}, apc],
+                      sort_keys=True)
 
 
 def _checked_simulation(state: _Search, done: Candidate, plan: Plan,

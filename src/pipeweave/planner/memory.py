@@ -50,7 +50,8 @@ __all__ = ["RankMemory", "ModelState", "predicted_memory", "predicted_state", "O
 
 def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
                      optimizer: str | None = "adam",
-                     iterations: int | None = None, copies_of: int = 1) -> list[RankMemory]:
+                     iterations: int | None = None, copies_of: int = 1,
+                     sharding: Sharding | None = None) -> list[RankMemory]:
     """Peak memory of every rank of ``plan`` (rank order), per kind (:mod:`pipeweave.memory`).
 
     ``batch_size``: samples per iteration and pipeline (the plan's micro-batch holds
@@ -59,7 +60,8 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
     the profile was made with (its ``optimizer_bytes`` as measured). ``iterations``: how
     many iterations of the schedule to lay out (:func:`plan_analysis`). Linear in the
     schedule's length (``copies_of``: ``plan`` is one of that many identical data-parallel
-    copies, whose gradients its ``AR`` reduces over them). A few seconds for 64 ranks x 128 micro-batches, of which a new
+    copies, whose gradients its ``AR`` reduces over them; ``sharding``: how those copies hold
+    each stage, default :func:`plan_sharding` of ``plan``). A few seconds for 64 ranks x 128 micro-batches, of which a new
     partition of a shape already analysed (:mod:`.memory_shape`) pays only the
     bytes-weighted walk.
     """
@@ -75,11 +77,12 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
     analysis = plan_analysis(plan, iterations)
     scale = _scale(profile, batch_size // plan.microbatches)
     reduced = [copies_of * len(ranks) for ranks in analysis.schedule.layout.stage_ranks]
-    stages = _stage_bytes(profile, plan, scale, analysis.split, reduced)
+    sharding = plan_sharding(plan) if sharding is None else sharding
+    stages = _stage_bytes(profile, plan, scale, analysis.split, reduced, sharding)
     recompute = [plan.recompute_stage(s) for s in range(len(plan.stages))]
     graphless = analysis.graphless(recompute, plan.semantics.backward or "recompute")
     moments = peak_moments_of(analysis.timelines, stages, graphless)
-    state = _state(profile, plan, optimizer, analysis)
+    state = _state(profile, plan, optimizer, analysis, sharding)
     return [rank_memory(fixed, moment) for fixed, moment in zip(state, moments)]
 
 
@@ -147,13 +150,13 @@ def plan_sharding(plan: Plan) -> Sharding:
 
 
 def _state(profile: Profile, plan: Plan, optimizer: str | None,
-           analysis: ShapeAnalysis) -> list[ModelState]:
+           analysis: ShapeAnalysis, sharding: Sharding | None = None) -> list[ModelState]:
     layout = analysis.schedule.layout
     return model_state(stage_weights(profile, plan), optimizer_state_bytes(profile, plan, optimizer),
                        [layout.stages_of(r) for r in range(layout.num_ranks)],
                        pipelines=analysis.schedule.pipelines, reference=analysis.averages,
                        copies=analysis.copies(plan.semantics.backward == "graph"),
-                       sharding=plan_sharding(plan))
+                       sharding=plan_sharding(plan) if sharding is None else sharding)
 
 
 def reduction_bytes(weights: StageWeights, ways: int, sharding: Sharding) -> float:
@@ -170,11 +173,10 @@ def reduction_bytes(weights: StageWeights, ways: int, sharding: Sharding) -> flo
 
 
 def _stage_bytes(profile: Profile, plan: Plan, scale: float, split: frozenset[int],
-                 reduced: Sequence[int]) -> list[StageBytes]:
+                 reduced: Sequence[int], sharding: Sharding) -> list[StageBytes]:
     """Per stage: what a micro-batch costs there (:class:`pipeweave.memory.StageBytes`);
     ``reduced``: per stage, the ranks its gradients are reduced over."""
     weights = [profile.stage_parameter_bytes(a, e) for a, e in plan.stages]
-    sharding = plan_sharding(plan)
     held_weights = stage_weights(profile, plan)
     held = stage_activation_bytes(profile, plan, scale)
     last = len(plan.stages) - 1

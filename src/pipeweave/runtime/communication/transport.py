@@ -328,9 +328,10 @@ class DistTransport:
 
     def _settle(self, message: Action, send: _Send) -> None:
         """Wait until ``send`` is delivered; its tensors can go afterwards. On the comm
-        stream nothing waits: the tensors were marked as used there (``record_stream``), so
-        the allocator keeps them until the transfer is done, and a host wait would stall the
-        rank (a dead peer is NCCL's watchdog's, :mod:`.streams`)."""
+        stream nothing waits: ProcessGroupNCCL keeps a sent tensor until its transfer is done
+        (it records it on its own stream, or holds it in the work until the watchdog sees the
+        work complete), and a host wait would stall the rank (a dead peer is NCCL's
+        watchdog's, :mod:`.streams`)."""
         if self._streams is not None:
             return
         if not send.issued.wait(self.timeout.total_seconds()):

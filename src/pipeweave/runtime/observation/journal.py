@@ -13,8 +13,9 @@ what is new, the same at every step; the file grows with the timeline, as the fi
 does. The model state's bytes (``RankResult.state_bytes``, counted with
 ``Job.count_activations`` by walking every parameter and optimizer state tensor) are measured
 at frames 1, 2, 4, 8, ... only and carried in between: the state is complete once the rank's
-stages have stepped and does not change size after, and walking it at every step cost a
-small CPU model's rank several per cent of its step (``benchmarks/rank_cost.py``).
+stages have stepped and does not change size after; walking it made a frame cost 0.41 ms of
+CPU time instead of 0.05 ms (gpt-tiny on the CPU; ``benchmarks/rank_cost.py`` compares a
+rank with the in-process run).
 """
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ over the steps after ``--warm``. ``--profile local|rank`` adds a cProfile of tha
 more run), sorted by own time, to compare what the host does per step.
 
     PYTHONPATH=src python benchmarks/rank_cost.py --steps 60 --repeats 2   # CPU, gpt-tiny
-    PYTHONPATH=src python benchmarks/rank_cost.py --device cuda \\
-        --train-args "--hf-config benchmarks/gpu/llama550m.json --batch-size 16 --seq-len 1024
-        --microbatches 4 --precision bf16-mixed --optimizer adamw --lr 3e-4" --steps 12
+    PYTHONPATH=src python benchmarks/rank_cost.py --device cuda --steps 12 \\
+        --hf-config benchmarks/gpu/llama550m.json --batch-size 16 --seq-len 1024 \\
+        --precision bf16-mixed --optimizer adamw --lr 3e-4
 
-``--train-args`` are ``pipeweave train`` flags (the job is built by the command line's own
-``build_job``); ``--stages 1 --no-progress`` are always added.
+The job is the one ``pipeweave train --stages 1`` builds from the same flags (one stage,
+1F1B, the timeline on, activations counted on the CPU only, as ``train`` does).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import cProfile
 import io
 import json
 import pstats
-import shlex
 import statistics
 import tempfile
 import time
@@ -43,9 +42,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeweave.cli.cmd_train import build_job
-from pipeweave.cli.main import build_parser
-from pipeweave.runtime import Job, RankResult, launch_local, run_local
+from pipeweave.runtime import (BuiltinModel, Job, OptimizerFactory, Plan, RankResult,
+                               launch_local, run_local)
 from pipeweave.runtime.launch.prepare import prepare
 from pipeweave.runtime.launch.rank import run_rank
 from pipeweave.runtime.observation.summary import iteration_end_times
@@ -53,10 +51,18 @@ from pipeweave.runtime.observation.summary import iteration_end_times
 WAYS = ("local", "rank", "processes")
 
 
-def make_job(train_args: str, steps: int, device: str) -> Job:
-    argv = ["train", *shlex.split(train_args), "--stages", "1", "--steps", str(steps),
-            "--no-progress", "--device", device, "--output-dir", tempfile.mkdtemp()]
-    return build_job(build_parser().parse_args(argv))
+def make_job(args: argparse.Namespace) -> Job:
+    """One stage of ``--model`` (or the ``--hf-config`` Llama), as ``pipeweave train`` runs it."""
+    overrides: dict[str, Any] = {"seq_len": args.seq_len}
+    name = args.model
+    if args.hf_config is not None:
+        name, overrides["config_file"] = "hf-llama", str(args.hf_config)
+    model = BuiltinModel(name, overrides=overrides)
+    return Job(plan=Plan.uniform(len(model().blocks), 1, schedule="1f1b",
+                                 microbatches=args.microbatches),
+               steps=args.steps, model=model, data=model.data(args.batch_size, seq_len=args.seq_len),
+               device=args.device, optimizer=OptimizerFactory(args.optimizer, {"lr": args.lr}),
+               precision=args.precision, count_activations=args.device == "cpu")
 
 
 def rank_here(job: Job) -> list[RankResult]:
@@ -91,9 +97,16 @@ def profiled(way: str, job: Job, rows: int = 25) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-args", default="--model gpt-tiny --batch-size 4 --seq-len 32",
-                        help="pipeweave train flags for the job (default: a small gpt-tiny, "
-                             "where the host's work per step shows)")
+    parser.add_argument("--model", default="gpt-tiny",
+                        help="a built-in model (default gpt-tiny: small, the host's work shows)")
+    parser.add_argument("--hf-config", type=Path, default=None,
+                        help="a Llama config.json instead of --model")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--precision", default="full")
+    parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warm", type=int, default=3, help="iterations left out at the start")
@@ -105,7 +118,7 @@ def main() -> None:
     if args.steps <= args.warm + 1:
         parser.error(f"--steps {args.steps} leaves no step after --warm {args.warm}; "
                      f"give --steps {args.warm + 2} or more")
-    job = make_job(args.train_args, args.steps, args.device)
+    job = make_job(args)
     rows: dict[str, list[dict[str, Any]]] = {way: [] for way in args.ways}
     for round_ in range(args.repeats):
         for way in args.ways:
@@ -116,7 +129,7 @@ def main() -> None:
                               "wall_s": round(time.time() - started, 1)})
             print(f"{way:<10} round {round_}: median {statistics.median(times):8.2f} ms/step "
                   f"(min {min(times):.2f}, max {max(times):.2f})", flush=True)
-    result: dict[str, Any] = {"device": args.device, "train_args": args.train_args,
+    result: dict[str, Any] = {"device": args.device, "model": str(args.hf_config or args.model),
                               "steps": args.steps, "warm": args.warm,
                               "threads": torch.get_num_threads(), "ways": rows}
     if args.profile is not None:

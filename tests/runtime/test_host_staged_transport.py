@@ -19,6 +19,7 @@ from pipeweave.runtime.communication import transport as transport_module
 from pipeweave.runtime.communication.transport import DistTransport
 
 from test_apc_transport import _received
+from test_message_streams import install_streams
 
 CUDA = torch.device("cuda", 0)
 HOST = torch.device("cpu")
@@ -76,7 +77,8 @@ def test_sends_and_receives_go_through_host_memory(calls: list) -> None:
     assert total.device == CUDA and ("all_gather", HOST) in calls
 
 
-def test_nccl_messages_stay_on_the_gpu(calls: list) -> None:
+def test_nccl_messages_stay_on_the_gpu(calls: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_streams(monkeypatch)  # NCCL messages go on a comm stream (test_message_streams.py)
     transport = _transport()
     assert transport.wire == CUDA and not transport.send_thread
     transport.send(Action(Op.SEND_ACT, 0, 0), torch.empty(4, 8, device=CUDA), 0)

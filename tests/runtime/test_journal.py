@@ -35,7 +35,7 @@ def test_frames_add_up_to_the_latest_result_and_a_torn_frame_is_ignored(tmp_path
     parts = SimpleNamespace(stages={1: last}, pipelines=[SimpleNamespace(stages={1: last}),
                                                          SimpleNamespace(stages={1: other})])
     now = RankResult(rank=1)
-    journal = StepJournal(path, lambda: now, parts, window=2)  # type: ignore[arg-type]
+    journal = StepJournal(path, lambda state: now, parts, window=2)  # type: ignore[arg-type]
     for step in range(6):  # each step: 2 new losses per pipeline, 3 new records, a new peak
         last.losses.update({2 * step: float(step), 2 * step + 1: step + 0.5})
         other.losses.update({2 * step: -float(step), 2 * step + 1: -step - 0.5})
@@ -65,3 +65,26 @@ def test_an_empty_or_missing_journal_is_none(tmp_path: Path) -> None:
     (tmp_path / "empty").write_bytes(b"")
     assert read_journal(tmp_path / "empty") is None
     assert read_journal(tmp_path / "missing") is None
+
+
+def test_the_model_state_is_walked_at_frames_1_2_4_8_only(tmp_path: Path) -> None:
+    """Walking every parameter and optimizer state tensor at every step cost a small model's
+    rank several per cent of its step; the state does not change size after the first
+    steps, so frames carry the last value measured."""
+    asked: list[bool] = []
+
+    def snapshot(state: bool) -> RankResult:
+        asked.append(state)
+        return RankResult(rank=0, state_bytes=1000 + len(asked) if state else 0)
+
+    parts = SimpleNamespace(stages={}, pipelines=[SimpleNamespace(stages={})])
+    journal = StepJournal(tmp_path / "j", snapshot, parts, window=1)  # type: ignore[arg-type]
+    for _ in range(100):
+        journal.write()
+    journal.close()
+    assert [i + 1 for i, state in enumerate(asked) if state] == [1, 2, 4, 8, 16, 32, 64]
+    frames = _frames(tmp_path / "j")
+    assert [f.state_bytes for f in frames[:5]] == [1001, 1002, 1002, 1004, 1004]
+    assert frames[-1].state_bytes == 1064  # measured at frame 64, carried to frame 100
+    merged = read_journal(tmp_path / "j")
+    assert merged is not None and merged.state_bytes == 1064

@@ -9,7 +9,9 @@ Two implementations of one small interface, so that one interpreter serves both 
   the transfer overlaps with compute. The shape and dtype of each kind of message between two
   ranks are exchanged once, in a small header before the first message of that kind. A sent
   tensor is let go as soon as the schedule proves it delivered (:func:`delivery_proofs`), so
-  memory stays flat over any number of iterations and no rank ever waits on a send.
+  memory stays flat over any number of iterations and no rank ever waits on a send. Between
+  GPUs (NCCL), sends and receives are posted on a CUDA stream of their own and ordered with
+  compute by events, never by the host waiting (:mod:`.streams`).
 * :class:`LocalTransport` — in-memory mailboxes for the single-process executor; a receive
   whose message has not been sent yet *yields*, letting the executor run another rank.
 
@@ -27,6 +29,7 @@ they send point-to-point (``bytes_sent``: headers, APC metadata and payloads; al
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import queue
 import threading
@@ -41,6 +44,7 @@ from torch import Tensor
 from ...ir import CHECK_OPS, Action, Op, Schedule
 from ...ir.deliveries import delivery_proofs
 from ...apc import MODE_FULL, MODE_HALF, Encoded, decode, encode
+from .streams import MessageStreams
 
 __all__ = ["Transport", "DistTransport", "LocalTransport", "message_tag", "PeerTimeout",
            "delivery_proofs"]
@@ -231,14 +235,17 @@ class DistTransport:
 
     def __init__(self, rank: int, device: torch.device, timeout: datetime.timedelta, *,
                  send_thread: bool | None = None, apc: bool = False,
-                 wire: torch.device | None = None) -> None:
+                 wire: torch.device | None = None,
+                 streams: MessageStreams | None = None) -> None:
         """``wire``: where messages travel from and arrive (default ``device``); the host
         under gloo, which sends and receives host memory only: a tensor is copied there to be
         sent, and a received one is copied to ``device``. ``send_thread``: issue sends from a
         helper thread (:class:`_Sender`); default when the wire is the host (gloo), where
         ``isend`` can stall the calling thread; off for NCCL, whose sends return at once and
         are ordered on the caller's stream. ``apc``: compress float activations and gradients
-        (see the wire format above; encoded on ``device``); every rank must agree."""
+        (see the wire format above; encoded on ``device``); every rank must agree.
+        ``streams``: post messages on a comm stream ordered by events (:mod:`.streams`);
+        made for a CUDA wire (NCCL) when not given, never for the host (gloo)."""
         self.rank = rank
         self.device = device
         self.wire = device if wire is None else wire
@@ -252,6 +259,8 @@ class DistTransport:
         """Sends (with their header) not yet known to be delivered; they keep their tensors."""
         self._sender: _Sender | None = None
         self.send_thread = self.wire.type == "cpu" if send_thread is None else send_thread
+        self._streams = streams if streams is not None else (
+            MessageStreams(self.wire) if self.wire.type == "cuda" else None)
         self._proofs: dict[Action, tuple[Action, ...]] = {}
         self._prefetched: dict[Action, tuple[dist.Work, Tensor]] = {}
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
@@ -303,7 +312,10 @@ class DistTransport:
         if earlier is not None:  # sent again (a global check undid what made it): the first
             self._settle(message, earlier)  # copy was received and dropped by now
         send = _Send(parts, dst)
-        if self.send_thread:
+        if self._streams is not None:  # NCCL: on the comm stream, after the compute (.streams)
+            send.works = self._streams.send(parts, dst)
+            send.issued.set()
+        elif self.send_thread:
             if self._sender is None:
                 self._sender = _Sender(self.rank)
             self._sender.submit(send)
@@ -315,7 +327,13 @@ class DistTransport:
             self._in_flight = {m: s for m, s in self._in_flight.items() if not _done(s)}
 
     def _settle(self, message: Action, send: _Send) -> None:
-        """Wait until ``send`` is delivered; its tensors can go afterwards."""
+        """Wait until ``send`` is delivered; its tensors can go afterwards. On the comm
+        stream nothing waits: ProcessGroupNCCL keeps a sent tensor until its transfer is done
+        (it records it on its own stream, or holds it in the work until the watchdog sees the
+        work complete), and a host wait would stall the rank (a dead peer is NCCL's
+        watchdog's, :mod:`.streams`)."""
+        if self._streams is not None:
+            return
         if not send.issued.wait(self.timeout.total_seconds()):
             raise PeerTimeout(f"rank {self.rank}: sending {message} did not start within "
                               f"{self.timeout.total_seconds():.0f} s")
@@ -335,13 +353,30 @@ class DistTransport:
     def _shape(self, message: Action, src: int) -> tuple[torch.Size, torch.dtype]:
         kind = _kind(message, src, self.rank)
         if kind not in self._shapes:
-            header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.wire)
-            self._wait(_posted(dist.irecv(header, src, tag=message_tag(message) | _HEADER_BIT)),
-                       message, src)
-            header = header.cpu()
+            with self._posting():
+                header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.wire)
+            work = self._irecv(header, src, message_tag(message) | _HEADER_BIT)
+            header = self._arrive(work, header, message, src).cpu()
             ndim = int(header[1])
             self._shapes[kind] = (torch.Size(header[2 : 2 + ndim].tolist()), _DTYPES[int(header[0])])
         return self._shapes[kind]
+
+    def _posting(self) -> contextlib.AbstractContextManager[None]:
+        """Where receive buffers are allocated: the comm stream on a GPU wire."""
+        return self._streams.posting() if self._streams is not None else contextlib.nullcontext()
+
+    def _irecv(self, buffer: Tensor, src: int, tag: int) -> dist.Work:
+        if self._streams is not None:
+            return self._streams.recv(buffer, src, tag)
+        return _posted(dist.irecv(buffer, src, tag=tag))
+
+    def _arrive(self, work: dist.Work, buffer: Tensor, message: Action, src: int) -> Tensor:
+        """``buffer`` once ``work`` has received it: the host waits (gloo) or the compute
+        stream does (NCCL, :meth:`.streams.MessageStreams.arrived`)."""
+        if self._streams is not None:
+            return self._streams.arrived(work, buffer)
+        self._wait(work, message, src)
+        return buffer
 
     def _wait(self, work: dist.Work, message: Action, src: int) -> None:
         try:
@@ -356,13 +391,14 @@ class DistTransport:
     def _post(self, message: Action, src: int) -> tuple[dist.Work, Tensor]:
         """Post the receive of ``message`` (its first part, if compressed): work and buffer."""
         shape, dtype = self._shape(message, src)
-        if _compressed(dtype, self.apc, message):
-            first, rest = _wire_sizes(shape, dtype)
-            buffer = torch.empty(first + rest, dtype=torch.uint8, device=self.wire)
-            target = buffer[:first]
-        else:
-            buffer = target = torch.empty(shape, dtype=dtype, device=self.wire)
-        return _posted(dist.irecv(target, src, tag=message_tag(message))), buffer
+        with self._posting():
+            if _compressed(dtype, self.apc, message):
+                first, rest = _wire_sizes(shape, dtype)
+                buffer = torch.empty(first + rest, dtype=torch.uint8, device=self.wire)
+                target = buffer[:first]
+            else:
+                buffer = target = torch.empty(shape, dtype=dtype, device=self.wire)
+        return self._irecv(target, src, message_tag(message)), buffer
 
     def prefetch(self, message: Action, src: int) -> None:
         if message in self._prefetched:
@@ -381,7 +417,7 @@ class DistTransport:
             work, buffer = self._prefetched.pop(message)
         else:
             work, buffer = self._post(message, src)
-        self._wait(work, message, src)
+        buffer = self._arrive(work, buffer, message, src)
         if self.apc:
             buffer = self._decompress(message, src, buffer)
         self._release(message)
@@ -395,8 +431,8 @@ class DistTransport:
             return buffer
 
         def receive_rest(rest: Tensor) -> None:
-            tag = message_tag(message) | _REST_BIT
-            self._wait(_posted(dist.irecv(rest, src, tag=tag)), message, src)
+            work = self._irecv(rest, src, message_tag(message) | _REST_BIT)
+            self._arrive(work, rest, message, src)
 
         return _unpack(buffer, shape, dtype, receive_rest)
 
@@ -406,7 +442,10 @@ class DistTransport:
         gathered = [torch.empty_like(own) for _ in ranks]
         work = dist.all_gather(gathered, own, group=group, async_op=True)
         assert work is not None
-        work.wait(self.timeout)
+        if self._streams is not None:
+            work.wait()  # NCCL: the compute stream waits for the gather; the host does not
+        else:
+            work.wait(self.timeout)
         total = gathered[0].clone()
         for part in gathered[1:]:
             total += part

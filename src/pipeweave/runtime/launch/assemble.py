@@ -155,10 +155,12 @@ class AssembledRank:
         self.recovery.checkpoint_window(steps_done, online.state())
 
     def result(self, *, wall: float, device: torch.device, online: OnlineAdvance | None = None,
-               final: bool = True, losses: bool = True) -> RankResult:
+               final: bool = True, losses: bool = True, state: bool = True) -> RankResult:
         """What the rank reports; ``final`` False: a failed run's partial result (no
         parameters); ``losses`` False: without the losses, and on a GPU only the timeline of
-        actions that already ran (for the journal, at every step: nothing waits for the GPU)."""
+        actions that already ran (for the journal, at every step: nothing waits for the GPU);
+        ``state`` False: without walking the model state (``state_bytes`` 0; the journal
+        measures it now and then, :mod:`..observation.journal`)."""
         job = self.prepared.job
         own = self.features
         records = [] if own.recorder is None else (
@@ -179,7 +181,7 @@ class AssembledRank:
             result.snapshots = own.snapshots.taken
         if own.meter is not None:
             result.peak_activation_bytes = own.meter.peak
-            result.state_bytes = state_bytes(self.parts)
+            result.state_bytes = state_bytes(self.parts) if state else 0
         if online is not None:
             result.advance_per_step, result.advance_log = online.advance_per_step, online.log
         return result

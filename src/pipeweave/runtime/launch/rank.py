@@ -109,8 +109,8 @@ def _run(prepared: PreparedJob, rank: int, world_size: int, placement: Placement
     origin = _common_origin(placement)
     progress = _progress_bar(prepared, rank) if process % job.plan.tp == 0 else None
     steps = None if journal is None else StepJournal(  # reads the final ``assembled`` below
-        journal, lambda: assembled.result(wall=time.time() - origin, device=device,
-                                          final=False, losses=False),
+        journal, lambda state: assembled.result(wall=time.time() - origin, device=device,
+                                                final=False, losses=False, state=state),
         assembled.parts, window=4 * job.plan.microbatches)
     on_step = _each_step(progress, steps)
     assembled = assembled.with_timeline(origin, device).with_features(

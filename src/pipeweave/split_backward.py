@@ -10,9 +10,17 @@ bubble). This module does that for any ``nn.Module`` without tracing or graph su
    the gradient of the input *and* of those outputs. No parameter is asked for, so autograd
    computes no weight gradient (the weight branch of each matmul is skipped).
 3. :func:`weight_gradient` — each module's backward is finished from its recorded output and
-   gradient to its own parameters only (``torch.autograd.backward(..., inputs=params)``): the
-   weight-gradient matmuls and nothing of the input-gradient chain again, accumulated into
-   ``.grad`` as one whole backward would.
+   gradient to its own parameters only: the weight-gradient matmuls and nothing of the
+   input-gradient chain again, accumulated into ``.grad`` as one whole backward would. A
+   linear map (``F.linear``'s graph: ``addmm``/``mm`` of the input and ``weight.t()``, found
+   on the recorded output's ``grad_fn``, autocast's casts allowed) is done directly, with no
+   autograd engine call (:func:`linear_weight_gradient`: ``grad.t().mm(input)`` and
+   ``grad.sum_to_size(bias)`` from the input its graph saved, the very ops autograd's
+   formulas run, so the same bits); every other holder by one engine call
+   (``torch.autograd.backward(..., inputs=params)``). Why: ``W`` made one engine call per
+   holder (~9 per decoder layer), each with a fixed host cost (engine start, device-thread
+   handoff) that on a GPU may exceed the small kernels it launches; on a CPU stage of tiny
+   blocks the direct path halves ``W`` (``benchmarks/split_backward_cost.py --tiny``).
 
 A parameter that cannot be reached that way gets its gradient from the module's output
 instead (correct, and dearer: that path is traversed again): one held by two modules, one
@@ -34,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["RecordedOutput", "PendingWeights", "recording", "input_gradient", "weight_gradient",
-           "parameter_holders"]
+           "linear_weight_gradient", "parameter_holders"]
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""``W`` of a linear without the autograd engine (:func:`pipeweave.split_backward.linear_weight_gradient`).
+"""``W`` of a linear without the autograd engine (``split_backward.linear_weight_gradient``).
 
 Each case runs the same forward twice: once with one whole backward, once split (``I`` then
 ``W``), twice in a row so the second ``W`` accumulates into an existing ``.grad``; every

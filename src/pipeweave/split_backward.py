@@ -10,9 +10,17 @@ bubble). This module does that for any ``nn.Module`` without tracing or graph su
    the gradient of the input *and* of those outputs. No parameter is asked for, so autograd
    computes no weight gradient (the weight branch of each matmul is skipped).
 3. :func:`weight_gradient` — each module's backward is finished from its recorded output and
-   gradient to its own parameters only (``torch.autograd.backward(..., inputs=params)``): the
-   weight-gradient matmuls and nothing of the input-gradient chain again, accumulated into
-   ``.grad`` as one whole backward would.
+   gradient to its own parameters only: the weight-gradient matmuls and nothing of the
+   input-gradient chain again, accumulated into ``.grad`` as one whole backward would. A
+   linear map (``F.linear``'s graph: ``addmm``/``mm`` of the input and ``weight.t()``, found
+   on the recorded output's ``grad_fn``, autocast's casts allowed) is done directly, with no
+   autograd engine call (:func:`linear_weight_gradient`: ``grad.t().mm(input)`` and
+   ``grad.sum_to_size(bias)`` from the input its graph saved, the very ops autograd's
+   formulas run, so the same bits); every other holder by one engine call
+   (``torch.autograd.backward(..., inputs=params)``). Why: ``W`` made one engine call per
+   holder (~9 per decoder layer), each with a fixed host cost (engine start, device-thread
+   handoff) that on a GPU may exceed the small kernels it launches; on a CPU stage of tiny
+   blocks the direct path halves ``W`` (``benchmarks/split_backward_cost.py --tiny``).
 
 A parameter that cannot be reached that way gets its gradient from the module's output
 instead (correct, and dearer: that path is traversed again): one held by two modules, one
@@ -34,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["RecordedOutput", "PendingWeights", "recording", "input_gradient", "weight_gradient",
-           "parameter_holders"]
+           "linear_weight_gradient", "parameter_holders"]
 
 
 @dataclass
@@ -181,10 +189,92 @@ def weight_gradient(pending: PendingWeights, within: Collection[int] | None = No
         mine = [part for part, own in zip(pending.parts, owned) if own]
         pending.parts = [part for part, own in zip(pending.parts, owned) if not own]
         for output, gradient, params in mine:
-            torch.autograd.backward(output, gradient, inputs=params, retain_graph=True)
+            _part_gradient(output, gradient, params)
         return
     for output, gradient, params in pending.parts:
-        torch.autograd.backward(output, gradient, inputs=params, retain_graph=True)
+        _part_gradient(output, gradient, params)
     rest = pending.rest
     if rest:
         torch.autograd.backward(pending.output, pending.grad, inputs=rest)
+
+
+def _part_gradient(output: Tensor, gradient: Tensor, params: list[nn.Parameter]) -> None:
+    """One holder's weight gradients: a linear's from its saved input, any other by autograd."""
+    if not linear_weight_gradient(output, gradient, params):
+        torch.autograd.backward(output, gradient, inputs=params, retain_graph=True)
+
+
+def _leaf(edge: tuple[object, int]) -> tuple[Tensor | None, bool]:
+    """The parameter an edge of the graph accumulates into, and whether a cast lies between
+    (autocast's copy); (None, False) when the edge is anything else."""
+    node = edge[0]
+    cast = type(node).__name__ == "ToCopyBackward0"
+    if cast:
+        node = node.next_functions[0][0]  # type: ignore[attr-defined]
+    if type(node).__name__ != "AccumulateGrad":
+        return None, False
+    return node.variable, cast  # type: ignore[attr-defined]
+
+
+def _linear_node(output: Tensor, gradient: Tensor) -> tuple[object, Tensor] | None:
+    """The matmul node of a linear's output and the gradient reshaped as that node receives
+    it (a 3-D input is flattened to rows), or None when the graph is not that shape."""
+    node = output.grad_fn
+    if type(node).__name__ in ("ViewBackward0", "UnsafeViewBackward0"):
+        gradient = gradient.reshape(node._saved_self_sym_sizes)  # type: ignore[union-attr]
+        node = node.next_functions[0][0]  # type: ignore[union-attr]
+    kind = type(node).__name__
+    if kind == "AddmmBackward0":
+        if node._saved_alpha != 1 or node._saved_beta != 1:  # type: ignore[union-attr]
+            return None
+    elif kind != "MmBackward0":
+        return None
+    return node, gradient
+
+
+def linear_weight_gradient(output: Tensor, gradient: Tensor,
+                           params: list[nn.Parameter]) -> bool:
+    """Accumulate the weight and bias gradients of the linear map that made ``output``
+    straight from the input its graph saved, without the autograd engine; False (nothing
+    done) unless the graph is exactly ``F.linear``'s (``addmm``/``mm`` of the input and the
+    transposed weight, each parameter reached directly or through autocast's cast).
+
+    The same ops as autograd's formulas, so the same bits: weight ``grad.t().mm(input)``
+    (``mm_mat2_backward`` of a column-major ``weight.t()``), bias ``grad.sum_to_size`` (the
+    engine's reduction of a broadcast), each cast back to the parameter's dtype as
+    ``ToCopyBackward0`` does, then added to ``.grad`` as ``AccumulateGrad`` does."""
+    found = _linear_node(output, gradient)
+    if found is None:
+        return False
+    node, grad = found
+    mm = type(node).__name__ == "MmBackward0"
+    edges = node.next_functions  # type: ignore[attr-defined]
+    transpose = edges[1 if mm else 2][0]
+    sizes = tuple(node._saved_mat2_sym_sizes)  # type: ignore[attr-defined]
+    strides = tuple(node._saved_mat2_sym_strides)  # type: ignore[attr-defined]
+    if grad.dim() != 2 or transpose is not None and (
+            type(transpose).__name__ != "TBackward0" or strides != (1, sizes[0])):
+        return False  # not weight.t() of a contiguous weight (nor a frozen weight)
+    weight, weight_cast = (None, False) if transpose is None else _leaf(transpose.next_functions[0])
+    bias, bias_cast = (None, False) if mm else _leaf(edges[0])
+    leaves = [t for t in (weight, bias) if t is not None]
+    if ({id(t) for t in leaves} != {id(p) for p in params}
+            or any(t._backward_hooks or t._post_accumulate_grad_hooks for t in leaves)):
+        return False
+    saved_input = node._saved_self if mm else node._saved_mat1  # type: ignore[attr-defined]
+    with torch.no_grad():
+        if weight is not None:
+            new = grad.t().mm(saved_input)
+            _accumulate(weight, new.to(weight.dtype) if weight_cast else new)
+        if bias is not None:
+            new = grad.sum_to_size(bias.shape)
+            _accumulate(bias, new.to(bias.dtype) if bias_cast else new)
+    return True
+
+
+def _accumulate(param: Tensor, new: Tensor) -> None:
+    """``.grad += new`` as ``AccumulateGrad`` does: the first one is taken as it is."""
+    if param.grad is None:
+        param.grad = new
+    else:
+        param.grad += new

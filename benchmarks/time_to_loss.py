@@ -89,7 +89,9 @@ QUICK_TIMED = 8           # with --quick (where no earlier result file has the t
 RATE_QUANTILE = 0.25      # samples/s from this quantile of the windows' times (see measure_once)
 RATE_WINDOW = 6           # iterations per window
 QUIET_WAIT_S = 5.0        # wait up to this long for the machine to be quiet before each
-OPTIMIZER = "adam"        # of convergence.CASES' optimizers; the issue's GPT-tiny setting
+OPTIMIZERS = {"gpt-tiny": "adam", "gpt-small": "adam", "cnn": "sgdm"}
+"""Each model's optimizer (a key of its ``convergence.CASES`` optimizers): the issue's GPT-tiny
+setting (Adam lr 1e-3), and the CNN's SGD with momentum 0.9 at lr 0.015 of the equal-update study."""
 
 
 class MethodRow(NamedTuple):
@@ -98,6 +100,12 @@ class MethodRow(NamedTuple):
     label: str
     schedule: str
     options: dict[str, Any]
+    optimizer: str | None = None
+    """``"nadam"``: torch's NAdam with the model's Adam settings (refused on other models);
+    None: the model's optimizer (:data:`OPTIMIZERS`)."""
+    timed_as: str | None = None
+    """The row whose samples/s this one shares (the same actions after its warm-up: a
+    correction changes numbers, not work); None: measured itself."""
 
 
 METHODS: tuple[MethodRow, ...] = (
@@ -106,12 +114,20 @@ METHODS: tuple[MethodRow, ...] = (
     MethodRow("2BW", "2bw", {}),
     MethodRow("WPipe", "wpipe", {}),
     MethodRow("PipeOptim", "pipeoptim", {}),
-    MethodRow("PipeDream+warmup", "pipedream", {"warmup": 50}),
-    MethodRow("PipeDream+PipeMare", "pipedream", {"pipemare": 300}),
+    MethodRow("PipeDream+warmup", "pipedream", {"warmup": 50}, timed_as="PipeDream"),
+    MethodRow("PipeDream+PipeMare", "pipedream", {"pipemare": 300}, timed_as="PipeDream"),
+    MethodRow("PipeDream+Nesterov", "pipedream", {"nesterov": 0.99}, timed_as="PipeDream"),
+    MethodRow("PipeDream (NAdam)", "pipedream", {}, "nadam", timed_as="PipeDream"),
+    MethodRow("PipeDream+Nesterov (NAdam)", "pipedream", {"nesterov": 0.99}, "nadam",
+              timed_as="PipeDream"),
 )
 """The study's methods; a correction (a schedule option, docs/semantics.md "Stale-weight
-corrections") is one more row. The delay-aware Nesterov correction (``nesterov=G``) needs
-SGD with momentum or NAdam, not the study's Adam, so it has no row here."""
+corrections") is one more row, timed as its uncorrected method. The delay-aware Nesterov
+correction (``nesterov=G``) is defined for SGD with momentum (the CNN) and NAdam: on the Adam
+models it runs with NAdam, against PipeDream with NAdam; a row whose optimizer does not fit
+the model is skipped (said in the result file)."""
+BASE_METHODS = tuple(m.label for m in METHODS if not m.options and m.optimizer is None)
+"""``--quick``'s default: the uncorrected methods (a 24-batch run is all warm-up)."""
 
 MODELS: dict[str, cv.Case] = {
     # updates: batches of U samples in the full study (the issue: >= 1,000 on GPT-tiny).
@@ -122,9 +138,9 @@ MODELS: dict[str, cv.Case] = {
     "cnn": replace(cv.CASES["cnn"], updates=600),
 }
 EVAL_POINTS = 40          # held-out evaluations per run (plus the initial weights)
-QUICK_EVAL_POINTS = 6     # with --quick (each evaluation is a forward of the held-out set)
-QUICK = {"gpt-tiny": 24, "gpt-small": 4, "cnn": 24}
-"""Batches per run with ``--quick``."""
+QUICK = {"gpt-tiny": (24, 3), "gpt-small": (4, 2), "cnn": (24, 3)}
+"""Batches per run and held-out evaluations with ``--quick`` (an evaluation is a forward of the
+held-out set: on GPT-small 64 windows of 128 tokens, about as long as a training batch)."""
 
 
 # -- training: one run, its held-out curve --------------------------------------------------
@@ -152,8 +168,20 @@ def make_plan(case: cv.Case, method: MethodRow, ranks: int) -> Plan:
                         microbatches=cv.MICROBATCHES, schedule_options=method.options)
 
 
-def make_job(case: cv.Case, plan: Plan, seed: int, steps: int) -> Job:
-    name, kwargs = case.optimizers[OPTIMIZER]
+def optimizer_of(case: cv.Case, method: MethodRow) -> tuple[str, dict[str, float]]:
+    """The torch optimizer name and settings ``method`` trains ``case`` with."""
+    name, kwargs = case.optimizers[OPTIMIZERS.get(case.key, "adam")]
+    if method.optimizer is None:
+        return name, kwargs
+    if method.optimizer != "nadam" or name != "adam":
+        raise ValueError(f"{method.label}: optimizer {method.optimizer!r} replaces Adam only; "
+                         f"{case.key} trains with {name}: leave the row out for {case.key}")
+    return "nadam", kwargs
+
+
+def make_job(case: cv.Case, plan: Plan, seed: int, steps: int,
+             optimizer: tuple[str, dict[str, float]] | None = None) -> Job:
+    name, kwargs = optimizer or case.optimizers[OPTIMIZERS.get(case.key, "adam")]
     return Job(plan=plan, steps=steps, model=BuiltinModel(case.model, seed=seed, overrides=case.overrides),
                data=BuiltinData(case.dataset, batch_size=case.update_size, seq_len=case.seq_len,
                                 seed=seed),
@@ -167,6 +195,39 @@ def updates_per_batch(plan: Plan) -> int:
                if a.op is Op.STEP and a.stage == 0)
 
 
+class Evaluator:
+    """``convergence.evaluate`` with the evaluation model and held-out batches built once per
+    (model, seed), and the initial weights' metrics computed once: the same numbers, without
+    rebuilding a model per evaluation (what made ``--quick`` slow)."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int], cv.HeldOut] = {}
+        self.initial: dict[tuple[str, int], dict[str, float]] = {}
+
+    def __call__(self, case: cv.Case, parameters: dict[str, Tensor] | None,
+                 seed: int) -> dict[str, float]:
+        """Metrics of ``parameters`` (None: the initial weights of ``seed``)."""
+        key = (case.key, seed)
+        if key not in self.held:
+            self.held[key] = cv.held_out(case, seed)
+        if parameters is not None:
+            return cv.evaluate(case, parameters, seed, self.held[key])
+        if key not in self.initial:
+            initial = build_model(case.model, seed=seed, **case.overrides).materialized("cpu")
+            self.initial[key] = cv.evaluate(case, dict(initial.sequential().state_dict()),
+                                            seed, self.held[key])
+        return self.initial[key]
+
+
+EVALUATE = Evaluator()
+
+
+def eval_points(batches: int, every: int) -> list[int]:
+    """Batches after which to evaluate: every ``every``, and the last."""
+    points = list(range(every, batches + 1, every)) or [batches]
+    return points if points[-1] == batches else [*points, batches]
+
+
 def train(case: cv.Case, method: MethodRow, ranks: int, seed: int, batches: int,
           eval_every: int) -> dict[str, Any]:
     """One single-process run; its held-out loss every ``eval_every`` batches' samples."""
@@ -175,14 +236,13 @@ def train(case: cv.Case, method: MethodRow, ranks: int, seed: int, batches: int,
                               "seed": seed, "batches": batches}
     try:
         plan = make_plan(case, method, ranks)
+        optimizer = optimizer_of(case, method)
     except ValueError as error:
         return {**record, "skipped": str(error)}
     per_batch = updates_per_batch(plan)
-    points = [b for b in range(eval_every, batches + 1, eval_every)] or [batches]
-    if points[-1] != batches:
-        points.append(batches)
+    points = eval_points(batches, eval_every)
     taken: dict[int, dict[str, Tensor]] = {}
-    job = make_job(case, plan, seed, batches)
+    job = make_job(case, plan, seed, batches, optimizer)
     started = time.perf_counter()
     try:
         results = run_local(job, features=lambda rank, program: [
@@ -190,10 +250,9 @@ def train(case: cv.Case, method: MethodRow, ranks: int, seed: int, batches: int,
     except FloatingPointError as error:
         return {**record, "diverged": str(error)}
     seconds = time.perf_counter() - started
-    initial = build_model(case.model, seed=seed, **case.overrides).materialized("cpu")
-    curve = [cv.evaluate(case, dict(initial.sequential().state_dict()), seed)]
-    curve += [cv.evaluate(case, taken[b * per_batch], seed) for b in points]
-    return {**record, "updates_per_batch": per_batch,
+    curve = [EVALUATE(case, None, seed)]
+    curve += [EVALUATE(case, taken[b * per_batch], seed) for b in points]
+    return {**record, "optimizer": [optimizer[0], optimizer[1]], "updates_per_batch": per_batch,
             "samples": [0] + [b * case.update_size for b in points],
             "heldout_loss": [c["heldout_loss"] for c in curve],
             **({"test_accuracy": [c["test_accuracy"] for c in curve]}
@@ -312,11 +371,59 @@ def _group(study: Mapping[str, Any]) -> dict[tuple[str, int], dict[str, list[dic
     return grouped
 
 
-def time_to_loss_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row per (model, ranks, method): samples and seconds to every rung of the ladder of
-    1F1B's held-out curve, and the time to 1F1B's final loss as a ratio to 1F1B's."""
+def _rates(study: Mapping[str, Any]) -> dict[tuple[str, int, str], float]:
+    """(model, ranks, method) -> samples/s; a row timed as another (``MethodRow.timed_as``)
+    gets that one's."""
     rates = {(t["model"], t["ranks"], t["method"]): t["samples_per_second"]
              for t in study["timing"] if "samples_per_second" in t}
+    for method in METHODS:
+        for model, ranks, label in list(rates):
+            if method.timed_as == label and (model, ranks, method.label) not in rates:
+                rates[model, ranks, method.label] = rates[model, ranks, label]
+    return rates
+
+
+def seconds_for(samples: float | None, rate: float | None, base_rate: float | None,
+                sync_samples: float = 0.0) -> float | None:
+    """Wall time to train ``samples`` at ``rate`` samples/s, the first ``sync_samples`` (a
+    synchronous warm-up) at 1F1B's ``base_rate``."""
+    if samples is None or rate is None:
+        return None
+    warm = min(samples, sync_samples)
+    if not warm:
+        return samples / rate
+    return None if base_rate is None else warm / base_rate + (samples - warm) / rate
+
+
+def _warm_samples(run: Mapping[str, Any]) -> float:
+    """Samples a run trains in its synchronous warm-up (``warmup=K`` batches)."""
+    batch = run["samples"][-1] / run["batches"] if run.get("batches") else 0.0
+    return float(run.get("options", {}).get("warmup", 0)) * batch
+
+
+def _seed_ratios(runs: Sequence[Mapping[str, Any]], base_runs: Sequence[Mapping[str, Any]],
+                 rate: float | None, base_rate: float | None) -> list[float | None]:
+    """Per seed that 1F1B also ran: time to that seed's 1F1B final loss, ×1F1B's time."""
+    base_of = {r["seed"]: r for r in base_runs}
+    ratios: list[float | None] = []
+    for run in runs:
+        base = base_of.get(run["seed"])
+        if base is None:
+            continue
+        target = base["heldout_loss"][-1]
+        mine = first_reach(run["samples"], run["heldout_loss"], target)
+        theirs = seconds_for(first_reach(base["samples"], base["heldout_loss"], target),
+                             base_rate, base_rate)
+        spent = seconds_for(mine, rate, base_rate, _warm_samples(run))
+        ratios.append(None if spent is None or not theirs else spent / theirs)
+    return ratios
+
+
+def time_to_loss_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per (model, ranks, method): samples and seconds to every rung of the ladder of
+    1F1B's (seed-mean) held-out curve, the time to 1F1B's final loss as a ratio to 1F1B's, and
+    its spread over the seeds (each seed against 1F1B's run of the same seed)."""
+    rates = _rates(study)
     rows = []
     for (model, ranks), methods in _group(study).items():
         if BASELINE not in methods:
@@ -324,21 +431,27 @@ def time_to_loss_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
         base_x, base_y = mean_curve(methods[BASELINE])
         targets = ladder(base_y[0], base_y[-1])
         base_rate = rates.get((model, ranks, BASELINE))
+        base_s = seconds_for(first_reach(base_x, base_y, targets[-1]), base_rate, base_rate)
+        base_samples = first_reach(base_x, base_y, targets[-1])
         for label, runs in methods.items():
             xs, ys = mean_curve(runs)
             rate = rates.get((model, ranks, label))
+            warm = _warm_samples(runs[0])
             reach = [first_reach(xs, ys, t) for t in targets]
-            seconds = [None if s is None or rate is None else s / rate for s in reach]
-            base_s = first_reach(base_x, base_y, targets[-1])
-            samples_ratio = (None if reach[-1] is None or not base_s else reach[-1] / base_s)
-            ratio = (None if seconds[-1] is None or base_s is None or base_rate is None
-                     else seconds[-1] / (base_s / base_rate))
-            rows.append({"model": model, "ranks": ranks, "method": label, "seeds": len(runs),
-                         "samples_per_second": rate, "final_heldout": ys[-1],
-                         "samples_seen": xs[-1], "targets": targets, "samples_to": reach,
-                         "seconds_to": seconds, "samples_ratio_to_1f1b": samples_ratio,
-                         "rate_ratio_to_1f1b": None if rate is None or base_rate is None
-                         else rate / base_rate, "ratio_to_1f1b": ratio})
+            seconds = [seconds_for(n, rate, base_rate, warm) for n in reach]
+            rows.append({
+                "model": model, "ranks": ranks, "method": label, "seeds": len(runs),
+                "samples_per_second": rate, "final_heldout": ys[-1],
+                "final_heldout_per_seed": [r["heldout_loss"][-1] for r in runs],
+                "samples_seen": xs[-1], "targets": targets, "samples_to": reach,
+                "seconds_to": seconds,
+                "samples_ratio_to_1f1b": None if reach[-1] is None or not base_samples
+                else reach[-1] / base_samples,
+                "rate_ratio_to_1f1b": None if rate is None or base_rate is None
+                else rate / base_rate,
+                "ratio_to_1f1b": None if seconds[-1] is None or not base_s
+                else seconds[-1] / base_s,
+                "ratio_per_seed": _seed_ratios(runs, methods[BASELINE], rate, base_rate)})
     return rows
 
 
@@ -359,10 +472,23 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             ratio = "never reached" if r["samples_to"][-1] is None else (
                 "—" if r["ratio_to_1f1b"] is None else f"{r['ratio_to_1f1b']:.2f}")
             rate = "—" if r["samples_per_second"] is None else f"{r['samples_per_second']:.0f}"
-            lines.append(f"| {r['method']} | {rate} | {r['final_heldout']:.3f} | "
+            lines.append(f"| {r['method']} | {rate} | {r['final_heldout']:.3f}"
+                         f"{_spread(r.get('final_heldout_per_seed', []), '.3f')} | "
                          + " | ".join(cells) + f" | {_times(r['samples_ratio_to_1f1b'])} | "
-                         f"{_times(r['rate_ratio_to_1f1b'])} | {ratio} |")
+                         f"{_times(r['rate_ratio_to_1f1b'])} | {ratio}"
+                         f"{_spread(r.get('ratio_per_seed', []), '.2f')} |")
     return "\n".join(lines)
+
+
+def _spread(values: Sequence[float | None], spec: str) -> str:
+    """`` (lo–hi, n seeds)`` over several seeds (a seed that never reached counts as never);
+    nothing for one."""
+    if len(values) < 2:
+        return ""
+    known = sorted(v for v in values if v is not None)
+    never = len(values) - len(known)
+    span = f"{known[0]:{spec}}–{known[-1]:{spec}}" if known else "never"
+    return f" ({span}{f', {never} never' if never and known else ''}; {len(values)} seeds)"
 
 
 def _times(ratio: float | None) -> str:
@@ -382,8 +508,7 @@ def plot(study: Mapping[str, Any], plot_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = {(t["model"], t["ranks"], t["method"]): t["samples_per_second"]
-             for t in study["timing"] if "samples_per_second" in t}
+    rates = _rates(study)
     grouped = _group(study)
     written = []
     plot_dir.mkdir(parents=True, exist_ok=True)
@@ -397,7 +522,11 @@ def plot(study: Mapping[str, Any], plot_dir: Path) -> list[Path]:
                 if rate is None:
                     continue
                 xs, ys = mean_curve(runs)
-                panel.plot([x / rate for x in xs], ys, label=f"{label} ({rate:.0f} samples/s)",
+                base_rate = rates.get((model, ranks, BASELINE))
+                seconds = [seconds_for(x, rate, base_rate, _warm_samples(runs[0])) for x in xs]
+                if None in seconds:
+                    continue
+                panel.plot(seconds, ys, label=f"{label} ({rate:.0f} samples/s)",
                            color="black" if label == BASELINE else None, linewidth=1.4)
                 if label == BASELINE:
                     panel.axhline(ys[-1], color="black", linestyle="--", linewidth=0.8)
@@ -422,7 +551,7 @@ def load(path: Path, resume: bool) -> dict[str, Any]:
     if resume and path.exists():
         study: dict[str, Any] = json.loads(path.read_text())
         return study
-    return {"settings": {"microbatches": cv.MICROBATCHES, "optimizer": OPTIMIZER,
+    return {"settings": {"microbatches": cv.MICROBATCHES, "optimizers": OPTIMIZERS,
                          "ladder": list(LADDER), "torch": torch.__version__,
                          "models": {k: asdict(c) for k, c in MODELS.items()}, "parts": []},
             "runs": [], "timing": []}
@@ -437,17 +566,18 @@ def run_study(study: dict[str, Any], cases: Sequence[cv.Case], methods: Sequence
               ranks: Sequence[int], seeds: Sequence[int], batches: Mapping[str, int],
               repeats: int, path: Path, reuse: Sequence[Mapping[str, Any]] = (),
               train_too: bool = True, timed: int = TIMED_STEPS,
-              eval_points: int = EVAL_POINTS) -> None:
+              eval_points: Mapping[str, int] | None = None) -> None:
     """Add every missing timing and run to ``study``, saving it to ``path`` after each step.
 
     A timing missing here is copied from ``reuse`` (another result file's timings) when that
     has one for the same model, ranks and method, else measured."""
     have_runs = {(r["model"], r["ranks"], r["method"], r["seed"], r["batches"]) for r in study["runs"]}
     for case in cases:
-        every = max(1, batches[case.key] // eval_points)
+        every = -(-batches[case.key] // (eval_points or {}).get(case.key, EVAL_POINTS))
         for p in ranks:
             have = {(t["model"], t["ranks"], t["method"]) for t in study["timing"]}
-            missing = [m for m in methods if (case.key, p, m.label) not in have]
+            missing = [m for m in methods
+                       if m.timed_as is None and (case.key, p, m.label) not in have]
             for method in list(missing):
                 copied = [t for t in reuse if (t["model"], t["ranks"], t["method"])
                           == (case.key, p, method.label) and "samples_per_second" in t]
@@ -514,7 +644,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--models", nargs="+", default=None, choices=list(MODELS),
                         help="default: gpt-tiny gpt-small (the CNN on request)")
     parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
-    parser.add_argument("--methods", nargs="+", default=labels, choices=labels)
+    parser.add_argument("--methods", nargs="+", default=None, choices=labels,
+                        help=f"default: all (--quick: {' '.join(BASE_METHODS)})")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--updates", type=int, default=None,
                         help="batches of U samples per run (default: each model's)")
@@ -532,7 +663,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help=f"default {DEFAULT_PLOTS.relative_to(ROOT)} (none with --quick)")
     args = parser.parse_args(argv)
     cases = [MODELS[k] for k in (args.models or ["gpt-tiny", "gpt-small"])]
-    batches = {c.key: args.updates or (QUICK[c.key] if args.quick else c.updates) for c in cases}
+    batches = {c.key: args.updates or (QUICK[c.key][0] if args.quick else c.updates)
+               for c in cases}
+    methods = args.methods or (BASE_METHODS if args.quick else labels)
     path = args.json_out or (QUICK_JSON if args.quick else DEFAULT_JSON)
     study = load(path, args.resume)
     if args.timing_from is not None:
@@ -542,10 +675,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     reuse = [t for found in sorted(DEFAULT_JSON.parent.glob("time_to_loss*.json"))
              if args.quick and found != path and found != QUICK_JSON
              for t in json.loads(found.read_text())["timing"]]
-    run_study(study, cases, [m for m in METHODS if m.label in args.methods], ranks=args.ranks,
+    run_study(study, cases, [m for m in METHODS if m.label in methods], ranks=args.ranks,
               seeds=args.seeds, batches=batches, path=path, reuse=reuse,
               train_too=not args.timing_only, timed=QUICK_TIMED if args.quick else TIMED_STEPS,
-              eval_points=QUICK_EVAL_POINTS if args.quick else EVAL_POINTS,
+              eval_points={k: v[1] for k, v in QUICK.items()} if args.quick else None,
               repeats=args.timing_repeats or (1 if args.quick else 2))
     _check_identity(study)
     study["settings"]["parts"].append({"argv": sys.argv[1:] if argv is None else argv,

@@ -593,9 +593,29 @@ def run_study(study: dict[str, Any], cases: Sequence[cv.Case], methods: Sequence
                 for seed in seeds:
                     if (case.key, p, method.label, seed, batches[case.key]) in have_runs:
                         continue
-                    study["runs"].append(train(case, method, p, seed, batches[case.key], every))
+                    copy = _same_at_other_ranks(study["runs"], case.key, method, seed,
+                                                batches[case.key])
+                    study["runs"].append({**copy, "ranks": p, "copied_from_ranks": copy["ranks"]}
+                                         if copy else
+                                         train(case, method, p, seed, batches[case.key], every))
                     _report(study["runs"][-1])
                     save(study, path)
+
+
+RANK_FREE = frozenset({"1f1b", "2bw"})
+"""Schedules whose numbers do not depend on P (uniform stages, no options): 1F1B computes the
+non-pipelined gradients, 2BW every stage's one version behind; their runs at P = 2 and 4 were
+bit for bit equal (``benchmarks/results/time_to_loss.json``), so one run serves every P."""
+
+
+def _same_at_other_ranks(runs: Sequence[Mapping[str, Any]], model: str, method: MethodRow,
+                         seed: int, batches: int) -> Mapping[str, Any] | None:
+    """A finished run of a :data:`RANK_FREE` method at other ranks, to copy (None: train)."""
+    if method.schedule not in RANK_FREE or method.options or method.optimizer:
+        return None
+    return next((r for r in runs if (r["model"], r["method"], r["seed"], r["batches"])
+                 == (model, method.label, seed, batches) and "heldout_loss" in r
+                 and "copied_from_ranks" not in r), None)
 
 
 def _report(record: Mapping[str, Any]) -> None:
@@ -627,7 +647,8 @@ def _check_identity(study: dict[str, Any]) -> None:
     """Mark each timing whose multi-process losses equal the single-process run's start."""
     for timing in study["timing"]:
         local = [r for r in study["runs"] if (r["model"], r["ranks"], r["method"], r["seed"])
-                 == (timing["model"], timing["ranks"], timing["method"], 0) and "train_loss" in r]
+                 == (timing["model"], timing["ranks"], timing["method"], 0) and "train_loss" in r
+                 and "copied_from_ranks" not in r]
         if local and timing.get("train_loss"):
             count = len(timing["train_loss"])
             timing["bit_identical_to_local"] = local[0]["train_loss"][:count] == timing["train_loss"]

@@ -168,3 +168,15 @@ def test_the_evaluator_gives_convergence_evaluates_numbers() -> None:
     assert evaluator(TINY, moved, 1) == evaluate(TINY, moved, 1)
     assert evaluator(TINY, moved, 1) != evaluator(TINY, None, 1)
     assert list(evaluator.held) == [(TINY.key, 1)] and list(evaluator.initial) == [(TINY.key, 1)]
+
+
+@pytest.mark.parametrize("schedule", sorted(ttl.RANK_FREE))
+def test_a_rank_free_methods_curve_is_the_same_at_every_p(schedule: str) -> None:
+    """Why one 1F1B / 2BW run serves P = 2 and 4 (the study copies it): bit for bit equal."""
+    method = ttl.MethodRow(schedule, schedule, {})
+    two, four = (ttl.train(TINY, method, p, 0, 3, 1) for p in (2, 4))
+    assert two["heldout_loss"] == four["heldout_loss"] and two["train_loss"] == four["train_loss"]
+    assert ttl._same_at_other_ranks([two], TINY.key, method, 0, 3) is two
+    assert ttl._same_at_other_ranks([two], TINY.key, method, 1, 3) is None
+    stale = ttl.MethodRow("PipeDream", "pipedream", {})
+    assert ttl._same_at_other_ranks([{**two, "method": "PipeDream"}], TINY.key, stale, 0, 3) is None

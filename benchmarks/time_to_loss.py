@@ -643,6 +643,24 @@ def replace_timings(study: dict[str, Any], timings: Sequence[Mapping[str, Any]],
                         for t in new.values()]
 
 
+def merge(study: dict[str, Any], part: Mapping[str, Any]) -> int:
+    """Add ``part``'s runs and timings that ``study`` lacks (parts run side by side, each to its
+    own file); returns how many were added."""
+    def run_key(r: Mapping[str, Any]) -> tuple[Any, ...]:
+        return r["model"], r["ranks"], r["method"], r["seed"], r["batches"]
+
+    def timing_key(t: Mapping[str, Any]) -> tuple[Any, ...]:
+        return t["model"], t["ranks"], t["method"]
+    runs = {run_key(r) for r in study["runs"]}
+    timings = {timing_key(t) for t in study["timing"] if "samples_per_second" in t}
+    new_runs = [r for r in part["runs"] if run_key(r) not in runs]
+    new_timings = [t for t in part["timing"]
+                   if "samples_per_second" in t and timing_key(t) not in timings]
+    study["runs"] += new_runs
+    study["timing"] += new_timings
+    return len(new_runs) + len(new_timings)
+
+
 def _check_identity(study: dict[str, Any]) -> None:
     """Mark each timing whose multi-process losses equal the single-process run's start."""
     for timing in study["timing"]:
@@ -677,6 +695,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--timing-from", type=Path, default=None, metavar="FILE",
                         help="take the samples/s of FILE (a --timing-only result) in place of "
                              "this study's, for the same model, ranks and method")
+    parser.add_argument("--merge", type=Path, nargs="+", default=[], metavar="FILE",
+                        help="add the runs and timings of these result files (parts run side "
+                             "by side) that this one lacks")
     parser.add_argument("--resume", action="store_true",
                         help="add to the result file's runs and timings instead of starting anew")
     parser.add_argument("--json-out", type=Path, default=None)
@@ -689,6 +710,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     methods = args.methods or (BASE_METHODS if args.quick else labels)
     path = args.json_out or (QUICK_JSON if args.quick else DEFAULT_JSON)
     study = load(path, args.resume)
+    for part in args.merge:
+        print(f"{merge(study, json.loads(part.read_text()))} runs and timings from {part}")
     if args.timing_from is not None:
         replace_timings(study, json.loads(args.timing_from.read_text())["timing"],
                         f"from {args.timing_from.name}")

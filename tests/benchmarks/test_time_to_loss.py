@@ -180,3 +180,18 @@ def test_a_rank_free_methods_curve_is_the_same_at_every_p(schedule: str) -> None
     assert ttl._same_at_other_ranks([two], TINY.key, method, 1, 3) is None
     stale = ttl.MethodRow("PipeDream", "pipedream", {})
     assert ttl._same_at_other_ranks([{**two, "method": "PipeDream"}], TINY.key, stale, 0, 3) is None
+
+
+def test_merge_adds_only_what_the_study_lacks() -> None:
+    study = {"runs": [_run("1F1B", [6.0, 2.0]) | {"batches": 4}],
+             "timing": [{"model": "m", "ranks": 4, "method": "1F1B", "samples_per_second": 1.0}]}
+    part = {"runs": [_run("1F1B", [9.0, 9.0]) | {"batches": 4},
+                     _run("PipeDream", [6.0, 3.0]) | {"batches": 4}],
+            "timing": [{"model": "m", "ranks": 4, "method": "1F1B", "samples_per_second": 2.0},
+                       {"model": "m", "ranks": 4, "method": "PipeDream", "repeats": []},
+                       {"model": "m", "ranks": 2, "method": "1F1B", "samples_per_second": 3.0}]}
+    assert ttl.merge(study, part) == 2
+    assert [r["method"] for r in study["runs"]] == ["1F1B", "PipeDream"]
+    assert study["runs"][0]["heldout_loss"] == [6.0, 2.0]
+    assert [t["samples_per_second"] for t in study["timing"]] == [1.0, 3.0]
+    assert ttl.merge(study, part) == 0

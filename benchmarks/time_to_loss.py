@@ -1,14 +1,19 @@
 """Time to loss: which weight semantics reaches a held-out loss first, on the clock.
 
-Run (``--quick``: under five minutes; the full study runs in parts, ``--resume`` appends)::
+Run (``--quick``: about 1.5 CPU-minutes, see docs/convergence.md; the full study runs in
+parts, ``--resume`` appends, ``--merge`` puts together parts run side by side)::
 
     cd /work/main && PYTHONPATH=src .venv/bin/python benchmarks/time_to_loss.py --quick
     PYTHONPATH=src .venv/bin/python benchmarks/time_to_loss.py --models gpt-tiny --resume
+    PYTHONPATH=src .venv/bin/python benchmarks/time_to_loss.py --models gpt-tiny --ranks 4 \
+        --methods 1F1B PipeDream PipeDream+warmup --seeds 1 2 --resume
+    PYTHONPATH=src .venv/bin/python benchmarks/time_to_loss.py --models cnn --resume
     PYTHONPATH=src .venv/bin/python benchmarks/time_to_loss.py --models gpt-small --updates 200 --resume
 
-For each model (GPT-tiny, GPT-small, the CNN; the models, data, optimizers and held-out sets
-of ``benchmarks/convergence.py``, whose :func:`convergence.evaluate` computes every held-out
-loss here) and P = 2 and 4 ranks, every method of :data:`METHODS` trains from the same initial
+For each model (GPT-tiny and GPT-small with Adam, the CNN with SGD-momentum: :data:`OPTIMIZERS`;
+the models, data, optimizers and held-out sets of ``benchmarks/convergence.py``, whose
+:func:`convergence.evaluate` computes every held-out loss here, its model built once per
+model and seed, :class:`Evaluator`) and P = 2 and 4 ranks, every method of :data:`METHODS` trains from the same initial
 weights on the same sample stream: batches of U samples in M micro-batches, the same for every
 method (what ``--schedule X`` changes on one configuration: memory and micro-batch stay put).
 A per-batch method (1F1B, 2BW, WPipe) updates once per batch; a per-micro-batch one
@@ -20,16 +25,20 @@ A per-batch method (1F1B, 2BW, WPipe) updates once per batch; a per-micro-batch 
   stage has after the update that consumed those samples are copied (:class:`Snapshots`, a
   rank feature) and the assembled model's held-out loss is computed. For an asynchronous
   method that model never exists at one instant; it is the model the run returns if stopped
-  there after draining.
+  there after draining. 1F1B's and 2BW's curves do not depend on P (:data:`RANK_FREE`): one
+  run serves both.
 * **Samples/s** per (model, P, method) come from a short multi-process run (``launch_local``,
   one process per rank, gloo, 24 timed iterations): six batches over the quickest quarter of
   the times of six consecutive iterations (:func:`measure_once` says why), the best of
   ``--timing-repeats`` runs taken round-robin over the methods (:func:`time_methods`); ``--timing-from FILE`` puts
   another result file's timings in place of this one's (a re-timing pass run apart).
   The issue-12 throughput results (``benchmarks/results/async_throughput*.json``) are for a
-  different model (d 128, L 4, T 64) and batch, so they are not reused.
+  different model (d 128, L 4, T 64) and batch, so they are not reused. A correction row
+  shares its uncorrected method's samples/s (``MethodRow.timed_as``); a warm-up's first K
+  batches run at 1F1B's (:func:`seconds_for`).
 * **Time to a target** = samples the (seed-mean) held-out curve needs to first reach it,
-  linearly interpolated between evaluations, divided by the method's samples/s. Targets: a
+  linearly interpolated between evaluations, divided by the method's samples/s. With several
+  seeds the table adds the spread: each seed's time to its own 1F1B run's final loss. Targets: a
   ladder at 50/75/90/100 % of 1F1B's drop from the initial loss to its final one; the last rung
   is "1F1B's final loss", reported as a ratio to 1F1B's own time.
 

@@ -34,8 +34,9 @@ A per-batch method (1F1B, 2BW, WPipe) updates once per batch; a per-micro-batch 
   another result file's timings in place of this one's (a re-timing pass run apart).
   The issue-12 throughput results (``benchmarks/results/async_throughput*.json``) are for a
   different model (d 128, L 4, T 64) and batch, so they are not reused. A correction row
-  shares its uncorrected method's samples/s (``MethodRow.timed_as``); a warm-up's first K
-  batches run at 1F1B's (:func:`seconds_for`).
+  shares its uncorrected method's samples/s (``MethodRow.timed_as``); a warm-up row is timed
+  itself too (its timed iterations all inside the warm-up: a fill and drain per update), which
+  times its first K batches (:func:`seconds_for`).
 * **Time to a target** = samples the (seed-mean) held-out curve needs to first reach it,
   linearly interpolated between evaluations, divided by the method's samples/s. With several
   seeds the table adds the spread: each seed's time to its own 1F1B run's final loss. Targets: a
@@ -284,6 +285,9 @@ def measure_once(case: cv.Case, method: MethodRow, ranks: int,
     (``mean_samples_per_second``)."""
     plan = make_plan(case, method, ranks)
     steps = timed + 1
+    if 0 < method.options.get("warmup", 0) < steps:
+        raise ValueError(f"{method.label}: warmup={method.options['warmup']} ends inside the "
+                         f"{steps} timed iterations; time it with fewer (--quick) or a longer warm-up")
     job = make_job(case, plan, 0, steps)
     batches = tuple(islice(iter(job.data()), steps))  # made once, shipped to the ranks
     job = replace(job, data=_Replay(batches), record_timeline=True)
@@ -380,28 +384,35 @@ def _group(study: Mapping[str, Any]) -> dict[tuple[str, int], dict[str, list[dic
     return grouped
 
 
-def _rates(study: Mapping[str, Any]) -> dict[tuple[str, int, str], float]:
-    """(model, ranks, method) -> samples/s; a row timed as another (``MethodRow.timed_as``)
-    gets that one's."""
-    rates = {(t["model"], t["ranks"], t["method"]): t["samples_per_second"]
-             for t in study["timing"] if "samples_per_second" in t}
+def _rates(study: Mapping[str, Any]) -> tuple[dict[tuple[str, int, str], float],
+                                             dict[tuple[str, int, str], float]]:
+    """(model, ranks, method) -> samples/s after any warm-up, and -> samples/s during a
+    warm-up. A row timed as another (``MethodRow.timed_as``) gets that one's; a warm-up row's
+    own timing (its timed iterations all inside the warm-up) is its warm-up rate."""
+    warmups = {m.label for m in METHODS if m.options.get("warmup")}
+    steady: dict[tuple[str, int, str], float] = {}
+    warm: dict[tuple[str, int, str], float] = {}
+    for t in study["timing"]:
+        if "samples_per_second" in t:
+            key = (t["model"], t["ranks"], t["method"])
+            (warm if t["method"] in warmups else steady)[key] = t["samples_per_second"]
     for method in METHODS:
-        for model, ranks, label in list(rates):
-            if method.timed_as == label and (model, ranks, method.label) not in rates:
-                rates[model, ranks, method.label] = rates[model, ranks, label]
-    return rates
+        for model, ranks, label in list(steady):
+            if method.timed_as == label and (model, ranks, method.label) not in steady:
+                steady[model, ranks, method.label] = steady[model, ranks, label]
+    return steady, warm
 
 
-def seconds_for(samples: float | None, rate: float | None, base_rate: float | None,
+def seconds_for(samples: float | None, rate: float | None, warm_rate: float | None,
                 sync_samples: float = 0.0) -> float | None:
     """Wall time to train ``samples`` at ``rate`` samples/s, the first ``sync_samples`` (a
-    synchronous warm-up) at 1F1B's ``base_rate``."""
+    synchronous warm-up: a fill and drain per update) at ``warm_rate``."""
     if samples is None or rate is None:
         return None
     warm = min(samples, sync_samples)
     if not warm:
         return samples / rate
-    return None if base_rate is None else warm / base_rate + (samples - warm) / rate
+    return None if warm_rate is None else warm / warm_rate + (samples - warm) / rate
 
 
 def _warm_samples(run: Mapping[str, Any]) -> float:
@@ -411,7 +422,8 @@ def _warm_samples(run: Mapping[str, Any]) -> float:
 
 
 def _seed_ratios(runs: Sequence[Mapping[str, Any]], base_runs: Sequence[Mapping[str, Any]],
-                 rate: float | None, base_rate: float | None) -> list[float | None]:
+                 rate: float | None, base_rate: float | None,
+                 warm_rate: float | None) -> list[float | None]:
     """Per seed that 1F1B also ran: time to that seed's 1F1B final loss, ×1F1B's time."""
     base_of = {r["seed"]: r for r in base_runs}
     ratios: list[float | None] = []
@@ -423,7 +435,7 @@ def _seed_ratios(runs: Sequence[Mapping[str, Any]], base_runs: Sequence[Mapping[
         mine = first_reach(run["samples"], run["heldout_loss"], target)
         theirs = seconds_for(first_reach(base["samples"], base["heldout_loss"], target),
                              base_rate, base_rate)
-        spent = seconds_for(mine, rate, base_rate, _warm_samples(run))
+        spent = seconds_for(mine, rate, warm_rate, _warm_samples(run))
         ratios.append(None if spent is None or not theirs else spent / theirs)
     return ratios
 
@@ -432,7 +444,7 @@ def time_to_loss_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per (model, ranks, method): samples and seconds to every rung of the ladder of
     1F1B's (seed-mean) held-out curve, the time to 1F1B's final loss as a ratio to 1F1B's, and
     its spread over the seeds (each seed against 1F1B's run of the same seed)."""
-    rates = _rates(study)
+    rates, warm_rates = _rates(study)
     rows = []
     for (model, ranks), methods in _group(study).items():
         if BASELINE not in methods:
@@ -445,9 +457,9 @@ def time_to_loss_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
         for label, runs in methods.items():
             xs, ys = mean_curve(runs)
             rate = rates.get((model, ranks, label))
-            warm = _warm_samples(runs[0])
+            warm, warm_rate = _warm_samples(runs[0]), warm_rates.get((model, ranks, label))
             reach = [first_reach(xs, ys, t) for t in targets]
-            seconds = [seconds_for(n, rate, base_rate, warm) for n in reach]
+            seconds = [seconds_for(n, rate, warm_rate, warm) for n in reach]
             rows.append({
                 "model": model, "ranks": ranks, "method": label, "seeds": len(runs),
                 "samples_per_second": rate, "final_heldout": ys[-1],
@@ -460,7 +472,9 @@ def time_to_loss_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
                 else rate / base_rate,
                 "ratio_to_1f1b": None if seconds[-1] is None or not base_s
                 else seconds[-1] / base_s,
-                "ratio_per_seed": _seed_ratios(runs, methods[BASELINE], rate, base_rate)})
+                "ratio_per_seed": _seed_ratios(runs, methods[BASELINE], rate, base_rate,
+                                               warm_rate),
+                **({"warmup_samples_per_second": warm_rate} if warm else {})})
     return rows
 
 
@@ -517,7 +531,7 @@ def plot(study: Mapping[str, Any], plot_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = _rates(study)
+    rates, warm_rates = _rates(study)
     grouped = _group(study)
     written = []
     plot_dir.mkdir(parents=True, exist_ok=True)
@@ -531,8 +545,8 @@ def plot(study: Mapping[str, Any], plot_dir: Path) -> list[Path]:
                 if rate is None:
                     continue
                 xs, ys = mean_curve(runs)
-                base_rate = rates.get((model, ranks, BASELINE))
-                seconds = [seconds_for(x, rate, base_rate, _warm_samples(runs[0])) for x in xs]
+                seconds = [seconds_for(x, rate, warm_rates.get((model, ranks, label)),
+                                       _warm_samples(runs[0])) for x in xs]
                 if None in seconds:
                     continue
                 panel.plot(seconds, ys, label=f"{label} ({rate:.0f} samples/s)",
@@ -585,8 +599,8 @@ def run_study(study: dict[str, Any], cases: Sequence[cv.Case], methods: Sequence
         every = -(-batches[case.key] // (eval_points or {}).get(case.key, EVAL_POINTS))
         for p in ranks:
             have = {(t["model"], t["ranks"], t["method"]) for t in study["timing"]}
-            missing = [m for m in methods
-                       if m.timed_as is None and (case.key, p, m.label) not in have]
+            missing = [m for m in methods if (m.timed_as is None or m.options.get("warmup"))
+                       and (case.key, p, m.label) not in have]
             for method in list(missing):
                 copied = [t for t in reuse if (t["model"], t["ranks"], t["method"])
                           == (case.key, p, method.label) and "samples_per_second" in t]

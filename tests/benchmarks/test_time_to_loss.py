@@ -112,7 +112,7 @@ def test_snapshots_copy_each_stage_after_its_update(schedule: str) -> None:
 
 def test_seconds_for_runs_the_warm_up_at_1f1bs_rate() -> None:
     assert ttl.seconds_for(400.0, 200.0, 100.0) == 2.0
-    assert ttl.seconds_for(400.0, 200.0, 100.0, sync_samples=100.0) == 1.0 + 1.5
+    assert ttl.seconds_for(400.0, 200.0, 50.0, sync_samples=100.0) == 2.0 + 1.5
     assert ttl.seconds_for(50.0, 200.0, 100.0, sync_samples=100.0) == 0.5
     assert ttl.seconds_for(None, 200.0, 100.0) is None
     assert ttl.seconds_for(400.0, 200.0, None, sync_samples=100.0) is None
@@ -133,8 +133,15 @@ def test_a_correction_row_is_timed_as_its_method_and_the_seeds_spread() -> None:
     rows = {r["method"]: r for r in ttl.time_to_loss_rows(study)}
     warm = rows["PipeDream+warmup"]
     assert warm["samples_per_second"] == 200.0 and warm["seeds"] == 1
-    # 1F1B's seed-mean final is 2.1, reached at 390 samples: 100 at 1F1B's rate, 290 at 200/s
-    assert warm["seconds_to"][-1] == pytest.approx(1.0 + 290.0 / 200.0)
+    assert warm["seconds_to"] == [None] * 4  # the warm-up's own rate not measured: no time
+    study["timing"].append({"model": "m", "ranks": 4, "method": "PipeDream+warmup",
+                            "samples_per_second": 50.0})
+    rows = {r["method"]: r for r in ttl.time_to_loss_rows(study)}
+    warm = rows["PipeDream+warmup"]
+    assert warm["samples_per_second"] == 200.0 and warm["warmup_samples_per_second"] == 50.0
+    # 1F1B's seed-mean final is 2.1, reached at 390 samples: 100 in the warm-up at its own
+    # 50/s, 290 at PipeDream's 200/s
+    assert warm["seconds_to"][-1] == pytest.approx(2.0 + 290.0 / 200.0)
     assert rows["PipeDream"]["ratio_per_seed"][0] == 0.5
     assert rows["PipeDream"]["ratio_per_seed"][1:] == [None, None]  # above 1F1B's seed's final
     assert rows["1F1B"]["ratio_per_seed"] == [1.0, 1.0, 1.0]

@@ -1,6 +1,6 @@
 """Time to loss: which weight semantics reaches a held-out loss first, on the clock.
 
-Run (``--quick``: about 1.5 CPU-minutes, see docs/convergence.md; the full study runs in
+Run (``--quick``: under a minute of CPU, see docs/convergence.md; the full study runs in
 parts, ``--resume`` appends, ``--merge`` puts together parts run side by side)::
 
     cd /work/main && PYTHONPATH=src .venv/bin/python benchmarks/time_to_loss.py --quick

@@ -90,7 +90,7 @@ from torch import Tensor
 
 from machine_load import wait_for_quiet
 from pipeweave.data import build_dataset
-from pipeweave.models import build_model
+from pipeweave.models import ModelSpec, build_model
 from pipeweave.runtime import (
     BuiltinData, BuiltinModel, Job, OptimizerFactory, Plan, RankResult, iteration_losses,
     launch_local, merged_parameters, run_local,
@@ -250,18 +250,32 @@ def per_update_losses(results: Sequence[RankResult], job: Job, method: Method) -
     return [weighted[j] * job.plan.microbatches for j in sorted(weighted)]
 
 
-def evaluate(case: Case, parameters: dict[str, Tensor], seed: int) -> dict[str, float]:
-    """Held-out loss (and accuracy for classifiers) of the final parameters."""
+HeldOut = tuple[ModelSpec, torch.nn.Module, list[tuple[Tensor, Tensor]]]
+"""What :func:`evaluate` needs besides the parameters: the model spec, a module to load them
+into, and the held-out batches."""
+
+
+def held_out(case: Case, seed: int) -> HeldOut:
+    """The evaluation model of ``case`` and its held-out batches: built once, reusable by every
+    :func:`evaluate` of the same case and seed (building the model dominates a short one)."""
     spec = build_model(case.model, seed=seed, **case.overrides)
     model = spec.sequential()
-    model.load_state_dict(parameters, strict=True)
     model.eval()
     # The same held-out samples for every method and seed (fixed stream seed).
     stream = build_dataset(case.dataset, batch_size=case.eval_batch_size, seq_len=case.seq_len,
                            seed=12345, split="test")
+    return spec, model, list(islice(stream, case.eval_batches))
+
+
+def evaluate(case: Case, parameters: dict[str, Tensor], seed: int,
+             held: HeldOut | None = None) -> dict[str, float]:
+    """Held-out loss (and accuracy for classifiers) of the final parameters; ``held``: the
+    :func:`held_out` of the same case and seed, when the caller keeps one."""
+    spec, model, batches = held or held_out(case, seed)
+    model.load_state_dict(parameters, strict=True)
     total, correct, count = 0.0, 0, 0
     with torch.no_grad():
-        for inputs, targets in islice(stream, case.eval_batches):
+        for inputs, targets in batches:
             output = model(inputs)
             total += float(spec.loss_fn(output, targets)) * len(targets)
             if output.dim() == 2:

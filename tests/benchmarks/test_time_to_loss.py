@@ -108,3 +108,97 @@ def test_snapshots_copy_each_stage_after_its_update(schedule: str) -> None:
     for name, value in final.items():
         assert torch.equal(taken[3 * per_batch][name], value), name
     assert any(not torch.equal(taken[per_batch][n], final[n]) for n in final)
+
+
+def test_seconds_for_runs_the_warm_up_at_1f1bs_rate() -> None:
+    assert ttl.seconds_for(400.0, 200.0, 100.0) == 2.0
+    assert ttl.seconds_for(400.0, 200.0, 50.0, sync_samples=100.0) == 2.0 + 1.5
+    assert ttl.seconds_for(50.0, 200.0, 100.0, sync_samples=100.0) == 0.5
+    assert ttl.seconds_for(None, 200.0, 100.0) is None
+    assert ttl.seconds_for(400.0, 200.0, None, sync_samples=100.0) is None
+
+
+def test_a_correction_row_is_timed_as_its_method_and_the_seeds_spread() -> None:
+    """PipeDream+warmup shares PipeDream's samples/s (its first batches at 1F1B's); with three
+    seeds each seed is paired with 1F1B's run of the same seed."""
+    def run(method: str, seed: int, losses: list[float], **extra: Any) -> dict[str, Any]:
+        return {**_run(method, losses), "seed": seed, "batches": 4, **extra}
+    study = {
+        "runs": [run("1F1B", s, [6.0, 5.0, 4.0, 3.0, 2.0 + 0.1 * s]) for s in range(3)]
+        + [run("PipeDream", s, [6.0, 5.0, 4.0, 3.0, 2.0 + 0.3 * s]) for s in range(3)]
+        + [run("PipeDream+warmup", 0, [6.0, 5.0, 4.0, 3.0, 2.0], options={"warmup": 1})],
+        "timing": [{"model": "m", "ranks": 4, "method": "1F1B", "samples_per_second": 100.0},
+                   {"model": "m", "ranks": 4, "method": "PipeDream", "samples_per_second": 200.0}],
+    }
+    rows = {r["method"]: r for r in ttl.time_to_loss_rows(study)}
+    warm = rows["PipeDream+warmup"]
+    assert warm["samples_per_second"] == 200.0 and warm["seeds"] == 1
+    assert warm["seconds_to"] == [None] * 4  # the warm-up's own rate not measured: no time
+    study["timing"].append({"model": "m", "ranks": 4, "method": "PipeDream+warmup",
+                            "samples_per_second": 50.0})
+    rows = {r["method"]: r for r in ttl.time_to_loss_rows(study)}
+    warm = rows["PipeDream+warmup"]
+    assert warm["samples_per_second"] == 200.0 and warm["warmup_samples_per_second"] == 50.0
+    # 1F1B's seed-mean final is 2.1, reached at 390 samples: 100 in the warm-up at its own
+    # 50/s, 290 at PipeDream's 200/s
+    assert warm["seconds_to"][-1] == pytest.approx(2.0 + 290.0 / 200.0)
+    assert rows["PipeDream"]["ratio_per_seed"][0] == 0.5
+    assert rows["PipeDream"]["ratio_per_seed"][1:] == [None, None]  # above 1F1B's seed's final
+    assert rows["1F1B"]["ratio_per_seed"] == [1.0, 1.0, 1.0]
+    table = ttl.markdown(list(rows.values()))
+    assert "| 1.00 (1.00–1.00; 3 seeds) |" in table
+    assert "2.300 (2.000–2.600; 3 seeds)" in table and "(0.50–0.50, 2 never; 3 seeds)" in table
+
+
+def test_optimizer_of_swaps_adam_for_nadam_only() -> None:
+    nadam = ttl.MethodRow("x", "pipedream", {"nesterov": 0.99}, "nadam")
+    assert ttl.optimizer_of(ttl.MODELS["gpt-tiny"], nadam) == ("nadam", {"lr": 1e-3})
+    assert ttl.optimizer_of(ttl.MODELS["cnn"], ttl.METHODS[0])[0] == "sgd"
+    with pytest.raises(ValueError, match="replaces Adam only"):
+        ttl.optimizer_of(ttl.MODELS["cnn"], nadam)
+
+
+def test_eval_points_end_at_the_last_batch() -> None:
+    assert ttl.eval_points(24, 8) == [8, 16, 24]
+    assert ttl.eval_points(4, 3) == [3, 4]
+    assert ttl.eval_points(2, 5) == [2]
+
+
+def test_the_evaluator_gives_convergence_evaluates_numbers() -> None:
+    """Built once per (model, seed), the same held-out loss as a fresh evaluate."""
+    from convergence import evaluate
+    evaluator = ttl.Evaluator()
+    initial = ttl.build_model(TINY.model, seed=1, **TINY.overrides).materialized("cpu")
+    weights = dict(initial.sequential().state_dict())
+    assert evaluator(TINY, None, 1) == evaluate(TINY, weights, 1)
+    moved = {name: value + 0.01 for name, value in weights.items()}
+    assert evaluator(TINY, moved, 1) == evaluate(TINY, moved, 1)
+    assert evaluator(TINY, moved, 1) != evaluator(TINY, None, 1)
+    assert list(evaluator.held) == [(TINY.key, 1)] and list(evaluator.initial) == [(TINY.key, 1)]
+
+
+@pytest.mark.parametrize("schedule", sorted(ttl.RANK_FREE))
+def test_a_rank_free_methods_curve_is_the_same_at_every_p(schedule: str) -> None:
+    """Why one 1F1B / 2BW run serves P = 2 and 4 (the study copies it): bit for bit equal."""
+    method = ttl.MethodRow(schedule, schedule, {})
+    two, four = (ttl.train(TINY, method, p, 0, 3, 1) for p in (2, 4))
+    assert two["heldout_loss"] == four["heldout_loss"] and two["train_loss"] == four["train_loss"]
+    assert ttl._same_at_other_ranks([two], TINY.key, method, 0, 3) is two
+    assert ttl._same_at_other_ranks([two], TINY.key, method, 1, 3) is None
+    stale = ttl.MethodRow("PipeDream", "pipedream", {})
+    assert ttl._same_at_other_ranks([{**two, "method": "PipeDream"}], TINY.key, stale, 0, 3) is None
+
+
+def test_merge_adds_only_what_the_study_lacks() -> None:
+    study = {"runs": [_run("1F1B", [6.0, 2.0]) | {"batches": 4}],
+             "timing": [{"model": "m", "ranks": 4, "method": "1F1B", "samples_per_second": 1.0}]}
+    part = {"runs": [_run("1F1B", [9.0, 9.0]) | {"batches": 4},
+                     _run("PipeDream", [6.0, 3.0]) | {"batches": 4}],
+            "timing": [{"model": "m", "ranks": 4, "method": "1F1B", "samples_per_second": 2.0},
+                       {"model": "m", "ranks": 4, "method": "PipeDream", "repeats": []},
+                       {"model": "m", "ranks": 2, "method": "1F1B", "samples_per_second": 3.0}]}
+    assert ttl.merge(study, part) == 2
+    assert [r["method"] for r in study["runs"]] == ["1F1B", "PipeDream"]
+    assert study["runs"][0]["heldout_loss"] == [6.0, 2.0]
+    assert [t["samples_per_second"] for t in study["timing"]] == [1.0, 3.0]
+    assert ttl.merge(study, part) == 0

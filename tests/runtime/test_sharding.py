@@ -20,7 +20,7 @@ from pipeweave.runtime.execution.sharding import last_backwards
 from pipeweave.runtime.launch.prepare import prepare
 from pipeweave.testing import assert_matches_reference, merged_parameters, reference_run
 
-from runtime_jobs import gpt_job
+from runtime_jobs import MESH_JOB_REFUSALS, gpt_job
 
 CASES = [("1f1b", "full", {}), ("1f1b", "grad-op", {}), ("gpipe", "full", {}),
          ("gpipe", "grad-op", {}), ("interleaved-1f1b", "full", {}),
@@ -108,11 +108,7 @@ def test_plan_refusals(fields: dict, words: str) -> None:
         Plan.uniform(6, 2, **fields)
 
 
-@pytest.mark.parametrize(("job_fields", "words"), [
-    ({"clip_grad_norm": 1.0}, "--clip-grad-norm"),
-    ({"apc": True}, "--apc"),
-    ({"eval_every": 1}, "--eval-every"),
-])
+@pytest.mark.parametrize(("job_fields", "words"), MESH_JOB_REFUSALS)
 def test_job_refusals_before_anything_starts(job_fields: dict, words: str) -> None:
     with pytest.raises(ValueError, match=f"--shard full with {words}"):
         prepare(_job("1f1b", "full", **job_fields))

@@ -7,7 +7,13 @@ from __future__ import annotations
 import os
 import socket
 
-__all__ = ["machine_cores", "threads_per_rank", "free_port"]
+__all__ = ["machine_cores", "threads_per_rank", "free_port", "FORKSERVER_PRELOAD"]
+
+FORKSERVER_PRELOAD = ("torch", "torch._dynamo")
+"""What a ``forkserver`` that starts local ranks imports once, so that every process it forks
+has it: torch, and torch._dynamo, which the first optimizer a process builds imports
+(torch.optim's ``_disable_dynamo``): seconds of CPU that every rank would pay again. The
+first user in a process starts the server, so every user preloads at least this."""
 
 
 def machine_cores() -> int:

@@ -1,11 +1,21 @@
 """Small synthetic profiles for the auto tests (no link: transfers and all-reduces are free,
-so a hand-written oracle needs only the compute times)."""
+so a hand-written oracle needs only the compute times), and the walk over a search space's
+completed candidates that the memory-floor tests share."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
+from pipeweave.auto import AutoProblem, enumerate_candidates
+from pipeweave.auto.axes import Candidate
+from pipeweave.auto.predict import one_copy_suffices
+from pipeweave.auto.search import _Search, _valid_shape
+from pipeweave.auto.timing import plan_schedule
+from pipeweave.ir import Schedule
+from pipeweave.planner import Plan
 from pipeweave.profiler import BlockProfile, LinkProfile, Profile
+from pipeweave.schedules import get_info
 
 
 def small_profile(seed: int, blocks: int = 6, *, batch_size: int = 2,
@@ -21,3 +31,23 @@ def small_profile(seed: int, blocks: int = 6, *, batch_size: int = 2,
                      optimizer_bytes=0.0, update=rng.uniform(0, 5e-4))
         for i in range(blocks)
     ), model="toy", batch_size=batch_size, device="synthetic", source="synthetic", link=link)
+
+
+def completed_candidates(problem: AutoProblem, *, synchronous_only: bool = False
+                         ) -> Iterator[tuple[Candidate, Plan, Schedule, bool]]:
+    """Every candidate of ``problem`` of a valid shape that its schedule accepts, completed as
+    the search completes it: ``(candidate, plan, one-iteration schedule, one_copy)``. Those the
+    schedule refuses (``ValueError``) are left out, as the search counts them invalid."""
+    state = _Search(problem, lambda _text: None)
+    for candidate in enumerate_candidates(problem):
+        if not _valid_shape(candidate, problem):
+            continue
+        if synchronous_only and not get_info(candidate.schedule).synchronous:
+            continue
+        try:
+            _, plan, _ = state.complete(candidate)
+            one_copy = one_copy_suffices(plan, problem)
+            schedule = plan_schedule(plan, 1, one_copy=one_copy)
+        except ValueError:
+            continue
+        yield candidate, plan, schedule, one_copy

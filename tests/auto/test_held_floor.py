@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from auto_fixtures import small_profile
+from auto_fixtures import completed_candidates, small_profile
 from pipeweave.auto import AutoProblem, enumerate_candidates
 from pipeweave.auto.floors import StateFloor
 from pipeweave.auto.held_floor import HELD_AT_LEAST, held_at_least, held_floor
 from pipeweave.auto.memory import memory_floor
-from pipeweave.auto.predict import one_copy_suffices
-from pipeweave.auto.search import _Search, _valid_shape
-from pipeweave.auto.timing import plan_schedule
 from pipeweave.ir import Op, Schedule
 from pipeweave.planner import Plan
 from pipeweave.planner.topology import Topology
@@ -74,17 +71,8 @@ def test_floor_is_below_memory_floor_and_not_vacuous() -> None:
     profile = small_profile(7, blocks=8, link=LinkProfile(2e8, 2e-5))
     problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
                           methods=("uniform", "time", "pipedream"), microbatches=(4, 16))
-    state = _Search(problem, lambda _text: None)
     checked = tight = 0
-    for candidate in enumerate_candidates(problem):
-        if not _valid_shape(candidate, problem):
-            continue
-        try:
-            _, plan, _ = state.complete(candidate)
-            one_copy = one_copy_suffices(plan, problem)
-            schedule = plan_schedule(plan, 1, one_copy=one_copy)
-        except ValueError:
-            continue
+    for candidate, plan, schedule, one_copy in completed_candidates(problem):
         floor = held_floor(problem, plan)
         if not floor:
             continue  # replicated stages or N pipelines: no floor

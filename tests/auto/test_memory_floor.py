@@ -4,15 +4,11 @@ recomputation on and off, and it is not vacuous: activations make up most of it 
 
 from __future__ import annotations
 
-from auto_fixtures import small_profile
-from pipeweave.auto import AutoProblem, enumerate_candidates
+from auto_fixtures import completed_candidates, small_profile
+from pipeweave.auto import AutoProblem
 from pipeweave.auto.memory import memory_floor, rank_memory
-from pipeweave.auto.predict import one_copy_suffices
-from pipeweave.auto.search import _Search, _valid_shape
-from pipeweave.auto.timing import plan_schedule
 from pipeweave.planner.topology import Topology
 from pipeweave.profiler import LinkProfile
-from pipeweave.schedules import get_info
 
 
 def test_floor_is_below_the_memory_model() -> None:
@@ -20,17 +16,9 @@ def test_floor_is_below_the_memory_model() -> None:
     problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
                           methods=("uniform", "time", "pipedream"), microbatches=(4, 16),
                           pipelines=(1, 2))
-    state = _Search(problem, lambda _text: None)
     checked = tight = one_copy_seen = 0
-    for candidate in enumerate_candidates(problem):
-        if not _valid_shape(candidate, problem) or not get_info(candidate.schedule).synchronous:
-            continue
-        try:
-            _, plan, _ = state.complete(candidate)
-            one_copy = one_copy_suffices(plan, problem)
-            schedule = plan_schedule(plan, 1, one_copy=one_copy)
-        except ValueError:
-            continue  # the schedule refuses the plan (the search counts it invalid)
+    for candidate, plan, schedule, one_copy in completed_candidates(problem,
+                                                                    synchronous_only=True):
         floor = memory_floor(problem, plan, schedule, one_copy=one_copy)
         model = rank_memory(problem, plan, one_copy=one_copy)
         for rank, value in enumerate(floor):

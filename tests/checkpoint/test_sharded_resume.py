@@ -96,16 +96,23 @@ def assert_same_checkpoint_part(got: Any, want: Any, where: str) -> None:
         assert got == want, f"{where}: {got!r} != {want!r}"
 
 
-def test_sharded_run_resumes_exactly_and_under_other_meshes(tmp_path: Path) -> None:
-    job = _job(width=2, shard="full")
+def _resumed_exactly(job: Job, tmp_path: Path) -> tuple[list[RankResult], Path]:
+    """Run ``job`` straight with a checkpoint every 2 steps (each holding whole tensors), then
+    resume it after step 2 under the same mesh: bit for bit, and the checkpoint it writes after
+    step 4 too. The straight run's results and its step-2 checkpoint, for other meshes."""
     first, second = tmp_path / "first", tmp_path / "second"
     straight = launch_local(with_checkpoints(job, directory=str(first), every=2), deadline_s=800)
     after2, after4 = complete_checkpoints(first)
     _assert_whole(after2, job)
-    # The same mesh: bit for bit, and the checkpoint it writes after step 4 too.
     resumed = launch_local(_resume(job, after2, into=second), deadline_s=800)
     assert_same_run(resumed, straight, microbatches=M, steps=[3, 4])
     _assert_same_state(complete_checkpoints(second)[-1], after4)
+    return straight, after2
+
+
+def test_sharded_run_resumes_exactly_and_under_other_meshes(tmp_path: Path) -> None:
+    job = _job(width=2, shard="full")
+    straight, after2 = _resumed_exactly(job, tmp_path)
     # Another mesh: replicated width 2, and one copy (pp=2,dp=1), to rounding.
     _assert_close_run(run_local(_resume(_mesh(job, shard="none"), after2)), straight)
     _assert_close_run(run_local(_resume(_mesh(job, width=1, shard="none"), after2)), straight)
@@ -113,13 +120,8 @@ def test_sharded_run_resumes_exactly_and_under_other_meshes(tmp_path: Path) -> N
 
 def test_tensor_parallel_run_resumes_exactly_and_under_other_meshes(tmp_path: Path) -> None:
     job = _job(tp=2)
-    first = tmp_path / "first"
-    straight = launch_local(with_checkpoints(job, directory=str(first), every=2), deadline_s=800)
-    after2, _ = complete_checkpoints(first)
-    _assert_whole(after2, job)
+    straight, after2 = _resumed_exactly(job, tmp_path)
     assert sorted(p.name for p in after2.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
-    assert_same_run(launch_local(_resume(job, after2), deadline_s=800), straight,
-                    microbatches=M, steps=[3, 4])
     # The whole stages (pp=2, tp=1), to rounding; and a sharded run's checkpoint under tp=2.
     _assert_close_run(run_local(_resume(_mesh(job, tp=1), after2)), straight)
 
@@ -138,11 +140,5 @@ def test_sharded_tensor_parallel_run_resumes_exactly_and_unsharded(tmp_path: Pat
     # gathered and cut in two steps (runtime/execution/two_step.py); a permuted Adam moment
     # would break the resumed run's agreement with the unsharded one.
     job = _job(width=2, shard="full", tp=2)
-    first, second = tmp_path / "first", tmp_path / "second"
-    straight = launch_local(with_checkpoints(job, directory=str(first), every=2), deadline_s=800)
-    after2, after4 = complete_checkpoints(first)
-    _assert_whole(after2, job)
-    resumed = launch_local(_resume(job, after2, into=second), deadline_s=800)
-    assert_same_run(resumed, straight, microbatches=M, steps=[3, 4])
-    _assert_same_state(complete_checkpoints(second)[-1], after4)
+    straight, after2 = _resumed_exactly(job, tmp_path)
     _assert_close_run(run_local(_resume(_mesh(job, shard="none", tp=1), after2)), straight)

@@ -89,6 +89,9 @@ def test_profile_skips_the_link_with_one_gpu(capsys: pytest.CaptureFixture[str],
     assert main(["profile", "--model", "mlp", "--device", "cuda", "--no-runtime-costs",
                  "--warmup", "0", "--repeats", "1", "--threads", "1"]) == 0
     out, err = capsys.readouterr()
-    assert err == ("note: the GPU link was not measured: it needs two GPUs and 1 is visible "
-                   "(--no-link silences this)\n")
+    # one repeat without warm-up: on a busy machine (a loaded CI runner) the profiler may also
+    # warn, rightly, that two alike blocks took very different times; that line is not this test's
+    lines = [line for line in err.splitlines() if "the machine was probably busy" not in line]
+    assert lines == ["note: the GPU link was not measured: it needs two GPUs and 1 is visible "
+                     "(--no-link silences this)"]
     assert "fwd ms" in out and "link:" not in out

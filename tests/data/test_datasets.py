@@ -107,6 +107,26 @@ def test_bad_arguments_name_the_value() -> None:
         build_dataset("stdlib-bytes", batch_size=1, seq_len=0)
 
 
+def test_digits_read_without_sklearn_are_sklearns_load_digits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bundled CSV read directly gives exactly ``load_digits()``; so does the fallback."""
+    from sklearn.datasets import load_digits
+
+    from pipeweave.data import digits
+
+    bunch = load_digits()
+    expected = (torch.as_tensor(bunch.data, dtype=torch.float64) / 16.0,
+                torch.as_tensor(bunch.target, dtype=torch.int64))
+    assert digits._bundled_csv() is not None
+    digits._load_all.cache_clear()
+    assert _equal(digits._load_all(), expected)
+    monkeypatch.setattr(digits, "_bundled_csv", lambda: None)
+    digits._load_all.cache_clear()
+    try:
+        assert _equal(digits._load_all(), expected)
+    finally:
+        digits._load_all.cache_clear()
+
+
 def test_missing_sklearn_gives_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)

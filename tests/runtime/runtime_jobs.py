@@ -9,6 +9,15 @@ from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, 
 GPT = {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 16}
 
 
+MESH_JOB_REFUSALS = [
+    ({"clip_grad_norm": 1.0}, "--clip-grad-norm"),
+    ({"apc": True}, "--apc"),
+    ({"eval_every": 1}, "--eval-every"),
+]
+"""Job options that a sharded (``--shard``) or tensor-parallel (``tp``) run refuses before any
+rank starts, and the flag each refusal names (test_sharding.py and test_tensor_parallel.py)."""
+
+
 def gpt_job(*, depth: int, schedule: str = "1f1b", microbatches: int = 4, steps: int = 3,
             dtype: str = "float64", optimizer: str = "sgd", chunks: int = 1,
             plan_fields: dict[str, Any] | None = None, **job_fields: Any) -> Job:

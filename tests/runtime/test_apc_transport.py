@@ -21,7 +21,7 @@ from pipeweave.cli.main import main
 from pipeweave.ir import Action, Op
 from pipeweave.runtime import launch_local, run_local
 from pipeweave.apc import decode, encode
-from pipeweave.host import free_port
+from pipeweave.host import FORKSERVER_PRELOAD
 from pipeweave.runtime.communication.transport import DistTransport, LocalTransport, Waiting, message_tag
 from pipeweave.testing import assert_identical_runs, iteration_losses
 
@@ -198,8 +198,11 @@ def _transport_rank(rank: int, init_method: str, out_dir: str) -> None:
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_dist_transport_compresses_and_falls_back(tmp_path: Path) -> None:
-    mp.start_processes(_transport_rank, args=(f"tcp://127.0.0.1:{free_port()}", str(tmp_path)),
-                       nprocs=2, join=True, start_method="spawn")
+    # forked by the launcher's fork server (torch already imported), meeting at a file store
+    # of this test's own (no port to race for)
+    mp.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    mp.start_processes(_transport_rank, args=(f"file://{tmp_path / 'store'}", str(tmp_path)),
+                       nprocs=2, join=True, start_method="forkserver")
     received = torch.load(tmp_path / "received.pt")
     hub = LocalTransport(apc=True)
     sender, receiver = hub.endpoint(0), hub.endpoint(1)

@@ -20,7 +20,7 @@ from pipeweave.runtime.execution.sharding import last_backwards
 from pipeweave.runtime.launch.prepare import prepare
 from pipeweave.testing import assert_matches_reference, merged_parameters, reference_run
 
-from runtime_jobs import gpt_job
+from runtime_jobs import MESH_JOB_REFUSALS, gpt_job
 
 CASES = [("1f1b", "full", {}), ("1f1b", "grad-op", {}), ("gpipe", "full", {}),
          ("gpipe", "grad-op", {}), ("interleaved-1f1b", "full", {}),
@@ -108,11 +108,7 @@ def test_plan_refusals(fields: dict, words: str) -> None:
         Plan.uniform(6, 2, **fields)
 
 
-@pytest.mark.parametrize(("job_fields", "words"), [
-    ({"clip_grad_norm": 1.0}, "--clip-grad-norm"),
-    ({"apc": True}, "--apc"),
-    ({"eval_every": 1}, "--eval-every"),
-])
+@pytest.mark.parametrize(("job_fields", "words"), MESH_JOB_REFUSALS)
 def test_job_refusals_before_anything_starts(job_fields: dict, words: str) -> None:
     with pytest.raises(ValueError, match=f"--shard full with {words}"):
         prepare(_job("1f1b", "full", **job_fields))
@@ -190,46 +186,70 @@ def test_tied_parameters_refused() -> None:
         prepare(job)
 
 
-def test_one_reduce_scatter_per_update(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Four backwards, one update: FSDP2 reduces once, at the last, and the gradient is the
-    sum of the four (a one-rank group, in this process)."""
+@pytest.fixture
+def one_rank_group(tmp_path):  # type: ignore[no-untyped-def]
+    """A one-rank gloo group, in this process, for the test."""
     import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
-
-    from pipeweave.ir import Action
-    from pipeweave.runtime.execution.sharding import shard_stage
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
                             world_size=1)
     try:
-        torch.manual_seed(0)
-        module = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)).double()
-        plain = [p.detach().clone().requires_grad_() for p in module.parameters()]
-        program = [*(Action(Op.FORWARD, 0, j) for j in range(4)),
-                   *(Action(Op.BACKWARD, 0, j) for j in range(4)), Action(Op.STEP, 0, version=1)]
-        sharding = shard_stage(module, dist.group.WORLD, "full", device_type="cpu",
-                               program=program, stage=0)
-        reduced: list[int] = []
-        real = _fsdp_param_group.foreach_reduce
-
-        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-            reduced.append(1)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(_fsdp_param_group, "foreach_reduce", counted)
-        inputs = torch.randn(4, 3, 4, dtype=torch.float64)
-        for j in range(4):
-            sharding.before_backward(j, 0)
-            module(inputs[j]).sum().backward()
-            assert len(reduced) == (2 if j == 3 else 0)  # one per sharded block, at the last
-        w1, b1, w2, b2 = plain
-        loss = sum((torch.tanh(x @ w1.t() + b1) @ w2.t() + b2).sum() for x in inputs)
-        loss.backward()  # type: ignore[union-attr]
-        for param, want in zip(module.parameters(), plain):
-            torch.testing.assert_close(param.grad.full_tensor(), want.grad)  # type: ignore[union-attr]
+        yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def reduce_scatters(monkeypatch):  # type: ignore[no-untyped-def]
+    """A list that grows by one at every FSDP2 reduce-scatter (``foreach_reduce``)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    reduced: list[int] = []
+    real = _fsdp_param_group.foreach_reduce
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        reduced.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_fsdp_param_group, "foreach_reduce", counted)
+    return reduced
+
+
+def _two_layers():  # type: ignore[no-untyped-def]
+    """A two-block module and detached copies of its parameters, for the reference."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+    return module, [p.detach().clone().requires_grad_() for p in module.parameters()]
+
+
+def _assert_gradient_is_the_sum(module, plain, inputs) -> None:  # type: ignore[no-untyped-def]
+    """The sharded ``module``'s gradient is the sum over ``inputs`` of the plain one's."""
+    w1, b1, w2, b2 = plain
+    loss = sum((torch.tanh(x @ w1.t() + b1) @ w2.t() + b2).sum() for x in inputs)
+    loss.backward()  # type: ignore[union-attr]
+    for param, want in zip(module.parameters(), plain):
+        torch.testing.assert_close(param.grad.full_tensor(), want.grad)  # type: ignore[union-attr]
+
+
+def test_one_reduce_scatter_per_update(one_rank_group, reduce_scatters) -> None:  # type: ignore[no-untyped-def]
+    """Four backwards, one update: FSDP2 reduces once, at the last, and the gradient is the
+    sum of the four (a one-rank group, in this process)."""
+    from pipeweave.ir import Action
+    from pipeweave.runtime.execution.sharding import shard_stage
+
+    module, plain = _two_layers()
+    program = [*(Action(Op.FORWARD, 0, j) for j in range(4)),
+               *(Action(Op.BACKWARD, 0, j) for j in range(4)), Action(Op.STEP, 0, version=1)]
+    sharding = shard_stage(module, one_rank_group, "full", device_type="cpu",
+                           program=program, stage=0)
+    inputs = torch.randn(4, 3, 4, dtype=torch.float64)
+    for j in range(4):
+        sharding.before_backward(j, 0)
+        module(inputs[j]).sum().backward()
+        assert len(reduce_scatters) == (2 if j == 3 else 0)  # one per sharded block, at the last
+    _assert_gradient_is_the_sum(module, plain, inputs)
 
 
 def test_torchtitan_config_shards_the_width() -> None:
@@ -246,54 +266,31 @@ def test_torchtitan_config_shards_the_width() -> None:
 
 
 @pytest.mark.parametrize("mode", ["full", "grad-op"])
-def test_split_backward_reduce_scatters_once_at_the_last_W(tmp_path, monkeypatch,  # type: ignore[no-untyped-def]
+def test_split_backward_reduce_scatters_once_at_the_last_W(one_rank_group, reduce_scatters,  # type: ignore[no-untyped-def]
                                                            mode: str) -> None:
     """Four I's, then four W's, one update: nothing is reduced at an I, FSDP2 reduces once, at
     the last W, and the gradient is the sum of the four (a one-rank group, in this process)."""
-    import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
-
     from pipeweave.ir import Action
     from pipeweave.runtime.execution.sharding import shard_stage
     from pipeweave.split_backward import input_gradient, recording
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
-                            world_size=1)
-    try:
-        torch.manual_seed(0)
-        module = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)).double()
-        plain = [p.detach().clone().requires_grad_() for p in module.parameters()]
-        program = [*(Action(Op.FORWARD, 0, j) for j in range(4)),
-                   *(Action(Op.BACKWARD_INPUT, 0, j) for j in range(4)),
-                   *(Action(Op.BACKWARD_WEIGHT, 0, j) for j in range(4)),
-                   Action(Op.STEP, 0, version=1)]
-        sharding = shard_stage(module, dist.group.WORLD, mode, device_type="cpu",
-                               program=program, stage=0)
-        reduced: list[int] = []
-        real = _fsdp_param_group.foreach_reduce
-
-        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-            reduced.append(1)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(_fsdp_param_group, "foreach_reduce", counted)
-        inputs = torch.randn(4, 3, 4, dtype=torch.float64, requires_grad=True)
-        pending = []
-        for j in range(4):
-            with recording(module) as recorded:
-                loss = module(inputs[j]).sum()
-            sharding.before_input_gradient()
-            pending.append(input_gradient(module, inputs[j], loss, None, recorded)[1])
-        assert not reduced
-        for j in range(4):
-            sharding.weight_gradient(j, 0, [pending[j]])
-            assert not pending[j].parts  # every part ran, each block gathered on its own
-            assert len(reduced) == (2 if j == 3 else 0)  # one per sharded block, at the last
-        w1, b1, w2, b2 = plain
-        loss = sum((torch.tanh(x @ w1.t() + b1) @ w2.t() + b2).sum() for x in inputs.detach())
-        loss.backward()  # type: ignore[union-attr]
-        for param, want in zip(module.parameters(), plain):
-            torch.testing.assert_close(param.grad.full_tensor(), want.grad)  # type: ignore[union-attr]
-    finally:
-        dist.destroy_process_group()
+    module, plain = _two_layers()
+    program = [*(Action(Op.FORWARD, 0, j) for j in range(4)),
+               *(Action(Op.BACKWARD_INPUT, 0, j) for j in range(4)),
+               *(Action(Op.BACKWARD_WEIGHT, 0, j) for j in range(4)),
+               Action(Op.STEP, 0, version=1)]
+    sharding = shard_stage(module, one_rank_group, mode, device_type="cpu",
+                           program=program, stage=0)
+    inputs = torch.randn(4, 3, 4, dtype=torch.float64, requires_grad=True)
+    pending = []
+    for j in range(4):
+        with recording(module) as recorded:
+            loss = module(inputs[j]).sum()
+        sharding.before_input_gradient()
+        pending.append(input_gradient(module, inputs[j], loss, None, recorded)[1])
+    assert not reduce_scatters
+    for j in range(4):
+        sharding.weight_gradient(j, 0, [pending[j]])
+        assert not pending[j].parts  # every part ran, each block gathered on its own
+        assert len(reduce_scatters) == (2 if j == 3 else 0)  # one per sharded block, at the last
+    _assert_gradient_is_the_sum(module, plain, inputs.detach())

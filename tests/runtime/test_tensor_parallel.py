@@ -17,7 +17,7 @@ from pipeweave.runtime.communication.mesh import lane_groups, pipeline_results, 
 from pipeweave.runtime.launch.prepare import prepare
 from pipeweave.testing import assert_matches_reference, reference_run
 
-from runtime_jobs import GPT, gpt_job, mlp_job
+from runtime_jobs import GPT, MESH_JOB_REFUSALS, gpt_job, mlp_job
 
 SPLIT = ("qkv.weight", "qkv.bias", "fc.weight", "fc.bias", "proj.weight")
 """What tensor parallelism splits over ``tp`` (a row-wise ``proj``'s bias stays whole)."""
@@ -94,11 +94,7 @@ def test_plan_refusals(fields: dict, words: str) -> None:
         Plan.uniform(6, 2, **fields)
 
 
-@pytest.mark.parametrize(("job_fields", "words"), [
-    ({"clip_grad_norm": 1.0}, "--clip-grad-norm"),
-    ({"apc": True}, "--apc"),
-    ({"eval_every": 1}, "--eval-every"),
-])
+@pytest.mark.parametrize(("job_fields", "words"), MESH_JOB_REFUSALS)
 def test_job_refusals_before_anything_starts(job_fields: dict, words: str) -> None:
     with pytest.raises(ValueError, match=f"tp=2 with {words}"):
         prepare(dataclasses.replace(_job("1f1b"), **job_fields))

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..devices import place
-from ..host import free_port
+from ..host import FORKSERVER_PRELOAD, free_port
 from .profile import LinkProfile
 
 __all__ = ["measure_link", "fit_link", "DEFAULT_SIZES"]
@@ -62,7 +62,7 @@ def measure_link(*, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10, dev
     if device == "cuda" and torch.cuda.device_count() < 2:
         raise ValueError("measuring a GPU link needs two visible GPUs; use --device cpu or skip "
                          "the link measurement")
-    mp.set_forkserver_preload(["torch"])
+    mp.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     init_method = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="pipeweave-link-") as out_dir:
         context = mp.start_processes(

@@ -35,6 +35,7 @@ from ..communication.mesh import pipeline_results
 from ..job import Job
 from ..observation.results import RankResult, attach_partial, partial_results
 from ...devices import place
+from ...host import FORKSERVER_PRELOAD
 from .diagnosis import (ERROR_FILE, JOURNAL_FILE, PARTIAL_FILE, STDERR_FILE, USER_ERRORS,
                         RunFailed, RunInterrupted, diagnose, partials, rank_output)
 from .faults import exit_with_launcher
@@ -161,8 +162,8 @@ def launch_local(job: Job | PreparedJob, *, deadline_s: float | None = None,
     world_size = ready.schedule.num_ranks * ready.job.plan.tp  # tp processes per rank
     # forkserver: the server imports torch once (no kernels run there, so no thread pools
     # exist to break by forking); each launch then forks ranks in milliseconds instead of
-    # re-importing torch in every fresh interpreter as ``spawn`` does.
-    mp.set_forkserver_preload(["torch", "pipeweave.runtime.launch.rank"])
+    # re-importing torch in every fresh interpreter as ``spawn`` does (FORKSERVER_PRELOAD).
+    mp.set_forkserver_preload([*FORKSERVER_PRELOAD, "pipeweave.runtime.launch.rank"])
     start_forkserver_deaf()
     rendezvous = _LauncherStore(bind, ready.job.timeout_s)
     with tempfile.TemporaryDirectory(prefix="pipeweave-") as folder:

@@ -12,6 +12,7 @@ from pipeweave.auto import AutoProblem, enumerate_candidates
 from pipeweave.auto.floors import StateFloor
 from pipeweave.auto.held_floor import HELD_AT_LEAST, held_at_least, held_floor
 from pipeweave.auto.memory import memory_floor
+from pipeweave.auto.search import _Search, _valid_shape
 from pipeweave.ir import Op, Schedule
 from pipeweave.planner import Plan
 from pipeweave.planner.topology import Topology

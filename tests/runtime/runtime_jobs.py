@@ -75,3 +75,18 @@ def mismatched_model():  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     return ModelSpec.from_blocks([nn.Linear(64, 32).double(), nn.Linear(16, 10).double()],
                                  torch.nn.functional.cross_entropy)
+
+
+def allocator_peaks(plan: Plan, model: str = "gpt-small", batch: int = 4) -> list[int | None]:
+    """Each rank's peak of live tensor bytes at torch's allocator over two Adam steps of
+    ``plan`` on real processes (stdlib bytes): what the memory model's tests compare with."""
+    from pipeweave.models import default_seq_len
+    from pipeweave.runtime import launch_local
+
+    job = Job(plan=plan, steps=2, model=BuiltinModel(model),
+              data=BuiltinData("stdlib-bytes", batch_size=batch, seq_len=default_seq_len(model),
+                               seed=0),
+              optimizer=OptimizerFactory("adam"), track_allocations=True,
+              record_timeline=False, timeout_s=300.0)
+    return [r.peak_allocated_bytes for r in sorted(launch_local(job, deadline_s=500),
+                                                   key=lambda r: r.rank)]

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from pipeweave.memory import Sharding, StageWeights, model_state
-from pipeweave.models import default_seq_len
 from pipeweave.planner import Plan
 from pipeweave.planner.memory import predicted_memory, predicted_state, reduction_bytes
 from pipeweave.profiler.measure import profile_builtin
-from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, launch_local
+
+from runtime_jobs import allocator_peaks
 
 MB = 1e6
 
@@ -79,13 +79,7 @@ def test_sharded_prediction_within_ten_percent_of_the_allocator(shard: str,
     model, batch = "gpt-small", 4
     profile = profile_builtin(model, batch_size=1, warmup=0, repeats=1, optimizer="adam")
     plan = _plan(profile.num_blocks, shard, schedule)
-    job = Job(plan=plan, steps=2, model=BuiltinModel(model),
-              data=BuiltinData("stdlib-bytes", batch_size=batch, seq_len=default_seq_len(model),
-                               seed=0),
-              optimizer=OptimizerFactory("adam"), track_allocations=True,
-              record_timeline=False, timeout_s=300.0)
-    measured = [r.peak_allocated_bytes for r in sorted(launch_local(job, deadline_s=500),
-                                                       key=lambda r: r.rank)]
+    measured = allocator_peaks(plan, model, batch)
     predicted = [r.total for r in predicted_memory(profile, plan, batch_size=batch,
                                                    optimizer="adam")]
     unsharded = [r.total for r in predicted_memory(profile, _plan(profile.num_blocks, "none",

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeweave.models import default_seq_len
 from pipeweave.planner import Plan
 from pipeweave.planner.memory import predicted_memory
 from pipeweave.profiler.measure import profile_builtin
-from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, launch_local
+
+from runtime_jobs import allocator_peaks
 
 
 @pytest.mark.distributed
@@ -29,13 +29,7 @@ def test_tp_prediction_within_ten_percent_of_the_allocator(schedule: str, width:
     profile = profile_builtin(model, batch_size=1, warmup=0, repeats=1, optimizer="adam")
     plans = {tp: Plan.uniform(profile.num_blocks, 2, schedule=schedule, microbatches=4, tp=tp,
                               width=width, shard=shard) for tp in (1, 2)}
-    job = Job(plan=plans[2], steps=2, model=BuiltinModel(model),
-              data=BuiltinData("stdlib-bytes", batch_size=batch, seq_len=default_seq_len(model),
-                               seed=0),
-              optimizer=OptimizerFactory("adam"), track_allocations=True,
-              record_timeline=False, timeout_s=300.0)
-    measured = [r.peak_allocated_bytes for r in sorted(launch_local(job, deadline_s=500),
-                                                       key=lambda r: r.rank)]
+    measured = allocator_peaks(plans[2], model, batch)
     predicted, whole = ([r.total for r in predicted_memory(profile, plans[tp], batch_size=batch,
                                                            optimizer="adam")]
                         for tp in (2, 1))

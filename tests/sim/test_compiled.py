@@ -5,45 +5,28 @@ timing on with the same results."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from pipeweave.ir import lower
 from pipeweave.ir.walk import index_actions
 from pipeweave.ir.walk import walk
-from pipeweave.planner import Plan
-from pipeweave.schedules import available_schedules, build_schedule
-from pipeweave.sim import Costs, simulate, simulate_path, simulate_timing
+from pipeweave.schedules import available_schedules
+from pipeweave.sim import simulate, simulate_path, simulate_timing
 from pipeweave.sim import compiled as compiled_module
 from pipeweave.sim.compiled import compile_schedule
 from pipeweave.sim.simulator import _delay_fn, _duration_fn
 
+from schedule_grid import random_costs, schedules_on_grid
+
 NAMES = [info.name for info in available_schedules()]
 
 
-def _costs(stages: int, seed: int, latency: float = 0.01) -> Costs:
-    rng = random.Random(seed)
-    return Costs(forward=[rng.uniform(0.5, 2) for _ in range(stages)],
-                 backward=[rng.uniform(1, 4) for _ in range(stages)],
-                 weight_grad=[rng.uniform(0.2, 0.9) for _ in range(stages)],
-                 comm=[rng.uniform(0, 0.5) for _ in range(stages - 1)], latency=latency,
-                 update=[rng.uniform(0, 1) for _ in range(stages)],
-                 all_reduce=[rng.uniform(0, 2) for _ in range(stages)])
+SHAPES = ((2, 4, 1), (4, 8, 1), (4, 8, 2), (8, 16, 1))
 
 
 def _schedules(name: str):  # type: ignore[no-untyped-def]
-    info = next(i for i in available_schedules() if i.name == name)
-    chunks = info.default_chunks
-    iterations = 1 if info.synchronous else 3
-    for depth, microbatches, width in ((2, 4, 1), (4, 8, 1), (4, 8, 2), (8, 16, 1)):
-        plan = Plan.uniform(depth * chunks * 2, depth, chunks=chunks, schedule=name,
-                            microbatches=microbatches, width=width)
-        try:
-            schedule = build_schedule(name, plan.shape(iterations))
-        except ValueError:
-            continue  # the schedule does not take this shape
-        yield depth * chunks, schedule
+    for _, _, schedule in schedules_on_grid(name, SHAPES, async_iterations=3):
+        yield schedule.num_stages, schedule
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -55,7 +38,7 @@ def test_compiled_times_equal_the_walk(name: str) -> None:
             compiled = compile_schedule(shown, index, min_width=0)
             assert compiled is not None
             for seed, latency in ((0, 0.01), (1, 0.0)):
-                costs = _costs(stages, seed, latency)
+                costs = random_costs(stages, seed, latency=latency)
                 table = costs.resolve(stages)
                 plain = walk(shown, _duration_fn(table), _delay_fn(table), index=index)
                 start, end = compiled.times(table)
@@ -70,7 +53,7 @@ def test_the_simulator_uses_it_from_the_second_timing(name: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compiled_module, "MIN_WIDTH", 0)  # compile even these small ones
     stages, schedule = list(_schedules(name))[-1]
-    costs = _costs(stages, 3)
+    costs = random_costs(stages, 3)
     first = simulate_timing(schedule, costs)
     assert compiled_module.compiled_for(schedule, index_actions(schedule)) is not None
     again = simulate_timing(schedule, costs)  # compiled now

@@ -23,6 +23,7 @@ from pipeweave.runtime.observation.summary import iteration_losses  # noqa: E402
 from pipeweave.testing import merged_parameters  # noqa: E402
 
 __all__ = ["gpt_job", "mlp_job", "dropout_gpt_job", "with_checkpoints", "assert_same_run",
+           "assert_same_checkpoint_part",
            "assert_same_checkpoint", "KillingData", "KillAfterCheckpoint", "alive", "wait_dead",
            "iteration_losses"]
 
@@ -56,16 +57,19 @@ def assert_same_checkpoint(got: Path, want: Path) -> None:
     shards = sorted(p.name for p in want.glob("rank*.pt"))
     assert shards and sorted(p.name for p in got.glob("rank*.pt")) == shards
     for name in shards:
-        _assert_equal(StoredCheckpoint(got).load(name), StoredCheckpoint(want).load(name), name)
+        assert_same_checkpoint_part(StoredCheckpoint(got).load(name),
+                                    StoredCheckpoint(want).load(name), name)
 
 
-def _assert_equal(got: Any, want: Any, where: str) -> None:
+def assert_same_checkpoint_part(got: Any, want: Any, where: str) -> None:
+    """``got`` equals ``want`` bit for bit, nested dicts walked; tensors must be plain
+    ``torch.Tensor`` (a checkpoint holds whole tensors, never a sharded DTensor)."""
     if isinstance(want, torch.Tensor):
-        assert isinstance(got, torch.Tensor) and torch.equal(got, want), f"{where} differs"
+        assert type(got) is torch.Tensor and torch.equal(got, want), f"{where} differs"
     elif isinstance(want, dict):
         assert isinstance(got, dict) and got.keys() == want.keys(), f"{where}: other keys"
         for key in want:
-            _assert_equal(got[key], want[key], f"{where}[{key!r}]")
+            assert_same_checkpoint_part(got[key], want[key], f"{where}[{key!r}]")
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
 

@@ -25,8 +25,8 @@ from pipeweave.runtime.checkpoint.options import CheckpointOptions
 from pipeweave.runtime.checkpoint.store import StoredCheckpoint, complete_checkpoints
 from pipeweave.testing import merged_parameters
 
-from checkpoint_jobs import (assert_same_run, gpt_job, iteration_losses,
-                             with_checkpoints)
+from checkpoint_jobs import (assert_same_checkpoint_part, assert_same_run, gpt_job,
+                             iteration_losses, with_checkpoints)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -83,17 +83,6 @@ def _assert_same_state(got: Path, want: Path) -> None:
         a, b = StoredCheckpoint(got).load(name), StoredCheckpoint(want).load(name)
         for key in ("parameters", "optimizer"):
             assert_same_checkpoint_part(a[key], b[key], f"{name}[{key}]")
-
-
-def assert_same_checkpoint_part(got: Any, want: Any, where: str) -> None:
-    if isinstance(want, torch.Tensor):
-        assert type(got) is torch.Tensor and torch.equal(got, want), f"{where} differs"
-    elif isinstance(want, dict):
-        assert isinstance(got, dict) and got.keys() == want.keys(), f"{where}: other keys"
-        for key in want:
-            assert_same_checkpoint_part(got[key], want[key], f"{where}[{key!r}]")
-    else:
-        assert got == want, f"{where}: {got!r} != {want!r}"
 
 
 def _resumed_exactly(job: Job, tmp_path: Path) -> tuple[list[RankResult], Path]:

@@ -33,11 +33,12 @@ def small_profile(seed: int, blocks: int = 6, *, batch_size: int = 2,
     ), model="toy", batch_size=batch_size, device="synthetic", source="synthetic", link=link)
 
 
-def completed_candidates(problem: AutoProblem, *, synchronous_only: bool = False
-                         ) -> Iterator[tuple[Candidate, Plan, Schedule, bool]]:
-    """Every candidate of ``problem`` of a valid shape that its schedule accepts, completed as
-    the search completes it: ``(candidate, plan, one-iteration schedule, one_copy)``. Those the
-    schedule refuses (``ValueError``) are left out, as the search counts them invalid."""
+def completions(problem: AutoProblem, *, synchronous_only: bool = False
+                ) -> Iterator[tuple[Candidate, Candidate, Plan, Profile]]:
+    """Every candidate of ``problem`` of a valid shape (of a synchronous schedule, if asked)
+    that the search completes (partitions and builds), as the search does: ``(candidate,
+    completed candidate, plan, the profile at its micro-batch)``. Those it cannot complete
+    (``ValueError``) are left out."""
     state = _Search(problem, lambda _text: None)
     for candidate in enumerate_candidates(problem):
         if not _valid_shape(candidate, problem):
@@ -45,7 +46,19 @@ def completed_candidates(problem: AutoProblem, *, synchronous_only: bool = False
         if synchronous_only and not get_info(candidate.schedule).synchronous:
             continue
         try:
-            _, plan, _ = state.complete(candidate)
+            done, plan, profile = state.complete(candidate)
+        except ValueError:
+            continue
+        yield candidate, done, plan, profile
+
+
+def completed_candidates(problem: AutoProblem, *, synchronous_only: bool = False
+                         ) -> Iterator[tuple[Candidate, Plan, Schedule, bool]]:
+    """:func:`completions` with the schedule each runs: ``(candidate, plan, one-iteration
+    schedule, one_copy)``. Those the schedule refuses (``ValueError``) are left out, as the
+    search counts them invalid."""
+    for candidate, _, plan, _ in completions(problem, synchronous_only=synchronous_only):
+        try:
             one_copy = one_copy_suffices(plan, problem)
             schedule = plan_schedule(plan, 1, one_copy=one_copy)
         except ValueError:

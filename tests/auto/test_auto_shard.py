@@ -9,12 +9,11 @@ import dataclasses
 
 import pytest
 
-from auto_fixtures import small_profile
+from auto_fixtures import completions, small_profile
 from pipeweave.auto import AutoProblem, enumerate_candidates, search
 from pipeweave.auto.floors import StateFloor
 from pipeweave.auto.memory import static_memory
 from pipeweave.auto.predict import predict
-from pipeweave.auto.search import _Search, _valid_shape
 from pipeweave.planner import Plan
 from pipeweave.planner.evaluate import Network, plan_costs
 from pipeweave.planner.memory import predicted_memory
@@ -88,13 +87,9 @@ def test_the_axis_offers_sharding_only_under_a_limit_or_when_asked() -> None:
 
 def _least_memory(problem: AutoProblem) -> dict[bool, float]:
     """The least predicted peak of any candidate, replicated (False) and sharded (True)."""
-    state = _Search(problem, lambda _text: None)
     least = {False: float("inf"), True: float("inf")}
-    for candidate in enumerate_candidates(problem):
-        if not _valid_shape(candidate, problem):
-            continue
+    for candidate, done, _, profile in completions(problem):
         try:
-            done, _, profile = state.complete(candidate)
             peak = predict(done, profile, problem).max_memory
         except ValueError:
             continue

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from auto_fixtures import completed_candidates, small_profile
-from pipeweave.auto import AutoProblem, enumerate_candidates
+from auto_fixtures import completed_candidates, completions, small_profile
+from pipeweave.auto import AutoProblem
 from pipeweave.auto.floors import StateFloor
 from pipeweave.auto.held_floor import HELD_AT_LEAST, held_at_least, held_floor
 from pipeweave.auto.memory import memory_floor
-from pipeweave.auto.search import _Search, _valid_shape
 from pipeweave.ir import Op, Schedule
 from pipeweave.planner import Plan
 from pipeweave.planner.topology import Topology
@@ -93,15 +92,9 @@ def test_shape_floor_is_below_every_split_and_not_vacuous() -> None:
     problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
                           methods=("uniform", "time", "parameters"), microbatches=(4, 8, 16),
                           memory_limit=1e12, shard=("none", "full"))
-    state, shape_floor = _Search(problem, lambda _text: None), StateFloor(problem)
+    shape_floor = StateFloor(problem)
     checked = tight = 0
-    for candidate in enumerate_candidates(problem):
-        if not _valid_shape(candidate, problem):
-            continue
-        try:
-            _, plan, _ = state.complete(candidate)
-        except ValueError:
-            continue
+    for candidate, _, plan, _ in completions(problem):
         floor, bound = held_floor(problem, plan), shape_floor.held(candidate)
         if not floor:
             assert bound == 0.0, candidate

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from auto_fixtures import small_profile
+from auto_fixtures import completions, small_profile
 import dataclasses
 import importlib
 
@@ -74,17 +74,12 @@ def test_the_inflight_floor_is_below_every_predicted_peak(seed: int) -> None:
     synchronous schedule, with replicas, chunks, N pipelines and recomputation."""
     from pipeweave.auto.floors import inflight_floor
     from pipeweave.auto.predict import candidate_costs, predict
-    from pipeweave.auto.axes import enumerate_candidates
 
     problem = dataclasses.replace(_problem(seed, None, True), schedules=None,
                                   methods=("uniform", "time"))
-    state = search_module._Search(problem, lambda _text: None)
     checked = 0
-    for candidate in enumerate_candidates(problem):
-        if not search_module._valid_shape(candidate, problem):
-            continue
+    for candidate, done, plan, profile in completions(problem):
         try:
-            done, plan, profile = state.complete(candidate)
             prediction = predict(done, profile, problem)
         except ValueError:
             continue
@@ -106,13 +101,9 @@ def test_recomputation_never_shortens_a_plan() -> None:
     problem = dataclasses.replace(_problem(5, 1e15, True), schedules=None,
                                   methods=("uniform", "time"), recompute=tuple(range(9)),
                                   apc=(False, True))
-    state = search_module._Search(problem, lambda _text: None)
     times: dict[str, list[tuple[tuple[bool, ...], float]]] = {}
-    for candidate in search_module.enumerate_candidates(problem):
-        if not search_module._valid_shape(candidate, problem):
-            continue
+    for _, done, plan, scaled in completions(problem):
         try:
-            done, plan, scaled = state.complete(candidate)
             time = simulate_candidate(done, scaled, problem).iteration_time
         except ValueError:
             continue

@@ -79,11 +79,11 @@ def restore_rank(stored: StoredCheckpoint, *, job: Job, schedule: Schedule, rank
     :func:`~.resume.check_resume` found to fit, before any rank started); ``cuts``: the rank's iteration
     boundaries (:func:`~.boundaries.iteration_boundaries`). ``apply_rng``: also set this
     process's CPU generator (a distributed rank; the single-process executor swaps per rank)."""
-    here = optimizer_hyper(next(iter(parts.optimizers.values())))
-    written = stored.manifest["optimizer"]["hyper"]
-    if _arithmetic(written) != _arithmetic(here) and rank == 0:
-        warnings.warn(f"resuming with optimizer settings {_arithmetic(here)}; the checkpoint "
-                      f"was written with {_arithmetic(written)}", stacklevel=3)
+    here = _arithmetic(optimizer_hyper(next(iter(parts.optimizers.values()))))
+    written = _arithmetic(stored.manifest["optimizer"]["hyper"])
+    if written != here and rank == 0:
+        warnings.warn(f"resuming with optimizer settings {here}; the checkpoint was written "
+                      f"with {written}", stacklevel=3)
     if parts.averagers and rank == 0:
         _warn_averaging_settings(stored, job)
     start = cuts[stored.step - 1]

@@ -144,6 +144,17 @@ def test_building_a_stage_leaves_the_callers_generator_alone() -> None:
     assert torch.equal(torch.rand(3), want)
 
 
+def test_building_a_stage_reseeds_no_accelerator_generator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the CPU generator is seeded per submodule: ``torch.manual_seed`` would reseed every
+    CUDA device's generator as well, which the fork of the CPU state does not restore."""
+    reseeded: list[int] = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", reseeded.append)
+    spec = build_model("gpt-tiny", meta=True)
+    spec.stage_blocks(0, 3, "cpu")
+    assert reseeded == []
+
+
 def test_a_meta_build_of_a_builtin_model_runs_no_init() -> None:
     """torch's init functions on meta tensors import torch._dynamo and sympy (~80 MB in every
     process that builds a model); a built-in model's meta build runs none."""

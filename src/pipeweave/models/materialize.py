@@ -166,11 +166,13 @@ def _make_real(block: nn.Module, made: dict[int, Tensor], device: torch.device) 
 
 def _initialise(block: nn.Module, init: Init, seed: int, name: str) -> None:
     """``init`` on every submodule of ``block`` (children first, on the CPU), each from the
-    CPU generator seeded with its global name; the caller's generator is left as it was."""
+    CPU generator seeded with its global name; the caller's generator is left as it was, and
+    no accelerator's generator is touched (``torch.manual_seed`` would reseed every CUDA
+    device's too, which ``fork_rng(devices=[])`` does not restore)."""
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for path, module in _post_order(block, "", set()):
             full = f"{name}.{path}" if path else name
-            torch.manual_seed(block_seed(seed, full))
+            torch.default_generator.manual_seed(block_seed(seed, full))
             init(module, full)
 
 

@@ -419,7 +419,7 @@ class DistTransport:
     def prefetch(self, message: Action, src: int) -> None:
         if message in self._prefetched or message in self._ready:
             return
-        if self._streams is not None:
+        if self.rendezvous:
             self._post_in_order(message, src)
             return
         if _kind(message, src, self.rank) not in self._shapes:

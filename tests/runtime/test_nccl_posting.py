@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from pipeweave.ir.rendezvous import run_posted
@@ -66,8 +67,9 @@ def test_every_schedule_completes_under_rendezvous(schedule: str,
             posted = record_posting(job(schedule, depth, microbatches), patch)
         outcome = run_posted(posted)
         assert outcome.completed, f"{schedule} P={depth} M={microbatches}: {outcome}"
-        channels = {group.channel for groups in posted.values() for group in groups}
-        assert channels == {"group"}, channels  # every post batched: one communicator
+        groups = [group for groups in posted.values() for group in groups]
+        assert {group.channel for group in groups} == {"group"}  # batched: one communicator
+        assert {len(group.ops) for group in groups} == {1}  # each group meets one of the peer
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "zb-h1", "pipedream"])
@@ -88,6 +90,13 @@ def _lone_or_batched(ops: Sequence[Any]) -> list[Any]:
                                         for op, tensor, peer, tag in ops]))
 
 
+def _parts_batched(self: streams.MessageStreams, parts: Sequence[tuple[torch.Tensor, int]],
+                   dst: int) -> list[Any]:
+    """How :mod:`.streams` sent before: a message's parts (header and payload) in one batch."""
+    with torch.cuda.stream(self.comm):
+        return _lone_or_batched([(dist.isend, tensor, dst, tag) for tensor, tag in parts])
+
+
 def test_the_gloo_window_deadlocks_on_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
     """The policy before this one: receives two ahead, wherever they fall (gloo's, which
     buffers its sends). On NCCL 1F1B's steady state waits in a ring."""
@@ -106,6 +115,7 @@ def test_lone_and_batched_posts_cross_on_an_unbound_group(
     lone send: the activation would land in the header's buffer."""
     monkeypatch.setattr(DistTransport, "rendezvous", property(lambda self: False))
     monkeypatch.setattr(streams, "_issue", _lone_or_batched)
+    monkeypatch.setattr(streams.MessageStreams, "send", _parts_batched)
     outcome = run_posted(record_posting(job("1f1b", 2, 4), monkeypatch, bound=False))
     assert not outcome.completed and outcome.mismatch is not None, str(outcome)
     assert "rank 0's send" in outcome.mismatch and "rank 1's recv" in outcome.mismatch

@@ -19,9 +19,10 @@ waits only for what a message needs::
   timeout, which NCCL turns into a stream wait: a timeout would make the host poll until the
   transfer is done), an event is recorded there, the compute stream waits on it and the
   buffer is marked as used on the compute stream;
-* every post is a ``batch_isend_irecv`` (one NCCL group, on the group's one communicator),
-  operations posted together (a message's shape header and payload, or APC's two parts) in
-  the same one; the interpreter posts in the schedule's message order
+* every operation is posted as a ``batch_isend_irecv`` of its own (one NCCL group, on the
+  process group's one communicator), a message's parts (its shape header and payload, or
+  APC's two parts) one after the other, as the receiver posts them: each group meets
+  exactly one group of the peer. The interpreter posts in the schedule's message order
   (:mod:`pipeweave.runtime.execution.posting`), which NCCL needs not to deadlock.
 
 A peer that dies is then caught by NCCL's watchdog, which aborts the process group after the
@@ -55,14 +56,15 @@ class MessageStreams:
 
     def send(self, parts: Sequence[tuple[Tensor, int]], dst: int) -> list[dist.Work]:
         """Post ``(tensor, tag)`` sends to ``dst`` on the comm stream, after the compute
-        queued so far (which produced them); one batch when there are several."""
+        queued so far (which produced them); each part a group of its own, as the receiver
+        posts them (a payload's receive is posted once its header arrived)."""
         ready = torch.cuda.Event()
         ready.record(self._compute())
         self.comm.wait_event(ready)
         for tensor, _ in parts:
             tensor.record_stream(self.comm)
         with torch.cuda.stream(self.comm):
-            return _issue([(dist.isend, tensor, dst, tag) for tensor, tag in parts])
+            return [work for tensor, tag in parts for work in _issue([(dist.isend, tensor, dst, tag)])]
 
     @contextmanager
     def posting(self) -> Iterator[None]:

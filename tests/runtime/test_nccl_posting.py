@@ -72,6 +72,34 @@ def test_every_schedule_completes_under_rendezvous(schedule: str,
         assert {len(group.ops) for group in groups} == {1}  # each group meets one of the peer
 
 
+def _posted_when_used(job: Job, monkeypatch: pytest.MonkeyPatch) -> int:
+    """How many receives of ``job``'s run were posted only when used (not early)."""
+    late = 0
+    receive = DistTransport.recv
+
+    def counting(self: DistTransport, message: Any, src: int) -> Any:
+        nonlocal late
+        late += message not in self._prefetched and message not in self._ready
+        return receive(self, message, src)
+
+    monkeypatch.setattr(DistTransport, "recv", counting)
+    record_posting(job, monkeypatch)
+    return late
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_receives_go_as_early_as_with_the_window(schedule: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overlap is kept: no more receives wait until used than with gloo's window."""
+    with monkeypatch.context() as patch:
+        ordered = _posted_when_used(job(schedule, 3, 6), patch)
+    with monkeypatch.context() as patch:
+        patch.setattr(DistTransport, "rendezvous", property(lambda self: False))
+        window = _posted_when_used(job(schedule, 3, 6), patch)
+    print(f"{schedule}: posted when used {ordered} (gloo's window: {window})")
+    assert ordered <= window
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "zb-h1", "pipedream"])
 def test_apc_messages_keep_the_order(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """APC's second part (a fallback) follows the first on the wire; received whole when

@@ -19,7 +19,7 @@ post now; the transport posts them (``Transport.prefetch``).
   So every rank posts its sends and receives in the one order of messages all ranks derive
   from the schedule (:func:`pipeweave.ir.message_order.message_order`): before a send, every
   receive that comes before it in that order; before a receive is used, those before it;
-  after each action, the next receives in the order (up to two waiting) until the next send.
+  after each action, the next receives in the order (up to four waiting) until the next send.
   Receives are still posted early, as far as the order allows.
 """
 
@@ -29,10 +29,17 @@ from collections.abc import Mapping, Sequence
 
 from ...ir import Action, Op
 
-__all__ = ["WindowPosting", "OrderedPosting", "WINDOW"]
+__all__ = ["WindowPosting", "OrderedPosting", "WINDOW", "ORDERED_WINDOW"]
 
 WINDOW = 2
 """Receives posted ahead of need (waiting to be used), so transfers overlap with compute."""
+
+ORDERED_WINDOW = 4
+"""At most this many receives waiting to be used in :class:`OrderedPosting`, where the
+message order, not the order of use, says which come next: with two chunks (wpipe at P = 3,
+M = 6) two slots went to receives used later, and 25 of 180 receives were posted only when
+used (10 with four slots, as many as gloo's window of two). Each slot holds a buffer of
+one message."""
 
 _RECEIVES = (Op.RECV_ACT, Op.RECV_GRAD)
 Routes = Mapping[int, tuple[Action, int]]
@@ -96,12 +103,13 @@ class OrderedPosting:
         return due
 
     def after(self, position: int) -> list[int]:
-        """The receives next in the order, until the next send or :data:`WINDOW` waiting."""
+        """The receives next in the order, until the next send or :data:`ORDERED_WINDOW`
+        waiting."""
         if self._program[position].op in _RECEIVES and position in self._index:
             self._waiting -= 1
         due: list[int] = []
         while (self._cursor < len(self._sequence) and self._receive[self._cursor]
-               and self._waiting < WINDOW):
+               and self._waiting < ORDERED_WINDOW):
             due.append(self._sequence[self._cursor])
             self._cursor += 1
             self._waiting += 1

@@ -11,7 +11,8 @@ Two implementations of one small interface, so that one interpreter serves both 
   tensor is let go as soon as the schedule proves it delivered (:func:`delivery_proofs`), so
   memory stays flat over any number of iterations and no rank ever waits on a send. Between
   GPUs (NCCL), sends and receives are posted on a CUDA stream of their own and ordered with
-  compute by events, never by the host waiting (:mod:`.streams`).
+  compute by events, never by the host waiting (:mod:`.streams`), and in the schedule's
+  message order, which NCCL needs not to deadlock (``rendezvous``, :mod:`..execution.posting`).
 * :class:`LocalTransport` — in-memory mailboxes for the single-process executor; a receive
   whose message has not been sent yet *yields*, letting the executor run another rank.
 

@@ -63,7 +63,8 @@ class _Wire:
         self.posted[rank] = []
 
     def current(self, device: object = None) -> _Stream:
-        return self._local.stream  # type: ignore[no-any-return]
+        stream: _Stream = self._local.stream
+        return stream
 
     @contextlib.contextmanager
     def within(self, stream: _Stream) -> Iterator[None]:
@@ -115,8 +116,8 @@ class _Work:
         self._deliver = deliver
 
     def wait(self, timeout: object = None) -> bool:
-        if self._deliver is not None:
-            self._deliver, deliver = None, self._deliver
+        deliver, self._deliver = self._deliver, None
+        if deliver is not None:
             deliver()
         return True
 

@@ -82,9 +82,15 @@ class OrderedPosting:
     def __init__(self, program: Sequence[Action], start: int, routes: Routes,
                  order: Mapping[Action, int]) -> None:
         self._program = program
-        self._sequence = sorted((p for p in routes if p >= start), key=lambda p: order[routes[p][0]])
+        self._whole = sorted(routes, key=lambda p: order[routes[p][0]])
+        """This rank's sends and receives (positions) in the message order."""
+        self._begin(start)
+
+    def _begin(self, start: int) -> None:
+        """Post from ``start`` on, as a run that begins there."""
+        self._sequence = [p for p in self._whole if p >= start]
         self._index = {p: i for i, p in enumerate(self._sequence)}
-        self._receive = [program[p].op in _RECEIVES for p in self._sequence]
+        self._receive = [self._program[p].op in _RECEIVES for p in self._sequence]
         self._cursor = 0
         """The first entry of the sequence not posted yet."""
         self._waiting = 0
@@ -117,7 +123,5 @@ class OrderedPosting:
 
     def restart(self, position: int) -> None:
         """Continue at ``position`` (a global check's redo sends its messages again: they
-        are posted again from there, in the order)."""
-        self._cursor = min((self._index[p] for p in self._sequence if p >= position),
-                           default=len(self._sequence))
-        self._waiting = 0
+        are posted again from there, in the order, as by a run that begins there)."""
+        self._begin(position)

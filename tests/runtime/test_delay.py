@@ -21,6 +21,7 @@ class Recording:
         self.sent: list[tuple[float, Action]] = []
         self.finished = False
         self.fail = fail
+        self.rendezvous = False
 
     def send(self, message: Action, tensor: Tensor, dst: int) -> None:
         if self.fail:
@@ -54,6 +55,9 @@ def test_parse_and_which_ranks() -> None:
     assert delayed_transport(inner, 0, {"PIPEWEAVE_INJECT_DELAY": "send=0"}) is inner
     wrapped = delayed_transport(inner, 1, {"PIPEWEAVE_INJECT_DELAY": "send=0.1,rank=1"})
     assert isinstance(wrapped, DelayedTransport) and wrapped.seconds == 0.1
+    inner.rendezvous = True  # NCCL: late sends would break the message order it needs
+    with pytest.raises(ValueError, match="out of the message order NCCL needs"):
+        delayed_transport(inner, 1, {"PIPEWEAVE_INJECT_DELAY": "send=0.1"})
 
 
 def test_sends_arrive_late_in_order_without_blocking_the_sender() -> None:

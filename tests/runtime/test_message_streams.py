@@ -7,7 +7,8 @@ its receive round-trip real tensors. What must hold: a send is posted inside the
 after that stream waited on an event recorded on the compute stream; a receive is posted
 there too, and before the tensor is handed over the compute stream waits on an event the
 comm stream recorded after the transfer; the host never waits with a timeout (on NCCL that
-polls until the transfer is done); a message's header and payload go in one batch; the CPU
+polls until the transfer is done); every operation goes in a batch of its own (one
+communicator, one NCCL group meeting one of the peer's), header before payload; the CPU
 (gloo) path never touches CUDA.
 """
 
@@ -168,7 +169,9 @@ def test_a_send_waits_for_compute_and_runs_on_the_comm_stream(cuda: FakeCuda) ->
     sends = [i for i, e in enumerate(log) if e[0] == "isend"]
     assert len(sends) == 2  # the kind's shape header and the payload
     assert all(log[i][1] == "comm" and i > entered for i in sends)
-    assert _index(log, ("batch", "comm", 2)) < sends[0]  # posted together: one batch
+    batches = [i for i, e in enumerate(log) if e[0] == "batch"]
+    assert [log[i] for i in batches] == [("batch", "comm", 1)] * 2  # one group per part
+    assert batches[0] < sends[0] < batches[1] < sends[1]  # header, then payload
     marks = [i for i, e in enumerate(log) if e == ("record_stream", "comm")]
     assert len(marks) == 2 and max(marks) < sends[0]  # both tensors kept for the comm stream
 
@@ -233,7 +236,8 @@ def test_apc_messages_round_trip_on_the_comm_stream(cuda: FakeCuda) -> None:
                                       streams=MessageStreams(CUDA)) for rank in (0, 1))
     tensor = torch.tensor([1.0, 1e30, -3.0])  # fp16 cannot hold it: the two-part fallback
     sender.send(Action(Op.SEND_ACT, 0, 0), tensor, 1)
-    assert ("batch", "comm", 3) in cuda.log  # header, first part and the rest together
+    assert [e for e in cuda.log if e[0] == "batch"] == [("batch", "comm", 1)] * 3  # header,
+    # first part and the rest, each a group of its own
     assert torch.equal(_received(receiver.recv(Action(Op.SEND_ACT, 0, 0), 0)), tensor)
 
 

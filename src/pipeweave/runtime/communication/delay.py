@@ -60,6 +60,10 @@ def delayed_transport(transport: Transport, rank: int,
     seconds, only = parse_delay(text)
     if seconds == 0 or (only is not None and only != rank):
         return transport
+    if transport.rendezvous:
+        raise ValueError(f"{DELAY_ENV}={text!r} posts sends late from a helper thread, out of the "
+                         f"message order NCCL needs (runtime/execution/posting.py); inject the "
+                         f"delay on a gloo run (CPU), or unset {DELAY_ENV}")
     return DelayedTransport(transport, seconds)
 
 
@@ -113,6 +117,10 @@ class DelayedTransport:
     def recv(self, message: Action, src: int) -> Waiting:
         self._raise()
         return (yield from self.inner.recv(message, src))
+
+    @property
+    def rendezvous(self) -> bool:
+        return self.inner.rendezvous
 
     def prefetch(self, message: Action, src: int) -> None:
         self.inner.prefetch(message, src)

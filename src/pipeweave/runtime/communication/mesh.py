@@ -58,6 +58,10 @@ class MeshTransport:
     def bytes_sent(self) -> int:
         return self.inner.bytes_sent
 
+    @property
+    def rendezvous(self) -> bool:
+        return self.inner.rendezvous
+
     def track_deliveries(self, schedule: Schedule) -> None:
         self.inner.track_deliveries(schedule, rank=self.rank)
 

@@ -19,8 +19,11 @@ waits only for what a message needs::
   timeout, which NCCL turns into a stream wait: a timeout would make the host poll until the
   transfer is done), an event is recorded there, the compute stream waits on it and the
   buffer is marked as used on the compute stream;
-* operations posted together (a message's shape header and payload, or APC's two parts) go
-  in one ``batch_isend_irecv`` (one NCCL group).
+* every operation is posted as a ``batch_isend_irecv`` of its own (one NCCL group, on the
+  process group's one communicator), a message's parts (its shape header and payload, or
+  APC's two parts) one after the other, as the receiver posts them: each group meets
+  exactly one group of the peer. The interpreter posts in the schedule's message order
+  (:mod:`pipeweave.runtime.execution.posting`), which NCCL needs not to deadlock.
 
 A peer that dies is then caught by NCCL's watchdog, which aborts the process group after the
 group's timeout (``init_process_group(timeout=Job.timeout_s)``), not by a host wait. CPU
@@ -53,14 +56,15 @@ class MessageStreams:
 
     def send(self, parts: Sequence[tuple[Tensor, int]], dst: int) -> list[dist.Work]:
         """Post ``(tensor, tag)`` sends to ``dst`` on the comm stream, after the compute
-        queued so far (which produced them); one batch when there are several."""
+        queued so far (which produced them); each part a group of its own, as the receiver
+        posts them (a payload's receive is posted once its header arrived)."""
         ready = torch.cuda.Event()
         ready.record(self._compute())
         self.comm.wait_event(ready)
         for tensor, _ in parts:
             tensor.record_stream(self.comm)
         with torch.cuda.stream(self.comm):
-            return _issue([(dist.isend, tensor, dst, tag) for tensor, tag in parts])
+            return [work for tensor, tag in parts for work in _issue([(dist.isend, tensor, dst, tag)])]
 
     @contextmanager
     def posting(self) -> Iterator[None]:
@@ -91,12 +95,12 @@ _Op = tuple[Callable[..., "dist.Work | None"], Tensor, int, int]
 
 
 def _issue(ops: Sequence[_Op]) -> list[dist.Work]:
-    """Post ``(isend or irecv, tensor, peer, tag)`` operations: one alone, several in one
-    ``batch_isend_irecv`` (NCCL starts them as one group)."""
-    if len(ops) == 1:
-        ((op, tensor, peer, tag),) = ops
-        work = op(tensor, peer, tag=tag)
-        assert work is not None
-        return [work]
+    """Post ``(isend or irecv, tensor, peer, tag)`` operations as one NCCL group: always one
+    ``batch_isend_irecv``, even for one operation. torch puts a batch on the process group's
+    own communicator, and a lone ``isend``/``irecv`` either on a two-rank communicator of the
+    pair (a group not bound to a device: a lone receive would never meet a batched send) or,
+    bound (``device_id``, as pipeweave makes it), on the group's with a warning that it
+    serialises. Batched, every operation of a rank runs on one communicator, in posting
+    order, whatever torch does with lone ones (:mod:`pipeweave.ir.rendezvous`)."""
     return list(dist.batch_isend_irecv([dist.P2POp(op, tensor, peer, tag=tag)
                                         for op, tensor, peer, tag in ops]))

@@ -11,7 +11,8 @@ Two implementations of one small interface, so that one interpreter serves both 
   tensor is let go as soon as the schedule proves it delivered (:func:`delivery_proofs`), so
   memory stays flat over any number of iterations and no rank ever waits on a send. Between
   GPUs (NCCL), sends and receives are posted on a CUDA stream of their own and ordered with
-  compute by events, never by the host waiting (:mod:`.streams`).
+  compute by events, never by the host waiting (:mod:`.streams`), and in the schedule's
+  message order, which NCCL needs not to deadlock (``rendezvous``, :mod:`..execution.posting`).
 * :class:`LocalTransport` — in-memory mailboxes for the single-process executor; a receive
   whose message has not been sent yet *yields*, letting the executor run another rank.
 
@@ -62,11 +63,20 @@ class Transport(Protocol):
         """Bytes this rank sent point-to-point so far (headers, APC metadata, payloads)."""
         ...
 
+    @property
+    def rendezvous(self) -> bool:
+        """Whether a send may wait for its receive to run (NCCL): then the interpreter posts
+        in the schedule's message order (:mod:`..execution.posting`)."""
+        ...
+
     def send(self, message: Action, tensor: Tensor, dst: int) -> None: ...
 
     def recv(self, message: Action, src: int) -> Waiting: ...
 
-    def prefetch(self, message: Action, src: int) -> None: ...
+    def prefetch(self, message: Action, src: int) -> None:
+        """Post the receive of ``message`` now (a rendezvous transport must; another may
+        decline)."""
+        ...
 
     def all_reduce(self, key: Hashable, flat: Tensor, ranks: Sequence[int]) -> Waiting:
         """The sum of ``flat`` over ``ranks`` (in their order); ``key`` names the collective
@@ -263,7 +273,14 @@ class DistTransport:
             MessageStreams(self.wire) if self.wire.type == "cuda" else None)
         self._proofs: dict[Action, tuple[Action, ...]] = {}
         self._prefetched: dict[Action, tuple[dist.Work, Tensor]] = {}
+        self._ready: dict[Action, Tensor] = {}
+        """Messages already received whole (APC on NCCL, :meth:`prefetch`)."""
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+    @property
+    def rendezvous(self) -> bool:
+        """NCCL (the comm stream): a large send completes only while its receive runs."""
+        return self._streams is not None
 
     def make_groups(self, groups: Sequence[Sequence[int]]) -> None:
         """Create the replica groups; every rank must call this with the same list."""
@@ -401,25 +418,38 @@ class DistTransport:
         return self._irecv(target, src, message_tag(message)), buffer
 
     def prefetch(self, message: Action, src: int) -> None:
-        if message in self._prefetched:
+        if message in self._prefetched or message in self._ready:
+            return
+        if self.rendezvous:
+            self._post_in_order(message, src)
             return
         if _kind(message, src, self.rank) not in self._shapes:
             return  # the first message of a kind carries its header; receive it in order
-        if self.apc and self.wire.type == "cuda":
-            # NCCL runs a pair's point-to-point operations in order on one stream: a fallback's
-            # second part, posted once the first arrived, would queue behind a prefetched
-            # receive of the next message, which the sender only sends after that second part.
-            return
         self._prefetched[message] = self._post(message, src)
 
+    def _post_in_order(self, message: Action, src: int) -> None:
+        """NCCL: post now, whatever it takes, since the interpreter posts in the schedule's
+        message order (:mod:`..execution.posting`) and NCCL matches a pair's operations in
+        posting order. The first message of a kind brings its header first (the host waits
+        for it, as at the first receive). With APC the whole message is received now: a
+        fallback's second part follows the first on the wire, so nothing may be posted
+        between them, and whether there is one is known only once the first has arrived."""
+        if not self.apc:
+            self._prefetched[message] = self._post(message, src)
+            return
+        work, buffer = self._post(message, src)
+        self._ready[message] = self._decompress(message, src, self._arrive(work, buffer, message, src))
+
     def recv(self, message: Action, src: int) -> Waiting:
-        if message in self._prefetched:
-            work, buffer = self._prefetched.pop(message)
-        else:
-            work, buffer = self._post(message, src)
-        buffer = self._arrive(work, buffer, message, src)
-        if self.apc:
-            buffer = self._decompress(message, src, buffer)
+        buffer = self._ready.pop(message, None)
+        if buffer is None:
+            if message in self._prefetched:
+                work, buffer = self._prefetched.pop(message)
+            else:
+                work, buffer = self._post(message, src)
+            buffer = self._arrive(work, buffer, message, src)
+            if self.apc:
+                buffer = self._decompress(message, src, buffer)
         self._release(message)
         return buffer.to(self.device)
         yield  # pragma: no cover  (makes this a generator; it never waits cooperatively)
@@ -497,6 +527,9 @@ class LocalEndpoint:
         self.bytes_sent = 0
         """What :class:`DistTransport` would have sent by now (same accounting)."""
         self._sent_header: set[_Kind] = set()
+
+    rendezvous = False
+    """Mailboxes: a send never waits for its receive."""
 
     def send(self, message: Action, tensor: Tensor, dst: int) -> None:
         kind = _kind(message, self.rank, dst)

@@ -27,8 +27,10 @@ from torch import Tensor
 
 from ...ir import Action, Op, Schedule, dependencies, ref
 from ...ir.deps import producer_rank, receiver
+from ...ir.message_order import message_order
 from .features import Handler, RankFeature, overriding
 from .microbatches import MicrobatchSource
+from .posting import OrderedPosting, WindowPosting
 from .stage import StageRuntime
 from ..communication.sharded import local_value, with_local
 from ..communication.transport import Transport
@@ -38,8 +40,6 @@ if TYPE_CHECKING:
     from .parts import RankParts
 
 __all__ = ["RankInterpreter", "RankIO"]
-
-_PREFETCH = 2  # receives posted ahead of need, so transfers overlap with compute
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,9 @@ class RankInterpreter:
         """Outputs of F (activations) and B (input gradients) and received tensors, by ref."""
         self.routes = self._routes()
         """``position -> (message, peer rank)`` of every send and receive."""
-        self._receives = [p for p, a in enumerate(self.program)
-                          if p >= start and a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
-        self._next_receive, self._window_moved = 0, True
+        self._posting = (OrderedPosting(self.program, start, self.routes, message_order(schedule))
+                         if self.transport.rendezvous else WindowPosting(self.program, start))
+        """Which receives to post early, and when (:mod:`.posting`)."""
         self.features = list(features)
         self._handlers = self._dispatch_table()
         self._before = overriding(self.features, "before")
@@ -117,8 +117,7 @@ class RankInterpreter:
         position = self.start
         while position < len(self.program):
             action = self.program[position]
-            if self._window_moved:
-                self._prefetch()
+            self._post(self._posting.before(position))
             for feature in self._before:
                 steps = feature.before(self, position, action)
                 if steps is not None:
@@ -130,6 +129,7 @@ class RankInterpreter:
                 position = restart
                 continue
             self.executed += 1
+            self._post(self._posting.after(position))
             for feature in self._after:
                 steps = feature.after(self, position, action)
                 if steps is not None:
@@ -137,20 +137,16 @@ class RankInterpreter:
             position += 1
         self.transport.finish()
 
-    def _prefetch(self) -> None:
-        """Post the next receives early so transfers overlap compute. The window only moves,
-        and a receive only becomes postable (its kind's header known), at a receive."""
-        for upcoming in self._receives[self._next_receive:self._next_receive + _PREFETCH]:
+    def _post(self, receives: list[int]) -> None:
+        """Post the receives at these positions early, so transfers overlap compute."""
+        for upcoming in receives:
             self.transport.prefetch(*self.routes[upcoming])
-        self._window_moved = False
 
     def _restart(self, position: int) -> None:
         """Continue at ``position`` (an earlier one): the next action's position (progress, for
         the single-process executor's deadlock watch) and the receive window."""
         self.executed = position
-        self._next_receive = next((i for i, p in enumerate(self._receives) if p >= position),
-                                  len(self._receives))
-        self._window_moved = True
+        self._posting.restart(position)
 
     # -- messages -----------------------------------------------------------------------
     def _send(self, action: Action, position: int) -> None:
@@ -160,8 +156,6 @@ class RankInterpreter:
     def _receive(self, action: Action, position: int) -> Generator[None, None, None]:
         message, src = self.routes[position]
         self._values[ref(action)] = yield from self.transport.recv(message, src)
-        self._next_receive += 1
-        self._window_moved = True
 
     def forget(self, action: Action) -> None:
         """Drop what ``action`` (a forward or its message, about to run again) left behind

@@ -55,10 +55,11 @@ TIMED_SECONDS = 1.0
 10-millisecond iterations (cnn) moves by half from one run to the next."""
 
 
-def timed_steps(predicted: float, *, least: int = 6, most: int = 200) -> int:
-    """Steps for a run whose iterations (the first is warm-up) last about ``TIMED_SECONDS``
-    together, given a predicted iteration time."""
-    wanted = math.ceil(TIMED_SECONDS / predicted) + 1 if predicted > 0 else least
+def timed_steps(predicted: float, *, least: int = 6, most: int = 200,
+                seconds: float = TIMED_SECONDS) -> int:
+    """Steps for a run whose iterations (the first is warm-up) last about ``seconds``
+    (``TIMED_SECONDS``) together, given a predicted iteration time."""
+    wanted = math.ceil(seconds / predicted) + 1 if predicted > 0 else least
     return max(least, min(most, wanted))
 
 

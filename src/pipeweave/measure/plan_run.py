@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,7 +26,8 @@ from ..runtime import BuiltinModel, Job, OptimizerFactory, Plan, launch_local
 from ..runtime.observation.summary import summarize
 from ..schedules import get_info
 
-__all__ = ["Measured", "plan_job", "measure_plan", "measure_prediction", "check_steps"]
+__all__ = ["Measured", "plan_job", "measure_plan", "measure_prediction", "check_steps",
+           "plan_timer"]
 
 
 @contextmanager
@@ -103,6 +104,18 @@ def measure_plan(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bo
                     peak_memory_bytes=[r.peak_allocated_bytes for r in tracked],
                     samples_per_second=summary.samples_per_second,
                     peak_rss_bytes=list(summary.peak_memory_bytes))
+
+
+def plan_timer(*, model: str, batch_size: int, optimizer: str = "adam", timeout_s: float = 120.0,
+               overrides: Mapping[str, Any] | None = None) -> Callable[[str, Plan, int], float]:
+    """``(label, plan, steps) -> seconds per iteration`` of one timed run of ``plan`` (no
+    memory run): the runner of :func:`pipeweave.measure.alternating.alternate`."""
+    def time_one(label: str, plan: Plan, steps: int) -> float:
+        return measure_plan(plan, model=model, batch_size=batch_size, steps=steps,
+                            optimizer=optimizer, timeout_s=timeout_s, overrides=overrides,
+                            memory=False).iteration_time
+
+    return time_one
 
 
 def measure_prediction(prediction: Prediction, *, model: str, batch_size: int, steps: int,

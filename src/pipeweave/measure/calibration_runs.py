@@ -1,0 +1,168 @@
+"""The costs a distributed run adds, fitted from real runs of two plans that stress different
+ones: the message latency and the all-reduce's fixed cost.
+
+Two plans are trained on local processes in alternating rounds (:mod:`.alternating`), each
+about ``seconds`` of timed iterations per round:
+
+* ``default``: 1F1B, the uniform split over the ranks, M = 2 x ranks: every micro-batch
+  crosses every stage boundary, so its time moves with ``message_latency``;
+* ``data-parallel``: the whole model as one stage replicated on every rank, the default's M:
+  no message between stages, one all-reduce of the whole model per iteration, so its time
+  moves with ``allreduce_latency`` (:mod:`pipeweave.profiler.runtime_costs`; fitted only
+  where the profile knows the all-reduce's bandwidth, :mod:`.collective`).
+
+Each parameter is the value at which its plan's simulated iteration equals the median of its
+rounds (:func:`solve`: bisection per parameter, repeated over the parameters until none
+moves, Gauss-Seidel, so a plan that depends on both is solved exactly too; a plan measured
+faster than predicted with the parameter at 0 leaves it at 0). Two parameters from two
+plans measured under the same load: before, one parameter from one run of the default plan
+had to absorb the all-reduce too, and the data-parallel winner was predicted 15-31 % fast
+while the default was 15-31 % slow (docs/auto.md).
+
+Each probe only re-prices a plan partitioned once (as :func:`.message_latency.default_plan_time`
+does), so a fit is some hundred simulations of two small plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..auto import AutoProblem, Candidate
+from ..auto.predict import simulate_candidate
+from ..auto.scaling import scaled_profile
+from ..auto.search import default_prediction
+from ..planner.plan import Plan
+from ..profiler import Profile
+from ..profiler.runtime_costs import RuntimeCosts
+from .alternating import Rounds, alternate
+from .message_latency import _bisect
+
+__all__ = ["CalibrationFit", "Target", "PARAMETERS", "calibration_plans",
+           "data_parallel_candidate", "fit_calibration", "solve", "with_costs"]
+
+PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency"}
+"""Which runtime cost each calibration plan's time fixes."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A measured time that a parameter must make the model predict."""
+
+    parameter: str
+    predict: Callable[[Mapping[str, float]], float]
+    measured: float
+
+
+def solve(targets: Sequence[Target], *, passes: int = 12) -> dict[str, float]:
+    """The parameters (each >= 0) at which every target's prediction equals its measured
+    time (module docstring); a parameter whose target is faster than predicted at 0 stays 0."""
+    theta = {t.parameter: 0.0 for t in targets}
+    for _ in range(passes):
+        moved = False
+        for target in targets:
+            def probe(value: float, name: str = target.parameter,
+                      predict: Callable[[Mapping[str, float]], float] = target.predict
+                      ) -> float:
+                return predict({**theta, name: value})
+
+            value = 0.0 if probe(0.0) >= target.measured else _bisect(probe, target.measured)
+            moved = moved or abs(value - theta[target.parameter]) > 1e-12 + 1e-9 * value
+            theta[target.parameter] = value
+        if not moved:
+            break
+    return theta
+
+
+def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
+    """``profile`` whose runtime costs have the fitted ``values`` (field name -> seconds)."""
+    runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
+    return replace(profile, runtime=replace(runtime, **dict(values)))
+
+
+def data_parallel_candidate(problem: AutoProblem) -> Candidate | None:
+    """The whole model as one stage on every rank, 1F1B at the default's M (``None`` for
+    one rank, or where M does not divide the batch)."""
+    ranks, microbatches = problem.ranks, problem.default_microbatches
+    if ranks < 2 or problem.batch % microbatches or microbatches % ranks:
+        return None
+    return Candidate(schedule="1f1b", method="pipedream", depth=1, width=1, chunks=1,
+                     pipelines=1, microbatches=microbatches, recompute=0, apc=False,
+                     bounds=((0, problem.profile.num_blocks),), replicas=(ranks,))
+
+
+Probe = Callable[[Mapping[str, float]], float]
+
+
+def calibration_plans(problem: AutoProblem) -> dict[str, tuple[Plan, float, Probe]]:
+    """Per calibration plan that can be built and whose parameter the profile can price:
+    its plan, its time predicted with the parameters at 0, and ``parameters -> its simulated
+    iteration time``."""
+    zero = {name: 0.0 for name in PARAMETERS.values()}
+    plain = replace(problem, profile=with_costs(problem.profile, zero))
+    out: dict[str, tuple[Plan, float, Probe]] = {}
+    found = default_prediction(plain)
+    if found is not None:
+        out["default"] = (found.plan, found.iteration_time,
+                          _probe(found.candidate, plain))
+    runtime = problem.profile.runtime
+    parallel = data_parallel_candidate(plain)
+    if parallel is not None and runtime is not None and runtime.allreduce_bandwidth is not None:
+        try:
+            probe = _probe(parallel, plain)
+            timed = simulate_candidate(parallel, _scaled(parallel, plain), plain)
+        except ValueError:
+            return out  # a model the whole of which one rank cannot run
+        out["data-parallel"] = (timed.plan, timed.iteration_time, probe)
+    return out
+
+
+def _scaled(candidate: Candidate, problem: AutoProblem) -> Profile:
+    return scaled_profile(problem.profile, problem.batch // candidate.microbatches,
+                          problem.extra_profiles)
+
+
+def _probe(candidate: Candidate, problem: AutoProblem) -> Probe:
+    scaled = _scaled(candidate, problem)
+
+    def iteration_time(values: Mapping[str, float]) -> float:
+        return simulate_candidate(candidate, with_costs(scaled, values), problem).iteration_time
+
+    return iteration_time
+
+
+@dataclass(frozen=True)
+class CalibrationFit:
+    """What :func:`fit_calibration` measured and fitted (seconds)."""
+
+    measured: Mapping[str, Rounds]
+    predicted_before: Mapping[str, float]
+    fitted: Mapping[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plans": {label: {**rounds.to_json(),
+                                  "predicted_before": self.predicted_before[label],
+                                  "parameter": PARAMETERS[label]}
+                          for label, rounds in self.measured.items()},
+                **dict(self.fitted)}
+
+
+def fit_calibration(problem: AutoProblem, *, time_one: Callable[[str, Plan, int], float],
+                    rounds: int = 2, seconds: float = 1.0,
+                    say: Callable[[str], None] | None = None
+                    ) -> tuple[AutoProblem, CalibrationFit | None]:
+    """``problem`` with its profile's runtime costs fitted to alternating runs of the
+    calibration plans (module docstring); ``time_one(label, plan, steps)`` -> measured
+    seconds per iteration of one run. ``None``: no plan to run."""
+    plans = calibration_plans(problem)
+    if not plans:
+        return problem, None
+    measured = alternate({label: (plan, before) for label, (plan, before, _) in plans.items()},
+                         rounds=rounds, seconds=seconds, steps=None, time_one=time_one,
+                         say=say)
+    fitted = solve([Target(PARAMETERS[label], probe, measured[label].median)
+                    for label, (_, _, probe) in plans.items()])
+    fit = CalibrationFit(measured=measured, fitted=fitted,
+                         predicted_before={label: p[1] for label, p in plans.items()})
+    return replace(problem, profile=with_costs(problem.profile, fitted)), fit

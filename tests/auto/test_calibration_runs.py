@@ -1,0 +1,124 @@
+"""The calibration that fits the message latency and the all-reduce's fixed cost from
+alternating runs of the default and a data-parallel plan (measure/calibration_runs.py), with
+the runs replaced by times the model itself predicts at known parameters: the fit recovers
+them. No timed assertion: nothing here runs a process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+
+from auto_fixtures import small_profile
+from pipeweave.auto import AutoProblem
+from pipeweave.measure.alternating import alternate, round_steps
+from pipeweave.measure.calibration_runs import (Target, calibration_plans, fit_calibration,
+                                                solve, with_costs)
+from pipeweave.planner.evaluate import Network, plan_costs
+from pipeweave.planner.plan import Plan
+from pipeweave.profiler import LinkProfile
+from pipeweave.profiler.runtime_costs import RuntimeCosts
+
+
+def test_solve_recovers_coupled_linear_parameters_exactly() -> None:
+    """Two plans that each depend on both parameters: a = 1 + 2x + 0.5y, b = 3 + 0.3x + 4y."""
+    x, y = 0.25, 0.125
+
+    def a(t: Mapping[str, float]) -> float:
+        return 1 + 2 * t["x"] + 0.5 * t["y"]
+
+    def b(t: Mapping[str, float]) -> float:
+        return 3 + 0.3 * t["x"] + 4 * t["y"]
+
+    fitted = solve([Target("x", a, a({"x": x, "y": y})), Target("y", b, b({"x": x, "y": y}))])
+    assert fitted["x"] == pytest.approx(x, rel=1e-9) and fitted["y"] == pytest.approx(y, rel=1e-9)
+
+
+def test_solve_leaves_a_parameter_at_zero_when_its_plan_ran_faster() -> None:
+    fitted = solve([Target("x", lambda t: 2 + t["x"], 1.5)])
+    assert fitted == {"x": 0.0}
+
+
+def _problem(ranks: int) -> AutoProblem:
+    profile = replace(small_profile(5, blocks=8, link=LinkProfile(1e9, 1e-5)),
+                      runtime=RuntimeCosts(per_message=2e-5, allreduce_bandwidth=3e8))
+    return AutoProblem(profile=profile, ranks=ranks)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("latency, overhead", [(4e-4, 2e-3), (0.0, 5e-3), (1e-3, 0.0)])
+def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead: float) -> None:
+    """The runs 'measure' what the model predicts at known parameters: the fit finds them,
+    each plan run in alternating rounds for the steps its predicted time asks."""
+    problem = _problem(ranks)
+    truth = {"message_latency": latency, "allreduce_latency": overhead}
+    plans = calibration_plans(problem)
+    assert set(plans) == {"default", "data-parallel"}
+    runs: list[tuple[str, int]] = []
+
+    def time_one(label: str, plan: Plan, steps: int) -> float:
+        assert plan == plans[label][0]
+        runs.append((label, steps))
+        return plans[label][2](truth)
+
+    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=3, seconds=0.5)
+    assert fit is not None
+    assert [label for label, _ in runs] == ["default", "data-parallel", "data-parallel",
+                                            "default", "default", "data-parallel"]
+    for label, steps in runs:
+        assert steps == round_steps(plans[label][1], seconds=0.5, steps=None)
+    for name, value in truth.items():
+        assert fit.fitted[name] == pytest.approx(value, rel=1e-6, abs=1e-12)
+    runtime = fitted.profile.runtime
+    assert runtime is not None and runtime.message_latency == fit.fitted["message_latency"]
+    assert runtime.allreduce_latency == fit.fitted["allreduce_latency"]
+    assert runtime.per_message == 2e-5 and runtime.allreduce_bandwidth == 3e8
+    report = fit.to_json()
+    assert report["plans"]["data-parallel"]["rounds"] == [plans["data-parallel"][2](truth)] * 3
+    assert report["plans"]["default"]["spread"] == 0.0
+
+
+def test_without_the_allreduce_bandwidth_only_the_message_latency_is_fitted() -> None:
+    problem = _problem(2)
+    problem = replace(problem, profile=with_costs(problem.profile, {}))
+    runtime = problem.profile.runtime
+    assert runtime is not None
+    problem = replace(problem, profile=replace(problem.profile, runtime=replace(
+        runtime, allreduce_bandwidth=None)))
+    assert set(calibration_plans(problem)) == {"default"}
+
+
+def test_the_allreduce_is_priced_as_measured_and_never_below_the_ring() -> None:
+    """Hand-derived: r = 3, |w| = stage bytes: latency + 2 |w| / 3e8 where that exceeds the
+    ring's 4 (2/3) |w| / 1e9; without a bandwidth the ring plus 2 (r-1) message latencies."""
+    profile = small_profile(3, blocks=4)
+    bounds, replicas = ((0, 2), (2, 4)), (1, 3)
+    network = Network(bandwidth=1e9, latency=1e-5)
+    plain = plan_costs(profile, bounds, network, replicas=replicas)
+    measured = replace(profile, runtime=RuntimeCosts(allreduce_latency=1e-3,
+                                                     allreduce_bandwidth=3e8,
+                                                     message_latency=5e-4))
+    costs = plan_costs(measured, bounds, network, replicas=replicas)
+    size = profile.stage_parameter_bytes(2, 4)
+    assert costs.all_reduce[0] == 0.0
+    assert costs.all_reduce[1] == pytest.approx(1e-3 + 2 * size / 3e8)
+    assert 2 * size / 3e8 > plain.all_reduce[1]
+    fast = replace(profile, runtime=RuntimeCosts(allreduce_latency=1e-3, allreduce_bandwidth=1e12))
+    assert plan_costs(fast, bounds, network, replicas=replicas).all_reduce[1] == \
+        pytest.approx(1e-3 + plain.all_reduce[1])
+
+
+def test_alternate_refuses_no_rounds_and_honours_fixed_steps() -> None:
+    plan = Plan(num_blocks=2, stages=((0, 1), (1, 2)), schedule="1f1b", microbatches=2)
+    with pytest.raises(ValueError, match="--rounds must be >= 1"):
+        alternate({"a": (plan, 0.1)}, rounds=0, seconds=1.0, steps=None,
+                  time_one=lambda label, p, steps: 0.1)
+    seen = []
+    done = alternate({"a": (plan, 0.1), "b": (plan, 0.01)}, rounds=2, seconds=1.0, steps=7,
+                     time_one=lambda label, p, steps: seen.append(steps) or 0.1 * len(seen))
+    assert seen == [7, 7, 7, 7]
+    assert done["a"].times == pytest.approx((0.1, 0.4)) and done["b"].times == pytest.approx((0.2, 0.3))
+    assert done["a"].spread == pytest.approx(0.3 / 0.25)
+    assert round_steps(0.01, seconds=1.0, steps=None) == 101
+    assert round_steps(1e-6, seconds=1.0, steps=None) == 400

@@ -78,7 +78,8 @@ def solve(targets: Sequence[Target], *, passes: int = 12) -> dict[str, float]:
 def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
     """``profile`` whose runtime costs have the fitted ``values`` (field name -> seconds)."""
     runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
-    return replace(profile, runtime=replace(runtime, **dict(values)))
+    fields: dict[str, Any] = dict(values)
+    return replace(profile, runtime=replace(runtime, **fields))
 
 
 def data_parallel_candidate(problem: AutoProblem) -> Candidate | None:

@@ -23,11 +23,12 @@ from typing import Any
 
 from ..auto import Prediction
 from ..runtime import BuiltinModel, Job, OptimizerFactory, Plan, launch_local
+from ..runtime.observation.results import RankResult
 from ..runtime.observation.summary import summarize
 from ..schedules import get_info
 
 __all__ = ["Measured", "plan_job", "measure_plan", "measure_prediction", "check_steps",
-           "plan_timer"]
+           "plan_timer", "peak_memory"]
 
 
 @contextmanager
@@ -94,8 +95,7 @@ def measure_plan(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bo
                    optimizer=optimizer, seed=seed, timeout_s=timeout_s, overrides=overrides)
     with _stdout_to_stderr():
         results = launch_local(job, deadline_s=timeout_s * 4)
-        tracked = launch_local(replace(job, steps=min(steps, 4), track_allocations=True),
-                               deadline_s=timeout_s * 4) if memory else []
+        tracked = _tracked(job, timeout_s) if memory else []
     summary = summarize(results, schedule=plan.schedule, steps=steps, batch_size=batch_size,
                         microbatches=plan.microbatches, pipelines=plan.pipelines)
     ends = summary.iteration_end_s
@@ -116,6 +116,23 @@ def plan_timer(*, model: str, batch_size: int, optimizer: str = "adam", timeout_
                             memory=False).iteration_time
 
     return time_one
+
+
+def _tracked(job: Job, timeout_s: float) -> list[RankResult]:
+    """A short run of ``job`` with its allocations tracked (not timed: tracking slows it)."""
+    return launch_local(replace(job, steps=min(job.steps, 4), track_allocations=True),
+                        deadline_s=timeout_s * 4)
+
+
+def peak_memory(plan: Plan, *, model: str, batch_size: int, apc: bool = False,
+                optimizer: str = "adam", timeout_s: float = 120.0,
+                overrides: Mapping[str, Any] | None = None) -> list[int]:
+    """Per rank, the most bytes of live tensors in a short tracked run of ``plan``
+    (``Measured.peak_memory_bytes`` alone)."""
+    job = plan_job(plan, model=model, batch_size=batch_size, steps=4, apc=apc,
+                   optimizer=optimizer, timeout_s=timeout_s, overrides=overrides)
+    with _stdout_to_stderr():
+        return [r.peak_allocated_bytes for r in _tracked(job, timeout_s)]
 
 
 def measure_prediction(prediction: Prediction, *, model: str, batch_size: int, steps: int,

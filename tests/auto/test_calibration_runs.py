@@ -122,3 +122,25 @@ def test_alternate_refuses_no_rounds_and_honours_fixed_steps() -> None:
     assert done["a"].spread == pytest.approx(0.3 / 0.25)
     assert round_steps(0.01, seconds=1.0, steps=None) == 101
     assert round_steps(1e-6, seconds=1.0, steps=None) == 400
+
+
+def test_the_run_report_is_the_median_of_the_rounds_against_the_prediction() -> None:
+    """``auto --run``'s comparison (measure/compare.py) from given rounds: the median, its
+    error against the prediction, samples/s at the median, the spread."""
+    from pipeweave.auto.search import default_prediction
+    from pipeweave.measure.alternating import Rounds
+    from pipeweave.measure.compare import compare_predictions
+
+    prediction = default_prediction(_problem(2))
+    assert prediction is not None
+    predicted = prediction.iteration_time
+    rounds = Rounds((predicted * 1.3, predicted * 1.1, predicted * 0.9), steps=12)
+    report = compare_predictions({"default": prediction}, rounds={"default": rounds},
+                                 memory={"default": [5, 6]}, batch_size=8)["default"]
+    assert report["iteration_time"] == pytest.approx(predicted * 1.1)
+    assert report["iteration_time_error"] == pytest.approx(0.1 / 1.1)
+    assert report["samples_per_second"] == pytest.approx(8 / (predicted * 1.1))
+    assert report["spread"] == pytest.approx(0.4 / 1.1)
+    assert report["rounds"] == list(rounds.times) and report["steps_per_round"] == 12
+    assert report["peak_memory_bytes"] == [5, 6]
+    assert report["predicted_iteration_time"] == predicted

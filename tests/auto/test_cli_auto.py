@@ -122,9 +122,14 @@ def test_run_trains_the_winner_and_the_default(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(SRC)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)  # stdout holds the one object, nothing the ranks print
+    calibration = report["calibration"]  # the two calibration plans, alternated
+    assert set(calibration["plans"]) == {"default", "data-parallel"}
+    assert calibration["message_latency"] >= 0 and calibration["allreduce_latency"] >= 0
     for label in ("winner", "default"):
         measured = report["measured"][label]
         assert measured["iteration_time"] > 0
+        assert len(measured["rounds"]) == 3 and measured["steps_per_round"] == 3
+        assert measured["iteration_time"] == sorted(measured["rounds"])[1]
         assert len(measured["peak_memory_bytes"]) == 2
         assert all(m > 0 for m in measured["peak_memory_bytes"])
         predicted = measured["predicted_peak_memory_bytes"]

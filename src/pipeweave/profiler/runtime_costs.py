@@ -141,6 +141,8 @@ class RuntimeCosts:
                    per_block=dict(data.get("per_block") or {}),
                    per_message=data.get("per_message", 0.0),
                    message_latency=data.get("message_latency", 0.0),
+                   allreduce_latency=data.get("allreduce_latency", 0.0),
+                   allreduce_bandwidth=data.get("allreduce_bandwidth"),
                    notes=dict(data.get("notes") or {}))
 
 

@@ -94,13 +94,14 @@ def table(cases: dict[str, dict[str, Any]]) -> str:
     for name, case in cases.items():
         for index, run in enumerate(case["runs"], 1):
             w, d = run["measured"]["winner"], run["measured"]["default"]
+            spread = f"{100 * w['spread']:.0f}/{100 * d['spread']:.0f} %"
             lines.append(
                 f"{name:<12} {index:>3} "
                 f"{1e3 * w['predicted_iteration_time']:>9.2f}/{1e3 * w['iteration_time']:<10.2f}"
                 f"{100 * w['iteration_time_error']:>5.1f}% "
                 f"{1e3 * d['predicted_iteration_time']:>10.2f}/{1e3 * d['iteration_time']:<10.2f}"
                 f"{100 * d['iteration_time_error']:>5.1f}% "
-                f"{100 * w['spread']:>4.0f}/{100 * d['spread']:<4.0f}% "
+                f"{spread:>11} "
                 f"{run['load_before'][0]:>5.2f}  {run['winner']}")
         s = case["summary"]
         lines.append(f"{name:<12} median error: winner {100 * s['winner_median_error']:.1f} % "

@@ -144,3 +144,14 @@ def test_the_run_report_is_the_median_of_the_rounds_against_the_prediction() -> 
     assert report["rounds"] == list(rounds.times) and report["steps_per_round"] == 12
     assert report["peak_memory_bytes"] == [5, 6]
     assert report["predicted_iteration_time"] == predicted
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_the_allreduce_timing_fits_a_bandwidth() -> None:
+    """Two real processes time the runtime's all-gather and sum at three sizes: a line with
+    a positive bandwidth and latency comes out (its values depend on the machine)."""
+    from pipeweave.measure.collective import measure_allreduce
+
+    fitted = measure_allreduce(sizes=(1 << 12, 1 << 18, 1 << 21), repeats=3)
+    assert fitted.bandwidth > 0 and fitted.latency >= 0

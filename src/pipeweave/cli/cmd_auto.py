@@ -318,7 +318,8 @@ def _fitted(args: argparse.Namespace,
             _say(f"{label} plan measured {1e3 * rounds.median:.1f} ms per iteration (spread "
                  f"{100 * rounds.spread:.0f} %), predicted {1e3 * fit.predicted_before[label]:.1f}"
                  " ms before the fit")
-        _say("fitted " + ", ".join(f"{name} {1e6 * value:.0f} us"
+        words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost"}
+        _say("fitted " + ", ".join(f"{words.get(name, name)} +{1e6 * value:.0f} us"
                                    for name, value in fit.fitted.items())
              + f" ({time.perf_counter() - started:.1f} s)")
     return problem, fit

@@ -1,8 +1,9 @@
 """The costs a distributed run adds, fitted from real runs of two plans that stress different
 ones: the message latency and the all-reduce's fixed cost.
 
-Two plans are trained on local processes in alternating rounds (:mod:`.alternating`), each
-about ``seconds`` of timed iterations per round:
+Two plans are trained on local processes in alternating rounds (:mod:`.alternating`; 3 by
+default, so that the median leaves out one disturbed round), each about ``seconds`` of timed
+iterations per round:
 
 * ``default``: 1F1B, the uniform split over the ranks, M = 2 x ranks: every micro-batch
   crosses every stage boundary, so its time moves with ``message_latency``;
@@ -150,7 +151,7 @@ class CalibrationFit:
 
 
 def fit_calibration(problem: AutoProblem, *, time_one: Callable[[str, Plan, int], float],
-                    rounds: int = 2, seconds: float = 1.0,
+                    rounds: int = 3, seconds: float = 1.0,
                     say: Callable[[str], None] | None = None
                     ) -> tuple[AutoProblem, CalibrationFit | None]:
     """``problem`` with its profile's runtime costs fitted to alternating runs of the

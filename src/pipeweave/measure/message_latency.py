@@ -1,5 +1,10 @@
 """The latency a message between rank processes really has, fitted from one real run.
 
+``pipeweave auto`` now fits it together with the all-reduce's fixed cost from alternating
+runs of the default and a data-parallel plan (:mod:`.calibration_runs`, which reuses
+:func:`_bisect` and :func:`timed_steps`); this one-plan fit stays for callers that time the
+default plan alone.
+
 The default plan (1F1B, uniform split over the ranks, M = 2 x ranks) is trained on local
 processes for a second or so of timed iterations (:func:`timed_steps`) and
 ``message_latency`` is the extra latency per transfer at which its simulated iteration equals

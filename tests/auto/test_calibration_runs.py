@@ -47,36 +47,51 @@ def _problem(ranks: int) -> AutoProblem:
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("latency, overhead", [(4e-4, 2e-3), (0.0, 5e-3), (1e-3, 0.0)])
-def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead: float) -> None:
-    """The runs 'measure' what the model predicts at known parameters: the fit finds them,
-    each plan run in alternating rounds for the steps its predicted time asks."""
+@pytest.mark.parametrize("latency, overhead, scale",
+                         [(4e-4, 2e-3, 1.0), (0.0, 5e-3, 1.3), (1e-3, 0.0, 2.0)])
+def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead: float,
+                                           scale: float) -> None:
+    """The runs 'measure' what the model predicts at known parameters (their compute at a
+    known scale): the fit finds them, each plan run in alternating rounds for the steps its
+    predicted time asks."""
     problem = _problem(ranks)
-    truth = {"message_latency": latency, "allreduce_latency": overhead}
+    truth = {"message_latency": latency, "allreduce_latency": overhead, "compute_scale": scale}
     plans = calibration_plans(problem)
     assert set(plans) == {"default", "data-parallel"}
     runs: list[tuple[str, int]] = []
 
-    def time_one(label: str, plan: Plan, steps: int) -> float:
-        assert plan == plans[label][0]
+    def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
+        assert plan == plans[label].plan
         runs.append((label, steps))
-        return plans[label][2](truth)
+        per_rank = plans[label].compute(truth) / ranks
+        return plans[label].iteration(truth), [per_rank] * ranks
 
     fitted, fit = fit_calibration(problem, time_one=time_one, rounds=3, seconds=0.5)
     assert fit is not None
     assert [label for label, _ in runs] == ["default", "data-parallel", "data-parallel",
                                             "default", "default", "data-parallel"]
     for label, steps in runs:
-        assert steps == round_steps(plans[label][1], seconds=0.5, steps=None)
+        assert steps == round_steps(plans[label].predicted, seconds=0.5, steps=None)
     for name, value in truth.items():
         assert fit.fitted[name] == pytest.approx(value, rel=1e-6, abs=1e-12)
     runtime = fitted.profile.runtime
     assert runtime is not None and runtime.message_latency == fit.fitted["message_latency"]
     assert runtime.allreduce_latency == fit.fitted["allreduce_latency"]
+    assert runtime.compute_scale == fit.fitted["compute_scale"]
     assert runtime.per_message == 2e-5 and runtime.allreduce_bandwidth == 3e8
     report = fit.to_json()
-    assert report["plans"]["data-parallel"]["rounds"] == [plans["data-parallel"][2](truth)] * 3
+    assert report["plans"]["data-parallel"]["rounds"] == [plans["data-parallel"].iteration(truth)] * 3
     assert report["plans"]["default"]["spread"] == 0.0
+
+
+def test_a_compute_faster_than_simulated_leaves_the_scale_at_one() -> None:
+    from pipeweave.measure.calibration_runs import compute_scale
+
+    plans = calibration_plans(_problem(2))
+    simulated = plans["default"].compute({})
+    assert compute_scale(plans, {"default": [simulated * 0.8]}) == 1.0
+    assert compute_scale(plans, {"default": [simulated * 1.5, simulated * 1.2, simulated * 9]}) \
+        == pytest.approx(1.5)
 
 
 def test_without_the_allreduce_bandwidth_only_the_message_latency_is_fitted() -> None:
@@ -87,6 +102,20 @@ def test_without_the_allreduce_bandwidth_only_the_message_latency_is_fitted() ->
     problem = replace(problem, profile=replace(problem.profile, runtime=replace(
         runtime, allreduce_bandwidth=None)))
     assert set(calibration_plans(problem)) == {"default"}
+
+
+def test_the_compute_scale_multiplies_compute_actions_only() -> None:
+    """F, B (and I, W) x scale, with the sends they post; the update is not compute."""
+    profile = small_profile(3, blocks=4)
+    bounds = ((0, 2), (2, 4))
+    base = replace(profile, runtime=RuntimeCosts(per_message=1e-4))
+    scaled = replace(profile, runtime=RuntimeCosts(per_message=1e-4, compute_scale=1.5))
+    one, two = plan_costs(base, bounds, Network(1e9)), plan_costs(scaled, bounds, Network(1e9))
+    assert two.forward == pytest.approx([f * 1.5 for f in one.forward])
+    assert two.backward == pytest.approx([b * 1.5 for b in one.backward])
+    assert two.update == one.update
+    with pytest.raises(ValueError, match="compute_scale must be a finite number >= 1"):
+        RuntimeCosts(compute_scale=0.5)
 
 
 def test_the_allreduce_is_priced_as_measured_and_never_below_the_ring() -> None:

@@ -14,6 +14,7 @@ Every planner is judged the same way: the plan's schedule is simulated
     share CPU cores, ``Network.shared_cores``)
     runtime     where the profile measured them (``profile.runtime``): each of forward,
                 backward, I, W and update of a stage of k blocks + per_action + per_block (k-1),
+                F, B, I and W (their sends included) then x compute_scale,
                 and a stage that sends (forward to the next, gradient to the previous) pays
                 per_message in that action, and every transfer's latency grows by
                 message_latency; an all-reduce is allreduce_latency + (r-1)|w_s| /
@@ -182,11 +183,12 @@ def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
     for kind, column in zip(kinds, columns):
         sends = {"forward": ahead, "backward": behind, "input_grad": behind}.get(kind)
         values = []
+        scale = runtime.compute_scale if kind != "update" else 1.0
         for s, ((a, e), value) in enumerate(zip(bounds, column)):
             timed = runtime.action(kind, value / overhead, e - a)
             if sends is not None and sends[s]:
                 timed += message
-            values.append(overhead * timed)
+            values.append(overhead * timed * scale)
         out.append(values)
     return tuple(out)
 

@@ -44,6 +44,12 @@ two local processes, ``allreduce_latency`` from a real run of a data-parallel pl
 0.3 GB/s against the 3.6 GB/s a ping-pong of the same bytes shows, so the ring formula at
 the link under-counted it tenfold. Without them (``allreduce_bandwidth`` ``None``) the ring
 formula at the link stands, each of its ``2 (r - 1)`` steps paying ``message_latency``.
+
+``compute_scale`` (>= 1) multiplies every compute action (forward, backward, I, W, with
+the posting of their sends, as the simulator times them; not the update): what the ranks' compute took on the timelines of the
+calibration's distributed runs over what the simulator gave it (the send thread and gloo's
+threads on the same cores, two ranks' memory traffic at once). Never below 1, so that the
+search's lower bounds from the profile's times stay bounds.
 """
 
 from __future__ import annotations
@@ -69,6 +75,10 @@ class RuntimeCosts:
     message_latency: float = 0.0
     allreduce_latency: float = 0.0
     allreduce_bandwidth: float | None = None
+    compute_scale: float = 1.0
+    """What the compute actions of a distributed run take over their single-process time
+    (>= 1): the ranks' compute measured on the calibration runs' timelines against the
+    simulated (:mod:`pipeweave.measure.calibration_runs`)."""
     notes: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -94,6 +104,12 @@ class RuntimeCosts:
         object.__setattr__(self, "message_latency", float(self.message_latency))
         _check_seconds("allreduce_latency", self.allreduce_latency)
         object.__setattr__(self, "allreduce_latency", float(self.allreduce_latency))
+        scale = self.compute_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+                or not math.isfinite(scale) or scale < 1:
+            raise ValueError(f"runtime costs compute_scale must be a finite number >= 1, got "
+                             f"{scale!r}")
+        object.__setattr__(self, "compute_scale", float(scale))
         rate = self.allreduce_bandwidth
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
                                  or not math.isfinite(rate) or rate <= 0):
@@ -126,7 +142,8 @@ class RuntimeCosts:
         return {"per_action": dict(self.per_action), "per_block": dict(self.per_block),
                 "per_message": self.per_message, "message_latency": self.message_latency,
                 "allreduce_latency": self.allreduce_latency,
-                "allreduce_bandwidth": self.allreduce_bandwidth, "notes": dict(self.notes)}
+                "allreduce_bandwidth": self.allreduce_bandwidth,
+                "compute_scale": self.compute_scale, "notes": dict(self.notes)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RuntimeCosts":
@@ -134,7 +151,7 @@ class RuntimeCosts:
             raise ValueError(f"runtime costs must be an object, got {data!r}")
         unknown = sorted(set(data) - {"per_action", "per_block", "per_message",
                                       "message_latency", "allreduce_latency",
-                                      "allreduce_bandwidth", "notes"})
+                                      "allreduce_bandwidth", "compute_scale", "notes"})
         if unknown:
             raise ValueError(f"runtime costs have unknown fields {unknown}")
         return cls(per_action=dict(data.get("per_action") or {}),
@@ -143,6 +160,7 @@ class RuntimeCosts:
                    message_latency=data.get("message_latency", 0.0),
                    allreduce_latency=data.get("allreduce_latency", 0.0),
                    allreduce_bandwidth=data.get("allreduce_bandwidth"),
+                   compute_scale=data.get("compute_scale", 1.0),
                    notes=dict(data.get("notes") or {}))
 
 

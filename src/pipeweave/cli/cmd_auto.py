@@ -109,9 +109,11 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the optimizer whose state the memory model counts (and --run uses)")
     parser.add_argument("--no-calibration", action="store_true",
                         help="with --model: skip measuring the link between two local ranks, "
-                             "the runtime's fixed costs per action (short single-process runs) "
-                             "and the message latency (one short run of the default plan on "
-                             "--ranks processes), which the simulator adds to the blocks' times")
+                             "the runtime's fixed costs per action (short single-process "
+                             "runs), the all-reduce's bandwidth, and the compute scale, "
+                             "message latency and all-reduce cost (alternating runs of the "
+                             "default and a data-parallel plan on --ranks processes), which "
+                             "the simulator adds to the blocks' times")
     parser.add_argument("--profile-out", type=Path, default=None, metavar="FILE",
                         help="write the profile the search used (calibrated) here, for "
                              "`pipeweave plan --profile` or a later `auto --profile`")
@@ -319,8 +321,9 @@ def _fitted(args: argparse.Namespace,
                  f"{100 * rounds.spread:.0f} %), predicted {1e3 * fit.predicted_before[label]:.1f}"
                  " ms before the fit")
         words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost"}
-        _say("fitted " + ", ".join(f"{words.get(name, name)} +{1e6 * value:.0f} us"
-                                   for name, value in fit.fitted.items())
+        _say(f"fitted compute x{fit.fitted['compute_scale']:.3f}"
+             + "".join(f", {words[name]} +{1e6 * value:.0f} us"
+                       for name, value in fit.fitted.items() if name in words)
              + f" ({time.perf_counter() - started:.1f} s)")
     return problem, fit
 

@@ -184,3 +184,14 @@ def test_the_allreduce_timing_fits_a_bandwidth() -> None:
 
     fitted = measure_allreduce(sizes=(1 << 12, 1 << 18, 1 << 21), repeats=3)
     assert fitted.bandwidth > 0 and fitted.latency >= 0
+
+
+def test_the_measured_table_gives_the_spread_and_the_rounds() -> None:
+    from pipeweave.cli.cmd_auto import format_measured
+
+    row = {"predicted_peak_memory_bytes": [2**20], "peak_memory_bytes": [2 * 2**20],
+           "predicted_iteration_time": 0.02, "iteration_time": 0.025,
+           "iteration_time_error": 0.2, "spread": 0.125, "rounds": [0.024, 0.025, 0.027]}
+    text = format_measured({"measured": {"winner": row}})
+    assert "20.0%" in text and "12.5%" in text and "1.0/2.0" in text
+    assert "median of 3 alternating rounds" in text

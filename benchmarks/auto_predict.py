@@ -17,11 +17,12 @@ average before and after. Per case: the median error of the winner and of the de
 the runs, the largest, and whether every run picked the same plan. The JSON (``--json-out``)
 holds all of it.
 
-Takes about 1.5-2 minutes per run of gpt-tiny or cnn at 2 ranks on this 2-core machine when
-it is quiet (profiling two micro-batch sizes, the calibration: link, runtime costs, the
-all-reduce at six sizes, 2 rounds of 2 plans; the search; 3 rounds of 2 plans and 2 memory
-runs), so the two default cases x 3 runs take some 10 minutes. gpt-small runs take longer
-(its iterations are ~0.25-1 s). Read the load averages: a loaded machine moves the times.
+One run of gpt-tiny or cnn at 2 ranks took 45-85 s on this 2-core machine at load 3-5
+(2026-11-27: profiling two micro-batch sizes; the calibration: link, runtime costs, the
+all-reduce at six sizes, 3 rounds of 2 plans; the search; 3 rounds of 2 plans and 2 memory
+runs), so the two default cases x 3 runs take some 5-9 minutes. gpt-small runs take longer
+(its iterations are ~0.25-1 s: one ``auto`` at 4 ranks took 2:40 at load 7, without
+``--run``). Read the load averages and the spreads: a loaded machine moves the times.
 """
 
 from __future__ import annotations

@@ -122,9 +122,14 @@ def test_run_trains_the_winner_and_the_default(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(SRC)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)  # stdout holds the one object, nothing the ranks print
+    calibration = report["calibration"]  # the two calibration plans, alternated
+    assert set(calibration["plans"]) == {"default", "data-parallel"}
+    assert calibration["message_latency"] >= 0 and calibration["allreduce_latency"] >= 0
     for label in ("winner", "default"):
         measured = report["measured"][label]
         assert measured["iteration_time"] > 0
+        assert len(measured["rounds"]) == 3 and measured["steps_per_round"] == 3
+        assert measured["iteration_time"] == sorted(measured["rounds"])[1]
         assert len(measured["peak_memory_bytes"]) == 2
         assert all(m > 0 for m in measured["peak_memory_bytes"])
         predicted = measured["predicted_peak_memory_bytes"]
@@ -136,9 +141,10 @@ def test_run_trains_the_winner_and_the_default(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_model_is_calibrated_unless_told_not_to(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """With --model, auto measures the link, the runtime's costs per action and the message
-    latency (one real run of the default plan) before it searches (the simulator adds them to
-    the blocks' times); --no-calibration skips all three."""
+    """With --model, auto measures the link, the runtime's costs per action, the all-reduce's
+    bandwidth, and the message latency and all-reduce cost (alternating runs of the default
+    and a data-parallel plan) before it searches (the simulator adds them to the blocks'
+    times); --no-calibration skips all of it."""
     common = ["auto", "--model", "mlp", "--ranks", "2", "--json", "--schedules", "1f1b",
               "--out", str(tmp_path / "plan.json"), "--plot", str(tmp_path / "front.png")]
     profile_out = tmp_path / "calibrated.json"
@@ -146,10 +152,16 @@ def test_model_is_calibrated_unless_told_not_to(tmp_path: Path,
     calibrated = capsys.readouterr()
     assert "calibrated in" in calibrated.err and "message latency" in calibrated.err
     fit = json.loads(calibrated.out)["calibration"]
-    assert fit["measured_default_iteration_time"] > 0 and fit["message_latency"] >= 0
+    assert fit["plans"]["default"]["median"] > 0 and fit["message_latency"] >= 0
+    assert fit["plans"]["data-parallel"]["median"] > 0 and fit["allreduce_latency"] >= 0
+    assert fit["compute_scale"] >= 1 and len(fit["plans"]["default"]["compute_seconds"]) == 3
+    assert all(c > 0 for c in fit["plans"]["default"]["compute_seconds"])
     saved = Profile.load(profile_out)
     assert saved.link is not None and saved.runtime is not None
     assert saved.runtime.message_latency == fit["message_latency"]
+    assert saved.runtime.allreduce_latency == fit["allreduce_latency"]
+    assert saved.runtime.allreduce_bandwidth is not None
+    assert saved.runtime.compute_scale == fit["compute_scale"]
     assert main([*common, "--no-calibration"]) == 0
     plain = capsys.readouterr()
     assert "calibrated in" not in plain.err and "measuring the link" not in plain.err

@@ -62,3 +62,20 @@ def test_the_cli_explains_the_winner_against_the_default(
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "bubble" in out and "of the gain" in out and "winner timeline:" in out
+
+
+@pytest.mark.parametrize("microbatches", [1, 2, 8])
+def test_the_breakdown_prices_the_winner_at_its_own_microbatch(microbatches: int) -> None:
+    """A winner whose micro-batch is not the profile's (batch 16, M = 1, 2, 8, profiled at 2
+    samples): the breakdown simulates the profile scaled to the winner's micro-batch, as its
+    prediction did, so its iteration is the prediction's (the unscaled profile gave 1/8..1x)."""
+    from pipeweave.auto import AutoProblem, search
+    from pipeweave.auto.why import breakdown
+
+    problem = AutoProblem(profile=small_profile(5, blocks=6), ranks=2, batch_size=16,
+                          microbatches=(microbatches,), schedules=("1f1b", "gpipe"))
+    winner = search(problem).winner
+    assert winner.plan.microbatches == microbatches
+    row, simulated = breakdown(winner, problem, label="winner")
+    assert row.iteration_time == pytest.approx(winner.iteration_time, rel=1e-9)
+    assert simulated.iteration_time == pytest.approx(winner.iteration_time, rel=1e-9)

@@ -113,7 +113,7 @@ def _no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
                          (calibration, "calibrate"), (cmd_profile, "calibrate"),
                          (cmd_profile, "measure_link"), (cmd_tune, "tuning_profile"),
                          (cmd_tune, "builtin_model"), (cmd_auto, "calibrate"),
-                         (cmd_auto, "fit_message_latency"), (cmd_auto, "profile_model")):
+                         (cmd_auto, "fit_calibration"), (cmd_auto, "profile_model")):
         monkeypatch.setattr(module, name, forbidden)
 
 
@@ -128,6 +128,10 @@ EARLY = {
                              "0,4"], "--microbatches"),
     "auto --run --steps": (["auto", "--model", "gpt-tiny", "--ranks", "2", "--run", "--steps",
                             "1"], "--steps 1"),
+    "auto --run --rounds": (["auto", "--model", "gpt-tiny", "--ranks", "2", "--run", "--rounds",
+                             "0"], "--rounds must be >= 1"),
+    "auto --run --run-seconds": (["auto", "--model", "gpt-tiny", "--ranks", "2", "--run",
+                                  "--run-seconds", "0"], "--run-seconds must be > 0"),
     "auto --plot": (["auto", "--model", "gpt-tiny", "--ranks", "2", "--plot",
                      "{outside}/a-file/p.png"], "--plot"),
     "plan --ranks 0": (["plan", "--model", "gpt-tiny", "--ranks", "0", "--method", "time"],

@@ -126,3 +126,21 @@ def test_the_runs_use_the_models_own_data_after_its_overrides() -> None:
     assert BuiltinModel("gpt-tiny").data(8, seq_len=12).seq_len == 12
     image = BuiltinModel("cnn").data(8, seq_len=12)
     assert image.seq_len is None and image.batch_size == 8
+
+
+def test_the_allreduce_costs_round_trip_and_bad_values_are_refused() -> None:
+    import pytest
+
+    from pipeweave.profiler.runtime_costs import RuntimeCosts
+
+    costs = RuntimeCosts(allreduce_latency=2e-3, allreduce_bandwidth=3.5e8)
+    back = RuntimeCosts.from_json(costs.to_json())
+    assert back == costs and back.allreduce_bandwidth == 3.5e8
+    assert RuntimeCosts.from_json({}).allreduce_bandwidth is None  # profiles written before
+    with pytest.raises(ValueError, match="allreduce_latency must be a finite number"):
+        RuntimeCosts(allreduce_latency=-1.0)
+    with pytest.raises(ValueError, match="allreduce_bandwidth must be a finite number"):
+        RuntimeCosts(allreduce_bandwidth=0.0)
+    assert costs.all_reduce(1e6, 1, 0.5) == 0.0
+    assert costs.all_reduce(1e6, 3, 1e-4) == pytest.approx(2e-3 + 2e6 / 3.5e8)
+    assert costs.all_reduce(1e6, 3, 1.0) == pytest.approx(2e-3 + 1.0)  # the ring's floor

@@ -49,6 +49,7 @@ from .partitioning import Partitioner
 from .predict import (Prediction, Timed, candidate_costs, candidate_plan, one_copy_suffices,
                       predict, simulate_candidate, with_memory, with_options)
 from .problem import AutoProblem, Candidate
+from .ranking import identity
 from .scaling import scaled_profile
 from .ties import TieRefused, check_ties
 from .timing import plan_schedule
@@ -295,7 +296,8 @@ def search(problem: AutoProblem, *, axes: Sequence[Axis] = DEFAULT_AXES,
 def _merged(problem: AutoProblem, results: Sequence[SearchResult]) -> SearchResult:
     """One result of the per-size searches (their counts summed, their ranked merged)."""
     ranked = sorted((p for r in results for p in r.ranked),
-                    key=lambda p: (-p.samples_per_second, p.max_memory, _simplicity(p.candidate)))
+                    key=lambda p: (-p.samples_per_second, p.max_memory, _simplicity(p.candidate),
+                                   identity(p.candidate)))
     whole = [r.default for r in results if r.problem.tp == (1,)]
     counted = ("considered", "invalid", "pruned_time", "pruned_memory", "simulated",
                "duplicates", "seconds", "unexamined", "over_budget", "refused_ties")
@@ -493,7 +495,7 @@ def _shape_key(timed: Timed) -> tuple[Any, ...]:
 
 def _result(state: _Search, considered: int) -> SearchResult:
     state.ranked.sort(key=lambda p: (-p.samples_per_second, p.max_memory,
-                                     _simplicity(p.candidate)))
+                                     _simplicity(p.candidate), identity(p.candidate)))
     default = _default_prediction(state, state.problem)
     state.progress(
         f"done: {considered} considered, {state.invalid} invalid, "

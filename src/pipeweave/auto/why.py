@@ -13,7 +13,10 @@ One iteration of a plan, on its busiest rank (the one with the most compute and 
 * ``bubble``: the rest: the busiest rank waiting on its neighbours with transfers free (fill
   and drain, imbalance between stages).
 
-Every term is per iteration of one pipeline, in seconds; the memory column is the memory
+Each plan is simulated from the profile scaled to its own micro-batch
+(:func:`~pipeweave.auto.scaling.scaled_profile`), the costs its prediction used, so the
+breakdown's iteration is the table's. Every term is per iteration of one pipeline, in
+seconds; the memory column is the memory
 model's peak against ``--memory-limit``. Torch-free, like the rest of :mod:`pipeweave.auto`.
 """
 
@@ -29,6 +32,7 @@ from ..sim import SimulationResult, simulate
 from .tensor_parallel import tp_problem
 from .predict import Prediction, candidate_costs, one_copy_suffices
 from .problem import AutoProblem
+from .scaling import scaled_profile
 from .timing import plan_schedule
 
 __all__ = ["Breakdown", "breakdown", "differences", "format_breakdowns", "split_iteration",
@@ -79,7 +83,10 @@ def _simulated(prediction: Prediction, problem: AutoProblem, *,
     plan = prediction.plan
     if plan.tp != problem.profile.metadata.get("tp", 1):  # its own size's problem
         problem = tp_problem(problem, plan.tp)
-    costs = candidate_costs(prediction.candidate, plan, problem.profile, problem)
+    # the profile at the plan's micro-batch, as the search predicted it (search._Search.profile)
+    profile = scaled_profile(problem.profile, problem.batch // plan.microbatches,
+                             problem.extra_profiles)
+    costs = candidate_costs(prediction.candidate, plan, profile, problem)
     if free_transfers:
         costs = dataclasses.replace(costs, comm=0.0, boundary_bytes=None, bandwidth=None,
                                     latency=0.0)

@@ -12,8 +12,10 @@ from the profile and simulates the rest. It prints the top ``--top`` candidates 
 predicted samples/s, writes the winner's plan to ``--out`` (run it with ``pipeweave train
 --plan``) and the time/memory Pareto front to ``--plot``. The batch is fixed (``--batch-size``
 samples per iteration) and every candidate splits it into its own micro-batches. ``--run``
-trains the winner and the default plan (1F1B, uniform split, M = 2 x ranks) for ``--steps``
-steps on local processes and prints predicted against measured time and memory per rank.
+trains the winner and the default plan (1F1B, uniform split, M = 2 x ranks) on local processes
+in ``--rounds`` alternating rounds of about ``--run-seconds`` of timed iterations each (or
+``--steps`` steps) and prints predicted against measured time (the median of the rounds,
+and their spread) and memory per rank.
 ``--json`` prints one object: ``winner``, ``default``, ``considered``, ``pruned``,
 ``simulated``, ``invalid_ties`` (candidates left out because the runtime cannot keep a tied
 parameter across their stages, with ``invalid_ties_reason``), ``table`` and, with ``--run``,
@@ -31,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
-from ..measure import (MessageFit, auto_microbatch_sizes, calibrate, calibration_skipped,
-                       check_steps, fit_message_latency, measure_prediction, profile_model)
+from ..measure import (RUN_ROUNDS, RUN_SECONDS, CalibrationFit, auto_microbatch_sizes,
+                       calibrate, calibration_skipped, check_steps, fit_calibration,
+                       measure_predictions, plan_timer, profile_model)
 from ..models import available_models
 from ..planner import Topology
 from ..planner.sharding import SHARD_MODES
@@ -44,6 +47,9 @@ from .options import core_count, load_profile, parse_bytes, shared_cores
 from .plan_exports import write_plan_exports
 
 __all__ = ["add_parser", "run", "format_table", "prediction_json"]
+
+PILOT_STEPS = 6
+"""Steps of each pilot under --semantics any when --steps is not given."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -103,9 +109,11 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the optimizer whose state the memory model counts (and --run uses)")
     parser.add_argument("--no-calibration", action="store_true",
                         help="with --model: skip measuring the link between two local ranks, "
-                             "the runtime's fixed costs per action (short single-process runs) "
-                             "and the message latency (one short run of the default plan on "
-                             "--ranks processes), which the simulator adds to the blocks' times")
+                             "the runtime's fixed costs per action (short single-process "
+                             "runs), the all-reduce's bandwidth, and the compute scale, "
+                             "message latency and all-reduce cost (alternating runs of the "
+                             "default and a data-parallel plan on --ranks processes), which "
+                             "the simulator adds to the blocks' times")
     parser.add_argument("--profile-out", type=Path, default=None, metavar="FILE",
                         help="write the profile the search used (calibrated) here, for "
                              "`pipeweave plan --profile` or a later `auto --profile`")
@@ -131,9 +139,15 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
                         help="say where the winner's and the default's iterations differ "
                              "(compute, updates, bubble, communication, memory) and write "
                              "their simulated timelines as PNGs beside --out")
-    parser.add_argument("--steps", type=int, default=6,
-                        help="with --run: steps per plan; with --semantics any and --model: "
-                             "steps of each pilot")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="with --run: steps per round of each plan (default: about "
+                             "--run-seconds of timed iterations); with --semantics any and "
+                             f"--model: steps of each pilot (default {PILOT_STEPS})")
+    parser.add_argument("--rounds", type=int, default=RUN_ROUNDS,
+                        help="with --run: rounds, each training the winner then the default "
+                             "(the other way round in odd rounds); the median is reported")
+    parser.add_argument("--run-seconds", type=float, default=RUN_SECONDS, metavar="SECONDS",
+                        help="with --run and no --steps: timed iterations per round")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="with --run: seconds a rank waits for a peer")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -184,7 +198,8 @@ def _profiles(args: argparse.Namespace) -> list[Profile]:
 
 def _calibrated(profile: Profile, model: str, overrides: dict[str, Any],
                 device: str) -> Profile:
-    if profile.link is not None and profile.runtime is not None:
+    if profile.link is not None and profile.runtime is not None \
+            and profile.runtime.allreduce_bandwidth is not None:
         return profile
     started = time.perf_counter()
     _say("measuring the link and the runtime's costs per action ...")
@@ -221,7 +236,7 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
             raise ValueError(f"--microbatches {args.microbatches!r}: each count must be >= 1")
     _check_target(args)
     if args.run:
-        check_steps(args.steps)
+        _check_run(args)
         if args.timeout <= 0:
             raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
     for path, flag in ((args.out, "--out"), (args.plot, "--plot"),
@@ -229,6 +244,21 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
         if path is not None:
             check_can_write(path, flag)
     return limit, topology
+
+
+def _check_run(args: argparse.Namespace) -> None:
+    """``--steps``, ``--rounds`` and ``--run-seconds`` of ``--run``."""
+    if args.steps is not None:
+        check_steps(args.steps)
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}; use --rounds 3")
+    if not args.run_seconds > 0:
+        raise ValueError(f"--run-seconds must be > 0, got {args.run_seconds}; use e.g. "
+                         f"--run-seconds 1")
+
+
+def _pilot_steps(args: argparse.Namespace) -> int:
+    return args.steps if args.steps is not None else PILOT_STEPS
 
 
 def _check_target(args: argparse.Namespace) -> None:
@@ -245,7 +275,7 @@ def _check_target(args: argparse.Namespace) -> None:
                              "--model NAME, or drop --target-loss")
         return
     if args.semantics == "any":
-        check_pilot(steps=args.steps, target_loss=args.target_loss)
+        check_pilot(steps=_pilot_steps(args), target_loss=args.target_loss)
 
 
 def _rank_by_time(args: argparse.Namespace, result: SearchResult
@@ -258,8 +288,8 @@ def _rank_by_time(args: argparse.Namespace, result: SearchResult
     if args.semantics != "any" or model is None or not result.ranked:
         return result, None
     _say(f"piloting the top {min(args.top, len(result.ranked))} candidates and 1F1B for "
-         f"{args.steps} steps each to rank by time to loss ...")
-    ranking = pilot_finalists(result, model=model, steps=args.steps, top=args.top,
+         f"{_pilot_steps(args)} steps each to rank by time to loss ...")
+    ranking = pilot_finalists(result, model=model, steps=_pilot_steps(args), top=args.top,
                               target=args.target_loss, optimizer=args.optimizer,
                               overrides=overrides, progress=_say)
     ranked = tuple(r.prediction for r in ranking.rows) + result.ranked[args.top:]
@@ -267,9 +297,10 @@ def _rank_by_time(args: argparse.Namespace, result: SearchResult
 
 
 def _fitted(args: argparse.Namespace,
-            problem: AutoProblem) -> tuple[AutoProblem, MessageFit | None]:
-    """``problem`` with the message latency fitted to a run of the default plan (a model
-    given, calibration on, a CPU run), and the fit."""
+            problem: AutoProblem) -> tuple[AutoProblem, CalibrationFit | None]:
+    """``problem`` with the message latency and the all-reduce's fixed cost fitted to
+    alternating runs of the default and a data-parallel plan (a model given, calibration on,
+    a CPU run; :mod:`pipeweave.measure.calibration_runs`), and the fit."""
     model, overrides = chosen_model(args)
     if model is None or args.no_calibration:
         return problem, None
@@ -279,14 +310,21 @@ def _fitted(args: argparse.Namespace,
              "this)")
         return problem, None
     started = time.perf_counter()
-    _say(f"timing the default plan on {args.ranks} local processes to fit the message "
-         "latency ...")
-    problem, fit = fit_message_latency(problem, model=model, overrides=overrides,
-                                       timeout_s=args.timeout)
+    _say(f"timing the default and a data-parallel plan on {args.ranks} local processes to fit "
+         "the message latency and the all-reduce ...")
+    timer = plan_timer(model=model, batch_size=problem.batch, timeout_s=args.timeout,
+                       overrides=overrides)
+    problem, fit = fit_calibration(problem, time_one=timer, say=_say)
     if fit is not None:
-        _say(f"default plan measured {1e3 * fit.measured:.1f} ms per iteration, predicted "
-             f"{1e3 * fit.predicted_before:.1f} ms; message latency "
-             f"+{1e6 * fit.message_latency:.0f} us ({time.perf_counter() - started:.1f} s)")
+        for label, rounds in fit.measured.items():
+            _say(f"{label} plan measured {1e3 * rounds.median:.1f} ms per iteration (spread "
+                 f"{100 * rounds.spread:.0f} %), predicted {1e3 * fit.predicted_before[label]:.1f}"
+                 " ms before the fit")
+        words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost"}
+        _say(f"fitted compute x{fit.fitted['compute_scale']:.3f}"
+             + "".join(f", {words[name]} +{1e6 * value:.0f} us"
+                       for name, value in fit.fitted.items() if name in words)
+             + f" ({time.perf_counter() - started:.1f} s)")
     return problem, fit
 
 
@@ -393,15 +431,12 @@ def _measure(args: argparse.Namespace, problem: AutoProblem,
         raise ValueError(f"--run trains a built-in model, and the profile is of {model!r}; "
                          f"give --model NAME (one of {', '.join(available_models())}) or drop "
                          "--run")
-    measured: dict[str, Any] = {}
-    for label, prediction in (("winner", result.winner), ("default", result.default)):
-        if prediction is None:
-            continue
-        _say(f"training the {label} ({prediction.plan.schedule}) for {args.steps} steps ...")
-        measured[label] = measure_prediction(prediction, model=model, batch_size=problem.batch,
-                                             steps=args.steps, optimizer=args.optimizer,
-                                             timeout_s=args.timeout, overrides=overrides)
-    return measured
+    plans = {label: p for label, p in (("winner", result.winner), ("default", result.default))
+             if p is not None}
+    return measure_predictions(plans, model=model, batch_size=problem.batch,
+                               rounds=args.rounds, seconds=args.run_seconds, steps=args.steps,
+                               optimizer=args.optimizer, timeout_s=args.timeout,
+                               overrides=overrides, say=_say)
 
 
 def prediction_json(p: Prediction) -> dict[str, Any]:
@@ -565,12 +600,17 @@ def learning_rule(p: Prediction, batch: int) -> str:
 
 
 def format_measured(report: dict[str, Any]) -> str:
-    lines = [f"{'plan':<8} {'predicted s/iter':>17} {'measured s/iter':>16} {'error':>7}  "
-             "peak MiB per rank, predicted / measured"]
+    lines = [f"{'plan':<8} {'predicted s/iter':>17} {'measured s/iter':>16} {'error':>7} "
+             f"{'spread':>7}  peak MiB per rank, predicted / measured"]
     for label, m in report["measured"].items():
         memory = " ".join(f"{p / 2**20:.1f}/{q / 2**20:.1f}" for p, q in
                           zip(m["predicted_peak_memory_bytes"], m["peak_memory_bytes"]))
         lines.append(f"{label:<8} {m['predicted_iteration_time']:>17.4f} "
-                     f"{m['iteration_time']:>16.4f} {100 * m['iteration_time_error']:>6.1f}%  "
-                     f"{memory}")
+                     f"{m['iteration_time']:>16.4f} {100 * m['iteration_time_error']:>6.1f}% "
+                     f"{100 * m.get('spread', 0.0):>6.1f}%  {memory}")
+    first: dict[str, Any] = next(iter(report["measured"].values()), {})
+    rounds = first.get("rounds")
+    if rounds is not None:
+        lines.append(f"measured: median of {len(rounds)} alternating rounds; spread = (slowest "
+                     "- fastest round) / median")
     return "\n".join(lines)

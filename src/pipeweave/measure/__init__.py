@@ -1,10 +1,13 @@
 """Measurement on this machine, between the runtime and the CLI: what the commands and the
 benchmarks run for real to learn a number.
 
-* calibration: a profile completed with the link and the runtime's costs per action
-  (:mod:`.calibration`, :mod:`.runtime_costs`) and the message latency fitted to one run of
-  the default plan (:mod:`.message_latency`);
-* a plan trained for a few steps and timed (:mod:`.plan_run`, ``pipeweave auto --run``);
+* calibration: a profile completed with the link, the runtime's costs per action and its
+  all-reduce's bandwidth (:mod:`.calibration`, :mod:`.runtime_costs`, :mod:`.collective`),
+  and the message latency and the all-reduce's fixed cost fitted to alternating runs of the
+  default and a data-parallel plan (:mod:`.calibration_runs`; one run of the default plan
+  alone: :mod:`.message_latency`);
+* a plan trained for a few steps and timed (:mod:`.plan_run`), plans timed in alternating
+  rounds (:mod:`.alternating`), and ``pipeweave auto --run``'s comparison (:mod:`.compare`);
 * pilots: the finalists of ``auto --semantics any`` trained briefly in one process and ranked
   by predicted time to a target loss (:mod:`.pilot`);
 * the AvgPipe tuner's sources: short real runs of a setting (:mod:`.tune_runs`) and a built-in
@@ -16,18 +19,24 @@ Every public function takes its options by keyword. The CLI parses arguments and
 nothing here reads an ``argparse.Namespace``.
 """
 
+from .alternating import Rounds, alternate, round_steps
 from .calibration import calibrate, calibration_skipped
+from .calibration_runs import CalibrationFit, calibration_plans, fit_calibration
+from .compare import RUN_ROUNDS, RUN_SECONDS, compare_predictions, measure_predictions
 from .message_latency import (TIMED_SECONDS, MessageFit, default_plan_time, fit_message_latency,
                               timed_steps, with_message_latency)
 from .pilot import check_pilot, pilot_finalists, pilot_plan
-from .plan_run import Measured, check_steps, measure_plan, measure_prediction, plan_job
+from .plan_run import (Measured, check_steps, measure_plan, measure_prediction, peak_memory,
+                       plan_job, plan_timer)
 from .profiles import DEFAULT_MICROBATCH, auto_microbatch_sizes, local_shared_cores, profile_model
 from .runtime_costs import fit_runtime_costs, measure_runtime_costs
 from .tune_model import LOOPBACK_BANDWIDTH, builtin_model, profile_cache
 from .tune_profile import SOURCES, UTILISATIONS, tuning_profile
 from .tune_runs import RealRun, profile_real_run, run_setting
 
-__all__ = ["calibrate", "calibration_skipped", "fit_runtime_costs", "measure_runtime_costs",
+__all__ = ["Rounds", "alternate", "round_steps", "CalibrationFit", "calibration_plans",
+           "fit_calibration", "RUN_ROUNDS", "RUN_SECONDS", "compare_predictions",
+           "measure_predictions", "peak_memory", "plan_timer", "calibrate", "calibration_skipped", "fit_runtime_costs", "measure_runtime_costs",
            "TIMED_SECONDS", "MessageFit", "default_plan_time", "fit_message_latency",
            "timed_steps", "with_message_latency", "Measured", "check_steps", "measure_plan",
            "measure_prediction", "plan_job", "check_pilot", "pilot_plan", "pilot_finalists",

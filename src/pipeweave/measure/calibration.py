@@ -4,8 +4,12 @@ runtime's fixed costs per action (:mod:`pipeweave.profiler.runtime_costs`, measu
 :func:`~pipeweave.measure.runtime_costs.measure_runtime_costs`), so that the simulator
 predicts what ``pipeweave train`` will measure here, not only the blocks' compute.
 
-The third part, the latency a message between rank processes really has, is fitted from one
-real run of the default plan: :mod:`pipeweave.measure.message_latency`."""
+and the bandwidth of the runtime's all-reduce between two local processes
+(:mod:`pipeweave.measure.collective`, ``RuntimeCosts.allreduce_bandwidth``).
+
+What a distributed run adds beyond these, the latency a message between rank processes
+really has and the all-reduce's fixed cost, is fitted from real runs of the default and a
+data-parallel plan: :mod:`pipeweave.measure.calibration_runs`."""
 
 from __future__ import annotations
 
@@ -31,10 +35,11 @@ def calibration_skipped(*, device: str, precision: str) -> str | None:
 
 def calibrate(profile: Profile, *, model: str, overrides: Mapping[str, Any] | None = None,
               device: str = "cpu", precision: str = "full", seq_len: int | None = None,
-              link: bool = True, runtime: bool = True,
+              link: bool = True, runtime: bool = True, allreduce: bool = True,
               say: Callable[[str], None] | None = None) -> Profile:
-    """``profile`` (of ``model``) with the measured link (``link``, when it has none) and
-    runtime costs (``runtime``, when it has none and :func:`calibration_skipped` allows)."""
+    """``profile`` (of ``model``) with the measured link (``link``, when it has none),
+    runtime costs (``runtime``, when it has none and :func:`calibration_skipped` allows) and
+    the all-reduce's bandwidth (``allreduce``, with the runtime costs, when they have none)."""
     if link and profile.link is None:
         from ..profiler.link import measure_link
 
@@ -47,4 +52,14 @@ def calibrate(profile: Profile, *, model: str, overrides: Mapping[str, Any] | No
         costs = measure_runtime_costs(profile, model=model, overrides=dict(overrides or {}),
                                       seq_len=seq_len, say=say)
         profile = replace(profile, runtime=costs)
+    if allreduce and profile.runtime is not None and profile.runtime.allreduce_bandwidth is None \
+            and skipped is None:
+        from .collective import measure_allreduce
+
+        timed = measure_allreduce()
+        if say is not None:
+            say(f"all-reduce: {timed.bandwidth / 1e9:.2f} GB/s, {1e3 * timed.latency:.2f} ms "
+                "a call")
+        profile = replace(profile, runtime=replace(profile.runtime,
+                                                   allreduce_bandwidth=timed.bandwidth))
     return profile

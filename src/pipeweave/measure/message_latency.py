@@ -1,5 +1,10 @@
 """The latency a message between rank processes really has, fitted from one real run.
 
+``pipeweave auto`` now fits it together with the all-reduce's fixed cost from alternating
+runs of the default and a data-parallel plan (:mod:`.calibration_runs`, which reuses
+:func:`_bisect` and :func:`timed_steps`); this one-plan fit stays for callers that time the
+default plan alone.
+
 The default plan (1F1B, uniform split over the ranks, M = 2 x ranks) is trained on local
 processes for a second or so of timed iterations (:func:`timed_steps`) and
 ``message_latency`` is the extra latency per transfer at which its simulated iteration equals
@@ -55,10 +60,11 @@ TIMED_SECONDS = 1.0
 10-millisecond iterations (cnn) moves by half from one run to the next."""
 
 
-def timed_steps(predicted: float, *, least: int = 6, most: int = 200) -> int:
-    """Steps for a run whose iterations (the first is warm-up) last about ``TIMED_SECONDS``
-    together, given a predicted iteration time."""
-    wanted = math.ceil(TIMED_SECONDS / predicted) + 1 if predicted > 0 else least
+def timed_steps(predicted: float, *, least: int = 6, most: int = 200,
+                seconds: float = TIMED_SECONDS) -> int:
+    """Steps for a run whose iterations (the first is warm-up) last about ``seconds``
+    (``TIMED_SECONDS``) together, given a predicted iteration time."""
+    wanted = math.ceil(seconds / predicted) + 1 if predicted > 0 else least
     return max(least, min(most, wanted))
 
 

@@ -14,19 +14,22 @@ process's peak RSS (interpreter and libraries included) is reported beside it.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..auto import Prediction
 from ..runtime import BuiltinModel, Job, OptimizerFactory, Plan, launch_local
+from ..runtime.observation.results import RankResult
 from ..runtime.observation.summary import summarize
 from ..schedules import get_info
 
-__all__ = ["Measured", "plan_job", "measure_plan", "measure_prediction", "check_steps"]
+__all__ = ["Measured", "plan_job", "measure_plan", "measure_prediction", "check_steps",
+           "plan_timer", "peak_memory", "compute_per_iteration"]
 
 
 @contextmanager
@@ -53,12 +56,16 @@ class Measured:
     """Per rank: most bytes of live tensors (``RankResult.peak_allocated_bytes``)."""
     samples_per_second: float
     peak_rss_bytes: list[int]
+    compute_seconds: list[float] = field(default_factory=list)
+    """Per rank: seconds of compute actions (F, B, I, W) per timed iteration, from its
+    timeline (:func:`compute_per_iteration`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"iteration_time": self.iteration_time,
                 "peak_memory_bytes": list(self.peak_memory_bytes),
                 "samples_per_second": self.samples_per_second,
-                "peak_rss_bytes": list(self.peak_rss_bytes)}
+                "peak_rss_bytes": list(self.peak_rss_bytes),
+                "compute_seconds": list(self.compute_seconds)}
 
 
 def check_steps(steps: int) -> None:
@@ -93,8 +100,7 @@ def measure_plan(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bo
                    optimizer=optimizer, seed=seed, timeout_s=timeout_s, overrides=overrides)
     with _stdout_to_stderr():
         results = launch_local(job, deadline_s=timeout_s * 4)
-        tracked = launch_local(replace(job, steps=min(steps, 4), track_allocations=True),
-                               deadline_s=timeout_s * 4) if memory else []
+        tracked = _tracked(job, timeout_s) if memory else []
     summary = summarize(results, schedule=plan.schedule, steps=steps, batch_size=batch_size,
                         microbatches=plan.microbatches, pipelines=plan.pipelines)
     ends = summary.iteration_end_s
@@ -102,7 +108,55 @@ def measure_plan(plan: Plan, *, model: str, batch_size: int, steps: int, apc: bo
     return Measured(iteration_time=statistics.median(gaps),
                     peak_memory_bytes=[r.peak_allocated_bytes for r in tracked],
                     samples_per_second=summary.samples_per_second,
-                    peak_rss_bytes=list(summary.peak_memory_bytes))
+                    peak_rss_bytes=list(summary.peak_memory_bytes),
+                    compute_seconds=compute_per_iteration(results, ends))
+
+
+_COMPUTE = re.compile(r"^\d+[FBIW]\d")
+"""A compute action's text (``2F0``, ``1W3``): stage, op, micro-batch."""
+
+
+def compute_per_iteration(results: Sequence[RankResult], ends: Sequence[float]) -> list[float]:
+    """Per rank, seconds of its compute actions per iteration between the first and the last
+    iteration end (the warm-up iteration left out)."""
+    if len(ends) < 2:
+        return [0.0 for _ in results]
+    low, high, count = ends[0], ends[-1], len(ends) - 1
+    return [sum(end - start for _rank, text, start, end in result.records
+                if start >= low and end <= high and _COMPUTE.match(text)) / count
+            for result in results]
+
+
+def plan_timer(*, model: str, batch_size: int, optimizer: str = "adam", timeout_s: float = 120.0,
+               overrides: Mapping[str, Any] | None = None
+               ) -> Callable[[str, Plan, int], tuple[float, list[float]]]:
+    """``(label, plan, steps) -> (seconds per iteration, per rank compute seconds per
+    iteration)`` of one timed run of ``plan`` (no memory run): the calibration's runner
+    (:func:`pipeweave.measure.calibration_runs.fit_calibration`)."""
+    def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
+        done = measure_plan(plan, model=model, batch_size=batch_size, steps=steps,
+                            optimizer=optimizer, timeout_s=timeout_s, overrides=overrides,
+                            memory=False)
+        return done.iteration_time, done.compute_seconds
+
+    return time_one
+
+
+def _tracked(job: Job, timeout_s: float) -> list[RankResult]:
+    """A short run of ``job`` with its allocations tracked (not timed: tracking slows it)."""
+    return launch_local(replace(job, steps=min(job.steps, 4), track_allocations=True),
+                        deadline_s=timeout_s * 4)
+
+
+def peak_memory(plan: Plan, *, model: str, batch_size: int, apc: bool = False,
+                optimizer: str = "adam", timeout_s: float = 120.0,
+                overrides: Mapping[str, Any] | None = None) -> list[int]:
+    """Per rank, the most bytes of live tensors in a short tracked run of ``plan``
+    (``Measured.peak_memory_bytes`` alone)."""
+    job = plan_job(plan, model=model, batch_size=batch_size, steps=4, apc=apc,
+                   optimizer=optimizer, timeout_s=timeout_s, overrides=overrides)
+    with _stdout_to_stderr():
+        return [r.peak_allocated_bytes for r in _tracked(job, timeout_s)]
 
 
 def measure_prediction(prediction: Prediction, *, model: str, batch_size: int, steps: int,

@@ -14,9 +14,12 @@ Every planner is judged the same way: the plan's schedule is simulated
     share CPU cores, ``Network.shared_cores``)
     runtime     where the profile measured them (``profile.runtime``): each of forward,
                 backward, I, W and update of a stage of k blocks + per_action + per_block (k-1),
+                F, B, I and W (their sends included) then x compute_scale,
                 and a stage that sends (forward to the next, gradient to the previous) pays
                 per_message in that action, and every transfer's latency grows by
-                message_latency, as does each of an all-reduce's 2 (r - 1) ring steps
+                message_latency; an all-reduce is allreduce_latency + (r-1)|w_s| /
+                allreduce_bandwidth where those were measured (at least the ring formula),
+                else each of its 2 (r - 1) ring steps waits message_latency
                 (:mod:`pipeweave.profiler.runtime_costs`)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
     tie sum     update[s] += latency + |tie| / bandwidth, once per rank, on each stage s
@@ -121,9 +124,10 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
     if replicas is not None:
         reduce = [allreduce_time(profile.stage_parameter_bytes(a, e), r, network.replicas(s))
                   for s, ((a, e), r) in enumerate(zip(bounds, replicas))]
-        if profile.runtime is not None:  # a ring's 2 (r - 1) steps each wait for a message
-            reduce = [t + 2 * (r - 1) * profile.runtime.message_latency
-                      for t, r in zip(reduce, replicas)]
+        if profile.runtime is not None:  # as measured, or a ring's steps each wait a message
+            runtime = profile.runtime
+            reduce = [runtime.all_reduce(profile.stage_parameter_bytes(a, e), r, t)
+                      for (a, e), r, t in zip(bounds, replicas, reduce)]
     for s, seconds in tie_sums(profile, bounds, network, stage_ranks).items():
         update[s] += seconds
     weight = [min(w, b) for w, b in zip(weight, backward)]  # measured W can exceed B by noise
@@ -179,11 +183,12 @@ def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
     for kind, column in zip(kinds, columns):
         sends = {"forward": ahead, "backward": behind, "input_grad": behind}.get(kind)
         values = []
+        scale = runtime.compute_scale if kind != "update" else 1.0
         for s, ((a, e), value) in enumerate(zip(bounds, column)):
             timed = runtime.action(kind, value / overhead, e - a)
             if sends is not None and sends[s]:
                 timed += message
-            values.append(overhead * timed)
+            values.append(overhead * timed * scale)
         out.append(values)
     return tuple(out)
 

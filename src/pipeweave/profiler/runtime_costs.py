@@ -29,6 +29,27 @@ single-process executor: the same stage code, no transport) on splits with one b
 stage and with several, and fitting the line above per kind. The planner applies them in
 :func:`pipeweave.planner.evaluate.plan_costs`; a profile without them (imported, synthetic,
 or written before) is taken as it is.
+
+The all-reduce of a replicated stage's gradients is what the runtime does for it (an
+all-gather of every replica's flat gradient over gloo, then a local sum,
+``runtime/communication/transport.py``), priced where it was measured as::
+
+    all_reduce(|w|, r) = allreduce_latency + (r - 1) |w| / allreduce_bandwidth
+
+(each rank receives the other ``r - 1`` copies), never below the ring formula at the
+stage's link (``4 (r - 1) |w| / (r B)``, pipedream.txt §3.1, for a slower link between
+machines). ``allreduce_bandwidth`` comes from timing that all-gather at several sizes between
+two local processes, ``allreduce_latency`` from a real run of a data-parallel plan
+(:mod:`pipeweave.measure.calibration_runs`): on gloo over loopback the all-gather moves some
+0.3 GB/s against the 3.6 GB/s a ping-pong of the same bytes shows, so the ring formula at
+the link under-counted it tenfold. Without them (``allreduce_bandwidth`` ``None``) the ring
+formula at the link stands, each of its ``2 (r - 1)`` steps paying ``message_latency``.
+
+``compute_scale`` (>= 1) multiplies every compute action (forward, backward, I, W, with
+the posting of their sends, as the simulator times them; not the update): what the ranks' compute took on the timelines of the
+calibration's distributed runs over what the simulator gave it (the send thread and gloo's
+threads on the same cores, two ranks' memory traffic at once). Never below 1, so that the
+search's lower bounds from the profile's times stay bounds.
 """
 
 from __future__ import annotations
@@ -52,6 +73,12 @@ class RuntimeCosts:
     per_block: Mapping[str, float] = field(default_factory=dict)
     per_message: float = 0.0
     message_latency: float = 0.0
+    allreduce_latency: float = 0.0
+    allreduce_bandwidth: float | None = None
+    compute_scale: float = 1.0
+    """What the compute actions of a distributed run take over their single-process time
+    (>= 1): the ranks' compute measured on the calibration runs' timelines against the
+    simulated (:mod:`pipeweave.measure.calibration_runs`)."""
     notes: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -75,6 +102,19 @@ class RuntimeCosts:
             raise ValueError(f"runtime costs message_latency must be a finite number of "
                              f"seconds >= 0, got {self.message_latency!r}")
         object.__setattr__(self, "message_latency", float(self.message_latency))
+        _check_seconds("allreduce_latency", self.allreduce_latency)
+        object.__setattr__(self, "allreduce_latency", float(self.allreduce_latency))
+        scale = self.compute_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+                or not math.isfinite(scale) or scale < 1:
+            raise ValueError(f"runtime costs compute_scale must be a finite number >= 1, got "
+                             f"{scale!r}")
+        object.__setattr__(self, "compute_scale", float(scale))
+        rate = self.allreduce_bandwidth
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                                 or not math.isfinite(rate) or rate <= 0):
+            raise ValueError(f"runtime costs allreduce_bandwidth must be a finite number of "
+                             f"bytes/s > 0 or null, got {rate!r}")
         object.__setattr__(self, "per_action", {k: float(v) for k, v in self.per_action.items()})
         object.__setattr__(self, "per_block", {k: float(v) for k, v in self.per_block.items()})
         object.__setattr__(self, "per_message", float(self.per_message))
@@ -88,21 +128,45 @@ class RuntimeCosts:
         extra = self.per_action.get(kind, 0.0) + self.per_block.get(kind, 0.0) * (blocks - 1)
         return max(profiled + extra, profiled / 10)
 
+    def all_reduce(self, parameter_bytes: float, replicas: int, ring: float) -> float:
+        """Seconds of the all-reduce of ``parameter_bytes`` among ``replicas`` whose ring
+        formula at the stage's link gives ``ring`` seconds (module docstring)."""
+        if replicas <= 1:
+            return 0.0
+        if self.allreduce_bandwidth is None:
+            return ring + 2 * (replicas - 1) * self.message_latency
+        gathered = (replicas - 1) * parameter_bytes / self.allreduce_bandwidth
+        return self.allreduce_latency + max(gathered, ring)
+
     def to_json(self) -> dict[str, Any]:
         return {"per_action": dict(self.per_action), "per_block": dict(self.per_block),
                 "per_message": self.per_message, "message_latency": self.message_latency,
-                "notes": dict(self.notes)}
+                "allreduce_latency": self.allreduce_latency,
+                "allreduce_bandwidth": self.allreduce_bandwidth,
+                "compute_scale": self.compute_scale, "notes": dict(self.notes)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RuntimeCosts":
         if not isinstance(data, Mapping):
             raise ValueError(f"runtime costs must be an object, got {data!r}")
         unknown = sorted(set(data) - {"per_action", "per_block", "per_message",
-                                      "message_latency", "notes"})
+                                      "message_latency", "allreduce_latency",
+                                      "allreduce_bandwidth", "compute_scale", "notes"})
         if unknown:
             raise ValueError(f"runtime costs have unknown fields {unknown}")
         return cls(per_action=dict(data.get("per_action") or {}),
                    per_block=dict(data.get("per_block") or {}),
                    per_message=data.get("per_message", 0.0),
                    message_latency=data.get("message_latency", 0.0),
+                   allreduce_latency=data.get("allreduce_latency", 0.0),
+                   allreduce_bandwidth=data.get("allreduce_bandwidth"),
+                   compute_scale=data.get("compute_scale", 1.0),
                    notes=dict(data.get("notes") or {}))
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    """Refuse a cost that is not a finite number of seconds >= 0 (ValueError naming it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"runtime costs {name} must be a finite number of seconds >= 0, "
+                         f"got {value!r}")

@@ -1,0 +1,228 @@
+"""The costs a distributed run adds, fitted from real runs of two plans that stress different
+ones: the message latency and the all-reduce's fixed cost.
+
+Two plans are trained on local processes in alternating rounds (:mod:`.alternating`; 3 by
+default, so that the median leaves out one disturbed round), each about ``seconds`` of timed
+iterations per round:
+
+* ``default``: 1F1B, the uniform split over the ranks, M = 2 x ranks: every micro-batch
+  crosses every stage boundary, so its time moves with ``message_latency``;
+* ``data-parallel``: the whole model as one stage replicated on every rank, the default's M:
+  no message between stages, one all-reduce of the whole model per iteration, so its time
+  moves with ``allreduce_latency`` (:mod:`pipeweave.profiler.runtime_costs`; fitted only
+  where the profile knows the all-reduce's bandwidth, :mod:`.collective`).
+
+First the ranks' compute: the seconds of F, B, I and W actions per iteration on the runs'
+timelines, summed over ranks and over the two plans (median of the rounds), against the
+same simulated; their ratio (at least 1) is ``compute_scale``, which multiplies every compute
+action from then on (the send thread and gloo's threads take the cores from the compute;
+a run under load computes slower than the profile did). Then each parameter is the value
+at which its plan's simulated iteration equals the median of its
+rounds (:func:`solve`: bisection per parameter, repeated over the parameters until none
+moves, Gauss-Seidel, so a plan that depends on both is solved exactly too; a plan measured
+faster than predicted with the parameter at 0 leaves it at 0). Two parameters from two
+plans measured under the same load: before, one parameter from one run of the default plan
+had to absorb the all-reduce too, and the data-parallel winner was predicted 15-31 % fast
+while the default was 15-31 % slow (docs/auto.md).
+
+Each probe only re-prices a plan partitioned once (as :func:`.message_latency.default_plan_time`
+does), so a fit is some hundred simulations of two small plans.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..auto import AutoProblem, Candidate
+from ..auto.predict import candidate_costs, candidate_plan, simulate_candidate
+from ..auto.scaling import scaled_profile
+from ..auto.search import default_prediction
+from ..auto.timing import plan_schedule
+from ..ir import COMPUTE_OPS
+from ..planner.evaluate import simulated_iterations
+from ..sim import simulate
+from ..planner.plan import Plan
+from ..profiler import Profile
+from ..profiler.runtime_costs import RuntimeCosts
+from .alternating import Rounds, alternate
+from .message_latency import _bisect
+
+__all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
+           "compute_scale", "data_parallel_candidate", "fit_calibration", "solve", "with_costs"]
+
+PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency"}
+"""Which runtime cost each calibration plan's time fixes."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A measured time that a parameter must make the model predict."""
+
+    parameter: str
+    predict: Callable[[Mapping[str, float]], float]
+    measured: float
+
+
+def solve(targets: Sequence[Target], *, fixed: Mapping[str, float] | None = None,
+          passes: int = 12) -> dict[str, float]:
+    """The parameters (each >= 0) at which every target's prediction equals its measured
+    time (module docstring), the ``fixed`` ones held; a parameter whose target is faster
+    than predicted at 0 stays 0."""
+    theta = {**dict(fixed or {}), **{t.parameter: 0.0 for t in targets}}
+    for _ in range(passes):
+        moved = False
+        for target in targets:
+            def probe(value: float, name: str = target.parameter,
+                      predict: Callable[[Mapping[str, float]], float] = target.predict
+                      ) -> float:
+                return predict({**theta, name: value})
+
+            value = 0.0 if probe(0.0) >= target.measured else _bisect(probe, target.measured)
+            moved = moved or abs(value - theta[target.parameter]) > 1e-12 + 1e-9 * value
+            theta[target.parameter] = value
+        if not moved:
+            break
+    return theta
+
+
+def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
+    """``profile`` whose runtime costs have the fitted ``values`` (field name -> seconds)."""
+    runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
+    fields: dict[str, Any] = dict(values)
+    return replace(profile, runtime=replace(runtime, **fields))
+
+
+def data_parallel_candidate(problem: AutoProblem) -> Candidate | None:
+    """The whole model as one stage on every rank, 1F1B at the default's M (``None`` for
+    one rank, or where M does not divide the batch)."""
+    ranks, microbatches = problem.ranks, problem.default_microbatches
+    if ranks < 2 or problem.batch % microbatches or microbatches % ranks:
+        return None
+    return Candidate(schedule="1f1b", method="pipedream", depth=1, width=1, chunks=1,
+                     pipelines=1, microbatches=microbatches, recompute=0, apc=False,
+                     bounds=((0, problem.profile.num_blocks),), replicas=(ranks,))
+
+
+Probe = Callable[[Mapping[str, float]], float]
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """A calibration plan, partitioned once, and its simulation at any parameters."""
+
+    plan: Plan
+    predicted: float
+    """Seconds per iteration predicted with the fitted parameters at 0."""
+    iteration: Probe
+    """``parameters -> simulated seconds per iteration``."""
+    compute: Probe
+    """``parameters -> simulated seconds of compute actions per iteration, summed over
+    ranks``."""
+
+
+def calibration_plans(problem: AutoProblem) -> dict[str, CalibrationPlan]:
+    """Per calibration plan that can be built and whose parameter the profile can price
+    (module docstring)."""
+    zero = {"compute_scale": 1.0, **{name: 0.0 for name in PARAMETERS.values()}}
+    plain = replace(problem, profile=with_costs(problem.profile, zero))
+    out: dict[str, CalibrationPlan] = {}
+    found = default_prediction(plain)
+    if found is not None:
+        out["default"] = CalibrationPlan(found.plan, found.iteration_time,
+                                         *_probes(found.candidate, plain))
+    runtime = problem.profile.runtime
+    parallel = data_parallel_candidate(plain)
+    if parallel is not None and runtime is not None and runtime.allreduce_bandwidth is not None:
+        try:
+            probes = _probes(parallel, plain)
+            timed = simulate_candidate(parallel, _scaled(parallel, plain), plain)
+        except ValueError:
+            return out  # a model the whole of which one rank cannot run
+        out["data-parallel"] = CalibrationPlan(timed.plan, timed.iteration_time, *probes)
+    return out
+
+
+def _scaled(candidate: Candidate, problem: AutoProblem) -> Profile:
+    return scaled_profile(problem.profile, problem.batch // candidate.microbatches,
+                          problem.extra_profiles)
+
+
+def _probes(candidate: Candidate, problem: AutoProblem) -> tuple[Probe, Probe]:
+    scaled = _scaled(candidate, problem)
+    plan = candidate_plan(candidate, problem)
+    iterations = simulated_iterations(plan.schedule)
+    schedule = plan_schedule(plan, iterations, one_copy=False)
+
+    def iteration_time(values: Mapping[str, float]) -> float:
+        return simulate_candidate(candidate, with_costs(scaled, values), problem).iteration_time
+
+    def compute(values: Mapping[str, float]) -> float:
+        costs = candidate_costs(candidate, plan, with_costs(scaled, values), problem)
+        result = simulate(schedule, costs)
+        return sum(end - start for program, starts, ends in
+                   zip(result.schedule.programs, result.start, result.end)
+                   for action, start, end in zip(program, starts, ends)
+                   if action.op in COMPUTE_OPS) / iterations
+
+    return iteration_time, compute
+
+
+def compute_scale(plans: Mapping[str, CalibrationPlan],
+                  measured: Mapping[str, Sequence[float]]) -> float:
+    """Measured over simulated compute seconds per iteration (module docstring): ``measured``
+    per label, each round's compute summed over ranks; at least 1."""
+    simulated = sum(plans[label].compute({}) for label in measured)
+    done = sum(statistics.median(rounds) for rounds in measured.values())
+    return max(1.0, done / simulated) if simulated > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class CalibrationFit:
+    """What :func:`fit_calibration` measured and fitted (seconds)."""
+
+    measured: Mapping[str, Rounds]
+    predicted_before: Mapping[str, float]
+    fitted: Mapping[str, float]
+    compute: Mapping[str, Sequence[float]]
+    """Per plan, per round: the measured compute seconds per iteration, summed over ranks."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plans": {label: {**rounds.to_json(),
+                                  "predicted_before": self.predicted_before[label],
+                                  "compute_seconds": list(self.compute[label]),
+                                  "parameter": PARAMETERS[label]}
+                          for label, rounds in self.measured.items()},
+                **dict(self.fitted)}
+
+
+def fit_calibration(problem: AutoProblem, *,
+                    time_one: Callable[[str, Plan, int], tuple[float, Sequence[float]]],
+                    rounds: int = 3, seconds: float = 1.0,
+                    say: Callable[[str], None] | None = None
+                    ) -> tuple[AutoProblem, CalibrationFit | None]:
+    """``problem`` with its profile's runtime costs fitted to alternating runs of the
+    calibration plans (module docstring); ``time_one(label, plan, steps)`` -> (measured
+    seconds per iteration, per rank compute seconds per iteration) of one run. ``None``: no
+    plan to run."""
+    plans = calibration_plans(problem)
+    if not plans:
+        return problem, None
+    compute: dict[str, list[float]] = {label: [] for label in plans}
+
+    def timed(label: str, plan: Plan, steps: int) -> float:
+        seconds_per_iteration, ranks = time_one(label, plan, steps)
+        compute[label].append(float(sum(ranks)))
+        return seconds_per_iteration
+
+    measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
+                         rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
+    scale = compute_scale(plans, compute)
+    fitted = {"compute_scale": scale, **solve(
+        [Target(PARAMETERS[label], p.iteration, measured[label].median)
+         for label, p in plans.items()], fixed={"compute_scale": scale})}
+    fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute,
+                         predicted_before={label: p.predicted for label, p in plans.items()})
+    return replace(problem, profile=with_costs(problem.profile, fitted)), fit

@@ -1,0 +1,68 @@
+"""``pipeweave auto --run``: the winner and the default plan trained in alternating rounds
+(:mod:`.alternating`) and compared with what was predicted.
+
+Each plan's measured iteration time is the median of its rounds (each round a fresh run of
+about ``seconds`` of timed iterations, or ``steps`` steps, the warm-up iteration left out);
+its peak memory per rank comes from one more short run with the allocations tracked
+(:func:`.plan_run.peak_memory`). Per plan the report gives the rounds, their spread, the
+median, and the relative error of the predicted iteration time against that median.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..auto import Prediction
+from ..planner.plan import Plan
+from .alternating import Rounds, alternate
+from .plan_run import measure_plan, peak_memory
+
+__all__ = ["RUN_ROUNDS", "RUN_SECONDS", "compare_predictions", "measure_predictions"]
+
+RUN_ROUNDS = 3
+"""Rounds ``auto --run`` alternates by default."""
+
+RUN_SECONDS = 1.0
+"""Seconds of timed iterations per round by default."""
+
+
+def compare_predictions(predictions: Mapping[str, Prediction], *,
+                        rounds: Mapping[str, Rounds], memory: Mapping[str, list[int]],
+                        batch_size: int
+                        ) -> dict[str, dict[str, Any]]:
+    """Per label: the measured rounds beside the prediction (module docstring)."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, prediction in predictions.items():
+        done = rounds[label]
+        samples = batch_size * prediction.plan.pipelines
+        out[label] = {**done.to_json(), "iteration_time": done.median,
+                      "samples_per_second": samples / done.median,
+                      "peak_memory_bytes": list(memory.get(label, [])),
+                      "predicted_iteration_time": prediction.iteration_time,
+                      "predicted_peak_memory_bytes": list(prediction.peak_memory_bytes),
+                      "iteration_time_error": abs(prediction.iteration_time - done.median)
+                      / done.median}
+    return out
+
+
+def measure_predictions(predictions: Mapping[str, Prediction], *, model: str, batch_size: int,
+                        rounds: int = RUN_ROUNDS, seconds: float = RUN_SECONDS,
+                        steps: int | None = None, optimizer: str = "adam",
+                        timeout_s: float = 120.0, overrides: Mapping[str, Any] | None = None,
+                        say: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Train each of ``predictions`` (label -> prediction) in alternating rounds, track its
+    memory once, and compare (:func:`compare_predictions`)."""
+    def time_one(label: str, plan: Plan, count: int) -> float:
+        return measure_plan(plan, model=model, batch_size=batch_size, steps=count,
+                            apc=predictions[label].candidate.apc, optimizer=optimizer,
+                            timeout_s=timeout_s, overrides=overrides,
+                            memory=False).iteration_time
+
+    timed = alternate({label: (p.plan, p.iteration_time) for label, p in predictions.items()},
+                      rounds=rounds, seconds=seconds, steps=steps, time_one=time_one, say=say)
+    memory = {label: peak_memory(p.plan, model=model, batch_size=batch_size,
+                                 apc=p.candidate.apc, optimizer=optimizer, timeout_s=timeout_s,
+                                 overrides=overrides)
+              for label, p in predictions.items()}
+    return compare_predictions(predictions, rounds=timed, memory=memory, batch_size=batch_size)

@@ -161,7 +161,7 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
         closing = reduction(totals.first_parameters, candidate.width, link) \
             + totals.first_update
         bound = max(bound, _fill_bound(totals, per_replica, candidate.stages) + closing)
-        if candidate.pipelines == 1 and candidate.chunks == 1:  # the waits its order declares
+        if candidate.pipelines == 1 and candidate.chunks == 1 and not candidate.options:
             bound = max(bound, fill_bound(candidate.schedule, candidate.stages, per_replica,
                                           totals.work + extra) + closing)
     if problem.shared_cores is not None and problem.shared_cores < problem.ranks:

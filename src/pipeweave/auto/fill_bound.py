@@ -65,10 +65,13 @@ the start of that micro-batch's backward (``n`` micro-batches per copy)."""
 
 WINDOWS: dict[str, Windows] = {
     "1f1b": lambda s, S, n: (min(n, S - s), min(n - 1, S - s - 1)),
+    "avgpipe": lambda s, S, n: (min(n, S - s), min(n - 1, S - s - 1)),
 }
 """Per schedule of one stage per rank whose backwards are whole: its declared windows
 (module docstring; ``common.one_f_one_b_order``: a warm-up of ``S - s - 1`` forwards, then
-forward-backward pairs)."""
+forward-backward pairs; AvgPipe's one pipeline without ``advance``, the same order).
+:func:`~pipeweave.auto.bounds.shape_bound` asks it only for a candidate of one pipeline and
+no options.)"""
 
 
 def fill_bound(schedule: str, stages: int, n: int, work: float) -> float:

@@ -8,9 +8,15 @@ import random
 
 import pytest
 
+from auto_fixtures import small_profile
+from test_bounds import _simulated
+from pipeweave.auto import AutoProblem, bounds
+from pipeweave.auto.bounds import shape_bound
 from pipeweave.auto.fill_bound import WINDOWS, fill_bound
 from pipeweave.ir import Op, Schedule
 from pipeweave.planner import Plan
+from pipeweave.planner.topology import Topology
+from pipeweave.profiler import LinkProfile
 from pipeweave.schedules import build_schedule
 from pipeweave.sim import Costs, simulate
 
@@ -103,3 +109,29 @@ def test_bound_is_the_balanced_time(depth: int, microbatches: int) -> None:
 def test_no_bound_without_declared_windows() -> None:
     assert fill_bound("zb-h2", 4, 16, 10.0) == 0.0
     assert fill_bound("1f1b", 4, 1, 10.0) == 0.0
+
+
+@pytest.mark.parametrize("shared_cores", [None, 3])
+def test_shape_bound_with_the_fill_is_below_every_candidate(
+        shared_cores: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In shape_bound (per copy ``ceil(M / w)`` micro-batches, recomputation, block 0's
+    all-reduce and update closing the chain): below the simulated time of every candidate
+    the partition methods make, and above the bound without it on many (M = 16: ``n >= S``
+    on two or four stages)."""
+    profile = small_profile(4, blocks=32, link=LinkProfile(1e11, 1e-6))  # the fill dominates
+    problem = AutoProblem(profile=profile, ranks=8, topology=Topology.parse("2x1e11,4x1e10"),
+                          shared_cores=shared_cores, schedules=tuple(sorted(WINDOWS)),
+                          methods=("uniform", "time", "parameters"), microbatches=(8, 16, 48),
+                          recompute=(0, 1, 2, 32))
+    link = 1e11
+    checked = raised = 0
+    for candidate, _, scaled, _, time in _simulated(problem):
+        with_fill = shape_bound(candidate, scaled, problem, link)
+        assert with_fill <= time * (1 + 1e-9), (candidate, with_fill, time)
+        with monkeypatch.context() as patch:
+            patch.setattr(bounds, "fill_bound", lambda *args: 0.0)
+            without = shape_bound(candidate, scaled, problem, link)
+            raised += with_fill > 1.01 * without
+        checked += 1
+    # three cores for eight ranks: the compute over the cores binds instead
+    assert checked > 100 and (shared_cores is not None or raised > checked // 5), raised

@@ -5,6 +5,8 @@ every registered synchronous schedule is listed; and the floor never exceeds mem
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from auto_fixtures import completed_candidates, completions, small_profile
@@ -103,3 +105,33 @@ def test_shape_floor_is_below_every_split_and_not_vacuous() -> None:
         tight += bound >= 0.5 * max(floor) and candidate.schedule in ("gpipe", "zb-h2")
         checked += bound > 0
     assert checked > 50 and tight > 10
+
+
+@pytest.mark.parametrize("seed", [5, 11])
+def test_per_rank_shape_floor_is_below_every_split(seed: int) -> None:
+    """The per-rank parts of StateFloor.held (the end blocks, the held counts per stage)
+    stay below held_floor of every split the methods make, recomputing prefixes included,
+    on a profile whose last block saves the most (a head's logits); and they prune: a
+    recomputing candidate gets a floor from its last stage, and 1F1B's per-stage counts beat
+    the mean on some candidate."""
+    base = small_profile(seed, blocks=10, link=LinkProfile(2e8, 2e-5))
+    head = replace(base.blocks[-1], activation_bytes=200e6)
+    profile = replace(base, blocks=base.blocks[:-1] + (head,))
+    problem = AutoProblem(profile=profile, ranks=4, topology=Topology.parse("2x1e9,2x1e8"),
+                          methods=("uniform", "time", "parameters"), microbatches=(4, 8, 16),
+                          memory_limit=1e12, recompute=(0, 1, 2, 8))
+    shape_floor = StateFloor(problem)
+    recomputing = per_stage_wins = 0
+    for candidate, _, plan, _ in completions(problem, synchronous_only=True):
+        floor, bound = held_floor(problem, plan), shape_floor.held(candidate)
+        if not floor:
+            assert bound == 0.0, candidate
+            continue
+        assert bound <= max(floor), (candidate, bound, max(floor))
+        recomputing += candidate.recompute > 0 and bound > 0
+        if candidate.schedule == "1f1b" and not candidate.recompute and candidate.shard == "none":
+            scale = problem.batch // candidate.microbatches / profile.batch_size
+            mean = (shape_floor.weights + shape_floor.state + scale * shape_floor.saved) \
+                / candidate.depth  # 1F1B's last stage holds one micro-batch: c = 1
+            per_stage_wins += bound > 1.01 * mean
+    assert recomputing > 20 and per_stage_wins > 3

@@ -52,6 +52,9 @@ before partitioning it is only known that they hold at least ``k`` blocks, so th
 ``n`` times the ``k`` smallest block forwards (the fill bound and the heaviest block stay
 without it); after partitioning the costs carry it per stage.
 
+The fill and drain of a schedule whose order declares its waits (1F1B: ``(n + S - 1) C / S``
+on every split) are :func:`~pipeweave.auto.fill_bound.fill_bound`'s, closed the same way.
+
 Asynchronous schedules are timed over a steady-state window of several iterations, which
 these bounds do not cover, so they are never pruned on time (only on memory).
 """
@@ -70,6 +73,7 @@ from ..planner.plan import Plan
 from ..schedules import get_info
 from ..profiler import Profile
 from ..sim import Costs, StageCosts
+from .fill_bound import fill_bound
 from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
 
@@ -157,6 +161,9 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
         closing = reduction(totals.first_parameters, candidate.width, link) \
             + totals.first_update
         bound = max(bound, _fill_bound(totals, per_replica, candidate.stages) + closing)
+        if candidate.pipelines == 1 and candidate.chunks == 1 and not candidate.options:
+            bound = max(bound, fill_bound(candidate.schedule, candidate.stages, per_replica,
+                                          totals.work + extra) + closing)
     if problem.shared_cores is not None and problem.shared_cores < problem.ranks:
         total = candidate.pipelines * candidate.microbatches * (totals.work + extra) \
             + update * candidate.width

@@ -40,6 +40,21 @@ take every block), so with ``k`` chunks a rank and ``share = 1/w`` sharded (else
 
 which at planning scale prunes the zero-bubble and GPipe shapes (``c`` = ``P`` to ``M``)
 whose activations cannot fit on any split before a partition method runs.
+
+Two per-rank floors sharpen it (:meth:`StateFloor.held`), both on every split:
+
+- **The ends.** The last stage always holds the model's last block and the first stage
+  its first, whatever the method: unless the last stage recomputes (``recompute >= S``),
+  the rank holding it keeps at least ``c_{S-1} a_last`` (a stage's saved bytes include
+  each of its blocks', :func:`~pipeweave.planner.memory.stage_activation_bytes`), and, with
+  no recomputation, the first stage's rank at least ``c_0 a_0``. At planning scale the
+  head's saved logits (1.6 GB a micro-batch of four sequences) held ``P`` to ``M`` times on
+  the last stage of a zero-bubble or GPipe shape is over the limit before any method runs.
+- **The held counts per stage** (no recomputation). Stage ``s`` holds ``a_s c_s`` at once,
+  and ``sum over s of a_s >= sum over blocks of a_b = A``; with ``X = max_s a_s c_s`` each
+  ``a_s <= X / c_s``, so ``A <= X sum_s 1 / c_s``, i.e. some rank holds at least
+  ``A / sum_s (1 / c_s)`` of activations: for 1F1B (``c_s = P - s``) about
+  ``A / ln P`` where the mean gave ``A / P``.
 """
 
 from __future__ import annotations
@@ -93,7 +108,7 @@ class StateFloor:
     def held(self, candidate: Candidate) -> float:
         """The floor of :func:`~pipeweave.auto.held_floor.held_floor` over every split
         (module docstring; 0 where it does not apply)."""
-        if candidate.pipelines != 1 or candidate.recompute or not get_info(
+        if candidate.pipelines != 1 or not get_info(
                 candidate.schedule).synchronous or (candidate.width == 1
                                                     and candidate.chunks == 1):
             return 0.0
@@ -103,8 +118,29 @@ class StateFloor:
         batch = self.problem.profile.batch_size
         scale = 1.0 if batch is None else self.problem.batch // candidate.microbatches / batch
         share = 1.0 / candidate.width if candidate.shard != "none" else 1.0
-        held = least * scale * self.saved / candidate.chunks * (1.0 - ROUNDING)
-        return (share * (self.weights + self.state) + held) / depth
+        held = 0.0 if candidate.recompute else \
+            least * scale * self.saved / candidate.chunks * (1.0 - ROUNDING)
+        mean = (share * (self.weights + self.state) + held) / depth
+        return max(mean, self._per_stage(candidate, scale) * (1.0 - ROUNDING))
+
+    def _per_stage(self, candidate: Candidate, scale: float) -> float:
+        """Activation bytes some rank holds on every split, from the model's end blocks and
+        the held counts per stage (module docstring: the ends, the held counts)."""
+        stages, recompute = candidate.stages, candidate.recompute
+        counts = _held_counts(candidate.schedule, stages, candidate.depth,
+                              candidate.microbatches // candidate.width)
+        stash = self.problem.profile.stash_bytes
+        floor = counts[-1] * stash[-1] if recompute < stages else 0.0
+        if recompute == 0:
+            floor = max(floor, counts[0] * stash[0],
+                        self.saved / sum(1.0 / count for count in counts))
+        return scale * floor
+
+
+@lru_cache(maxsize=4096)
+def _held_counts(schedule: str, stages: int, depth: int, microbatches: int) -> tuple[int, ...]:
+    """Per stage of the shape: the micro-batches it surely holds (at least 1)."""
+    return tuple(held_at_least(schedule, s, stages, depth, microbatches) for s in range(stages))
 
 
 @lru_cache(maxsize=4096)

@@ -114,3 +114,15 @@ def test_a_schedule_expected_to_be_timed_again_is_compiled_at_once(
     assert compiled_module.compiled_for(rebuilt, index) is not None  # no walk first
     costs = random_costs(stages, 4)
     assert simulate_path(rebuilt, costs, index=index) == simulate_path(schedule, costs)
+
+
+def test_the_index_is_kept_per_schedule_object() -> None:
+    import importlib
+    walk_module = importlib.import_module("pipeweave.ir.walk")
+    _, schedule = list(_schedules("interleaved-1f1b"))[-1]
+    kept = index_actions(schedule)
+    assert index_actions(schedule) is kept
+    rebuilt = type(schedule)(**schedule.__dict__)
+    fresh = walk_module._index(rebuilt)
+    assert index_actions(rebuilt) == fresh == kept  # equal, built anew for the new object
+    assert index_actions(rebuilt) is not kept

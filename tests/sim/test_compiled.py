@@ -126,3 +126,17 @@ def test_the_index_is_kept_per_schedule_object() -> None:
     fresh = walk_module._index(rebuilt)
     assert index_actions(rebuilt) == fresh == kept  # equal, built anew for the new object
     assert index_actions(rebuilt) is not kept
+
+
+def test_a_dead_schedule_leaves_no_index_behind() -> None:
+    import gc
+    import importlib
+    walk_module = importlib.import_module("pipeweave.ir.walk")
+    _, schedule = list(_schedules("1f1b"))[-1]
+    rebuilt = type(schedule)(**schedule.__dict__)
+    index_actions(rebuilt)
+    key = id(rebuilt)
+    assert key in walk_module._indexes
+    del rebuilt
+    gc.collect()
+    assert key not in walk_module._indexes

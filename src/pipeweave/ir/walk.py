@@ -74,7 +74,8 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
     Duplicates are an error. Updates and collectives are per rank (each replica steps its own
     copy) and are not indexed; the halves of a global check (``C``, ``V``) are, by version.
     The index of each of the last :data:`INDEX_CACHE_SIZE` schedules is kept and shared
-    (AutoPipe asks it of one 1F1B for every search at that shape): callers must not change it.
+    while the schedule lives (AutoPipe asks it of one 1F1B for every search at that shape):
+    callers must not change it.
     """
     key = id(schedule)
     hit = _indexes.get(key)
@@ -82,10 +83,17 @@ def index_actions(schedule: Schedule) -> dict[Action, Location]:
         _indexes.move_to_end(key)
         return hit[1]
     index = _index(schedule)
-    _indexes[key] = (weakref.ref(schedule), index)
+    _indexes[key] = (weakref.ref(schedule, lambda _dead: _forget(key)), index)
     while len(_indexes) > INDEX_CACHE_SIZE:
         _indexes.popitem(last=False)
     return index
+
+
+def _forget(key: int) -> None:
+    """Drop a dead schedule's index at once (it holds millions of actions at scale)."""
+    hit = _indexes.get(key)
+    if hit is not None and hit[0]() is None:
+        del _indexes[key]
 
 
 def _index(schedule: Schedule) -> dict[Action, Location]:

@@ -45,16 +45,24 @@ def one_copy_schedule(plan: Plan, iterations: int) -> Schedule:
 @lru_cache(maxsize=CACHE_SIZE)
 def _one_copy(name: str, generate: Generator, shape: Shape) -> Schedule:
     single = build_schedule(name, shape)
-    programs = []
-    for program in single.programs:
-        out: list[Action] = []
-        for action in program:
-            if action.op is Op.STEP:
-                out.append(Action(Op.ALL_REDUCE, action.stage, version=action.version,
-                                  pipeline=action.pipeline))
-            out.append(action)
-        programs.append(out)
-    return single.with_programs(programs)
+    return single.with_programs([_reduced_before_steps(p) for p in single.programs])
+
+
+def _reduced_before_steps(program: tuple[Action, ...]) -> tuple[Action, ...]:
+    """``program`` with an ``AR`` before every ``U``: the runs between updates copied as
+    slices (a 256-stage shape has millions of actions and a few updates a rank)."""
+    step = Op.STEP
+    updates = [i for i, action in enumerate(program) if action.op is step]
+    out: list[Action] = []
+    done = 0
+    for i in updates:
+        update = program[i]
+        out.extend(program[done:i])
+        out.append(Action(Op.ALL_REDUCE, update.stage, version=update.version,
+                          pipeline=update.pipeline))
+        done = i
+    out.extend(program[done:])
+    return tuple(out)
 
 
 @lru_cache(maxsize=None)

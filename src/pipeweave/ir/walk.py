@@ -12,7 +12,8 @@ done with a work list so the cost is linear in the number of actions.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+import weakref
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -61,12 +62,41 @@ DelayFn = Callable[[Action, int, Action, int], float]
 """``delay(producer, producer_rank, consumer, consumer_rank)`` for cross-rank edges."""
 
 
+INDEX_CACHE_SIZE = 8
+"""Schedules whose index :func:`index_actions` keeps (by identity: schedules are immutable)."""
+
+_indexes: OrderedDict[int, tuple[weakref.ref[Schedule], dict[Action, Location]]] = OrderedDict()
+
+
 def index_actions(schedule: Schedule) -> dict[Action, Location]:
     """Map each per-micro-batch action's :func:`ref` identity to its location.
 
     Duplicates are an error. Updates and collectives are per rank (each replica steps its own
     copy) and are not indexed; the halves of a global check (``C``, ``V``) are, by version.
+    The index of each of the last :data:`INDEX_CACHE_SIZE` schedules is kept and shared
+    while the schedule lives (AutoPipe asks it of one 1F1B for every search at that shape):
+    callers must not change it.
     """
+    key = id(schedule)
+    hit = _indexes.get(key)
+    if hit is not None and hit[0]() is schedule:
+        _indexes.move_to_end(key)
+        return hit[1]
+    index = _index(schedule)
+    _indexes[key] = (weakref.ref(schedule, lambda _dead: _forget(key)), index)
+    while len(_indexes) > INDEX_CACHE_SIZE:
+        _indexes.popitem(last=False)
+    return index
+
+
+def _forget(key: int) -> None:
+    """Drop a dead schedule's index at once (it holds millions of actions at scale)."""
+    hit = _indexes.get(key)
+    if hit is not None and hit[0]() is None:
+        del _indexes[key]
+
+
+def _index(schedule: Schedule) -> dict[Action, Location]:
     # Built in bulk (this runs once per simulation over every action); the key is
     # ref(action), inlined. A duplicate shows up as a smaller dict than the number of keys,
     # and is then located by the slow loop below.

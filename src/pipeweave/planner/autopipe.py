@@ -177,7 +177,7 @@ class _Heuristic:
         end = bounds[count - 1][1]
         if count < 2 or end < count:
             return None
-        head, _ = min_max_partition(self.compute[:end], count)
+        head, _ = min_max_partition(self.compute, count, end=end)  # the prefix's own split
         return head + bounds[count:]
 
     def cooldown(self, bounds: Bounds, master: int) -> Bounds:

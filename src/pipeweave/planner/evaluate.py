@@ -52,6 +52,7 @@ from ..ir.walk import Location, index_actions
 from ..profiler import Profile
 from ..schedules import build_schedule, get_info
 from ..sim import Costs, PathTiming, SimulationResult, simulate, simulate_path
+from ..sim.compiled import expect_timings
 from .partition import Bounds
 from .pipedream import allreduce_time
 from .sharded_costs import sharded_times
@@ -266,6 +267,7 @@ class Evaluator:
         self.calls += 1
         if self._index is None:
             self._index = index_actions(self.built())
+            expect_timings(self.built())  # timed split after split: compiled at once
         return simulate_path(self.built(),
                              plan_costs(self.profile, bounds, self.network, self.replicas),
                              index=self._index)

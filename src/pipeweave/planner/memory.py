@@ -41,6 +41,7 @@ from ..profiler import Profile
 from ..schedules import Shape, get_info
 from .memory_shape import ShapeAnalysis, shape_analysis
 from .plan import Plan
+from .profile_memo import kept
 from .tp_costs import tp_profile
 
 __all__ = ["RankMemory", "ModelState", "predicted_memory", "predicted_state", "OPTIMIZER_STATE",
@@ -136,12 +137,13 @@ def plan_weight_copies(plan: Plan, iterations: int | None = None) -> list[int]:
 
 def stage_weights(profile: Profile, plan: Plan) -> list[StageWeights]:
     """Per stage: the parameter bytes it holds (ties once), all trainable, and its largest
-    block's."""
-    return [StageWeights(parameters=w, trainable=w,
-                         largest_block=max((b.parameter_bytes for b in profile.blocks[a:e]),
-                                           default=0.0))
-            for w, (a, e) in zip((profile.stage_parameter_bytes(a, e) for a, e in plan.stages),
-                                 plan.stages)]
+    block's (kept per split, :mod:`.profile_memo`)."""
+    return list(kept(profile, ("weights", plan.stages), lambda: [
+        StageWeights(parameters=w, trainable=w,
+                     largest_block=max((b.parameter_bytes for b in profile.blocks[a:e]),
+                                       default=0.0))
+        for w, (a, e) in zip((profile.stage_parameter_bytes(a, e) for a, e in plan.stages),
+                             plan.stages)]))
 
 
 def plan_sharding(plan: Plan) -> Sharding:
@@ -205,11 +207,17 @@ def optimizer_state_bytes(profile: Profile, plan: Plan, optimizer: str | None) -
     no tensor count, so the step counters, 4 bytes a tensor, are left out)."""
     if optimizer is not None:
         check_optimizer(optimizer)
+    return list(kept(profile, ("optimizer", optimizer, plan.stages),
+                     lambda: _optimizer_state(profile, plan.stages, optimizer)))
+
+
+def _optimizer_state(profile: Profile, stages: Sequence[tuple[int, int]],
+                     optimizer: str | None) -> list[float]:
     measured = optimizer is None or profile.metadata.get("optimizer") == optimizer
     per_block = [b.optimizer_bytes if measured or optimizer is None
                  else counted_state(optimizer, b.parameter_bytes)
                  for b in profile.blocks]
-    return [sum(per_block[a:e]) * _held_share(profile, a, e) for a, e in plan.stages]
+    return [sum(per_block[a:e]) * _held_share(profile, a, e) for a, e in stages]
 
 
 def _held_share(profile: Profile, start: int, end: int) -> float:

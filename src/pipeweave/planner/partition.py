@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .min_max_table import dp_step, span_matrix, table_for
+
 __all__ = ["Bounds", "uniform_partition", "min_max_partition", "stage_sums", "check_stages"]
 
 Bounds = tuple[tuple[int, int], ...]
@@ -66,33 +68,43 @@ def stage_sums(weights: Sequence[float], bounds: Bounds) -> list[float]:
 
 
 def min_max_partition(
-    weights: Sequence[float], stages: int, *, feasible: FeasibleFn | None = None
+    weights: Sequence[float], stages: int, *, feasible: FeasibleFn | None = None,
+    end: int | None = None,
 ) -> tuple[Bounds, float]:
     """Algorithm 1: the partition into ``stages`` stages minimising the heaviest stage.
 
-    Returns the bounds and the heaviest stage's weight. Raises ``ValueError`` when
-    ``feasible`` leaves no partition.
+    Returns the bounds and the heaviest stage's weight. ``end``: split only blocks
+    ``0 .. end - 1`` (default: all). Without ``feasible`` the program's choices are kept
+    per weight list and reused (:mod:`.min_max_table`, the same bounds to the bit). Raises
+    ``ValueError`` when ``feasible`` leaves no partition.
     """
-    n = len(weights)
+    n = len(weights) if end is None else end
+    if not 0 <= n <= len(weights):
+        raise ValueError(f"end {end} is outside the {len(weights)} blocks; give 1 .. "
+                         f"{len(weights)} or None")
     check_stages(n, stages)
-    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(weights, dtype=float))))
-    inf = np.inf
-    # span[i, k] = S[i] - S[k], the weight of blocks k .. i-1; inf where k >= i (not a stage).
-    # Rows are the end i, so the minimum over k runs along contiguous memory.
-    span = prefix[:, None] - prefix[None, :]
-    span[np.triu_indices(n + 1)] = inf
+    table = table_for(weights) if feasible is None else None
+    if table is not None:
+        result = table.bounds(stages, n)
+    else:
+        result = _min_max_program(np.asarray(weights[:n], dtype=float), stages, feasible)
+    return result, float(max(stage_sums(weights, result)))
+
+
+def _min_max_program(weights: np.ndarray, stages: int,
+                     feasible: FeasibleFn | None) -> Bounds:
+    """The program run afresh (module docstring); rows are the end ``i``, so the minimum
+    over ``k`` runs along contiguous memory."""
+    n = len(weights)
+    span = span_matrix(weights)
     time = span[:, 0].copy()  # time[i] for one stage: blocks 0 .. i-1
     if feasible is not None:
-        time = np.where(feasible(0)[0], time, inf)
-    rows = np.arange(n + 1)
+        time = np.where(feasible(0)[0], time, np.inf)
     candidate = np.empty_like(span)
     choices: list[np.ndarray] = []
     for j in range(1, stages):
-        np.maximum(time[None, :], span, out=candidate)  # [i, k]: stages so far end at k
-        if feasible is not None:
-            candidate[~feasible(j).T] = inf
-        best = np.argmin(candidate, axis=1)  # first minimum: smallest k
-        time = candidate[rows, best]
+        time, best = dp_step(time, span, candidate,
+                             None if feasible is None else ~feasible(j).T)
         choices.append(best)
     if not np.isfinite(time[n]):
         raise ValueError(
@@ -107,5 +119,4 @@ def min_max_partition(
         end = start
     bounds.append((0, end))
     bounds.reverse()
-    result = tuple(bounds)
-    return result, float(max(stage_sums(weights, result)))
+    return tuple(bounds)

@@ -64,16 +64,7 @@ class Shape:
         can find its layout without generating it (:attr:`ScheduleInfo.placement`)."""
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}; use one of {list(PLACEMENTS)}")
-        if self.replicas is not None:
-            if self.chunks != 1:
-                raise ValueError("replicated stages are only supported with chunks=1")
-            return Layout.replicated(self.replicas)
-        if placement == "v":
-            if self.chunks != 2:
-                raise ValueError(f"a V places exactly two chunks on every rank (rank r holds "
-                                 f"stages r and 2P-1-r), got chunks={self.chunks}; use chunks=2")
-            return Layout.v_shape(self.stages, self.width)
-        return Layout.data_parallel(self.stages, self.width, self.chunks)
+        return _layout(placement, self.stages, self.width, self.chunks, self.replicas)
 
     def option(self, name: str, default: Any) -> Any:
         return self.options.get(name, default)
@@ -85,6 +76,24 @@ class Shape:
                      self.replicas, self.pipelines,
                      json.dumps(dict(self.options), sort_keys=True, default=repr)))
 
+
+
+@lru_cache(maxsize=256)
+def _layout(placement: str, stages: int, width: int, chunks: int,
+            replicas: tuple[int, ...] | None) -> Layout:
+    """:meth:`Shape.layout`, kept for the last 256 arguments: a search asks the layout of
+    one shape for every partition, recompute prefix and check (a 1,024-rank layout checks
+    every rank when made); layouts are immutable, so one object serves them all."""
+    if replicas is not None:
+        if chunks != 1:
+            raise ValueError("replicated stages are only supported with chunks=1")
+        return Layout.replicated(replicas)
+    if placement == "v":
+        if chunks != 2:
+            raise ValueError(f"a V places exactly two chunks on every rank (rank r holds "
+                             f"stages r and 2P-1-r), got chunks={chunks}; use chunks=2")
+        return Layout.v_shape(stages, width)
+    return Layout.data_parallel(stages, width, chunks)
 
 Generator = Callable[[Shape], Schedule]
 

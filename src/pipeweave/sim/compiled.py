@@ -6,8 +6,10 @@ schedule under many costs (every partition, recomputation and APC variant of a s
 AutoPipe re-simulates its 1F1B for each split it tries), so the graph is compiled once:
 
 * every action gets its **level**, the number of actions on the longest chain of
-  predecessors before it (a walk of the schedule with every action lasting 1, so the same
-  rules, the same deadlock and missing-action errors); actions are renumbered level by level;
+  predecessors before it (:func:`longest_chains`, level by level over the edges below in
+  numpy, what a walk with every action lasting 1 gives, without a Python walk; a cycle or a
+  missing action leaves the schedule to the walk, which raises its usual error); actions are
+  renumbered level by level;
 * every edge into an action is kept as ``(source, delay kind)``: the rank's previous action
   (no delay), a dependency on another rank (``latency + transfer[boundary]``, halved for a
   Slicer half), a global check's state (``latency``), and for an all-reduce the previous
@@ -35,10 +37,12 @@ from typing import Any
 import numpy as np
 
 from ..ir import CHECK_OPS, Action, Op, Schedule, collective_key, dependencies
-from ..ir.walk import Location, walk
+from ..ir.walk import Location
 from .costs import StageCosts
 
-__all__ = ["Compiled", "compile_schedule", "compiled_for", "MIN_WIDTH", "CACHE_SIZE"]
+__all__ = ["Compiled", "compile_schedule", "compiled_for", "longest_chains", "expect_timings",
+           "MIN_WIDTH",
+           "CACHE_SIZE"]
 
 MIN_WIDTH = 8
 """Fewest actions per level, on average, for the compiled walk to beat the Python walk (a
@@ -149,6 +153,16 @@ def compiled_for(schedule: Schedule, index: dict[Action, Location]) -> Compiled 
     return compiled
 
 
+def expect_timings(schedule: Schedule) -> None:
+    """Say that ``schedule`` will be timed several times (AutoPipe's evaluator, one split
+    after another): :func:`compiled_for` compiles it at its first timing instead of walking
+    it once first."""
+    key = id(schedule)
+    hit = _compiled.get(key)
+    if hit is None or hit[0]() is not schedule:
+        _remember(_seen, key, weakref.ref(schedule))
+
+
 def _remember(cache: OrderedDict[int, Any], key: int, value: Any) -> None:
     cache[key] = value
     while len(cache) > CACHE_SIZE:
@@ -162,18 +176,17 @@ def compile_schedule(schedule: Schedule, index: dict[Action, Location], *,
     average (default :data:`MIN_WIDTH`)."""
     width = MIN_WIDTH if min_width is None else min_width
     programs = schedule.programs
-    counted = walk(schedule, lambda _rank, _action: 1.0, None, index=index)
-    if counted.deadlocked:
-        return None
     lengths = tuple(len(p) for p in programs)
-    level = np.fromiter((t for row in counted.start for t in row), dtype=np.int64,
-                        count=sum(lengths))
-    if len(level) == 0 or len(level) < width * (int(level.max()) + 1):
+    try:
+        edges = _edges(schedule, index, np.cumsum((0,) + lengths))
+    except KeyError:  # a dependency no rank runs: the walk raises its error
         return None
+    level = longest_chains(edges[0], edges[1], sum(lengths))
+    if level is None or len(level) == 0 or len(level) < width * (int(level.max()) + 1):
+        return None  # a cycle (the walk deadlocks and says where), or too narrow
     position = np.empty(len(level), dtype=np.int64)
     order = np.argsort(level, kind="stable")
     position[order] = np.arange(len(level))
-    edges = _edges(schedule, index, np.cumsum((0,) + lengths))
     target = position[edges[0]]
     by_target = np.argsort(target, kind="stable")
     target = target[by_target]
@@ -191,6 +204,33 @@ def compile_schedule(schedule: Schedule, index: dict[Action, Location], *,
                     factor=_column(programs, lambda a: 0.5 if a.piece else 1.0,
                                    float)[order],
                     position=position, lengths=lengths)
+
+
+def longest_chains(target: np.ndarray, source: np.ndarray, count: int) -> np.ndarray | None:
+    """Per action (``count`` of them, edges ``source -> target``): the actions on the longest
+    chain of predecessors before it, found level by level (Kahn's order, one numpy pass per
+    level: an action joins the level after its last predecessor's); None where the edges
+    have a cycle. The same numbers as a walk with every action lasting 1, without a walk."""
+    by_source = np.argsort(source, kind="stable")
+    successors = target[by_source]
+    first = np.searchsorted(source[by_source], np.arange(count + 1))
+    waiting = np.bincount(target, minlength=count)
+    level = np.full(count, -1, dtype=np.int64)
+    frontier = np.flatnonzero(waiting == 0)
+    depth = 0
+    while len(frontier):
+        level[frontier] = depth
+        starts, stops = first[frontier], first[frontier + 1]
+        sizes = stops - starts
+        total = int(sizes.sum())
+        if total == 0:
+            break
+        offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(total)
+        reached, arrivals = np.unique(successors[offsets], return_counts=True)
+        waiting[reached] -= arrivals
+        frontier = reached[waiting[reached] == 0]
+        depth += 1
+    return None if np.any(level < 0) else level
 
 
 def _segments(targets: np.ndarray, first: int) -> np.ndarray:

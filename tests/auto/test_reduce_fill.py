@@ -17,7 +17,7 @@ from test_fill_bound import _splits
 from pipeweave.auto import AutoProblem
 from pipeweave.auto.bounds import reduce_bound
 from pipeweave.auto.fill_bound import WINDOWS, fill_bound
-from pipeweave.auto.reduce_fill import Blocks, reduce_fill_bound
+from pipeweave.auto.reduce_fill import Blocks, contiguous_shares, reduce_fill_bound
 from pipeweave.planner import Plan
 from pipeweave.planner.topology import Topology
 from pipeweave.profiler import LinkProfile, TieProfile
@@ -41,7 +41,7 @@ def _blocks(rng: random.Random, count: int) -> list[tuple[float, float, float, f
 def _summary(blocks: list[tuple[float, float, float, float]]) -> Blocks:
     work = [f + b for f, b, _, _ in blocks]
     return Blocks(work=sum(work), forward_share=min(f / w for (f, *_), w in zip(blocks, work)),
-                  bytes_per_work=min(p / w for (_, _, p, _), w in zip(blocks, work)),
+                  shares=contiguous_shares(work, [p for _, _, p, _ in blocks]),
                   first=(work[0], blocks[0][2], blocks[0][3]),
                   last=(work[-1], blocks[-1][2], blocks[-1][3]))
 
@@ -78,8 +78,8 @@ def test_bound_is_below_every_split(name: str, seed: int) -> None:
 
 
 def test_no_bound_without_declared_windows() -> None:
-    summary = Blocks(work=10.0, forward_share=0.3, bytes_per_work=1.0, first=(1.0, 1.0, 0.0),
-                     last=(1.0, 1.0, 0.0))
+    summary = Blocks(work=10.0, forward_share=0.3, shares=((1.0, 0.0),),
+                     first=(1.0, 1.0, 0.0), last=(1.0, 1.0, 0.0))
     assert reduce_fill_bound("zb-h2", 16, summary, (1.0, 1.0)) == 0.0
     assert reduce_fill_bound("1f1b", 16, summary, (1.0,)) == 0.0
     assert reduce_fill_bound("1f1b", 2, summary, (1.0,) * 4) == 0.0  # n <= S: no form A

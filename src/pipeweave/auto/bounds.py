@@ -76,7 +76,7 @@ from ..sim import Costs, StageCosts
 from .fill_bound import WINDOWS, fill_bound
 from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
-from .reduce_fill import Blocks, reduce_fill_bound
+from .reduce_fill import Blocks, contiguous_shares, reduce_fill_bound
 
 __all__ = ["shape_bound", "reduce_bound", "plan_bound", "round_trips"]
 
@@ -211,7 +211,7 @@ def _blocks(profile: Profile) -> Blocks:
     first, last = profile.blocks[0], profile.blocks[-1]
     blocks = Blocks(work=sum(work),
                   forward_share=min((forward[i] / work[i] for i in positive), default=0.0),
-                  bytes_per_work=min((held[i] / work[i] for i in positive), default=0.0),
+                  shares=contiguous_shares(work, held),
                   first=(work[0], held[0], first.update),
                   last=(work[-1], held[-1], last.update))
     _BLOCKS[id(profile)] = (profile, blocks)

@@ -22,11 +22,15 @@ block), runs ``n c_s``, idles at least ``f_s + Q_s - k_s f_s`` before its first 
 
 An all-reduce is linear in the stage's bytes, ``AR_s = kappa_s |w_s|`` (``kappa_s`` per byte,
 at the link the replicas of ``s`` cross, :func:`~pipeweave.auto.links.replica_bandwidths`),
-and every block holds at least ``pi`` bytes per second of its work (``pi`` the least
-``|w_b| / c_b``; a tie's bytes are taken off each block holding it), so
-``AR_s >= y_s + kappa_s pi c_s`` with ``y_s = 0``, except that stage 0 holds block 0 and the
-last stage the last block: ``y = kappa (|w_b| - pi c_b) + U_b`` there (``>= 0``), and
-``AR_0 >= kappa_0 |w_0| + U_0`` whatever ``c_0`` is. Every right-hand side grows with every
+and every run of ``k`` consecutive blocks holds at least ``pi_k`` bytes per second of its
+work (``pi_k`` the least such ratio; a tie's bytes are taken off each block holding it), so
+a stage, ``floor(m / k)`` such runs and a shorter rest, holds at least ``pi_k c_s - delta_k``
+(``delta_k`` the most any run of fewer than ``k`` blocks falls short of ``pi_k`` times its
+work; :func:`contiguous_shares`, ``k`` = 1, 2, 4: an attention block alone holds less per
+second than a layer). Hence ``AR_s >= y_s + kappa_s pi_k c_s`` with
+``y_s = -kappa_s delta_k``, except that stage 0 holds block 0 and the last stage the last
+block, then a run: ``y = kappa (|w_b| - pi_k c_b - delta_k) + U_b`` there; and
+``AR_0 >= kappa_0 |w_0| + U_0`` whatever ``c_0`` is. Each ``k`` gives its own constraints. Every right-hand side grows with every
 action's duration (the coefficients of ``f_s`` and ``b_s`` are ``n - k_s + 1`` and
 ``n - j_s``, both positive), so recomputation, a sharded candidate's gathers, shared cores'
 slowdowns or a measured runtime only raise it: the bound holds for them with the profile's
@@ -52,7 +56,7 @@ import numpy as np
 
 from .fill_bound import SAFETY, WINDOWS
 
-__all__ = ["Blocks", "reduce_fill_bound"]
+__all__ = ["Blocks", "contiguous_shares", "reduce_fill_bound"]
 
 _GRID = 64
 _ROUNDS = 4
@@ -66,13 +70,33 @@ class Blocks:
     """``C``: the sum over blocks of ``f + min(B, I + W)``."""
     forward_share: float
     """``phi``: the least ``f / (f + min(B, I + W))`` of a block."""
-    bytes_per_work: float
-    """``pi``: the least parameter bytes of a block (a tie's bytes taken off) per second of
-    its work."""
+    shares: tuple[tuple[float, float], ...]
+    """``(pi_k, delta_k)``: every run of consecutive blocks holds at least ``pi_k`` times
+    its work less ``delta_k`` parameter bytes (:func:`contiguous_shares`)."""
     first: tuple[float, float, float]
     """Block 0's work, parameter bytes (a tie's taken off) and update."""
     last: tuple[float, float, float]
     """The last block's, the same."""
+
+
+def contiguous_shares(work: list[float], held: list[float], spans: tuple[int, ...] = (1, 2, 4)
+                      ) -> tuple[tuple[float, float], ...]:
+    """Per ``k`` in ``spans``: ``(pi_k, delta_k)`` (module docstring) of blocks with these
+    works and parameter bytes: every run of consecutive blocks holds at least
+    ``pi_k * its work - delta_k`` bytes."""
+    works = np.concatenate([[0.0], np.cumsum(work)])
+    helds = np.concatenate([[0.0], np.cumsum(held)])
+    out = []
+    for k in spans:
+        if k > len(work):
+            continue
+        run_work, run_held = works[k:] - works[:-k], helds[k:] - helds[:-k]
+        positive = run_work > 0
+        pi = float(np.min(run_held[positive] / run_work[positive])) if positive.any() else 0.0
+        short = max((float(np.max(pi * (works[j:] - works[:-j]) - (helds[j:] - helds[:-j])))
+                     for j in range(1, k)), default=0.0)
+        out.append((pi, max(short, 0.0)))
+    return tuple(out)
 
 
 def reduce_fill_bound(schedule: str, n: int, blocks: Blocks,
@@ -110,27 +134,31 @@ def _bound(schedule: str, n: int, blocks: Blocks, per_byte: tuple[float, ...]) -
 
 def _constraints(schedule: str, n: int, blocks: Blocks, per_byte: tuple[float, ...]
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Per stage (rows, first stage first) and constraint (S, A, W): ``const``, ``alpha``
+    """Per stage (rows, first stage first) and constraint (S, A, W per ``k``): ``const``, ``alpha``
     and ``gamma`` of ``alpha q + gamma c <= R - const``; None where form A does not hold."""
     stages = len(per_byte)
     windows = [WINDOWS[schedule](s, stages, n) for s in range(stages)]
     slopes = np.array([n - 1 - max(k - 1, j) for k, j in windows], dtype=float)
     if any(k >= n for k, _ in windows) or slopes.min() < 1:
         return None
-    work, phi, pi = blocks.work, blocks.forward_share, blocks.bytes_per_work
+    work, phi = blocks.work, blocks.forward_share
     kappa = np.array(per_byte, dtype=float)
-    beta = kappa * pi
-    y = np.zeros(stages)
-    for s, (block_work, block_bytes, update) in ((0, blocks.first), (-1, blocks.last)):
-        y[s] += max(0.0, kappa[s] * (block_bytes - pi * block_work)) + update
     closing = kappa[0] * blocks.first[1] + blocks.first[2]  # AR_0 on every split
-    form_a = np.full(stages, work + closing)
-    form_a[0] = work + y[0]
-    slope_a = slopes.copy()
-    slope_a[0] += beta[0]
-    const = np.stack([phi * work + y, form_a, y], axis=1)
-    alpha = np.broadcast_to(np.array([2.0 - phi, 1.0, 0.0]), (stages, 3))
-    gamma = np.stack([slopes + 1.0 - phi + beta, slope_a, n + beta], axis=1)
+    rows = [(np.full(stages, work + closing), 1.0, slopes)]
+    for pi, delta in blocks.shares:
+        beta = kappa * pi
+        y = -kappa * delta
+        for s, (block_work, block_bytes, update) in ((0, blocks.first), (-1, blocks.last)):
+            y[s] += kappa[s] * (block_bytes - pi * block_work) + update
+        form_a = np.full(stages, work + closing)
+        form_a[0] = work + y[0]
+        slope_a = slopes.copy()
+        slope_a[0] += beta[0]
+        rows += [(phi * work + y, 2.0 - phi, slopes + 1.0 - phi + beta),
+                 (form_a, 1.0, slope_a), (y, 0.0, n + beta)]
+    const = np.stack([r[0] for r in rows], axis=1)
+    alpha = np.broadcast_to(np.array([r[1] for r in rows]), const.shape)
+    gamma = np.stack([r[2] for r in rows], axis=1)
     return const, alpha, gamma
 
 

@@ -86,17 +86,17 @@ def test_no_bound_without_declared_windows() -> None:
     assert reduce_fill_bound("1f1b", 16, summary, (1.0,) * 4) > 0.0
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_reduce_bound_is_below_every_candidate(tied: bool) -> None:
+@pytest.mark.parametrize("tied,shared_cores", [(False, None), (True, None), (False, 3)])
+def test_reduce_bound_is_below_every_candidate(tied: bool, shared_cores: int | None) -> None:
     """Every candidate the methods make on a slow second level (replicas of a stage on two
-    machines), recomputing prefixes and sharded ones included: ``reduce_bound`` is below its
-    simulated time, and positive on many."""
+    machines), recomputing prefixes and sharded ones included, also with eight ranks on
+    three cores: ``reduce_bound`` is below its simulated time, and positive on many."""
     profile = small_profile(4, blocks=12, link=LinkProfile(1e11, 1e-6))
     if tied:
         shared = min(profile.blocks[0].parameter_bytes, profile.blocks[11].parameter_bytes)
         profile = replace(profile, ties=(TieProfile((0, 11), shared),))
     problem = AutoProblem(profile=profile, ranks=8, topology=Topology.parse("4x1e11,2x2e8"),
-                          schedules=tuple(sorted(WINDOWS)),
+                          shared_cores=shared_cores, schedules=tuple(sorted(WINDOWS)),
                           methods=("uniform", "time", "parameters"), microbatches=(8, 16, 32),
                           recompute=(0, 1, 2, 12), shard=("none", "full"))
     checked = positive = 0

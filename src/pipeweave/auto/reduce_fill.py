@@ -30,11 +30,11 @@ work; :func:`contiguous_shares`, ``k`` = 1, 2, 4: an attention block alone holds
 second than a layer). Hence ``AR_s >= y_s + kappa_s pi_k c_s`` with
 ``y_s = -kappa_s delta_k``, except that stage 0 holds block 0 and the last stage the last
 block, then a run: ``y = kappa (|w_b| - pi_k c_b - delta_k) + U_b`` there; and
-``AR_0 >= kappa_0 |w_0| + U_0`` whatever ``c_0`` is. Each ``k`` gives its own constraints. Every right-hand side grows with every
-action's duration (the coefficients of ``f_s`` and ``b_s`` are ``n - k_s + 1`` and
-``n - j_s``, both positive), so recomputation, a sharded candidate's gathers, shared cores'
-slowdowns or a measured runtime only raise it: the bound holds for them with the profile's
-costs.
+``AR_0 >= kappa_0 |w_0| + U_0`` whatever ``c_0`` is. Each ``k`` gives its own constraints.
+Every right-hand side grows with every action's duration (the coefficients of ``f_s`` and
+``b_s`` are ``n - k_s + 1`` and ``n - j_s``, both positive), so recomputation, a sharded
+candidate's gathers, shared cores' slowdowns or a measured runtime only raise it: the bound
+holds for them with the profile's costs.
 
 **The least over every split.** Each constraint reads ``alpha q + gamma c <= R - const``
 (``q = Q_s``, ``c = c_s``) with ``gamma >= alpha`` (``a_s >= 1``), so

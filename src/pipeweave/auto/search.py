@@ -393,9 +393,10 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     budget or a validation rules it out first (counted in ``state``; None then)."""
     problem, candidate = state.problem, entry.candidate
     samples = problem.batch * candidate.pipelines
-    if _cannot_beat(samples, entry.bound, state.best, candidate) or (state.best > 0 and _cannot_beat(
-            samples, reduce_bound(candidate, state.profile(candidate), problem), state.best,
-            candidate)):  # each stage's all-reduce after its drain: dearer, so asked last
+    if _cannot_beat(samples, entry.bound, state.best, candidate) or (
+            state.best > 0 and _cannot_beat(  # each stage's all-reduce after its drain:
+                samples, reduce_bound(candidate, state.profile(candidate), problem),
+                state.best, candidate)):  # dearer than the shape bound, so asked second
         state.pruned_time += 1
         return None
     if problem.time_limit is not None and not state.budget.fits(

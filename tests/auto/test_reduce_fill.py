@@ -14,6 +14,7 @@ import pytest
 from auto_fixtures import small_profile
 from test_bounds import _simulated
 from test_fill_bound import _splits
+from test_pruning_exact import _exhaustive, search_module
 from pipeweave.auto import AutoProblem
 from pipeweave.auto.bounds import reduce_bound
 from pipeweave.auto.fill_bound import WINDOWS, fill_bound
@@ -106,3 +107,29 @@ def test_reduce_bound_is_below_every_candidate(tied: bool, shared_cores: int | N
         positive += bound > 0
         checked += 1
     assert checked > 50 and positive > checked // 4, (checked, positive)
+
+
+def test_the_search_prunes_with_it_and_keeps_the_winner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a slower second level the search asks ``reduce_bound`` of what the shape bound
+    left: it partitions fewer candidates than without it (93 against 101), and picks the
+    exhaustive search's winner (every bound and floor off,
+    ``test_pruning_exact._exhaustive``)."""
+    profile = small_profile(1, blocks=12, link=LinkProfile(1e11, 1e-6))
+    problem = AutoProblem(profile=profile, ranks=8, topology=Topology.parse("4x1e11,2x1e9"),
+                          schedules=("1f1b", "avgpipe", "gpipe"), methods=("uniform", "time"),
+                          microbatches=(8, 16, 32), recompute=(0, 1, 12))
+    completed = []
+    complete = search_module._Search.complete
+    with monkeypatch.context() as patch:
+        patch.setattr(search_module._Search, "complete",
+                      lambda self, candidate: completed.append(candidate) or complete(
+                          self, candidate))
+        pruned = search_module.search(problem)
+        with_it = len(completed)
+        patch.setattr(search_module, "reduce_bound", lambda *args: 0.0)
+        without = search_module.search(problem)
+    every = _exhaustive(problem, monkeypatch)
+    assert with_it < len(completed) - with_it, (with_it, len(completed) - with_it)
+    assert pruned.winner.iteration_time == pytest.approx(every.winner.iteration_time,
+                                                         rel=1e-12)
+    assert pruned.winner.candidate == without.winner.candidate

@@ -99,7 +99,7 @@ def test_reduce_bound_is_below_every_candidate(tied: bool, shared_cores: int | N
     problem = AutoProblem(profile=profile, ranks=8, topology=Topology.parse("4x1e11,2x2e8"),
                           shared_cores=shared_cores, schedules=tuple(sorted(WINDOWS)),
                           methods=("uniform", "time", "parameters"), microbatches=(8, 16, 32),
-                          recompute=(0, 1, 2, 12), shard=("none", "full"))
+                          recompute=(0, 1, 2, 12), shard=("none", "full", "grad-op"))
     checked = positive = 0
     for candidate, _, scaled, _, time in _simulated(problem):
         bound = reduce_bound(candidate, scaled, problem)

@@ -73,11 +73,12 @@ from ..planner.plan import Plan
 from ..schedules import get_info
 from ..profiler import Profile
 from ..sim import Costs, StageCosts
-from .fill_bound import fill_bound
+from .fill_bound import WINDOWS, fill_bound
 from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
+from .reduce_fill import Blocks, contiguous_shares, reduce_fill_bound
 
-__all__ = ["shape_bound", "plan_bound", "round_trips"]
+__all__ = ["shape_bound", "reduce_bound", "plan_bound", "round_trips"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,52 @@ def shape_bound(candidate: Candidate, profile: Profile, problem: AutoProblem,
             + update * candidate.width
         bound = max(bound, total / problem.shared_cores)
     return bound
+
+
+def reduce_bound(candidate: Candidate, profile: Profile, problem: AutoProblem) -> float:
+    """The fill and drain with every stage's own all-reduce at the link its replicas cross
+    (:func:`~pipeweave.auto.reduce_fill.reduce_fill_bound`, valid on every split, with or
+    without recomputation), for a candidate whose schedule declares its windows; 0 for
+    the others. Dearer than :func:`shape_bound` (a walk over the stages per grid point),
+    so the search asks it only of a candidate the shape bound did not prune."""
+    if candidate.schedule not in WINDOWS or candidate.chunks != 1 or candidate.width < 2 \
+            or candidate.pipelines != 1 or candidate.options:
+        return 0.0
+    topology = problem.topology or default_topology(problem.profile, problem.ranks)
+    links = replica_bandwidths(topology, candidate.depth, candidate.width)
+    reduction = _reduction(candidate)
+    per_byte = tuple(reduction(1.0, candidate.width, link) for link in links)
+    n = -(-candidate.microbatches // candidate.width)
+    return reduce_fill_bound(candidate.schedule, n, _blocks(profile), per_byte)
+
+
+_BLOCKS: dict[int, tuple[Profile, Blocks]] = {}
+
+
+def _blocks(profile: Profile) -> Blocks:
+    """:class:`~pipeweave.auto.reduce_fill.Blocks` of ``profile`` (no recomputation)."""
+    cached = _BLOCKS.get(id(profile))
+    if cached is not None and cached[0] is profile:
+        return cached[1]
+    if len(_BLOCKS) > 256:
+        _BLOCKS.clear()
+    work, forward, held = [], [], []
+    for index, b in enumerate(profile.blocks):
+        split = (b.input_grad + b.weight_grad) if b.input_grad > 0 and b.weight_grad > 0 \
+            else b.backward
+        work.append(b.forward + min(b.backward, split))
+        forward.append(b.forward)
+        tied = sum(t.parameter_bytes for t in profile.ties if index in t.blocks)
+        held.append(max(0.0, b.parameter_bytes - tied))
+    positive = [i for i, w in enumerate(work) if w > 0]
+    first, last = profile.blocks[0], profile.blocks[-1]
+    blocks = Blocks(work=sum(work),
+                  forward_share=min((forward[i] / work[i] for i in positive), default=0.0),
+                  shares=contiguous_shares(work, held),
+                  first=(work[0], held[0], first.update),
+                  last=(work[-1], held[-1], last.update))
+    _BLOCKS[id(profile)] = (profile, blocks)
+    return blocks
 
 
 def _reduction(candidate: Candidate) -> Callable[[float, int, float], float]:

@@ -38,7 +38,7 @@ from ..profiler import Profile
 from ..schedules import Shape, get_info
 from ..schedules.registry import check_options
 from .axes import DEFAULT_AXES, Axis, enumerate_candidates
-from .bounds import plan_bound, shape_bound
+from .bounds import plan_bound, reduce_bound, shape_bound
 from .budget import Budget, work_units
 from .floors import StateFloor, inflight_floor
 from .held_floor import held_floor
@@ -393,7 +393,10 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     budget or a validation rules it out first (counted in ``state``; None then)."""
     problem, candidate = state.problem, entry.candidate
     samples = problem.batch * candidate.pipelines
-    if _cannot_beat(samples, entry.bound, state.best, candidate):
+    if _cannot_beat(samples, entry.bound, state.best, candidate) or (
+            state.best > 0 and _cannot_beat(  # each stage's all-reduce after its drain:
+                samples, reduce_bound(candidate, state.profile(candidate), problem),
+                state.best, candidate)):  # dearer than the shape bound, so asked second
         state.pruned_time += 1
         return None
     if problem.time_limit is not None and not state.budget.fits(

@@ -21,17 +21,14 @@ import datetime
 import os
 import pickle
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from ..host import FORKSERVER_PRELOAD, free_port
-from ..profiler.link import fit_link
+from ..profiler.link import fit_link, run_pair
 from ..profiler.profile import LinkProfile
 
 __all__ = ["ALLREDUCE_SIZES", "measure_allreduce"]
@@ -48,25 +45,8 @@ def measure_allreduce(*, sizes: Sequence[int] = ALLREDUCE_SIZES, repeats: int = 
     if repeats < 1 or len(set(sizes)) < 2:
         raise ValueError(f"timing the all-reduce needs repeats >= 1 and two or more sizes, "
                          f"got repeats={repeats}, sizes={list(sizes)}")
-    mp.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-    init_method = f"tcp://127.0.0.1:{free_port()}"
-    with tempfile.TemporaryDirectory(prefix="pipeweave-allreduce-") as out_dir:
-        context = mp.start_processes(_rank, args=(init_method, list(sizes), repeats,
-                                                  timeout_s, out_dir),
-                                     nprocs=2, join=False, start_method="forkserver")
-        started = time.monotonic()
-        try:
-            while not context.join(timeout=0.5):
-                if time.monotonic() - started > timeout_s:
-                    raise RuntimeError(f"timing the all-reduce exceeded {timeout_s:.0f} s; "
-                                       "stopped it")
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
-                process.join(timeout=10)
-        with open(Path(out_dir) / "allreduce.pkl", "rb") as handle:
-            samples = pickle.load(handle)
+    samples = run_pair(_rank, (list(sizes), repeats, timeout_s), name="allreduce",
+                       what="timing the all-reduce", timeout_s=timeout_s)
     return fit_link(samples)
 
 

@@ -17,8 +17,9 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,7 @@ from ..devices import place
 from ..host import FORKSERVER_PRELOAD, free_port
 from .profile import LinkProfile
 
-__all__ = ["measure_link", "fit_link", "DEFAULT_SIZES"]
+__all__ = ["measure_link", "fit_link", "run_pair", "DEFAULT_SIZES"]
 
 DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
 """Message sizes in bytes (1 KiB .. 16 MiB)."""
@@ -62,26 +63,33 @@ def measure_link(*, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10, dev
     if device == "cuda" and torch.cuda.device_count() < 2:
         raise ValueError("measuring a GPU link needs two visible GPUs; use --device cpu or skip "
                          "the link measurement")
+    samples = run_pair(_rank, (list(sizes), repeats, device, timeout_s), name="link",
+                       what="link measurement", timeout_s=timeout_s)
+    return fit_link(samples)
+
+
+def run_pair(rank: Callable[..., None], args: tuple[Any, ...], *, name: str, what: str,
+             timeout_s: float) -> Any:
+    """Run ``rank(index, init_method, *args, out_dir)`` in two local processes (the fork
+    server, torch preloaded) and return what rank 0 pickled to ``out_dir/<name>.pkl``; past
+    ``timeout_s`` both are stopped and ``what`` named in the error."""
     mp.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    with tempfile.TemporaryDirectory(prefix="pipeweave-link-") as out_dir:
-        context = mp.start_processes(
-            _rank, args=(init_method, list(sizes), repeats, device, timeout_s, out_dir), nprocs=2,
-            join=False, start_method="forkserver",
-        )
+    with tempfile.TemporaryDirectory(prefix=f"pipeweave-{name}-") as out_dir:
+        context = mp.start_processes(rank, args=(init_method, *args, out_dir), nprocs=2,
+                                     join=False, start_method="forkserver")
         started = time.monotonic()
         try:
             while not context.join(timeout=0.5):
                 if time.monotonic() - started > timeout_s:
-                    raise RuntimeError(f"link measurement exceeded {timeout_s:.0f} s; stopped it")
+                    raise RuntimeError(f"{what} exceeded {timeout_s:.0f} s; stopped it")
         finally:
             for process in context.processes:
                 if process.is_alive():
                     process.terminate()
                 process.join(timeout=10)
-        with open(Path(out_dir) / "link.pkl", "rb") as handle:
-            samples = pickle.load(handle)
-    return fit_link(samples)
+        with open(Path(out_dir) / f"{name}.pkl", "rb") as handle:
+            return pickle.load(handle)
 
 
 def _rank(index: int, init_method: str, sizes: list[int], repeats: int, device: str,

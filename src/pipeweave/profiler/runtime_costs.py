@@ -17,9 +17,10 @@ stage: an optimizer step over a stage's parameters is one call). ``per_message``
 time a rank spends posting one send (the transfer itself is the link's). ``message_latency``
 is what a message between two rank *processes* takes beyond the link's ping-pong latency (the
 receiving rank waking up, the send thread getting the interpreter, gloo's own threads on
-shared cores), added to every transfer's latency: fitted so that the simulated default plan
-times as one real run of it measured (``pipeweave auto --model``,
-:mod:`pipeweave.measure.message_latency`).
+shared cores), added to every transfer's latency: fitted, with the all-reduce's fixed cost
+and a compute scale, so that the simulated default plan and a data-parallel plan time as
+their alternating real runs measured (``pipeweave auto --model``,
+:mod:`pipeweave.measure.calibration_runs`).
 On a device with milliseconds per block these are noise; on a CPU model whose blocks take a
 few hundred microseconds they are a large part of the iteration, which is why a simulation
 without them under-predicts small models (docs/auto.md).

@@ -19,12 +19,10 @@ Every public function takes its options by keyword. The CLI parses arguments and
 nothing here reads an ``argparse.Namespace``.
 """
 
-from .alternating import Rounds, alternate, round_steps
+from .alternating import TIMED_SECONDS, Rounds, alternate, round_steps, timed_steps
 from .calibration import calibrate, calibration_skipped
 from .calibration_runs import CalibrationFit, calibration_plans, fit_calibration
 from .compare import RUN_ROUNDS, RUN_SECONDS, compare_predictions, measure_predictions
-from .message_latency import (TIMED_SECONDS, MessageFit, default_plan_time, fit_message_latency,
-                              timed_steps, with_message_latency)
 from .pilot import check_pilot, pilot_finalists, pilot_plan
 from .plan_run import (Measured, check_steps, measure_plan, measure_prediction, peak_memory,
                        plan_job, plan_timer)
@@ -37,8 +35,7 @@ from .tune_runs import RealRun, profile_real_run, run_setting
 __all__ = ["Rounds", "alternate", "round_steps", "CalibrationFit", "calibration_plans",
            "fit_calibration", "RUN_ROUNDS", "RUN_SECONDS", "compare_predictions",
            "measure_predictions", "peak_memory", "plan_timer", "calibrate", "calibration_skipped", "fit_runtime_costs", "measure_runtime_costs",
-           "TIMED_SECONDS", "MessageFit", "default_plan_time", "fit_message_latency",
-           "timed_steps", "with_message_latency", "Measured", "check_steps", "measure_plan",
+           "TIMED_SECONDS", "timed_steps", "Measured", "check_steps", "measure_plan",
            "measure_prediction", "plan_job", "check_pilot", "pilot_plan", "pilot_finalists",
            "DEFAULT_MICROBATCH", "auto_microbatch_sizes",
            "local_shared_cores", "profile_model", "LOOPBACK_BANDWIDTH", "builtin_model",

@@ -11,15 +11,27 @@ and the spread between rounds says how far to trust the median.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..planner.plan import Plan
-from .message_latency import timed_steps
 
-__all__ = ["Rounds", "alternate", "round_steps"]
+__all__ = ["Rounds", "TIMED_SECONDS", "alternate", "round_steps", "timed_steps"]
+
+TIMED_SECONDS = 1.0
+"""How long the timed iterations of a calibration run last at least: a median of a handful of
+10-millisecond iterations (cnn) moves by half from one run to the next."""
+
+
+def timed_steps(predicted: float, *, least: int = 6, most: int = 200,
+                seconds: float = TIMED_SECONDS) -> int:
+    """Steps for a run whose iterations (the first is warm-up) last about ``seconds``
+    (``TIMED_SECONDS``) together, given a predicted iteration time."""
+    wanted = math.ceil(seconds / predicted) + 1 if predicted > 0 else least
+    return max(least, min(most, wanted))
 
 
 @dataclass(frozen=True)

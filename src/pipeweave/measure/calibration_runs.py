@@ -25,8 +25,8 @@ plans measured under the same load: before, one parameter from one run of the de
 had to absorb the all-reduce too, and the data-parallel winner was predicted 15-31 % fast
 while the default was 15-31 % slow (docs/auto.md).
 
-Each probe only re-prices a plan partitioned once (as :func:`.message_latency.default_plan_time`
-does), so a fit is some hundred simulations of two small plans.
+Each probe only re-prices a plan partitioned once, so a fit is some hundred simulations of
+two small plans.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from ..planner.plan import Plan
 from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
 from .alternating import Rounds, alternate
-from .message_latency import _bisect
 
 __all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
            "compute_scale", "data_parallel_candidate", "fit_calibration", "solve", "with_costs"]
@@ -64,6 +63,23 @@ class Target:
     parameter: str
     predict: Callable[[Mapping[str, float]], float]
     measured: float
+
+
+def _bisect(predicted: Callable[[float], float], measured: float) -> float:
+    """The least value of a cost in seconds (to 40 halvings) at which ``predicted`` (not
+    decreasing in it) reaches ``measured``; 0 when no value up to a minute does (no such cost
+    on the critical path)."""
+    low, high = 0.0, 1e-3
+    reached = predicted(high) >= measured
+    while not reached and high < 60.0:
+        low, high = high, high * 4
+        reached = predicted(high) >= measured
+    if not reached:
+        return 0.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if predicted(middle) < measured else (low, middle)
+    return high
 
 
 def solve(targets: Sequence[Target], *, fixed: Mapping[str, float] | None = None,

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["CACHE_SIZE", "MinMaxTable", "table_for", "dp_step", "span_matrix"]
+__all__ = ["CACHE_SIZE", "MinMaxTable", "backtrack", "table_for", "dp_step", "span_matrix"]
 
 CACHE_SIZE = 16
 """Weight lists whose tables are kept (1,000 blocks x 512 stages: about 2 MB each)."""
@@ -55,6 +55,19 @@ def dp_step(time: np.ndarray, span: np.ndarray, out: np.ndarray,
     return out[np.arange(len(time)), best], best
 
 
+def backtrack(choices: Sequence[np.ndarray], end: int) -> tuple[tuple[int, int], ...]:
+    """The stages' ``(start, end)`` read back from the program's choices: ``choices[j][i]``
+    is where the last of ``j + 2`` stages ending at block ``i`` starts."""
+    out = []
+    for best in reversed(choices):
+        start = int(best[end])
+        out.append((start, end))
+        end = start
+    out.append((0, end))
+    out.reverse()
+    return tuple(out)
+
+
 class MinMaxTable:
     """The program's choices for one weight list, grown one stage count at a time."""
 
@@ -67,14 +80,7 @@ class MinMaxTable:
         """The min-max split of blocks ``0 .. end - 1`` into ``stages`` stages (the caller
         has checked ``1 <= stages <= end``)."""
         self._grow(stages - 1)
-        out = []
-        for best in reversed(self.choices[:stages - 1]):
-            start = int(best[end])
-            out.append((start, end))
-            end = start
-        out.append((0, end))
-        out.reverse()
-        return tuple(out)
+        return backtrack(self.choices[:stages - 1], end)
 
     def _grow(self, rows: int) -> None:
         if len(self.choices) >= rows:

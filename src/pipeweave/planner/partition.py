@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .min_max_table import dp_step, span_matrix, table_for
+from .min_max_table import backtrack, dp_step, span_matrix, table_for
 
 __all__ = ["Bounds", "uniform_partition", "min_max_partition", "stage_sums", "check_stages"]
 
@@ -111,12 +111,4 @@ def _min_max_program(weights: np.ndarray, stages: int,
             f"no partition of {n} blocks into {stages} stages satisfies the constraints (e.g. "
             "the memory limit); raise the limit or use more stages"
         )
-    bounds = []
-    end = n
-    for best in reversed(choices):
-        start = int(best[end])
-        bounds.append((start, end))
-        end = start
-    bounds.append((0, end))
-    bounds.reverse()
-    return tuple(bounds)
+    return backtrack(choices, n)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
-from ..measure import (RUN_ROUNDS, RUN_SECONDS, CalibrationFit, auto_microbatch_sizes,
+from ..measure import (RUN_ROUNDS, TIMED_SECONDS, CalibrationFit, auto_microbatch_sizes,
                        calibrate, calibration_skipped, check_steps, fit_calibration,
                        measure_predictions, plan_timer, profile_model)
 from ..models import available_models
@@ -146,7 +146,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=RUN_ROUNDS,
                         help="with --run: rounds, each training the winner then the default "
                              "(the other way round in odd rounds); the median is reported")
-    parser.add_argument("--run-seconds", type=float, default=RUN_SECONDS, metavar="SECONDS",
+    parser.add_argument("--run-seconds", type=float, default=TIMED_SECONDS, metavar="SECONDS",
                         help="with --run and no --steps: timed iterations per round")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="with --run: seconds a rank waits for a peer")

@@ -184,7 +184,8 @@ def _profiles(args: argparse.Namespace) -> list[Profile]:
     else:
         assert model is not None  # check_profile_source: a model or a profile
         profiles = []
-        for size in auto_microbatch_sizes(batch_size=args.batch_size, ranks=args.ranks):
+        for size in auto_microbatch_sizes(batch_size=args.batch_size, ranks=args.ranks,
+                                          microbatches=_counts(args.microbatches)):
             _say(f"profiling {model} at {size} samples per micro-batch ...")
             started = time.perf_counter()
             profiles.append(profile_model(model=model, batch_size=size, ranks=args.ranks,

@@ -3,9 +3,9 @@ benchmarks run for real to learn a number.
 
 * calibration: a profile completed with the link, the runtime's costs per action and its
   all-reduce's bandwidth (:mod:`.calibration`, :mod:`.runtime_costs`, :mod:`.collective`),
-  and the message latency and the all-reduce's fixed cost fitted to alternating runs of the
-  default and a data-parallel plan (:mod:`.calibration_runs`; one run of the default plan
-  alone: :mod:`.message_latency`);
+  and the message latency, the all-reduce's fixed cost and (ranks > cores) the cost per
+  action fitted to alternating runs of the default and data-parallel plans
+  (:mod:`.calibration_runs`, solved by :mod:`.calibration_solve`);
 * a plan trained for a few steps and timed (:mod:`.plan_run`), plans timed in alternating
   rounds (:mod:`.alternating`), and ``pipeweave auto --run``'s comparison (:mod:`.compare`);
 * pilots: the finalists of ``auto --semantics any`` trained briefly in one process and ranked

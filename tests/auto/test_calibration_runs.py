@@ -85,13 +85,14 @@ def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead:
 
 
 def test_a_compute_faster_than_simulated_leaves_the_scale_at_one() -> None:
-    from pipeweave.measure.calibration_runs import compute_scale
+    from pipeweave.measure.calibration_runs import compute_scale_target
 
     plans = calibration_plans(_problem(2))
     simulated = plans["default"].compute({})
-    assert solve([compute_scale(plans, {"default": [simulated * 0.8]})]) == {"compute_scale": 1.0}
-    fitted = solve([compute_scale(plans, {"default": [simulated * 1.5, simulated * 1.2,
-                                                      simulated * 9]})])
+    slower = compute_scale_target(plans, {"default": [simulated * 0.8]})
+    assert solve([slower]) == {"compute_scale": 1.0}
+    rounds = [simulated * 1.5, simulated * 1.2, simulated * 9]  # the median: 1.5
+    fitted = solve([compute_scale_target(plans, {"default": rounds})])
     assert fitted["compute_scale"] == pytest.approx(1.5, rel=1e-9)
 
 

@@ -61,8 +61,8 @@ from .alternating import TIMED_SECONDS, Rounds, alternate
 from .calibration_solve import Target, solve
 
 __all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
-           "compute_scale", "data_parallel_candidate", "fit_calibration", "smallest_batches",
-           "solve", "with_costs"]
+           "compute_scale_target", "data_parallel_candidate", "fit_calibration",
+           "smallest_batches", "solve", "with_costs"]
 
 PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency",
               "data-parallel-small": "action_overhead"}
@@ -172,7 +172,7 @@ def _probes(candidate: Candidate, problem: AutoProblem) -> tuple[Probe, Probe]:
     return iteration_time, compute
 
 
-def compute_scale(plans: Mapping[str, CalibrationPlan],
+def compute_scale_target(plans: Mapping[str, CalibrationPlan],
                   measured: Mapping[str, Sequence[float]]) -> Target:
     """The target that fixes ``compute_scale`` (module docstring): ``measured`` per label,
     each round's compute summed over ranks, the medians summed over the plans, against the
@@ -227,7 +227,7 @@ def fit_calibration(problem: AutoProblem, *,
 
     measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
-    fitted = solve([compute_scale(plans, compute),
+    fitted = solve([compute_scale_target(plans, compute),
                     *(Target(PARAMETERS[label], p.iteration, measured[label].median)
                       for label, p in plans.items())])
     fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute,

@@ -24,12 +24,12 @@ def _profile(*, device: str = "cpu", source: str = "measured", cores: int | None
                    metadata=metadata)
 
 
-def test_auto_profiles_at_the_default_and_the_extreme_micro_batches() -> None:
-    """The default plan's size first (the others scale from it), then the batch over the
-    fewest (ranks) and the most (8 x ranks) micro-batches the search tries."""
-    assert auto_microbatch_sizes(batch_size=None, ranks=2) == (DEFAULT_MICROBATCH, 8, 1)
-    assert auto_microbatch_sizes(batch_size=64, ranks=2) == (16, 32, 4)  # 64 / (2 x 2 ranks)
-    assert auto_microbatch_sizes(batch_size=8, ranks=4) == (1, 2)   # 8 / 32 is no size
+def test_auto_profiles_at_the_default_and_every_micro_batch_a_candidate_uses() -> None:
+    """The default plan's size first (the others scale from it), then the batch over each
+    micro-batch count the search tries (ranks x 1, 2, 4, 8), largest first."""
+    assert auto_microbatch_sizes(batch_size=None, ranks=2) == (DEFAULT_MICROBATCH, 8, 2, 1)
+    assert auto_microbatch_sizes(batch_size=64, ranks=2) == (16, 32, 8, 4)  # 64 / (2 x 2)
+    assert auto_microbatch_sizes(batch_size=8, ranks=4) == (1, 2)   # 8 / 16, 8 / 32: no size
     assert auto_microbatch_sizes(batch_size=None, ranks=2, microbatches=(4, 8)) == (4, 2)
     assert auto_microbatch_sizes(batch_size=None, ranks=2, microbatches=(4,)) == (4, 1)
 

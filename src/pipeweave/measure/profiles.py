@@ -4,9 +4,9 @@
 threads one of ``ranks`` local ranks gets (CPU) and, when the ranks outnumber the cores, timed
 under that many co-located processes (:mod:`pipeweave.profiler.colocated`). ``pipeweave plan``,
 ``placement``, ``simulate`` and ``auto`` profile with it; ``auto`` at
-:func:`auto_microbatch_sizes` (the default plan's, the smallest and the largest a candidate
-uses). :func:`local_shared_cores` is the core count those local ranks
-share (``--shared-cores auto``).
+:func:`auto_microbatch_sizes` (the default plan's and every other a candidate uses).
+:func:`local_shared_cores` is the core count those local ranks share (``--shared-cores
+auto``).
 """
 
 from __future__ import annotations
@@ -40,17 +40,16 @@ def auto_microbatch_sizes(*, batch_size: int | None, ranks: int,
                           microbatches: Sequence[int] | None = None) -> tuple[int, ...]:
     """The micro-batch sizes ``pipeweave auto --model`` profiles at: the default plan's
     first (``batch_size / (2 ranks)``, or :data:`DEFAULT_MICROBATCH`; the profile the others
-    scale from), then the largest and the smallest micro-batch a one-pipeline candidate
-    uses (the batch over the fewest and the most micro-batches: ``microbatches``, else
-    ``ranks`` and ``8 x ranks``, as :mod:`pipeweave.auto.axes` tries them), so that every
-    such candidate's block times are interpolated, not extrapolated
+    scale from), then every other size a one-pipeline candidate uses (the batch over each
+    micro-batch count it may have: ``microbatches``, else ``ranks x (1, 2, 4, 8)`` as
+    :mod:`pipeweave.auto.axes` tries them; 8, 2 and 1 beside the default 4), largest first,
+    so that no such candidate's block times are interpolated or extrapolated
     (:mod:`pipeweave.auto.scaling`); with no other size, a quarter of the default's, so that
     a fixed cost per call and a cost per sample can be told apart."""
     micro = DEFAULT_MICROBATCH if batch_size is None else max(1, batch_size // (2 * ranks))
     batch = micro * 2 * ranks if batch_size is None else batch_size
-    counts = [m for m in (microbatches or (ranks, 8 * ranks)) if m >= 1 and batch % m == 0]
-    others = {batch // min(counts), batch // max(counts)} if counts else set()
-    others.discard(micro)
+    counts = microbatches or tuple(ranks * k for k in (1, 2, 4, 8))
+    others = {batch // m for m in counts if m >= 1 and batch % m == 0} - {micro}
     if not others:
         others = {max(1, micro // 4)} - {micro}
     return (micro, *sorted(others, reverse=True))

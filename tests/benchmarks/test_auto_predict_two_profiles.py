@@ -49,3 +49,13 @@ def test_two_searches_then_both_winners_alternate(times: tuple[float, float], ra
     assert first["predicted_samples_per_second"] == pytest.approx(16 / 0.019)
     assert [s["wall_s"] for s in out["searches"]] == [1.0, 2.0]
     assert "slower / faster measured" in auto_predict.pair_table({"toy:2": out})
+
+
+def test_the_same_plan_twice_is_within_by_construction() -> None:
+    from pipeweave.measure import Rounds
+
+    reports = {"profile 1": _report(4, 0.02), "profile 2": _report(4, 0.021)}
+    measured = {"profile 1": Rounds((0.02,), 10), "profile 2": Rounds((0.04,), 10)}
+    out = auto_predict.profile_pair(reports, measured)
+    assert out["same_plan"] is True and out["within_5_percent"] is True
+    assert out["ratio"] == pytest.approx(0.5)

@@ -260,3 +260,34 @@ def test_the_action_overhead_is_added_to_each_compute_action_and_each_send() -> 
     assert RuntimeCosts.from_json(more.runtime.to_json()) == more.runtime
     with pytest.raises(ValueError, match="action_overhead must be a finite number"):
         RuntimeCosts(action_overhead=-1e-3)
+
+
+def test_one_timer_serves_the_calibration_and_auto_run_with_apc_per_label(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan_timer`` passes each label's APC setting to ``measure_plan`` (no memory run);
+    ``measure_predictions`` times its rounds through it."""
+    from pipeweave.auto.search import default_prediction
+    from pipeweave.measure import compare, plan_run
+    from pipeweave.measure.plan_run import Measured
+
+    calls: list[tuple[int, bool, bool]] = []
+
+    def fake(plan: Plan, *, apc: bool = False, memory: bool = True, **_: object) -> Measured:
+        calls.append((plan.microbatches, apc, memory))
+        return Measured(0.01 * plan.microbatches, [], 1.0, [], [0.002, 0.003])
+
+    monkeypatch.setattr(plan_run, "measure_plan", fake)
+    monkeypatch.setattr(compare, "peak_memory", lambda plan, **_: [1, 2])
+    timer = plan_run.plan_timer(model="toy", batch_size=8, apc={"winner": True})
+    plan = Plan(num_blocks=2, stages=((0, 1), (1, 2)), schedule="1f1b", microbatches=4)
+    assert timer("winner", plan, 5) == (0.04, [0.002, 0.003])
+    assert timer("default", plan, 5)[0] == 0.04
+    assert calls == [(4, True, False), (4, False, False)]
+    prediction = default_prediction(_problem(2))
+    assert prediction is not None
+    calls.clear()
+    report = compare.measure_predictions({"default": prediction}, model="toy", batch_size=8,
+                                         rounds=2, steps=3)
+    assert calls == [(prediction.plan.microbatches, False, False)] * 2
+    assert report["default"]["iteration_time"] == pytest.approx(0.01 * prediction.plan.microbatches)
+    assert report["default"]["peak_memory_bytes"] == [1, 2]

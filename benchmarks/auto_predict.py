@@ -22,7 +22,9 @@ holds all of it.
 One run of gpt-tiny or cnn at 2 ranks took 45-85 s on this 2-core machine at load 3-5
 (2026-11-27: profiling two micro-batch sizes; the calibration: link, runtime costs, the
 all-reduce at six sizes, 3 rounds of 2 plans; the search; 3 rounds of 2 plans and 2 memory
-runs), so the two default cases x 3 runs take some 5-9 minutes. gpt-small runs take longer
+runs), so the two default cases x 3 runs take some 5-9 minutes. Since, ``auto`` profiles
+four sizes (8, 4, 2, 1 samples) and at 4 ranks runs a third calibration plan: gpt-tiny at 2
+ranks took 61 s at load 11, cnn at 4 ranks 137 s at load 9-11. gpt-small runs take longer
 (its iterations are ~0.25-1 s: one ``auto`` at 4 ranks took 2:40 at load 7, without
 ``--run``). Read the load averages and the spreads: a loaded machine moves the times.
 

@@ -2,9 +2,9 @@
 ones: the message latency, the all-reduce's fixed cost and, where more ranks than cores share
 the machine, the overhead of each action.
 
-Two or three plans are trained on local processes in alternating rounds (:mod:`.alternating`; 3 by
-default, so that the median leaves out one disturbed round), each about ``seconds`` of timed
-iterations per round:
+Two or three plans are trained on local processes in alternating rounds
+(:mod:`.alternating`; 3 by default, so that the median leaves out one disturbed round), each
+about ``seconds`` of timed iterations per round:
 
 * ``default``: 1F1B, the uniform split over the ranks, M = 2 x ranks: every micro-batch
   crosses every stage boundary, so its time moves with ``message_latency``;
@@ -20,14 +20,14 @@ iterations per round:
 
 The ranks' compute: the seconds of F, B, I and W actions per iteration on the runs'
 timelines, summed over ranks and over the plans (median of the rounds), against the
-same simulated; the factor (at least 1) that equates them is ``compute_scale``, which multiplies every compute
-action from then on (the send thread and gloo's threads take the cores from the compute;
-a run under load computes slower than the profile did). Each other parameter is the value
-at which its plan's simulated iteration equals the median of its
-rounds (:func:`solve`: bisection per parameter, repeated over the parameters until none
-moves, Gauss-Seidel, so plans that depend on several are solved exactly too; a plan measured
-faster than predicted with the parameter at 0 leaves it at 0). Two parameters from two
-plans measured under the same load: before, one parameter from one run of the default plan
+same simulated; the factor (at least 1) that equates them is ``compute_scale``, which
+multiplies every compute action (the send thread and gloo's threads take the cores from the
+compute; a run under load computes slower than the profile did). Each other parameter is the
+value at which its plan's simulated iteration equals the median of its rounds. All are
+solved together (:func:`~.calibration_solve.solve`: Gauss-Seidel bisections, then Newton
+steps, exact where plans depend on several parameters; a plan measured faster than
+predicted with its parameter at 0 leaves it at 0). Parameters from plans measured under the
+same load: before, one parameter from one run of the default plan
 had to absorb the all-reduce too, and the data-parallel winner was predicted 15-31 % fast
 while the default was 15-31 % slow (docs/auto.md).
 

@@ -1,0 +1,184 @@
+"""The programs of the regular flush schedules as integer arrays, built in numpy.
+
+At planning scale a surviving candidate is a 256-512-stage pipeline of thousands of
+micro-batches: its schedule is millions of :class:`~pipeweave.ir.Action` records, built one
+by one in Python (seconds), then indexed and walked. The schedules whose order is a closed
+form, GPipe, 1F1B (``flush_schedule`` with ``gpipe_order`` / ``one_f_one_b_order``) and
+Megatron's interleaved 1F1B, are laid out here as columns instead: per action, its op, stage,
+micro-batch and weight version, rank-major. Every such order has the same pattern in the
+``k``-th forward and ``k``-th backward of a rank's run of ``n`` passes::
+
+    F0 .. F(w-1) | F(w) B0  F(w+1) B1 .. F(n-1) B(n-w-1) | B(n-w) .. B(n-1)
+      warm-up w           one forward, one backward            cool-down
+
+(GPipe: ``w = n``; 1F1B: ``w = min(S - s - 1, n)`` per stage; interleaved: Megatron's
+``w`` per rank, ``k`` mapped to a chunk and a micro-batch by :func:`interleaved_order`'s
+rule). The generators stay the reference: :meth:`ArrayPrograms.programs` gives back the
+same actions, and ``tests/schedules/test_flush_arrays.py`` compares them action for action
+with the registered generators on many shapes. Only what the search times is covered: one
+pipeline copy (width 1, no per-stage replicas, one pipeline, no options); anything else is
+``None`` and goes to the generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from ..ir import Action, Layout, Op
+from .gpipe import gpipe
+from .interleaved import interleaved_1f1b
+from .one_f_one_b import one_f_one_b
+from .registry import Shape, get_info
+
+__all__ = ["ArrayPrograms", "flush_arrays", "OPS"]
+
+OPS = (Op.FORWARD, Op.BACKWARD, Op.ALL_REDUCE, Op.STEP)
+"""What :attr:`ArrayPrograms.op` codes: ``OPS[code]``."""
+
+_F, _B, _AR, _U = range(4)
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayPrograms:
+    """A compute-only flush schedule's programs as columns, rank-major (module docstring)."""
+
+    layout: Layout
+    microbatches: int
+    iterations: int
+    op: np.ndarray
+    """Code of each action's op in :data:`OPS`."""
+    stage: np.ndarray
+    microbatch: np.ndarray
+    """-1 for an update or all-reduce."""
+    version: np.ndarray
+    lengths: tuple[int, ...]
+    """Actions per rank."""
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.lengths)
+
+    def programs(self) -> tuple[tuple[Action, ...], ...]:
+        """The same programs as :class:`~pipeweave.ir.Action` records (the generators' form)."""
+        ops = [OPS[c] for c in self.op.tolist()]
+        rows = zip(ops, self.stage.tolist(), self.microbatch.tolist(), self.version.tolist())
+        flat = [Action(op, s, None if j < 0 else j, version=v) for op, s, j, v in rows]
+        cut = np.cumsum((0,) + self.lengths).tolist()
+        return tuple(tuple(flat[a:b]) for a, b in zip(cut, cut[1:]))
+
+    def held_peak_bytes(self, sizes: Sequence[float]) -> list[float]:
+        """:func:`pipeweave.memory.held_counts.held_peak_bytes` of these programs: per rank,
+        the most activation bytes held at once, from the same counts (a row per forward of
+        the activations held of each of the rank's stages) weighed the same way."""
+        weights = np.asarray(sizes, dtype=float)
+        return [float((counts @ weights[stages]).max()) if len(counts) else 0.0
+                for stages, counts in self._held_counts]
+
+    @cached_property
+    def _held_counts(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        cut = np.cumsum((0,) + self.lengths).tolist()
+        return [_rank_counts(self.op[a:b], self.stage[a:b]) for a, b in zip(cut, cut[1:])]
+
+
+def _rank_counts(op: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(stages, counts)`` of one rank as :mod:`pipeweave.memory.held_counts` counts them:
+    a forward holds one activation of its stage until its backward releases it."""
+    passes = op <= _B
+    forward = op[passes] == _F
+    stages = np.unique(stage[passes][forward])
+    column = np.searchsorted(stages, stage[passes])
+    change = np.zeros((len(column), len(stages)))
+    change[np.arange(len(column)), column] = np.where(forward, 1.0, -1.0)
+    return stages, np.cumsum(change, axis=0)[forward]
+
+
+def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
+                 ) -> ArrayPrograms | None:
+    """``build_schedule(name, shape)``'s programs as arrays; with ``reduce_before_step`` an
+    ``AR`` before every ``U`` (:func:`pipeweave.auto.copies.one_copy_schedule`'s copy 0).
+    None: not a shape or schedule covered here (module docstring)."""
+    generate = get_info(name).generate  # a name registered anew is not ours
+    if (shape.width != 1 or shape.replicas is not None or shape.pipelines != 1
+            or shape.options or generate not in _RULES):
+        return None
+    if generate is interleaved_1f1b and shape.chunks > 1:
+        if shape.microbatches % shape.stages:
+            return None  # the generator refuses it, with its message
+        rule = _interleaved
+    elif shape.chunks == 1:  # several stages in turn on a rank wait for themselves
+        rule = _gpipe if generate is gpipe else _one_f_one_b
+    else:
+        return None
+    layout = shape.layout()
+    columns = [_rank(rule, shape, layout, r, reduce_before_step) for r in range(layout.num_ranks)]
+    op, stage, micro, version = (np.concatenate([c[i] for c in columns]) for i in range(4))
+    return ArrayPrograms(layout=layout, microbatches=shape.microbatches,
+                         iterations=shape.iterations, op=op.astype(np.int8), stage=stage,
+                         microbatch=micro, version=version,
+                         lengths=tuple(len(c[0]) for c in columns))
+
+
+_RULES = (gpipe, one_f_one_b, interleaved_1f1b)
+
+Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _rank(rule: object, shape: Shape, layout: Layout, rank: int, reduce: bool) -> Columns:
+    """One rank's columns: each iteration's passes, then its stages' updates."""
+    parts: list[Columns] = []
+    stages = layout.stages_of(rank)
+    for k in range(shape.iterations):
+        base = k * shape.microbatches
+        if rule is _interleaved:
+            parts.append(_interleaved(shape, rank, base))
+        else:
+            parts.extend(rule(shape, layout.num_stages, s, base)  # type: ignore[operator]
+                         for s in stages)
+        count = len(stages) * (2 if reduce else 1)
+        ops = np.tile([_AR, _U] if reduce else [_U], len(stages))
+        parts.append((ops, np.repeat(stages, count // len(stages)), np.full(count, -1),
+                      np.full(count, k + 1)))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore
+
+
+def _pattern(n: int, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(is_forward, k)`` of the module docstring's pattern for ``n`` passes."""
+    w = min(warmup, n)
+    pairs = n - w
+    steady_f = np.arange(w, n)
+    steady_b = np.arange(pairs)
+    steady = np.stack([steady_f, steady_b], axis=1).reshape(-1)
+    k = np.concatenate([np.arange(w), steady, np.arange(pairs, n)])
+    forward = np.concatenate([np.ones(w, bool), np.tile([True, False], pairs),
+                              np.zeros(w, bool)])
+    return forward, k
+
+
+def _per_stage(shape: Shape, stage: int, base: int, warmup: int) -> Columns:
+    forward, k = _pattern(shape.microbatches, warmup)
+    n = len(k)
+    return (np.where(forward, _F, _B), np.full(n, stage), base + k,
+            np.full(n, base // shape.microbatches))
+
+
+def _gpipe(shape: Shape, depth: int, stage: int, base: int) -> Columns:
+    return _per_stage(shape, stage, base, shape.microbatches)
+
+
+def _one_f_one_b(shape: Shape, depth: int, stage: int, base: int) -> Columns:
+    return _per_stage(shape, stage, base, depth - stage - 1)
+
+
+def _interleaved(shape: Shape, rank: int, base: int) -> Columns:
+    """:func:`~pipeweave.schedules.interleaved.interleaved_order` of ``rank``, vectorised."""
+    P, v, M = shape.stages, shape.chunks, shape.microbatches
+    total, group = M * v, P * v
+    forward, k = _pattern(total, (P - rank - 1) * 2 + (v - 1) * P)
+    chunk = (k % group) // P
+    chunk = np.where(forward, chunk, v - 1 - chunk)
+    return (np.where(forward, _F, _B), chunk * P + rank, base + (k // group) * P + k % P,
+            np.full(len(k), base // M))

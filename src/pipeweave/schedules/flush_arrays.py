@@ -22,7 +22,7 @@ pipeline copy (width 1, no per-stage replicas, one pipeline, no options); anythi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -40,6 +40,9 @@ OPS = (Op.FORWARD, Op.BACKWARD, Op.ALL_REDUCE, Op.STEP)
 """What :attr:`ArrayPrograms.op` codes: ``OPS[code]``."""
 
 _F, _B, _AR, _U = range(4)
+
+Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""A run of actions: op codes, stages, micro-batches (-1: none), versions."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,6 +105,7 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
     ``AR`` before every ``U`` (:func:`pipeweave.auto.copies.one_copy_schedule`'s copy 0).
     None: not a shape or schedule covered here (module docstring)."""
     generate = get_info(name).generate  # a name registered anew is not ours
+    rule: Callable[..., Columns]
     if (shape.width != 1 or shape.replicas is not None or shape.pipelines != 1
             or shape.options or generate not in _RULES):
         return None
@@ -124,10 +128,7 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
 
 _RULES = (gpipe, one_f_one_b, interleaved_1f1b)
 
-Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-
-
-def _rank(rule: object, shape: Shape, layout: Layout, rank: int, reduce: bool) -> Columns:
+def _rank(rule: Callable[..., Columns], shape: Shape, layout: Layout, rank: int, reduce: bool) -> Columns:
     """One rank's columns: each iteration's passes, then its stages' updates."""
     parts: list[Columns] = []
     stages = layout.stages_of(rank)
@@ -136,8 +137,7 @@ def _rank(rule: object, shape: Shape, layout: Layout, rank: int, reduce: bool) -
         if rule is _interleaved:
             parts.append(_interleaved(shape, rank, base))
         else:
-            parts.extend(rule(shape, layout.num_stages, s, base)  # type: ignore[operator]
-                         for s in stages)
+            parts.extend(rule(shape, layout.num_stages, s, base) for s in stages)
         count = len(stages) * (2 if reduce else 1)
         ops = np.tile([_AR, _U] if reduce else [_U], len(stages))
         parts.append((ops, np.repeat(stages, count // len(stages)), np.full(count, -1),

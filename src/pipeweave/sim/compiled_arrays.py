@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedules.flush_arrays import ArrayPrograms
+from ..schedules.flush_arrays import OPS, ArrayPrograms
 from . import metrics
 from .compiled import DATA, ROW, SAME, Compiled, assemble, longest_chains
 from .costs import Costs
@@ -31,7 +31,7 @@ from .simulator import Timing
 
 __all__ = ["compile_arrays", "time_arrays"]
 
-_CODE_ROW = np.array([ROW[op] for op in ("F", "B", "AR", "U")], dtype=np.int64)
+_CODE_ROW = np.array([ROW[op] for op in OPS], dtype=np.int64)
 
 
 def compile_arrays(programs: ArrayPrograms) -> Compiled:

@@ -4,7 +4,7 @@ At planning scale a surviving candidate is a 256-512-stage pipeline of thousands
 micro-batches: its schedule is millions of :class:`~pipeweave.ir.Action` records, built one
 by one in Python (seconds), then indexed and walked. The schedules whose order is a closed
 form, GPipe, 1F1B (``flush_schedule`` with ``gpipe_order`` / ``one_f_one_b_order``) and
-Megatron's interleaved 1F1B, are laid out here as columns instead: per action, its op, stage,
+Megatron's interleaved 1F1B and WPipe's GPipe grouping (``gpipe-grouped``), are laid out here as columns instead: per action, its op, stage,
 micro-batch and weight version, rank-major. Every such order has the same pattern in the
 ``k``-th forward and ``k``-th backward of a rank's run of ``n`` passes::
 
@@ -13,7 +13,8 @@ micro-batch and weight version, rank-major. Every such order has the same patter
 
 (GPipe: ``w = n``; 1F1B: ``w = min(S - s - 1, n)`` per stage; interleaved: Megatron's
 ``w`` per rank, ``k`` mapped to a chunk and a micro-batch by :func:`interleaved_order`'s
-rule). The generators stay the reference: :meth:`ArrayPrograms.programs` gives back the
+rule); GPipe grouping runs every forward of a rank's stages, then every backward, in runs
+of ``M``. The generators stay the reference: :meth:`ArrayPrograms.programs` gives back the
 same actions, and ``tests/schedules/test_flush_arrays.py`` compares them action for action
 with the registered generators on many shapes. Only what the search times is covered: one
 pipeline copy (width 1, no per-stage replicas, one pipeline, no options); anything else is
@@ -30,6 +31,7 @@ import numpy as np
 
 from ..ir import Action, Layout, Op
 from .gpipe import gpipe
+from .gpipe_grouped import gpipe_grouped
 from .interleaved import interleaved_1f1b
 from .one_f_one_b import one_f_one_b
 from .registry import Shape, get_info
@@ -113,6 +115,8 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
         if shape.microbatches % shape.stages:
             return None  # the generator refuses it, with its message
         rule = _interleaved
+    elif generate is gpipe_grouped:
+        rule = _grouped
     elif shape.chunks == 1:  # several stages in turn on a rank wait for themselves
         rule = _gpipe if generate is gpipe else _one_f_one_b
     else:
@@ -126,7 +130,7 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
                          lengths=tuple(len(c[0]) for c in columns))
 
 
-_RULES = (gpipe, one_f_one_b, interleaved_1f1b)
+_RULES = (gpipe, one_f_one_b, interleaved_1f1b, gpipe_grouped)
 
 def _rank(rule: Callable[..., Columns], shape: Shape, layout: Layout, rank: int, reduce: bool) -> Columns:
     """One rank's columns: each iteration's passes, then its stages' updates."""
@@ -134,8 +138,8 @@ def _rank(rule: Callable[..., Columns], shape: Shape, layout: Layout, rank: int,
     stages = layout.stages_of(rank)
     for k in range(shape.iterations):
         base = k * shape.microbatches
-        if rule is _interleaved:
-            parts.append(_interleaved(shape, rank, base))
+        if rule is _interleaved or rule is _grouped:
+            parts.append(rule(shape, rank, base))
         else:
             parts.extend(rule(shape, layout.num_stages, s, base) for s in stages)
         count = len(stages) * (2 if reduce else 1)
@@ -182,3 +186,13 @@ def _interleaved(shape: Shape, rank: int, base: int) -> Columns:
     chunk = np.where(forward, chunk, v - 1 - chunk)
     return (np.where(forward, _F, _B), chunk * P + rank, base + (k // group) * P + k % P,
             np.full(len(k), base // M))
+
+
+def _grouped(shape: Shape, rank: int, base: int) -> Columns:
+    """:func:`~pipeweave.schedules.gpipe_grouped.grouped_order` of ``rank``: every forward
+    of its stages in ascending order, then every backward of them in descending order."""
+    P, v, M = shape.stages, shape.chunks, shape.microbatches
+    stages = np.arange(v) * P + rank
+    order = np.concatenate([stages, stages[::-1]])
+    return (np.repeat(np.where(np.arange(2 * v) < v, _F, _B), M), np.repeat(order, M),
+            base + np.tile(np.arange(M), 2 * v), np.full(2 * v * M, base // M))

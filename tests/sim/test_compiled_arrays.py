@@ -22,7 +22,8 @@ from schedule_grid import random_costs
 GRID = list(itertools.product((1, 2, 3, 6), (1, 2, 3), (1, 3, 6, 12), (1, 2)))
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped", "zb-h1",
+                                  "zb-h2"])
 def test_timing_from_columns_is_the_simulators(name: str) -> None:
     timed = 0
     for stages, chunks, microbatches, iterations in GRID:
@@ -50,7 +51,8 @@ def test_shared_cores_are_left_to_their_walk() -> None:
 
 @pytest.mark.parametrize("schedule, chunks, width", [("1f1b", 1, 2), ("interleaved-1f1b", 2, 2),
                                                      ("gpipe", 1, 1), ("1f1b", 1, 1),
-                                                     ("gpipe-grouped", 3, 2)])
+                                                     ("gpipe-grouped", 3, 2), ("zb-h1", 1, 2),
+                                                     ("zb-h2", 1, 1)])
 def test_time_plan_takes_the_columns_and_agrees(schedule: str, chunks: int, width: int) -> None:
     plan = Plan.uniform(24, 4, chunks=chunks, schedule=schedule, microbatches=16, width=width)
     costs = random_costs(4 * chunks, 5)

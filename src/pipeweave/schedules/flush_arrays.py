@@ -4,7 +4,8 @@ At planning scale a surviving candidate is a 256-512-stage pipeline of thousands
 micro-batches: its schedule is millions of :class:`~pipeweave.ir.Action` records, built one
 by one in Python (seconds), then indexed and walked. The schedules whose order is a closed
 form, GPipe, 1F1B (``flush_schedule`` with ``gpipe_order`` / ``one_f_one_b_order``) and
-Megatron's interleaved 1F1B and WPipe's GPipe grouping (``gpipe-grouped``), are laid out here as columns instead: per action, its op, stage,
+Megatron's interleaved 1F1B, WPipe's GPipe grouping (``gpipe-grouped``) and ZB-H1/H2
+(without the global check), are laid out here as columns instead: per action, its op, stage,
 micro-batch and weight version, rank-major. Every such order has the same pattern in the
 ``k``-th forward and ``k``-th backward of a rank's run of ``n`` passes::
 
@@ -14,7 +15,8 @@ micro-batch and weight version, rank-major. Every such order has the same patter
 (GPipe: ``w = n``; 1F1B: ``w = min(S - s - 1, n)`` per stage; interleaved: Megatron's
 ``w`` per rank, ``k`` mapped to a chunk and a micro-batch by :func:`interleaved_order`'s
 rule); GPipe grouping runs every forward of a rank's stages, then every backward, in runs
-of ``M``. The generators stay the reference: :meth:`ArrayPrograms.programs` gives back the
+of ``M``; ZB-H1/H2 split each backward into ``I`` and ``W`` and defer the ``W``'s
+(:func:`~pipeweave.schedules.zero_bubble.split_order`). The generators stay the reference: :meth:`ArrayPrograms.programs` gives back the
 same actions, and ``tests/schedules/test_flush_arrays.py`` compares them action for action
 with the registered generators on many shapes. Only what the search times is covered: one
 pipeline copy (width 1, no per-stage replicas, one pipeline, no options); anything else is
@@ -35,13 +37,16 @@ from .gpipe_grouped import gpipe_grouped
 from .interleaved import interleaved_1f1b
 from .one_f_one_b import one_f_one_b
 from .registry import Shape, get_info
+from .zero_bubble import zb_h1, zb_h2
 
 __all__ = ["ArrayPrograms", "flush_arrays", "OPS"]
 
-OPS = (Op.FORWARD, Op.BACKWARD, Op.ALL_REDUCE, Op.STEP)
+OPS = (Op.FORWARD, Op.BACKWARD, Op.ALL_REDUCE, Op.STEP, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
 """What :attr:`ArrayPrograms.op` codes: ``OPS[code]``."""
 
-_F, _B, _AR, _U = range(4)
+_F, _B, _AR, _U, _I, _W = range(6)
+PASSES = (_F, _B, _I, _W)
+"""The codes of a micro-batch's computation (``F``, ``B``, ``I``, ``W``)."""
 
 Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """A run of actions: op codes, stages, micro-batches (-1: none), versions."""
@@ -92,7 +97,7 @@ class ArrayPrograms:
 def _rank_counts(op: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(stages, counts)`` of one rank as :mod:`pipeweave.memory.held_counts` counts them:
     a forward holds one activation of its stage until its backward releases it."""
-    passes = op <= _B
+    passes = (op == _F) | (op == _B) | (op == _W)  # an I leaves it to its W
     forward = op[passes] == _F
     stages = np.unique(stage[passes][forward])
     column = np.searchsorted(stages, stage[passes])
@@ -117,6 +122,10 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
         rule = _interleaved
     elif generate is gpipe_grouped:
         rule = _grouped
+    elif generate is zb_h1 or generate is zb_h2:
+        if shape.chunks != 1:
+            return None  # the generator refuses it, with its message
+        rule = _zb_h1 if generate is zb_h1 else _zb_h2
     elif shape.chunks == 1:  # several stages in turn on a rank wait for themselves
         rule = _gpipe if generate is gpipe else _one_f_one_b
     else:
@@ -130,7 +139,7 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
                          lengths=tuple(len(c[0]) for c in columns))
 
 
-_RULES = (gpipe, one_f_one_b, interleaved_1f1b, gpipe_grouped)
+_RULES = (gpipe, one_f_one_b, interleaved_1f1b, gpipe_grouped, zb_h1, zb_h2)
 
 def _rank(rule: Callable[..., Columns], shape: Shape, layout: Layout, rank: int, reduce: bool) -> Columns:
     """One rank's columns: each iteration's passes, then its stages' updates."""
@@ -196,3 +205,26 @@ def _grouped(shape: Shape, rank: int, base: int) -> Columns:
     order = np.concatenate([stages, stages[::-1]])
     return (np.repeat(np.where(np.arange(2 * v) < v, _F, _B), M), np.repeat(order, M),
             base + np.tile(np.arange(M), 2 * v), np.full(2 * v * M, base // M))
+
+
+def _zb_h1(shape: Shape, depth: int, stage: int, base: int) -> Columns:
+    return _split(shape, stage, base, depth - stage - 1, stage)
+
+
+def _zb_h2(shape: Shape, depth: int, stage: int, base: int) -> Columns:
+    return _split(shape, stage, base, 2 * (depth - stage - 1), 2 * stage)
+
+
+def _split(shape: Shape, stage: int, base: int, warmup: int, defer: int) -> Columns:
+    """:func:`~pipeweave.schedules.zero_bubble.split_order`: ``warmup`` forwards; per
+    micro-batch ``k`` the next forward, ``I_k``, ``W_{k-defer}``; then the deferred ``W``'s."""
+    n = shape.microbatches
+    w = min(warmup, n)
+    k = np.arange(n)
+    ops = np.tile(np.array([_F, _I, _W]), (n, 1))
+    index = np.stack([w + k, k, k - defer], axis=1)
+    keep = np.stack([w + k < n, np.ones(n, bool), k >= defer], axis=1)
+    done = max(n - defer, 0)  # W's run in the loop
+    op = np.concatenate([np.full(w, _F), ops[keep], np.full(n - done, _W)])
+    micro = np.concatenate([np.arange(w), index[keep], np.arange(done, n)])
+    return (op, np.full(len(op), stage), base + micro, np.full(len(op), base // n))

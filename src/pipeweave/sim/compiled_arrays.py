@@ -8,7 +8,8 @@ closed form and found here in numpy, with no :class:`~pipeweave.ir.Action` built
 * each action after the first of its rank waits for the rank's previous one (an ``AR`` of one
   copy has itself as its only replica: the same edge);
 * a forward of micro-batch ``j`` on stage ``s > 0`` waits for stage ``s - 1``'s forward of
-  ``j``, a backward on stage ``s < S - 1`` for stage ``s + 1``'s backward of ``j``: a data
+  ``j``, a backward (or its ``I``) on stage ``s < S - 1`` for stage ``s + 1``'s backward of
+  ``j`` (or its ``I``; a ``W`` waits for nothing but its rank): a data
   edge (latency and the transfer at boundary ``min`` of the two stages) across ranks, a
   plain one on the same rank.
 
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedules.flush_arrays import OPS, ArrayPrograms
+from ..ir import Op
+from ..schedules.flush_arrays import OPS, PASSES, ArrayPrograms
 from . import metrics
 from .compiled import DATA, ROW, SAME, Compiled, assemble, longest_chains
 from .costs import Costs
@@ -53,13 +55,16 @@ def _edges(programs: ArrayPrograms, count: int) -> tuple[np.ndarray, ...]:
     same = every[~first]
     stages = programs.layout.num_stages
     passes = micro.max(initial=0) + 1
-    key = (op.astype(np.int64) * stages + stage) * passes + micro  # F and B only (op 0, 1)
+    forward = op == OPS.index(Op.FORWARD)
+    gradient = (op == OPS.index(Op.BACKWARD)) | (op == OPS.index(Op.BACKWARD_INPUT))
+    # an I is found as the B it splits (ir.deps.ref): what the previous stage waits for
+    key = (gradient.astype(np.int64) * stages + stage) * passes + micro
     found = np.full(2 * stages * passes, -1, dtype=np.int64)
-    computing = op <= 1
+    computing = forward | gradient
     found[key[computing]] = every[computing]
-    needs = computing & np.where(op == 0, stage > 0, stage < stages - 1)
+    needs = np.where(forward, stage > 0, gradient & (stage < stages - 1))
     target = every[needs]
-    step = np.where(op[needs] == 0, -1, 1)
+    step = np.where(forward[needs], -1, 1)
     source = found[key[needs] + step * passes]
     assert np.all(source >= 0), "every producer of a flush order is in it"
     crossing = rank[source] != rank[target]
@@ -81,7 +86,7 @@ def time_arrays(programs: ArrayPrograms, compiled: Compiled, costs: Costs) -> Ti
     cut = np.cumsum((0,) + programs.lengths)
     makespan = max((float(end[b - 1]) for a, b in zip(cut[:-1], cut[1:]) if b > a),
                    default=0.0)
-    spans = np.where(programs.op <= 1, end - start, np.nan)
+    spans = np.where(np.isin(programs.op, PASSES), end - start, np.nan)
     busy = []
     for a, b in zip(cut[:-1].tolist(), cut[1:].tolist()):
         run = spans[a:b]

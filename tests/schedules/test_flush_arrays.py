@@ -16,8 +16,9 @@ from pipeweave.memory.held_counts import held_peak_bytes
 from pipeweave.schedules import Shape, available_schedules, build_schedule
 from pipeweave.schedules.flush_arrays import flush_arrays
 
-COVERED = ("gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped", "zb-h1", "zb-h2")
-GRID = list(itertools.product((1, 2, 3, 5), (1, 2, 3, 4), (1, 2, 5, 6, 12, 20), (1, 2)))
+COVERED = ("gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped", "zb-h1", "zb-h2",
+           "interleaved-zb", "zbv", "v-half", "v-min", "dualpipev")
+GRID = list(itertools.product((1, 2, 3, 5), (1, 2, 3, 4), (1, 2, 5, 6, 10, 12, 20), (1, 2)))
 
 
 def _reference(name: str, shape: Shape, reduce: bool) -> tuple[tuple[Action, ...], ...]:

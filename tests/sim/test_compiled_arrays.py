@@ -19,11 +19,12 @@ from pipeweave.sim.compiled_arrays import compile_arrays, time_arrays
 
 from schedule_grid import random_costs
 
-GRID = list(itertools.product((1, 2, 3, 6), (1, 2, 3), (1, 3, 6, 12), (1, 2)))
+GRID = list(itertools.product((1, 2, 3, 6), (1, 2, 3), (1, 3, 6, 12, 24), (1, 2)))
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped", "zb-h1",
-                                  "zb-h2"])
+                                  "zb-h2", "interleaved-zb", "zbv", "v-half", "v-min",
+                                  "dualpipev"])
 def test_timing_from_columns_is_the_simulators(name: str) -> None:
     timed = 0
     for stages, chunks, microbatches, iterations in GRID:
@@ -52,7 +53,9 @@ def test_shared_cores_are_left_to_their_walk() -> None:
 @pytest.mark.parametrize("schedule, chunks, width", [("1f1b", 1, 2), ("interleaved-1f1b", 2, 2),
                                                      ("gpipe", 1, 1), ("1f1b", 1, 1),
                                                      ("gpipe-grouped", 3, 2), ("zb-h1", 1, 2),
-                                                     ("zb-h2", 1, 1)])
+                                                     ("zb-h2", 1, 1), ("zbv", 2, 2),
+                                                     ("dualpipev", 2, 1),
+                                                     ("interleaved-zb", 2, 2)])
 def test_time_plan_takes_the_columns_and_agrees(schedule: str, chunks: int, width: int) -> None:
     plan = Plan.uniform(24, 4, chunks=chunks, schedule=schedule, microbatches=16, width=width)
     costs = random_costs(4 * chunks, 5)

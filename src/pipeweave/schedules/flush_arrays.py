@@ -2,12 +2,13 @@
 
 At planning scale a surviving candidate is a 256-512-stage pipeline of thousands of
 micro-batches: its schedule is millions of :class:`~pipeweave.ir.Action` records, built one
-by one in Python (seconds), then indexed and walked. The schedules whose order is a closed
-form, GPipe, 1F1B (``flush_schedule`` with ``gpipe_order`` / ``one_f_one_b_order``) and
-Megatron's interleaved 1F1B, WPipe's GPipe grouping (``gpipe-grouped``) and ZB-H1/H2
-(without the global check), are laid out here as columns instead: per action, its op, stage,
-micro-batch and weight version, rank-major. Every such order has the same pattern in the
-``k``-th forward and ``k``-th backward of a rank's run of ``n`` passes::
+by one in Python (seconds), then indexed and walked. Here the synchronous schedules of one
+pipeline copy are laid out as columns instead: per action, its op, stage, micro-batch and
+weight version, rank-major, in numpy. Where a rank's order is a closed form, GPipe, 1F1B
+(and every schedule that is 1F1B with one chunk), Megatron's interleaved 1F1B, WPipe's
+GPipe grouping and ZB-H1/H2 (without the global check), no pass is built in Python at all;
+the first three share one pattern in the ``k``-th forward and ``k``-th backward of a rank's
+run of ``n`` passes::
 
     F0 .. F(w-1) | F(w) B0  F(w+1) B1 .. F(n-1) B(n-w-1) | B(n-w) .. B(n-1)
       warm-up w           one forward, one backward            cool-down
@@ -16,9 +17,13 @@ micro-batch and weight version, rank-major. Every such order has the same patter
 ``w`` per rank, ``k`` mapped to a chunk and a micro-batch by :func:`interleaved_order`'s
 rule); GPipe grouping runs every forward of a rank's stages, then every backward, in runs
 of ``M``; ZB-H1/H2 split each backward into ``I`` and ``W`` and defer the ``W``'s
-(:func:`~pipeweave.schedules.zero_bubble.split_order`). The generators stay the reference: :meth:`ArrayPrograms.programs` gives back the
-same actions, and ``tests/schedules/test_flush_arrays.py`` compares them action for action
-with the registered generators on many shapes. Only what the search times is covered: one
+(:func:`~pipeweave.schedules.zero_bubble.split_order`). The schedules whose order is found
+by list scheduling (ZB-V, V-Min, V-Half, DualPipeV, interleaved ZB) run their own order
+function once per shape, and only its passes become columns (no actions, no index).
+
+The generators stay the reference: :meth:`ArrayPrograms.programs` gives back the same
+actions, and ``tests/schedules/test_flush_arrays.py`` compares them action for action with
+the registered generators on many shapes. Only what the search times is covered: one
 pipeline copy (width 1, no per-stage replicas, one pipeline, no options); anything else is
 ``None`` and goes to the generator.
 """
@@ -36,7 +41,12 @@ from .gpipe import gpipe
 from .gpipe_grouped import gpipe_grouped
 from .interleaved import interleaved_1f1b
 from .one_f_one_b import one_f_one_b
+from .common import CopyOrder, Pass
+from .dualpipev import dualpipev, dualpipev_order
+from .interleaved_zb import interleaved_zb, interleaved_zb_order
 from .registry import Shape, get_info
+from .v_blocks import _v_half_order, _v_min_order, v_half, v_min
+from .zbv import zbv, zbv_order
 from .zero_bubble import zb_h1, zb_h2
 
 __all__ = ["ArrayPrograms", "flush_arrays", "OPS"]
@@ -111,27 +121,16 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
     """``build_schedule(name, shape)``'s programs as arrays; with ``reduce_before_step`` an
     ``AR`` before every ``U`` (:func:`pipeweave.auto.copies.one_copy_schedule`'s copy 0).
     None: not a shape or schedule covered here (module docstring)."""
-    generate = get_info(name).generate  # a name registered anew is not ours
-    rule: Callable[..., Columns]
+    info = get_info(name)  # its generator, not its name: a name registered anew is not ours
     if (shape.width != 1 or shape.replicas is not None or shape.pipelines != 1
-            or shape.options or generate not in _RULES):
+            or shape.options or shape.microbatches < info.min_microbatches(shape)):
         return None
-    if generate is interleaved_1f1b and shape.chunks > 1:
-        if shape.microbatches % shape.stages:
-            return None  # the generator refuses it, with its message
-        rule = _interleaved
-    elif generate is gpipe_grouped:
-        rule = _grouped
-    elif generate is zb_h1 or generate is zb_h2:
-        if shape.chunks != 1:
-            return None  # the generator refuses it, with its message
-        rule = _zb_h1 if generate is zb_h1 else _zb_h2
-    elif shape.chunks == 1:  # several stages in turn on a rank wait for themselves
-        rule = _gpipe if generate is gpipe else _one_f_one_b
-    else:
+    passes = _rule(info.generate, shape)
+    if passes is None:
         return None
-    layout = shape.layout()
-    columns = [_rank(rule, shape, layout, r, reduce_before_step) for r in range(layout.num_ranks)]
+    layout = info.layout(shape)
+    columns = [_rank(passes, shape, layout, r, reduce_before_step)
+               for r in range(layout.num_ranks)]
     op, stage, micro, version = (np.concatenate([c[i] for c in columns]) for i in range(4))
     return ArrayPrograms(layout=layout, microbatches=shape.microbatches,
                          iterations=shape.iterations, op=op.astype(np.int8), stage=stage,
@@ -139,23 +138,58 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
                          lengths=tuple(len(c[0]) for c in columns))
 
 
-_RULES = (gpipe, one_f_one_b, interleaved_1f1b, gpipe_grouped, zb_h1, zb_h2)
+Passes = Callable[[int, int], list[Columns]]
+"""``passes(rank, base)``: a rank's passes of the iteration whose first micro-batch is
+``base``, as runs of columns."""
 
-def _rank(rule: Callable[..., Columns], shape: Shape, layout: Layout, rank: int, reduce: bool) -> Columns:
+
+def _rule(generate: object, shape: Shape) -> Passes | None:
+    """How ``generate`` orders ``shape``'s passes, or None where it is not covered (or
+    the generator refuses the shape, with its own message)."""
+    P, v, M = shape.stages, shape.chunks, shape.microbatches
+    if v > 1 and generate in (interleaved_1f1b, interleaved_zb) and M % P:
+        return None
+    if generate is gpipe_grouped:
+        return lambda rank, base: [_grouped(shape, rank, base)]
+    if v > 1 and generate is interleaved_1f1b:
+        return lambda rank, base: [_interleaved(shape, rank, base)]
+    if v > 1 and (generate in _V_ORDERS or generate is interleaved_zb):
+        order = _V_ORDERS.get(generate) if v == 2 else None
+        if generate is interleaved_zb:
+            order = lambda ranks, count: interleaved_zb_order(ranks, count, v)  # noqa: E731
+        return None if order is None else _copy_passes(order(P, M), M)
+    per_stage = _PER_STAGE.get(generate)
+    if v > 1 or per_stage is None:  # stages in turn on one rank would wait for themselves
+        return None
+    return lambda rank, base: [per_stage(shape, P, rank, base)]
+
+
+def _rank(passes: Passes, shape: Shape, layout: Layout, rank: int, reduce: bool) -> Columns:
     """One rank's columns: each iteration's passes, then its stages' updates."""
     parts: list[Columns] = []
     stages = layout.stages_of(rank)
     for k in range(shape.iterations):
-        base = k * shape.microbatches
-        if rule is _interleaved or rule is _grouped:
-            parts.append(rule(shape, rank, base))
-        else:
-            parts.extend(rule(shape, layout.num_stages, s, base) for s in stages)
+        parts.extend(passes(rank, k * shape.microbatches))
         count = len(stages) * (2 if reduce else 1)
         ops = np.tile([_AR, _U] if reduce else [_U], len(stages))
         parts.append((ops, np.repeat(stages, count // len(stages)), np.full(count, -1),
                       np.full(count, k + 1)))
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore
+
+
+def _copy_passes(orders: Sequence[Sequence[Pass]], M: int) -> Passes:
+    """A copy's passes found by its order function (list scheduling: ZB-V, V-Min, V-Half,
+    DualPipeV, interleaved ZB; :func:`~pipeweave.schedules.common.copies_schedule`), turned
+    into columns once and shifted to each iteration's micro-batches."""
+    code = {op: OPS.index(op) for op in OPS}
+    rows = [(np.fromiter((code[p[0]] for p in order), np.int64, len(order)),
+             np.fromiter((p[1] for p in order), np.int64, len(order)),
+             np.fromiter((p[2] for p in order), np.int64, len(order))) for order in orders]
+
+    def passes(rank: int, base: int) -> list[Columns]:
+        op, stage, i = rows[rank]
+        return [(op, stage, base + i, np.full(len(op), base // M))]
+    return passes
 
 
 def _pattern(n: int, warmup: int) -> tuple[np.ndarray, np.ndarray]:
@@ -228,3 +262,15 @@ def _split(shape: Shape, stage: int, base: int, warmup: int, defer: int) -> Colu
     op = np.concatenate([np.full(w, _F), ops[keep], np.full(n - done, _W)])
     micro = np.concatenate([np.arange(w), index[keep], np.arange(done, n)])
     return (op, np.full(len(op), stage), base + micro, np.full(len(op), base // n))
+
+
+_PER_STAGE: dict[object, Callable[[Shape, int, int, int], Columns]] = {
+    gpipe: _gpipe, one_f_one_b: _one_f_one_b, zb_h1: _zb_h1, zb_h2: _zb_h2,
+    # with one chunk these lay out plain 1F1B (``v_schedule``, ``interleaved_zb``)
+    interleaved_1f1b: _one_f_one_b, interleaved_zb: _one_f_one_b, zbv: _one_f_one_b,
+    v_half: _one_f_one_b, v_min: _one_f_one_b, dualpipev: _one_f_one_b}
+"""The schedules whose rank runs one stage's closed-form order, by generator."""
+
+_V_ORDERS: dict[object, CopyOrder] = {zbv: zbv_order, v_half: _v_half_order,
+                                      v_min: _v_min_order, dualpipev: dualpipev_order}
+"""The V schedules' order functions (two chunks), by generator."""

@@ -4,12 +4,11 @@ simulator predicts fastest for it within the memory limit (planner/registry.py).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from pipeweave.cli.main import main
 from pipeweave.planner import Plan, PlanRequest, make_plan
 from pipeweave.planner.memory import predicted_memory
 from pipeweave.profiler import BlockProfile, Profile
@@ -67,23 +66,21 @@ def test_slicer_and_fastest_are_refused_together() -> None:
         make_plan(request(slicer=True), "uniform")
 
 
-def test_a_costly_split_keeps_1f1b(tmp_path: Path) -> None:
+def test_a_costly_split_keeps_1f1b(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """When I + W cost far more than B (a split that recomputes), no zero-bubble schedule is
     chosen (AutoPipe's sliced 1F1B, whose halved first micro-batches shorten the warm-up, is
-    the fastest here); through the CLI."""
+    the fastest here); through the CLI (in this process: ``python -m pipeweave`` itself is
+    tests/cli/test_cli.py's)."""
     costly = Profile(tuple(BlockProfile(f"b{i}", 1.0, 2.0, 1e6, 1e6, 1e6, weight_grad=3.0,
                                         input_grad=3.0) for i in range(4)),
                      model="costly", source="synthetic")
     path = tmp_path / "profile.json"
     costly.save(path)
-    out = subprocess.run(
-        [sys.executable, "-m", "pipeweave", "plan", "--profile", str(path), "--ranks", "4",
-         "--method", "time", "--microbatches", "8", "--schedule", "fastest", "--json"],
-        capture_output=True, text=True, timeout=120, check=True)
-    report = json.loads(out.stdout)
+    argv = ["plan", "--profile", str(path), "--ranks", "4", "--method", "time",
+            "--microbatches", "8", "--schedule", "fastest"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
     assert report["schedule"] == "sliced-1f1b"
-    text = subprocess.run(
-        [sys.executable, "-m", "pipeweave", "plan", "--profile", str(path), "--ranks", "4",
-         "--method", "time", "--microbatches", "8", "--schedule", "fastest"],
-        capture_output=True, text=True, timeout=120, check=True).stdout
+    assert main(argv) == 0
+    text = capsys.readouterr().out
     assert "schedule zb-h1:" in text and "(chosen)" in text

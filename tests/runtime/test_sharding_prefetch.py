@@ -18,6 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 from pipeweave.cli.cmd_train import add_parser as add_train, build_job
+from pipeweave.host import FORKSERVER_PRELOAD
 from pipeweave.ir import Op
 from pipeweave.runtime import Plan
 from pipeweave.runtime.execution.gathers import gather_plan
@@ -135,8 +136,11 @@ def _rank(rank: int, prepared: Any, store: str, out: str) -> None:
 
 def _run(job: Any, folder: Path) -> tuple[list[list[list[Any]]], list[Any]]:
     folder.mkdir()
-    mp.spawn(_rank, args=(prepare(job), str(folder / "store"), str(folder)), nprocs=4,
-             join=True, start_method="spawn")
+    # forked by a fork server that imported torch once, as the launcher's ranks are, rather
+    # than four fresh interpreters importing it again for each of the two runs
+    mp.set_forkserver_preload([*FORKSERVER_PRELOAD, "pipeweave.runtime.launch.rank"])
+    mp.start_processes(_rank, args=(prepare(job), str(folder / "store"), str(folder)),
+                       nprocs=4, join=True, start_method="forkserver")
     events = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(4)]
     return events, [torch.load(folder / f"rank{r}.pt") for r in range(4)]
 

@@ -47,6 +47,7 @@ from .tensor_parallel import tp_problem, tp_refusal, tp_sizes
 from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
 from .prefix_twins import PrefixTwins
+from .program_bound import plan_program_bound
 from .predict import (Prediction, Timed, candidate_costs, candidate_plan, one_copy_suffices,
                       predict, simulate_candidate, with_memory, with_options)
 from .problem import AutoProblem, Candidate
@@ -440,6 +441,11 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
         return None
     if not state.fits(done, state.started):
         state.over_budget += 1
+        return None
+    program = plan_program_bound(plan, costs, problem) if state.best > 0 else 0.0  # fill, drain
+    state.prefixes.record(candidate, program)
+    if _cannot_beat(samples, program, state.best, done):
+        state.pruned_time += 1
         return None
     simulated = _checked_simulation(state, done, plan, profile)
     if simulated is not None:

@@ -37,6 +37,7 @@ from ..planner.plan import Plan
 from ..profiler import Profile
 from ..schedules import Shape, get_info
 from ..schedules.registry import check_options
+from ..sim import Costs
 from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, reduce_bound, shape_bound
 from .budget import Budget, work_units
@@ -442,9 +443,7 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     if not state.fits(done, state.started):
         state.over_budget += 1
         return None
-    program = plan_program_bound(plan, costs, problem) if state.best > 0 else 0.0  # fill, drain
-    state.prefixes.record(candidate, program)
-    if _cannot_beat(samples, program, state.best, done):
+    if _pruned_by_program(state, candidate, done, plan, costs):
         state.pruned_time += 1
         return None
     simulated = _checked_simulation(state, done, plan, profile)
@@ -452,6 +451,18 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
         state.record_twin(plan, twin, simulated.timed.iteration_time)
         state.prefixes.record(candidate, simulated.timed.iteration_time)
     return simulated
+
+
+def _pruned_by_program(state: _Search, candidate: Candidate, done: Candidate, plan: Plan,
+                       costs: Costs) -> bool:
+    """Each rank's fill and drain read off its built program can't beat the best
+    (:mod:`~pipeweave.auto.program_bound`; asked once there is a best, and kept for the
+    candidate's recompute prefixes)."""
+    if state.best <= 0:
+        return False
+    program = plan_program_bound(plan, costs, state.problem)
+    state.prefixes.record(candidate, program)
+    return _cannot_beat(state.problem.batch * candidate.pipelines, program, state.best, done)
 
 
 def _recomputed(plan: Plan) -> tuple[bool, ...]:

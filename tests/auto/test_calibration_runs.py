@@ -85,13 +85,15 @@ def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead:
 
 
 def test_a_compute_faster_than_simulated_leaves_the_scale_at_one() -> None:
-    from pipeweave.measure.calibration_runs import compute_scale
+    from pipeweave.measure.calibration_runs import compute_scale_target
 
     plans = calibration_plans(_problem(2))
     simulated = plans["default"].compute({})
-    assert compute_scale(plans, {"default": [simulated * 0.8]}) == 1.0
-    assert compute_scale(plans, {"default": [simulated * 1.5, simulated * 1.2, simulated * 9]}) \
-        == pytest.approx(1.5)
+    slower = compute_scale_target(plans, {"default": [simulated * 0.8]})
+    assert solve([slower]) == {"compute_scale": 1.0}
+    rounds = [simulated * 1.5, simulated * 1.2, simulated * 9]  # the median: 1.5
+    fitted = solve([compute_scale_target(plans, {"default": rounds})])
+    assert fitted["compute_scale"] == pytest.approx(1.5, rel=1e-9)
 
 
 def test_without_the_allreduce_bandwidth_only_the_message_latency_is_fitted() -> None:
@@ -195,3 +197,97 @@ def test_the_measured_table_gives_the_spread_and_the_rounds() -> None:
     text = format_measured({"measured": {"winner": row}})
     assert "20.0%" in text and "12.5%" in text and "1.0/2.0" in text
     assert "median of 3 alternating rounds" in text
+
+
+def _shared_problem(ranks: int, cores: int) -> AutoProblem:
+    """A batch of 8 x ranks samples, so that every M the search tries divides it."""
+    return replace(_problem(ranks), shared_cores=cores, batch_size=8 * ranks)
+
+
+@pytest.mark.parametrize("ranks, overhead, latency, reduce, scale",
+                         [(4, 5e-4, 1e-3, 2e-3, 1.2), (3, 2e-3, 3e-4, 4e-3, 1.1),
+                          (4, 0.0, 5e-4, 1e-3, 1.5)])
+def test_shared_cores_add_a_plan_at_the_smallest_micro_batches_and_fit_the_action_cost(
+        ranks: int, overhead: float, latency: float, reduce: float, scale: float) -> None:
+    """Ranks > cores: a third plan, data-parallel at the search's largest M (8 x ranks),
+    fixes the per-action overhead; the runs 'measure' what the model predicts at known
+    parameters, their timelines' compute without the overhead (it lies between actions):
+    all four come back."""
+    problem = _shared_problem(ranks, 2)
+    plans = calibration_plans(problem)
+    assert set(plans) == {"default", "data-parallel", "data-parallel-small"}
+    assert plans["data-parallel-small"].plan.microbatches == 8 * ranks
+    assert plans["data-parallel"].plan.microbatches == 2 * ranks
+    truth = {"message_latency": latency, "allreduce_latency": reduce,
+             "action_overhead": overhead, "compute_scale": scale}
+
+    def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
+        seen = plans[label].compute({**truth, "action_overhead": 0.0})
+        return plans[label].iteration(truth), [seen / ranks] * ranks
+
+    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=1, seconds=0.1)
+    assert fit is not None
+    for name, value in truth.items():
+        assert fit.fitted[name] == pytest.approx(value, rel=1e-6, abs=1e-10)
+    runtime = fitted.profile.runtime
+    assert runtime is not None and runtime.action_overhead == fit.fitted["action_overhead"]
+    assert fit.to_json()["plans"]["data-parallel-small"]["parameter"] == "action_overhead"
+
+
+def test_no_action_plan_where_every_rank_has_a_core_or_no_larger_m_fits() -> None:
+    assert "data-parallel-small" not in calibration_plans(_problem(4))
+    assert calibration_plans(_problem(2), actions=True)["data-parallel-small"].plan \
+        .microbatches == 8  # the batch is 8 samples: 4 x 2 ranks is the largest M dividing it
+    fixed = replace(_shared_problem(4, 2), microbatches=(4, 8))
+    assert "data-parallel-small" not in calibration_plans(fixed)
+    wanted = replace(_shared_problem(4, 2), microbatches=(8, 16))
+    assert calibration_plans(wanted)["data-parallel-small"].plan.microbatches == 16
+
+
+def test_the_action_overhead_is_added_to_each_compute_action_and_each_send() -> None:
+    """Hand-derived on two stages: F0 sends forward, B1 sends back; each pays the overhead
+    twice, the others once; the update not at all; after the compute scale."""
+    profile = small_profile(3, blocks=4)
+    bounds = ((0, 2), (2, 4))
+    base = replace(profile, runtime=RuntimeCosts(per_message=1e-4, compute_scale=1.5))
+    more = replace(profile, runtime=RuntimeCosts(per_message=1e-4, compute_scale=1.5,
+                                                 action_overhead=1e-3))
+    one, two = plan_costs(base, bounds, Network(1e9)), plan_costs(more, bounds, Network(1e9))
+    assert [b - a for a, b in zip(one.forward, two.forward)] == pytest.approx([2e-3, 1e-3])
+    assert [b - a for a, b in zip(one.backward, two.backward)] == pytest.approx([1e-3, 2e-3])
+    assert [b - a for a, b in zip(one.input_grad, two.input_grad)] == pytest.approx([1e-3, 2e-3])
+    assert two.update == one.update
+    assert RuntimeCosts.from_json(more.runtime.to_json()) == more.runtime
+    with pytest.raises(ValueError, match="action_overhead must be a finite number"):
+        RuntimeCosts(action_overhead=-1e-3)
+
+
+def test_one_timer_serves_the_calibration_and_auto_run_with_apc_per_label(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan_timer`` passes each label's APC setting to ``measure_plan`` (no memory run);
+    ``measure_predictions`` times its rounds through it."""
+    from pipeweave.auto.search import default_prediction
+    from pipeweave.measure import compare, plan_run
+    from pipeweave.measure.plan_run import Measured
+
+    calls: list[tuple[int, bool, bool]] = []
+
+    def fake(plan: Plan, *, apc: bool = False, memory: bool = True, **_: object) -> Measured:
+        calls.append((plan.microbatches, apc, memory))
+        return Measured(0.01 * plan.microbatches, [], 1.0, [], [0.002, 0.003])
+
+    monkeypatch.setattr(plan_run, "measure_plan", fake)
+    monkeypatch.setattr(compare, "peak_memory", lambda plan, **_: [1, 2])
+    timer = plan_run.plan_timer(model="toy", batch_size=8, apc={"winner": True})
+    plan = Plan(num_blocks=2, stages=((0, 1), (1, 2)), schedule="1f1b", microbatches=4)
+    assert timer("winner", plan, 5) == (0.04, [0.002, 0.003])
+    assert timer("default", plan, 5)[0] == 0.04
+    assert calls == [(4, True, False), (4, False, False)]
+    prediction = default_prediction(_problem(2))
+    assert prediction is not None
+    calls.clear()
+    report = compare.measure_predictions({"default": prediction}, model="toy", batch_size=8,
+                                         rounds=2, steps=3)
+    assert calls == [(prediction.plan.microbatches, False, False)] * 2
+    assert report["default"]["iteration_time"] == pytest.approx(0.01 * prediction.plan.microbatches)
+    assert report["default"]["peak_memory_bytes"] == [1, 2]

@@ -73,3 +73,22 @@ def test_a_model_is_profiled_now(capsys: pytest.CaptureFixture[str]) -> None:
 def test_without_a_model_the_unit_costs_stay(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run(capsys, "simulate", "1f1b", "--stages", "4", "--microbatches", "8", "--json")
     assert json.loads(out)["iteration_time"] == pytest.approx(33.0)
+
+
+def test_a_calibrated_action_overhead_is_honoured(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    """A profile whose runtime costs carry ``action_overhead`` (auto --profile-out's, ranks >
+    cores): every F and B of 1F1B on 4 stages pays it, and once more where it sends (no
+    link: free transfers, so the send is the only message cost)."""
+    from dataclasses import replace
+
+    from pipeweave.profiler.runtime_costs import RuntimeCosts
+
+    plain = Profile.load(unit_profile(tmp_path / "p.json"))
+    replace(plain, runtime=RuntimeCosts(action_overhead=0.25)).save(tmp_path / "c.json")
+    args = ("simulate", "1f1b", "--stages", "4", "--microbatches", "8", "--json", "--profile")
+    base = json.loads(run(capsys, *args, str(tmp_path / "p.json"))[1])
+    more = json.loads(run(capsys, *args, str(tmp_path / "c.json"))[1])
+    assert more["costs"]["forward"] == pytest.approx([1.5, 1.5, 1.5, 1.25])
+    assert more["costs"]["backward"] == pytest.approx([2.25, 2.5, 2.5, 2.5])
+    assert more["iteration_time"] > base["iteration_time"]

@@ -24,11 +24,14 @@ def _profile(*, device: str = "cpu", source: str = "measured", cores: int | None
                    metadata=metadata)
 
 
-def test_auto_profiles_at_the_default_micro_batch_and_a_quarter_of_it() -> None:
-    assert auto_microbatch_sizes(batch_size=None, ranks=2) == (DEFAULT_MICROBATCH,
-                                                               DEFAULT_MICROBATCH // 4)
-    assert auto_microbatch_sizes(batch_size=64, ranks=2) == (16, 4)  # 64 / (2 x 2 ranks)
-    assert auto_microbatch_sizes(batch_size=8, ranks=4) == (1,)      # one size, no quarter
+def test_auto_profiles_at_the_default_and_every_micro_batch_a_candidate_uses() -> None:
+    """The default plan's size first (the others scale from it), then the batch over each
+    micro-batch count the search tries (ranks x 1, 2, 4, 8), largest first."""
+    assert auto_microbatch_sizes(batch_size=None, ranks=2) == (DEFAULT_MICROBATCH, 8, 2, 1)
+    assert auto_microbatch_sizes(batch_size=64, ranks=2) == (16, 32, 8, 4)  # 64 / (2 x 2)
+    assert auto_microbatch_sizes(batch_size=8, ranks=4) == (1, 2)   # 8 / 16, 8 / 32: no size
+    assert auto_microbatch_sizes(batch_size=None, ranks=2, microbatches=(4, 8)) == (4, 2)
+    assert auto_microbatch_sizes(batch_size=None, ranks=2, microbatches=(4,)) == (4, 1)
 
 
 def test_local_ranks_share_the_cores_only_when_they_outnumber_them() -> None:

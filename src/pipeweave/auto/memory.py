@@ -27,6 +27,7 @@ from ..planner.memory import (optimizer_state_bytes, plan_sharding, predicted_me
                               reduction_bytes, stage_activation_bytes, stage_weights)
 from ..planner.plan import Plan
 from ..schedules import get_info
+from ..schedules.flush_arrays import ArrayPrograms
 from .copies import one_copy_plan
 from .problem import AutoProblem
 
@@ -90,10 +91,12 @@ def reduction_floor(weights: Sequence[StageWeights], hosted: Sequence[Sequence[i
                  for s in stages), default=0.0) for stages in hosted]
 
 
-def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
+def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule | ArrayPrograms, *,
                  one_copy: bool = False) -> list[float]:
     """Per rank of ``schedule`` (compute-only, one iteration of a synchronous ``plan``, or
-    copy 0 of it with ``one_copy``): a lower bound of :func:`rank_memory` (module docstring)."""
+    copy 0 of it with ``one_copy``; or its programs as columns,
+    :mod:`~pipeweave.schedules.flush_arrays`, which count the same): a lower bound of
+    :func:`rank_memory` (module docstring)."""
     if not get_info(plan.schedule).synchronous:
         raise ValueError(f"memory_floor covers synchronous schedules, not {plan.schedule!r}")
     own = one_copy_plan(plan) if one_copy else plan
@@ -105,7 +108,9 @@ def memory_floor(problem: AutoProblem, plan: Plan, schedule: Schedule, *,
     kept = stage_activation_bytes(profile, own, scale)
     # counted once per shape, weighed per partition; the bytes summed in another order than
     # the model's running total, so a relative ROUNDING below it (still a floor)
-    held = [peak * (1.0 - ROUNDING) for peak in held_peak_bytes(schedule, kept)]
+    peaks = (schedule.held_peak_bytes(kept) if isinstance(schedule, ArrayPrograms)
+             else held_peak_bytes(schedule, kept))
+    held = [peak * (1.0 - ROUNDING) for peak in peaks]
     state = optimizer_state_bytes(profile, own, problem.optimizer)
     weights = stage_weights(profile, own)
     hosted = [schedule.layout.stages_of(r) for r in range(schedule.num_ranks)]

@@ -55,7 +55,7 @@ from .problem import AutoProblem, Candidate
 from .ranking import identity
 from .scaling import scaled_profile
 from .ties import TieRefused, check_ties
-from .timing import plan_schedule
+from .timing import floor_programs
 
 __all__ = ["SearchResult", "search", "default_candidate", "default_prediction", "Progress"]
 
@@ -227,8 +227,8 @@ class _Search:
         if limit is None or not get_info(plan.schedule).synchronous:
             return False
         one_copy = one_copy_suffices(plan, self.problem)
-        schedule = plan_schedule(plan, 1, one_copy=one_copy)
-        return max(memory_floor(self.problem, plan, schedule, one_copy=one_copy)) > limit
+        programs = floor_programs(plan, one_copy=one_copy)  # columns where they exist
+        return max(memory_floor(self.problem, plan, programs, one_copy=one_copy)) > limit
 
     def fits(self, candidate: Candidate, started: float, *, simulation: bool = True) -> bool:
         """Under ``--time-limit``: the estimated cost of what is next (the simulation and

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
-from ..measure import (RUN_ROUNDS, RUN_SECONDS, CalibrationFit, auto_microbatch_sizes,
+from ..measure import (RUN_ROUNDS, TIMED_SECONDS, CalibrationFit, auto_microbatch_sizes,
                        calibrate, calibration_skipped, check_steps, fit_calibration,
                        measure_predictions, plan_timer, profile_model)
 from ..models import available_models
@@ -146,7 +146,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=RUN_ROUNDS,
                         help="with --run: rounds, each training the winner then the default "
                              "(the other way round in odd rounds); the median is reported")
-    parser.add_argument("--run-seconds", type=float, default=RUN_SECONDS, metavar="SECONDS",
+    parser.add_argument("--run-seconds", type=float, default=TIMED_SECONDS, metavar="SECONDS",
                         help="with --run and no --steps: timed iterations per round")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="with --run: seconds a rank waits for a peer")
@@ -184,7 +184,8 @@ def _profiles(args: argparse.Namespace) -> list[Profile]:
     else:
         assert model is not None  # check_profile_source: a model or a profile
         profiles = []
-        for size in auto_microbatch_sizes(batch_size=args.batch_size, ranks=args.ranks):
+        for size in auto_microbatch_sizes(batch_size=args.batch_size, ranks=args.ranks,
+                                          microbatches=_counts(args.microbatches)):
             _say(f"profiling {model} at {size} samples per micro-batch ...")
             started = time.perf_counter()
             profiles.append(profile_model(model=model, batch_size=size, ranks=args.ranks,
@@ -310,8 +311,8 @@ def _fitted(args: argparse.Namespace,
              "this)")
         return problem, None
     started = time.perf_counter()
-    _say(f"timing the default and a data-parallel plan on {args.ranks} local processes to fit "
-         "the message latency and the all-reduce ...")
+    _say(f"timing the default and data-parallel plans on {args.ranks} local processes to fit "
+         "the message latency, the all-reduce and (ranks > cores) the cost per action ...")
     timer = plan_timer(model=model, batch_size=problem.batch, timeout_s=args.timeout,
                        overrides=overrides)
     problem, fit = fit_calibration(problem, time_one=timer, say=_say)
@@ -320,7 +321,8 @@ def _fitted(args: argparse.Namespace,
             _say(f"{label} plan measured {1e3 * rounds.median:.1f} ms per iteration (spread "
                  f"{100 * rounds.spread:.0f} %), predicted {1e3 * fit.predicted_before[label]:.1f}"
                  " ms before the fit")
-        words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost"}
+        words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost",
+                 "action_overhead": "per action"}
         _say(f"fitted compute x{fit.fitted['compute_scale']:.3f}"
              + "".join(f", {words[name]} +{1e6 * value:.0f} us"
                        for name, value in fit.fitted.items() if name in words)

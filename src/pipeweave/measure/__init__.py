@@ -3,9 +3,9 @@ benchmarks run for real to learn a number.
 
 * calibration: a profile completed with the link, the runtime's costs per action and its
   all-reduce's bandwidth (:mod:`.calibration`, :mod:`.runtime_costs`, :mod:`.collective`),
-  and the message latency and the all-reduce's fixed cost fitted to alternating runs of the
-  default and a data-parallel plan (:mod:`.calibration_runs`; one run of the default plan
-  alone: :mod:`.message_latency`);
+  and the message latency, the all-reduce's fixed cost and (ranks > cores) the cost per
+  action fitted to alternating runs of the default and data-parallel plans
+  (:mod:`.calibration_runs`, solved by :mod:`.calibration_solve`);
 * a plan trained for a few steps and timed (:mod:`.plan_run`), plans timed in alternating
   rounds (:mod:`.alternating`), and ``pipeweave auto --run``'s comparison (:mod:`.compare`);
 * pilots: the finalists of ``auto --semantics any`` trained briefly in one process and ranked
@@ -22,7 +22,7 @@ nothing here reads an ``argparse.Namespace``.
 from .alternating import TIMED_SECONDS, Rounds, alternate, round_steps, timed_steps
 from .calibration import calibrate, calibration_skipped
 from .calibration_runs import CalibrationFit, calibration_plans, fit_calibration
-from .compare import RUN_ROUNDS, RUN_SECONDS, compare_predictions, measure_predictions
+from .compare import RUN_ROUNDS, compare_predictions, measure_predictions
 from .pilot import check_pilot, pilot_finalists, pilot_plan
 from .plan_run import (Measured, check_steps, measure_plan, measure_prediction, peak_memory,
                        plan_job, plan_timer)
@@ -33,7 +33,7 @@ from .tune_profile import SOURCES, UTILISATIONS, tuning_profile
 from .tune_runs import RealRun, profile_real_run, run_setting
 
 __all__ = ["Rounds", "alternate", "round_steps", "CalibrationFit", "calibration_plans",
-           "fit_calibration", "RUN_ROUNDS", "RUN_SECONDS", "compare_predictions",
+           "fit_calibration", "RUN_ROUNDS", "compare_predictions",
            "measure_predictions", "peak_memory", "plan_timer", "calibrate", "calibration_skipped", "fit_runtime_costs", "measure_runtime_costs",
            "TIMED_SECONDS", "timed_steps", "Measured", "check_steps", "measure_plan",
            "measure_prediction", "plan_job", "check_pilot", "pilot_plan", "pilot_finalists",

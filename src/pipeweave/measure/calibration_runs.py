@@ -1,32 +1,42 @@
-"""The costs a distributed run adds, fitted from real runs of two plans that stress different
-ones: the message latency and the all-reduce's fixed cost.
+"""The costs a distributed run adds, fitted from real runs of plans that stress different
+ones: the message latency, the all-reduce's fixed cost and, where more ranks than cores share
+the machine, the overhead of each action.
 
-Two plans are trained on local processes in alternating rounds (:mod:`.alternating`; 3 by
-default, so that the median leaves out one disturbed round), each about ``seconds`` of timed
-iterations per round:
+Two or three plans are trained on local processes in alternating rounds
+(:mod:`.alternating`; 3 by default, so that the median leaves out one disturbed round), each
+about ``seconds`` of timed iterations per round:
 
 * ``default``: 1F1B, the uniform split over the ranks, M = 2 x ranks: every micro-batch
   crosses every stage boundary, so its time moves with ``message_latency``;
 * ``data-parallel``: the whole model as one stage replicated on every rank, the default's M:
   no message between stages, one all-reduce of the whole model per iteration, so its time
   moves with ``allreduce_latency`` (:mod:`pipeweave.profiler.runtime_costs`; fitted only
-  where the profile knows the all-reduce's bandwidth, :mod:`.collective`).
+  where the profile knows the all-reduce's bandwidth, :mod:`.collective`);
+* ``data-parallel-small`` (ranks > cores only): the same data-parallel plan at the largest
+  M the search tries (``8 x ranks`` by default, the smallest micro-batches): the same
+  all-reduce, the same samples, 4x the actions, so its time moves with ``action_overhead``
+  (what an action costs beyond its compute when 4 processes share 2 cores; docs/auto.md
+  measured the data-parallel plan at M = 32 at 28 ms where 9 ms was predicted).
 
-First the ranks' compute: the seconds of F, B, I and W actions per iteration on the runs'
-timelines, summed over ranks and over the two plans (median of the rounds), against the
-same simulated; their ratio (at least 1) is ``compute_scale``, which multiplies every compute
-action from then on (the send thread and gloo's threads take the cores from the compute;
-a run under load computes slower than the profile did). Then each parameter is the value
-at which its plan's simulated iteration equals the median of its
-rounds (:func:`solve`: bisection per parameter, repeated over the parameters until none
-moves, Gauss-Seidel, so a plan that depends on both is solved exactly too; a plan measured
-faster than predicted with the parameter at 0 leaves it at 0). Two parameters from two
-plans measured under the same load: before, one parameter from one run of the default plan
+The ranks' compute: the seconds of F, B, I and W actions per iteration on the runs'
+timelines, summed over ranks and over the plans (median of the rounds), against the
+same simulated; the factor (at least 1) that equates them is ``compute_scale``, which
+multiplies every compute action (the send thread and gloo's threads take the cores from the
+compute; a run under load computes slower than the profile did). Each other parameter is the
+value at which its plan's simulated iteration equals the median of its rounds. All are
+solved together (:func:`~.calibration_solve.solve`: Gauss-Seidel bisections, then Newton
+steps, exact where plans depend on several parameters; a plan measured faster than
+predicted with its parameter at 0 leaves it at 0). Parameters from plans measured under the
+same load: before, one parameter from one run of the default plan
 had to absorb the all-reduce too, and the data-parallel winner was predicted 15-31 % fast
 while the default was 15-31 % slow (docs/auto.md).
 
+The action overhead is taken to lie outside the timed actions (the interpreter between
+them, the wake-up when a shared core comes back): the timelines' compute, and so
+``compute_scale``, do not include it.
+
 Each probe only re-prices a plan partitioned once, so a fit is some hundred simulations of
-two small plans.
+two or three small plans.
 """
 
 from __future__ import annotations
@@ -47,61 +57,16 @@ from ..sim import simulate
 from ..planner.plan import Plan
 from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
-from .alternating import Rounds, alternate
+from .alternating import TIMED_SECONDS, Rounds, alternate
+from .calibration_solve import Target, solve
 
 __all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
-           "compute_scale", "data_parallel_candidate", "fit_calibration", "solve", "with_costs"]
+           "compute_scale_target", "data_parallel_candidate", "fit_calibration",
+           "smallest_batches", "solve", "with_costs"]
 
-PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency"}
+PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency",
+              "data-parallel-small": "action_overhead"}
 """Which runtime cost each calibration plan's time fixes."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """A measured time that a parameter must make the model predict."""
-
-    parameter: str
-    predict: Callable[[Mapping[str, float]], float]
-    measured: float
-
-
-def _bisect(predicted: Callable[[float], float], measured: float) -> float:
-    """The least value of a cost in seconds (to 40 halvings) at which ``predicted`` (not
-    decreasing in it) reaches ``measured``; 0 when no value up to a minute does (no such cost
-    on the critical path)."""
-    low, high = 0.0, 1e-3
-    reached = predicted(high) >= measured
-    while not reached and high < 60.0:
-        low, high = high, high * 4
-        reached = predicted(high) >= measured
-    if not reached:
-        return 0.0
-    for _ in range(40):
-        middle = (low + high) / 2
-        low, high = (middle, high) if predicted(middle) < measured else (low, middle)
-    return high
-
-
-def solve(targets: Sequence[Target], *, fixed: Mapping[str, float] | None = None,
-          passes: int = 12) -> dict[str, float]:
-    """The parameters (each >= 0) at which every target's prediction equals its measured
-    time (module docstring), the ``fixed`` ones held; a parameter whose target is faster
-    than predicted at 0 stays 0."""
-    theta = {**dict(fixed or {}), **{t.parameter: 0.0 for t in targets}}
-    for _ in range(passes):
-        moved = False
-        for target in targets:
-            def probe(value: float, name: str = target.parameter,
-                      predict: Callable[[Mapping[str, float]], float] = target.predict
-                      ) -> float:
-                return predict({**theta, name: value})
-
-            value = 0.0 if probe(0.0) >= target.measured else _bisect(probe, target.measured)
-            moved = moved or abs(value - theta[target.parameter]) > 1e-12 + 1e-9 * value
-            theta[target.parameter] = value
-        if not moved:
-            break
-    return theta
 
 
 def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
@@ -111,10 +76,12 @@ def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
     return replace(profile, runtime=replace(runtime, **fields))
 
 
-def data_parallel_candidate(problem: AutoProblem) -> Candidate | None:
-    """The whole model as one stage on every rank, 1F1B at the default's M (``None`` for
-    one rank, or where M does not divide the batch)."""
-    ranks, microbatches = problem.ranks, problem.default_microbatches
+def data_parallel_candidate(problem: AutoProblem,
+                            microbatches: int | None = None) -> Candidate | None:
+    """The whole model as one stage on every rank, 1F1B at ``microbatches`` (default: the
+    default's M; ``None`` for one rank, or where M does not divide the batch)."""
+    ranks = problem.ranks
+    microbatches = problem.default_microbatches if microbatches is None else microbatches
     if ranks < 2 or problem.batch % microbatches or microbatches % ranks:
         return None
     return Candidate(schedule="1f1b", method="pipedream", depth=1, width=1, chunks=1,
@@ -139,9 +106,22 @@ class CalibrationPlan:
     ranks``."""
 
 
-def calibration_plans(problem: AutoProblem) -> dict[str, CalibrationPlan]:
+def smallest_batches(problem: AutoProblem) -> int | None:
+    """The largest M the search tries on a data-parallel plan (``--microbatches``, else
+    ``ranks x (1, 2, 4, 8)``, as :mod:`pipeweave.auto.axes`) that divides the batch and
+    splits evenly over the ranks, if it exceeds the default's M; else ``None``."""
+    ranks = problem.ranks
+    counts = problem.microbatches or tuple(ranks * k for k in (1, 2, 4, 8))
+    fitting = [m for m in counts if problem.batch % m == 0 and m % ranks == 0
+               and m > problem.default_microbatches]
+    return max(fitting, default=None)
+
+
+def calibration_plans(problem: AutoProblem, *,
+                      actions: bool | None = None) -> dict[str, CalibrationPlan]:
     """Per calibration plan that can be built and whose parameter the profile can price
-    (module docstring)."""
+    (module docstring); ``actions``: add ``data-parallel-small`` (default: where the ranks
+    share fewer cores, ``problem.shared_cores``)."""
     zero = {"compute_scale": 1.0, **{name: 0.0 for name in PARAMETERS.values()}}
     plain = replace(problem, profile=with_costs(problem.profile, zero))
     out: dict[str, CalibrationPlan] = {}
@@ -150,14 +130,20 @@ def calibration_plans(problem: AutoProblem) -> dict[str, CalibrationPlan]:
         out["default"] = CalibrationPlan(found.plan, found.iteration_time,
                                          *_probes(found.candidate, plain))
     runtime = problem.profile.runtime
-    parallel = data_parallel_candidate(plain)
-    if parallel is not None and runtime is not None and runtime.allreduce_bandwidth is not None:
+    if runtime is None or runtime.allreduce_bandwidth is None:
+        return out
+    small = smallest_batches(plain) if (problem.shared_cores is not None
+                                        if actions is None else actions) else None
+    for label, count in (("data-parallel", None), ("data-parallel-small", small)):
+        parallel = data_parallel_candidate(plain, count)
+        if parallel is None or (label == "data-parallel-small" and count is None):
+            continue
         try:
             probes = _probes(parallel, plain)
             timed = simulate_candidate(parallel, _scaled(parallel, plain), plain)
         except ValueError:
             return out  # a model the whole of which one rank cannot run
-        out["data-parallel"] = CalibrationPlan(timed.plan, timed.iteration_time, *probes)
+        out[label] = CalibrationPlan(timed.plan, timed.iteration_time, *probes)
     return out
 
 
@@ -186,13 +172,19 @@ def _probes(candidate: Candidate, problem: AutoProblem) -> tuple[Probe, Probe]:
     return iteration_time, compute
 
 
-def compute_scale(plans: Mapping[str, CalibrationPlan],
-                  measured: Mapping[str, Sequence[float]]) -> float:
-    """Measured over simulated compute seconds per iteration (module docstring): ``measured``
-    per label, each round's compute summed over ranks; at least 1."""
-    simulated = sum(plans[label].compute({}) for label in measured)
+def compute_scale_target(plans: Mapping[str, CalibrationPlan],
+                  measured: Mapping[str, Sequence[float]]) -> Target:
+    """The target that fixes ``compute_scale`` (module docstring): ``measured`` per label,
+    each round's compute summed over ranks, the medians summed over the plans, against the
+    same simulated without the action overhead (it lies outside the timed actions); at
+    least 1. Solved with the other parameters (:func:`solve`): where ranks share cores the
+    simulated compute stretches with what runs beside it, so it moves with them too."""
+    def simulated(values: Mapping[str, float]) -> float:
+        return sum(plans[label].compute({**values, "action_overhead": 0.0})
+                   for label in measured)
+
     done = sum(statistics.median(rounds) for rounds in measured.values())
-    return max(1.0, done / simulated) if simulated > 0 else 1.0
+    return Target("compute_scale", simulated, done, least=1.0)
 
 
 @dataclass(frozen=True)
@@ -216,14 +208,14 @@ class CalibrationFit:
 
 def fit_calibration(problem: AutoProblem, *,
                     time_one: Callable[[str, Plan, int], tuple[float, Sequence[float]]],
-                    rounds: int = 3, seconds: float = 1.0,
-                    say: Callable[[str], None] | None = None
+                    rounds: int = 3, seconds: float = TIMED_SECONDS,
+                    actions: bool | None = None, say: Callable[[str], None] | None = None
                     ) -> tuple[AutoProblem, CalibrationFit | None]:
     """``problem`` with its profile's runtime costs fitted to alternating runs of the
-    calibration plans (module docstring); ``time_one(label, plan, steps)`` -> (measured
-    seconds per iteration, per rank compute seconds per iteration) of one run. ``None``: no
-    plan to run."""
-    plans = calibration_plans(problem)
+    calibration plans (module docstring; ``actions`` as :func:`calibration_plans`);
+    ``time_one(label, plan, steps)`` -> (measured seconds per iteration, per rank compute
+    seconds per iteration) of one run. ``None``: no plan to run."""
+    plans = calibration_plans(problem, actions=actions)
     if not plans:
         return problem, None
     compute: dict[str, list[float]] = {label: [] for label in plans}
@@ -235,10 +227,9 @@ def fit_calibration(problem: AutoProblem, *,
 
     measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
-    scale = compute_scale(plans, compute)
-    fitted = {"compute_scale": scale, **solve(
-        [Target(PARAMETERS[label], p.iteration, measured[label].median)
-         for label, p in plans.items()], fixed={"compute_scale": scale})}
+    fitted = solve([compute_scale_target(plans, compute),
+                    *(Target(PARAMETERS[label], p.iteration, measured[label].median)
+                      for label, p in plans.items())])
     fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute,
                          predicted_before={label: p.predicted for label, p in plans.items()})
     return replace(problem, profile=with_costs(problem.profile, fitted)), fit

@@ -15,16 +15,14 @@ from typing import Any
 
 from ..auto import Prediction
 from ..planner.plan import Plan
-from .alternating import Rounds, alternate
-from .plan_run import measure_plan, peak_memory
+from .alternating import TIMED_SECONDS, Rounds, alternate
+from .plan_run import peak_memory, plan_timer
 
-__all__ = ["RUN_ROUNDS", "RUN_SECONDS", "compare_predictions", "measure_predictions"]
+__all__ = ["RUN_ROUNDS", "compare_predictions", "measure_predictions"]
 
 RUN_ROUNDS = 3
-"""Rounds ``auto --run`` alternates by default."""
-
-RUN_SECONDS = 1.0
-"""Seconds of timed iterations per round by default."""
+"""Rounds ``auto --run`` alternates by default (each about
+:data:`~pipeweave.measure.alternating.TIMED_SECONDS` of timed iterations)."""
 
 
 def compare_predictions(predictions: Mapping[str, Prediction], *,
@@ -47,17 +45,18 @@ def compare_predictions(predictions: Mapping[str, Prediction], *,
 
 
 def measure_predictions(predictions: Mapping[str, Prediction], *, model: str, batch_size: int,
-                        rounds: int = RUN_ROUNDS, seconds: float = RUN_SECONDS,
+                        rounds: int = RUN_ROUNDS, seconds: float = TIMED_SECONDS,
                         steps: int | None = None, optimizer: str = "adam",
                         timeout_s: float = 120.0, overrides: Mapping[str, Any] | None = None,
                         say: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
     """Train each of ``predictions`` (label -> prediction) in alternating rounds, track its
     memory once, and compare (:func:`compare_predictions`)."""
+    timer = plan_timer(model=model, batch_size=batch_size, optimizer=optimizer,
+                       timeout_s=timeout_s, overrides=overrides,
+                       apc={label: p.candidate.apc for label, p in predictions.items()})
+
     def time_one(label: str, plan: Plan, count: int) -> float:
-        return measure_plan(plan, model=model, batch_size=batch_size, steps=count,
-                            apc=predictions[label].candidate.apc, optimizer=optimizer,
-                            timeout_s=timeout_s, overrides=overrides,
-                            memory=False).iteration_time
+        return timer(label, plan, count)[0]
 
     timed = alternate({label: (p.plan, p.iteration_time) for label, p in predictions.items()},
                       rounds=rounds, seconds=seconds, steps=steps, time_one=time_one, say=say)

@@ -128,15 +128,20 @@ def compute_per_iteration(results: Sequence[RankResult], ends: Sequence[float]) 
 
 
 def plan_timer(*, model: str, batch_size: int, optimizer: str = "adam", timeout_s: float = 120.0,
-               overrides: Mapping[str, Any] | None = None
+               overrides: Mapping[str, Any] | None = None,
+               apc: Mapping[str, bool] | None = None
                ) -> Callable[[str, Plan, int], tuple[float, list[float]]]:
     """``(label, plan, steps) -> (seconds per iteration, per rank compute seconds per
-    iteration)`` of one timed run of ``plan`` (no memory run): the calibration's runner
-    (:func:`pipeweave.measure.calibration_runs.fit_calibration`)."""
+    iteration)`` of one timed run of ``plan`` (no memory run), with APC where ``apc[label]``
+    says so: the runner of the calibration
+    (:func:`pipeweave.measure.calibration_runs.fit_calibration`) and of ``auto --run``
+    (:func:`pipeweave.measure.compare.measure_predictions`)."""
+    compressed = dict(apc or {})
+
     def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
         done = measure_plan(plan, model=model, batch_size=batch_size, steps=steps,
-                            optimizer=optimizer, timeout_s=timeout_s, overrides=overrides,
-                            memory=False)
+                            apc=compressed.get(label, False), optimizer=optimizer,
+                            timeout_s=timeout_s, overrides=overrides, memory=False)
         return done.iteration_time, done.compute_seconds
 
     return time_one

@@ -4,13 +4,14 @@
 threads one of ``ranks`` local ranks gets (CPU) and, when the ranks outnumber the cores, timed
 under that many co-located processes (:mod:`pipeweave.profiler.colocated`). ``pipeweave plan``,
 ``placement``, ``simulate`` and ``auto`` profile with it; ``auto`` at
-:func:`auto_microbatch_sizes`. :func:`local_shared_cores` is the core count those local ranks
-share (``--shared-cores auto``).
+:func:`auto_microbatch_sizes` (the default plan's and every other a candidate uses).
+:func:`local_shared_cores` is the core count those local ranks share (``--shared-cores
+auto``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..host import machine_cores, threads_per_rank
@@ -35,12 +36,23 @@ def profile_model(*, model: str, batch_size: int, ranks: int, device: str = "cpu
                            overrides=dict(overrides or {}))
 
 
-def auto_microbatch_sizes(*, batch_size: int | None, ranks: int) -> tuple[int, ...]:
-    """The micro-batch sizes ``pipeweave auto --model`` profiles at, largest first: the
-    default plan's (``batch_size / (2 ranks)``, or :data:`DEFAULT_MICROBATCH`) and a quarter
-    of it (the times between are interpolated, :mod:`pipeweave.auto.scaling`)."""
+def auto_microbatch_sizes(*, batch_size: int | None, ranks: int,
+                          microbatches: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The micro-batch sizes ``pipeweave auto --model`` profiles at: the default plan's
+    first (``batch_size / (2 ranks)``, or :data:`DEFAULT_MICROBATCH`; the profile the others
+    scale from), then every other size a one-pipeline candidate uses (the batch over each
+    micro-batch count it may have: ``microbatches``, else ``ranks x (1, 2, 4, 8)`` as
+    :mod:`pipeweave.auto.axes` tries them; 8, 2 and 1 beside the default 4), largest first,
+    so that no such candidate's block times are interpolated or extrapolated
+    (:mod:`pipeweave.auto.scaling`); with no other size, a quarter of the default's, so that
+    a fixed cost per call and a cost per sample can be told apart."""
     micro = DEFAULT_MICROBATCH if batch_size is None else max(1, batch_size // (2 * ranks))
-    return tuple(sorted({micro, max(1, micro // 4)}, reverse=True))
+    batch = micro * 2 * ranks if batch_size is None else batch_size
+    counts = microbatches or tuple(ranks * k for k in (1, 2, 4, 8))
+    others = {batch // m for m in counts if m >= 1 and batch % m == 0} - {micro}
+    if not others:
+        others = {max(1, micro // 4)} - {micro}
+    return (micro, *sorted(others, reverse=True))
 
 
 def local_shared_cores(profile: Profile, *, ranks: int) -> int | None:

@@ -16,7 +16,8 @@ Every planner is judged the same way: the plan's schedule is simulated
                 backward, I, W and update of a stage of k blocks + per_action + per_block (k-1),
                 F, B, I and W (their sends included) then x compute_scale,
                 and a stage that sends (forward to the next, gradient to the previous) pays
-                per_message in that action, and every transfer's latency grows by
+                per_message in that action; then each F, B, I and W + action_overhead,
+                and + action_overhead again where it sends; every transfer's latency grows by
                 message_latency; an all-reduce is allreduce_latency + (r-1)|w_s| /
                 allreduce_bandwidth where those were measured (at least the ring formula),
                 else each of its 2 (r - 1) ring steps waits message_latency
@@ -185,11 +186,13 @@ def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
         sends = {"forward": ahead, "backward": behind, "input_grad": behind}.get(kind)
         values = []
         scale = runtime.compute_scale if kind != "update" else 1.0
+        fixed = runtime.action_overhead if kind != "update" else 0.0
         for s, ((a, e), value) in enumerate(zip(bounds, column)):
             timed = runtime.action(kind, value / overhead, e - a)
-            if sends is not None and sends[s]:
+            posts = sends is not None and sends[s]
+            if posts:
                 timed += message
-            values.append(overhead * timed * scale)
+            values.append(overhead * timed * scale + fixed * (2 if posts else 1))
         out.append(values)
     return tuple(out)
 

@@ -51,6 +51,13 @@ the posting of their sends, as the simulator times them; not the update): what t
 calibration's distributed runs over what the simulator gave it (the send thread and gloo's
 threads on the same cores, two ranks' memory traffic at once). Never below 1, so that the
 search's lower bounds from the profile's times stay bounds.
+
+``action_overhead`` is added, once, to every F, B, I and W action and once more for each
+send the action posts, after the scale: what each action and message costs a rank beyond its
+compute when more ranks than cores share the machine (the interpreter between actions, the
+wake-up when the core comes back, outside the timed action itself). Fitted so that a
+data-parallel plan at the smallest micro-batches the search uses times as its real runs do
+(:mod:`pipeweave.measure.calibration_runs`, ranks > cores only; 0 otherwise).
 """
 
 from __future__ import annotations
@@ -76,6 +83,9 @@ class RuntimeCosts:
     message_latency: float = 0.0
     allreduce_latency: float = 0.0
     allreduce_bandwidth: float | None = None
+    action_overhead: float = 0.0
+    """Seconds each F, B, I and W action, and each send it posts, costs beyond its compute
+    (module docstring)."""
     compute_scale: float = 1.0
     """What the compute actions of a distributed run take over their single-process time
     (>= 1): the ranks' compute measured on the calibration runs' timelines against the
@@ -105,6 +115,8 @@ class RuntimeCosts:
         object.__setattr__(self, "message_latency", float(self.message_latency))
         _check_seconds("allreduce_latency", self.allreduce_latency)
         object.__setattr__(self, "allreduce_latency", float(self.allreduce_latency))
+        _check_seconds("action_overhead", self.action_overhead)
+        object.__setattr__(self, "action_overhead", float(self.action_overhead))
         scale = self.compute_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
                 or not math.isfinite(scale) or scale < 1:
@@ -144,6 +156,7 @@ class RuntimeCosts:
                 "per_message": self.per_message, "message_latency": self.message_latency,
                 "allreduce_latency": self.allreduce_latency,
                 "allreduce_bandwidth": self.allreduce_bandwidth,
+                "action_overhead": self.action_overhead,
                 "compute_scale": self.compute_scale, "notes": dict(self.notes)}
 
     @classmethod
@@ -152,7 +165,8 @@ class RuntimeCosts:
             raise ValueError(f"runtime costs must be an object, got {data!r}")
         unknown = sorted(set(data) - {"per_action", "per_block", "per_message",
                                       "message_latency", "allreduce_latency",
-                                      "allreduce_bandwidth", "compute_scale", "notes"})
+                                      "allreduce_bandwidth", "action_overhead", "compute_scale",
+                                      "notes"})
         if unknown:
             raise ValueError(f"runtime costs have unknown fields {unknown}")
         return cls(per_action=dict(data.get("per_action") or {}),
@@ -161,6 +175,7 @@ class RuntimeCosts:
                    message_latency=data.get("message_latency", 0.0),
                    allreduce_latency=data.get("allreduce_latency", 0.0),
                    allreduce_bandwidth=data.get("allreduce_bandwidth"),
+                   action_overhead=data.get("action_overhead", 0.0),
                    compute_scale=data.get("compute_scale", 1.0),
                    notes=dict(data.get("notes") or {}))
 

@@ -41,8 +41,7 @@ from ..ir.walk import Location
 from .costs import StageCosts
 
 __all__ = ["Compiled", "compile_schedule", "compiled_for", "longest_chains", "expect_timings",
-           "MIN_WIDTH",
-           "CACHE_SIZE"]
+           "assemble", "MIN_WIDTH", "CACHE_SIZE", "ROW", "SAME", "DATA"]
 
 MIN_WIDTH = 8
 """Fewest actions per level, on average, for the compiled walk to beat the Python walk (a
@@ -55,6 +54,8 @@ _ROW = {op: _ROWS.index(op) if op in _ROWS else len(_ROWS) for op in Op}
 row of zeros."""
 
 _SAME, _DATA, _CHECK = 0, 1, 2
+SAME, DATA = _SAME, _DATA
+ROW = _ROW
 """Edge kinds: the rank's previous action, a data dependency on another rank, a global
 check's state from another rank."""
 
@@ -184,6 +185,16 @@ def compile_schedule(schedule: Schedule, index: dict[Action, Location], *,
     level = longest_chains(edges[0], edges[1], sum(lengths))
     if level is None or len(level) == 0 or len(level) < width * (int(level.max()) + 1):
         return None  # a cycle (the walk deadlocks and says where), or too narrow
+    return assemble(edges, level, _column(programs, lambda a: _ROW[a.op]),
+                    _column(programs, lambda a: a.stage),
+                    _column(programs, lambda a: 0.5 if a.piece else 1.0, float), lengths)
+
+
+def assemble(edges: tuple[np.ndarray, ...], level: np.ndarray, row: np.ndarray,
+             stage: np.ndarray, factor: np.ndarray, lengths: tuple[int, ...]) -> Compiled:
+    """The :class:`Compiled` graph of actions numbered rank-major: ``edges`` as
+    ``(target, source, kind, boundary, half)``, each action's ``level``
+    (:func:`longest_chains`), cost ``row`` (:data:`ROW`), ``stage`` and duration ``factor``."""
     position = np.empty(len(level), dtype=np.int64)
     order = np.argsort(level, kind="stable")
     position[order] = np.arange(len(level))
@@ -199,11 +210,8 @@ def compile_schedule(schedule: Schedule, index: dict[Action, Location], *,
                      for k in range(count))
     return Compiled(levels=levels, edge_levels=edge_levels, segments=segments, source=source,
                     kind=edges[2][by_target], boundary=edges[3][by_target],
-                    half=edges[4][by_target], row=_column(programs, lambda a: _ROW[a.op])[order],
-                    stage=_column(programs, lambda a: a.stage)[order],
-                    factor=_column(programs, lambda a: 0.5 if a.piece else 1.0,
-                                   float)[order],
-                    position=position, lengths=lengths)
+                    half=edges[4][by_target], row=row[order], stage=stage[order],
+                    factor=factor[order], position=position, lengths=lengths)
 
 
 def longest_chains(target: np.ndarray, source: np.ndarray, count: int) -> np.ndarray | None:

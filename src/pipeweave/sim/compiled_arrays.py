@@ -1,0 +1,96 @@
+"""The compiled walk (:mod:`pipeweave.sim.compiled`) of a flush schedule given as arrays.
+
+:func:`~pipeweave.sim.compiled.compile_schedule` finds each action's edges by asking
+:func:`~pipeweave.ir.dependencies` action by action, then levels them in numpy. For the
+regular flush schedules of :mod:`pipeweave.schedules.flush_arrays` the edges are known in
+closed form and found here in numpy, with no :class:`~pipeweave.ir.Action` built:
+
+* each action after the first of its rank waits for the rank's previous one (an ``AR`` of one
+  copy has itself as its only replica: the same edge);
+* a forward of micro-batch ``j`` on stage ``s > 0`` waits for stage ``s - 1``'s forward of
+  ``j``, a backward (or its ``I``) on stage ``s < S - 1`` for stage ``s + 1``'s backward of
+  ``j`` (or its ``I``; a ``W`` waits for nothing but its rank): a data
+  edge (latency and the transfer at boundary ``min`` of the two stages) across ranks, a
+  plain one on the same rank.
+
+The graph is then levelled and timed by the same code (:func:`~pipeweave.sim.compiled.
+longest_chains`, :func:`~pipeweave.sim.compiled.assemble`, :meth:`Compiled.times`), so the
+same additions and maxima as the walk, and :func:`time_arrays` reads the makespan, iteration
+time and bubble as :func:`~pipeweave.sim.simulate_timing` does: the same numbers to the last
+bit (``tests/sim/test_compiled_arrays.py`` compares them on many shapes and costs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Op
+from ..schedules.flush_arrays import OPS, PASSES, ArrayPrograms
+from . import metrics
+from .compiled import DATA, ROW, SAME, Compiled, assemble, longest_chains
+from .costs import Costs
+from .simulator import Timing
+
+__all__ = ["compile_arrays", "time_arrays"]
+
+_CODE_ROW = np.array([ROW[op] for op in OPS], dtype=np.int64)
+
+
+def compile_arrays(programs: ArrayPrograms) -> Compiled:
+    """``programs``' graph compiled (module docstring)."""
+    count = int(sum(programs.lengths))
+    edges = _edges(programs, count)
+    level = longest_chains(edges[0], edges[1], count)
+    assert level is not None, "a flush order has no cycle"
+    return assemble(edges, level, _CODE_ROW[programs.op], programs.stage,
+                    np.ones(count), programs.lengths)
+
+
+def _edges(programs: ArrayPrograms, count: int) -> tuple[np.ndarray, ...]:
+    op, stage, micro = programs.op, programs.stage, programs.microbatch
+    every = np.arange(count)
+    rank = np.repeat(np.arange(programs.num_ranks), programs.lengths)
+    first = np.zeros(count, dtype=bool)
+    first[np.cumsum((0,) + programs.lengths[:-1])] = True
+    same = every[~first]
+    stages = programs.layout.num_stages
+    passes = micro.max(initial=0) + 1
+    forward = op == OPS.index(Op.FORWARD)
+    gradient = (op == OPS.index(Op.BACKWARD)) | (op == OPS.index(Op.BACKWARD_INPUT))
+    # an I is found as the B it splits (ir.deps.ref): what the previous stage waits for
+    key = (gradient.astype(np.int64) * stages + stage) * passes + micro
+    found = np.full(2 * stages * passes, -1, dtype=np.int64)
+    computing = forward | gradient
+    found[key[computing]] = every[computing]
+    needs = np.where(forward, stage > 0, gradient & (stage < stages - 1))
+    target = every[needs]
+    step = np.where(forward[needs], -1, 1)
+    source = found[key[needs] + step * passes]
+    assert np.all(source >= 0), "every producer of a flush order is in it"
+    crossing = rank[source] != rank[target]
+    kind = np.concatenate([np.full(len(same), SAME), np.where(crossing, DATA, SAME)])
+    boundary = np.concatenate([np.full(len(same), -1), np.where(
+        crossing, np.minimum(stage[source], stage[target]), -1)])
+    return (np.concatenate([same, target]), np.concatenate([same - 1, source]),
+            kind.astype(np.int8), boundary, np.zeros(len(kind), dtype=bool))
+
+
+def time_arrays(programs: ArrayPrograms, compiled: Compiled, costs: Costs) -> Timing | None:
+    """:func:`~pipeweave.sim.simulate_timing` of ``programs`` (compiled by
+    :func:`compile_arrays`) under ``costs``; None with ranks sharing cores (their walk is
+    another one, :mod:`pipeweave.sim.shared_cores`)."""
+    table = costs.resolve(programs.layout.num_stages)
+    if table.shared_cores is not None and table.shared_cores < programs.num_ranks:
+        return None
+    start, end = compiled.times(table)
+    cut = np.cumsum((0,) + programs.lengths)
+    makespan = max((float(end[b - 1]) for a, b in zip(cut[:-1], cut[1:]) if b > a),
+                   default=0.0)
+    spans = np.where(np.isin(programs.op, PASSES), end - start, np.nan)
+    busy = []
+    for a, b in zip(cut[:-1].tolist(), cut[1:].tolist()):
+        run = spans[a:b]
+        busy.append(sum(run[~np.isnan(run)].tolist()))  # summed in order, as the walk's
+    window = (0.0, makespan)
+    return Timing(makespan=makespan, iteration_time=makespan / programs.iterations,
+                  window=window, bubble_fraction=metrics.bubble_fraction(busy, window))

@@ -1,0 +1,67 @@
+"""The compiled walk built from programs as columns (sim/compiled_arrays.py) gives
+simulate_timing's makespan, iteration time, window and bubble to the last bit, on many
+shapes, uneven costs, transfers, latencies, updates and all-reduces; and the search's timing
+(auto/timing.time_plan) takes that path and still equals the simulator."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pipeweave.auto import timing as timing_module
+from pipeweave.auto.copies import one_copy_schedule
+from pipeweave.planner.plan import Plan
+from pipeweave.schedules import Shape, build_schedule
+from pipeweave.schedules.flush_arrays import flush_arrays
+from pipeweave.sim import Costs, simulate_timing
+from pipeweave.sim.compiled_arrays import compile_arrays, time_arrays
+
+from schedule_grid import random_costs
+
+GRID = list(itertools.product((1, 2, 3, 6), (1, 2, 3), (1, 3, 6, 12, 24), (1, 2)))
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped", "zb-h1",
+                                  "zb-h2", "interleaved-zb", "zbv", "v-half", "v-min",
+                                  "dualpipev"])
+def test_timing_from_columns_is_the_simulators(name: str) -> None:
+    timed = 0
+    for stages, chunks, microbatches, iterations in GRID:
+        shape = Shape(stages=stages, microbatches=microbatches, chunks=chunks,
+                      iterations=iterations)
+        columns = flush_arrays(name, shape)
+        if columns is None:
+            continue
+        compiled = compile_arrays(columns)
+        schedule = build_schedule(name, shape)
+        for seed, latency in ((0, 0.01), (1, 0.0), (2, 0.3)):
+            costs = random_costs(stages * chunks, seed + stages, latency=latency) \
+                if stages * chunks > 1 else Costs(forward=1.3, backward=2.1, update=0.4)
+            assert time_arrays(columns, compiled, costs) == simulate_timing(schedule, costs)
+        timed += 1
+    assert timed >= 24
+
+
+def test_shared_cores_are_left_to_their_walk() -> None:
+    columns = flush_arrays("1f1b", Shape(stages=4, microbatches=8))
+    assert columns is not None
+    costs = random_costs(4, 0, cores=2)
+    assert time_arrays(columns, compile_arrays(columns), costs) is None
+
+
+@pytest.mark.parametrize("schedule, chunks, width", [("1f1b", 1, 2), ("interleaved-1f1b", 2, 2),
+                                                     ("gpipe", 1, 1), ("1f1b", 1, 1),
+                                                     ("gpipe-grouped", 3, 2), ("zb-h1", 1, 2),
+                                                     ("zb-h2", 1, 1), ("zbv", 2, 2),
+                                                     ("dualpipev", 2, 1),
+                                                     ("interleaved-zb", 2, 2)])
+def test_time_plan_takes_the_columns_and_agrees(schedule: str, chunks: int, width: int) -> None:
+    plan = Plan.uniform(24, 4, chunks=chunks, schedule=schedule, microbatches=16, width=width)
+    costs = random_costs(4 * chunks, 5)
+    one_copy = width > 1
+    reference = one_copy_schedule(plan, 1) if one_copy else build_schedule(
+        schedule, plan.shape(1))
+    assert timing_module._columns(plan, 1, one_copy) is not None
+    assert timing_module.time_plan(plan, costs, 1, one_copy=one_copy) == simulate_timing(
+        reference, costs)

@@ -11,7 +11,11 @@ from auto_fixtures import small_profile
 from test_bounds import _simulated
 from pipeweave.auto import AutoProblem
 from pipeweave.auto.bounds import plan_bound
-from pipeweave.auto.program_bound import plan_program_bound
+from pipeweave.auto.program_bound import plan_program_bound, program_bound
+from pipeweave.planner import Plan
+from pipeweave.schedules import build_schedule
+from pipeweave.schedules.flush_arrays import flush_arrays
+from pipeweave.sim import Costs
 from pipeweave.planner.topology import Topology
 from pipeweave.profiler import LinkProfile
 
@@ -54,3 +58,31 @@ def test_no_bound_where_the_chain_does_not_hold() -> None:
         assert plan_program_bound(plan, costs, shared) == 0.0
         checked += 1
     assert checked > 10
+
+
+def test_columns_and_actions_give_the_same_bound() -> None:
+    """The programs laid out as columns (schedules/flush_arrays.py) are read in numpy, the
+    generators' actions in Python: the same bound on random costs, for every schedule the
+    columns cover."""
+    import random
+
+    rng = random.Random(1)
+    compared = 0
+    for name, chunks in (("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("zb-h2", 1),
+                         ("interleaved-1f1b", 2), ("interleaved-zb", 2), ("v-half", 2),
+                         ("v-min", 2), ("zbv", 2), ("dualpipev", 2)):
+        plan = Plan.uniform(12, 3, chunks=chunks, schedule=name, microbatches=12)
+        shape = plan.shape(1)
+        columns = flush_arrays(name, shape, reduce_before_step=False)
+        if columns is None:
+            continue
+        stages = 3 * chunks
+        forward = [rng.uniform(0.5, 2) for _ in range(stages)]
+        table = Costs(forward=forward, backward=[2 * f for f in forward],
+                      update=[0.1] * stages, all_reduce=[0.3] * stages).resolve(stages)
+        split = name.startswith(("zb", "interleaved-zb", "v-", "zbv", "dualpipev"))
+        from_columns = program_bound(columns, table, split=split)
+        from_actions = program_bound(build_schedule(name, shape), table, split=split)
+        assert from_columns == from_actions > 0, name
+        compared += 1
+    assert compared >= 6, compared

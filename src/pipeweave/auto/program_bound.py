@@ -34,10 +34,11 @@ from ..ir import Op, Schedule
 from ..planner.evaluate import simulated_iterations
 from ..planner.plan import Plan
 from ..schedules import get_info
+from ..schedules.flush_arrays import OPS, ArrayPrograms
 from ..sim import Costs, StageCosts
 from .predict import one_copy_suffices
 from .problem import AutoProblem
-from .timing import plan_schedule
+from .timing import floor_programs
 
 __all__ = ["program_bound", "plan_program_bound", "ProgramCounts", "program_counts"]
 
@@ -49,20 +50,41 @@ ProgramCounts = tuple[np.ndarray, np.ndarray]
 """Per rank: the stage of its first gradient action (-1: none), and the count of its
 actions from there on per op of :data:`_WEIGHED` and stage (``ranks x ops x stages``)."""
 
-_COUNTS: dict[int, tuple[Schedule, ProgramCounts | None]] = {}
+_COUNTS: dict[int, tuple[Schedule | ArrayPrograms, ProgramCounts | None]] = {}
 
 
-def program_counts(schedule: Schedule, stages: int) -> ProgramCounts | None:
-    """The counts of ``schedule`` (:data:`ProgramCounts`), remembered for the last
-    schedules; None where a program slices micro-batches or runs several pipelines."""
+def program_counts(schedule: Schedule | ArrayPrograms, stages: int) -> ProgramCounts | None:
+    """The counts of ``schedule``'s programs, as actions or as columns
+    (:mod:`~pipeweave.schedules.flush_arrays`) (:data:`ProgramCounts`), remembered for the
+    last schedules; None where a program slices micro-batches or runs several pipelines."""
     cached = _COUNTS.get(id(schedule))
     if cached is not None and cached[0] is schedule:
         return cached[1]
     if len(_COUNTS) > 16:
         _COUNTS.clear()
-    counts = _read(schedule, stages)
+    counts = _read_columns(schedule, stages) if isinstance(schedule, ArrayPrograms) \
+        else _read(schedule, stages)
     _COUNTS[id(schedule)] = (schedule, counts)
     return counts
+
+
+def _read_columns(programs: ArrayPrograms, stages: int) -> ProgramCounts:
+    """The counts of programs laid out as columns, rank-major, in numpy."""
+    ranks = programs.num_ranks
+    rank = np.repeat(np.arange(ranks), programs.lengths)
+    weighed = np.array([_WEIGHED.index(op) if op in _WEIGHED else -1 for op in OPS])
+    gradient = np.isin(programs.op, [OPS.index(op) for op in _GRADIENT if op in OPS])
+    at = np.flatnonzero(gradient)
+    starts = np.full(ranks, np.iinfo(np.int64).max)
+    holders, firsts = np.unique(rank[at], return_index=True)
+    starts[holders] = at[firsts]
+    first = np.full(ranks, -1, dtype=np.int64)
+    first[holders] = programs.stage[starts[holders]]
+    kind = weighed[programs.op]
+    chosen = (np.arange(len(rank)) >= starts[rank]) & (kind >= 0)
+    counts = np.zeros((ranks, len(_WEIGHED), stages))
+    np.add.at(counts, (rank[chosen], kind[chosen], programs.stage[chosen]), 1.0)
+    return first, counts
 
 
 def _read(schedule: Schedule, stages: int) -> ProgramCounts | None:
@@ -84,7 +106,8 @@ def _read(schedule: Schedule, stages: int) -> ProgramCounts | None:
     return first, counts
 
 
-def program_bound(schedule: Schedule, table: StageCosts, *, split: bool) -> float:
+def program_bound(schedule: Schedule | ArrayPrograms, table: StageCosts, *,
+                  split: bool) -> float:
     """The largest over the ranks of the chain above (0 where it does not apply); ``split``:
     the schedule may split backwards (its gradient action is ``I``)."""
     stages = len(table.forward)
@@ -109,17 +132,18 @@ def program_bound(schedule: Schedule, table: StageCosts, *, split: bool) -> floa
 
 
 def plan_program_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
-    """:func:`program_bound` of ``plan``'s schedule as the simulation builds it (one copy
-    where that suffices; the builders keep the last shapes, so the memory floor and the
-    simulation reuse it); 0 for an asynchronous schedule, with shared cores, or where the
+    """:func:`program_bound` of ``plan``'s programs as the simulation lays them out (one
+    copy where that suffices; as columns where the search times them so,
+    :func:`~pipeweave.auto.timing.floor_programs`; the builders keep the last shapes, so the
+    memory floor and the simulation reuse them); 0 for an asynchronous schedule, with shared cores, or where the
     schedule refuses the plan (the simulation then says so)."""
     cores = problem.shared_cores
     info = get_info(plan.schedule)
     if not info.synchronous or (cores is not None and cores < plan.world_size) \
             or simulated_iterations(plan.schedule) != 1:
         return 0.0
-    try:
-        schedule = plan_schedule(plan, 1, one_copy=one_copy_suffices(plan, problem))
+    try:  # the columns where the search times the shape as columns, else the schedule
+        schedule = floor_programs(plan, one_copy=one_copy_suffices(plan, problem))
     except ValueError:
         return 0.0
     return program_bound(schedule, costs.resolve(len(plan.stages)),

@@ -52,6 +52,10 @@ before partitioning it is only known that they hold at least ``k`` blocks, so th
 ``n`` times the ``k`` smallest block forwards (the fill bound and the heaviest block stay
 without it); after partitioning the costs carry it per stage.
 
+After partitioning, interleaved 1F1B's fill and drain per rank (each rank's first backward
+waits for micro-batch 0's round trip, its last closes the chain back to stage 0) are
+:func:`~pipeweave.auto.interleaved_fill.interleaved_fill_bound`'s.
+
 The fill and drain of a schedule whose order declares its waits (1F1B: ``(n + S - 1) C / S``
 on every split) are :func:`~pipeweave.auto.fill_bound.fill_bound`'s, closed the same way.
 
@@ -74,6 +78,7 @@ from ..schedules import get_info
 from ..profiler import Profile
 from ..sim import Costs, StageCosts
 from .fill_bound import WINDOWS, fill_bound
+from .interleaved_fill import interleaved_fill_bound
 from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
 from .reduce_fill import Blocks, contiguous_shares, reduce_fill_bound
@@ -285,7 +290,8 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
         if s < len(table.transfer):
             head += (table.forward[s] + table.transfer[s]) / 2 + latency[s]
             closing += table.transfer[s] + latency[s] + gradient
-    bound = max(bound, max(h + w for h, w in zip(first_head, work)))
+    bound = max(bound, max(h + w for h, w in zip(first_head, work)),
+                interleaved_fill_bound(plan, table))  # Megatron's order, per rank
     cores = problem.shared_cores
     if cores is not None and cores < layout.num_ranks:
         bound = max(bound, compute / cores)

@@ -37,6 +37,7 @@ from ..planner.plan import Plan
 from ..profiler import Profile
 from ..schedules import Shape, get_info
 from ..schedules.registry import check_options
+from ..sim import Costs
 from .axes import DEFAULT_AXES, Axis, enumerate_candidates
 from .bounds import plan_bound, reduce_bound, shape_bound
 from .budget import Budget, work_units
@@ -46,6 +47,8 @@ from .links import default_topology
 from .tensor_parallel import tp_problem, tp_refusal, tp_sizes
 from .memory import memory_floor, static_memory
 from .partitioning import Partitioner
+from .prefix_twins import PrefixTwins
+from .program_bound import plan_program_bound
 from .predict import (Prediction, Timed, candidate_costs, candidate_plan, one_copy_suffices,
                       predict, simulate_candidate, with_memory, with_options)
 from .problem import AutoProblem, Candidate
@@ -143,6 +146,8 @@ class _Search:
     progress: Progress
     partitioner: Partitioner = field(init=False)
     state_floor: StateFloor = field(init=False)
+    prefixes: PrefixTwins = field(init=False)
+    """Lower bounds of recompute prefixes from their twins recomputing fewer stages."""
     profiles: dict[int, Profile] = field(default_factory=dict)
     invalid: int = 0
     pruned_time: int = 0
@@ -170,6 +175,7 @@ class _Search:
     def __post_init__(self) -> None:
         self.partitioner = Partitioner(self.problem)
         self.state_floor = StateFloor(self.problem)
+        self.prefixes = PrefixTwins(self.problem)
 
     def profile(self, candidate: Candidate) -> Profile:
         size = self.problem.batch // candidate.microbatches
@@ -396,7 +402,8 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     if _cannot_beat(samples, entry.bound, state.best, candidate) or (
             state.best > 0 and _cannot_beat(  # each stage's all-reduce after its drain:
                 samples, reduce_bound(candidate, state.profile(candidate), problem),
-                state.best, candidate)):  # dearer than the shape bound, so asked second
+                state.best, candidate)) or _cannot_beat(  # dearer, so asked second; then a
+            samples, state.prefixes.bound(candidate), state.best, candidate):  # twin's
         state.pruned_time += 1
         return None
     if problem.time_limit is not None and not state.budget.fits(
@@ -424,8 +431,9 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     state.seen.add(key)
     costs = candidate_costs(done, plan, profile, problem)
     twin = _twin_key(data, done.apc)
-    if _cannot_beat(samples, max(plan_bound(plan, costs, problem),
-                                 state.twin_bound(plan, twin)), state.best, done):
+    bound = max(plan_bound(plan, costs, problem), state.twin_bound(plan, twin))
+    state.prefixes.record(candidate, bound)  # bounds its prefixes recomputing more
+    if _cannot_beat(samples, bound, state.best, done):
         state.pruned_time += 1
         return None
     if problem.memory_limit is not None and state.best > 0 and max(inflight_floor(
@@ -435,10 +443,26 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
     if not state.fits(done, state.started):
         state.over_budget += 1
         return None
+    if _pruned_by_program(state, candidate, done, plan, costs):
+        state.pruned_time += 1
+        return None
     simulated = _checked_simulation(state, done, plan, profile)
     if simulated is not None:
         state.record_twin(plan, twin, simulated.timed.iteration_time)
+        state.prefixes.record(candidate, simulated.timed.iteration_time)
     return simulated
+
+
+def _pruned_by_program(state: _Search, candidate: Candidate, done: Candidate, plan: Plan,
+                       costs: Costs) -> bool:
+    """Each rank's fill and drain read off its built program can't beat the best
+    (:mod:`~pipeweave.auto.program_bound`; asked once there is a best, and kept for the
+    candidate's recompute prefixes)."""
+    if state.best <= 0:
+        return False
+    program = plan_program_bound(plan, costs, state.problem)
+    state.prefixes.record(candidate, program)
+    return _cannot_beat(state.problem.batch * candidate.pipelines, program, state.best, done)
 
 
 def _recomputed(plan: Plan) -> tuple[bool, ...]:

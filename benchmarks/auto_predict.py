@@ -228,13 +228,17 @@ def main() -> int:
                                  timeout_s=args.timeout))
         cases[f"{model}:{ranks}"] = {"runs": runs, "summary": summarize(runs)}
     print(table(cases))
+    _write_json(args, "pipeweave auto --model M --ranks R --run --json", cases)
+    return 0
+
+
+def _write_json(args: argparse.Namespace, command: str, cases: dict[str, Any]) -> None:
+    """``cases`` with the date, the command measured and the rounds, to ``--json-out``."""
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "pipeweave auto --model M --ranks R --run --json",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": command,
         "rounds": args.rounds, "run_seconds": args.run_seconds, "cases": cases}, indent=1))
     print(f"wrote {args.json_out}", file=sys.stderr)
-    return 0
 
 
 def _main_two_profiles(args: argparse.Namespace) -> int:
@@ -247,12 +251,8 @@ def _main_two_profiles(args: argparse.Namespace) -> int:
         cases[f"{model}:{ranks}"] = two_profiles(model, ranks, rounds=args.rounds,
                                                  seconds=args.run_seconds, search=search)
     print(pair_table(cases))
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "pipeweave auto --model M --ranks R --json, twice; both winners alternating",
-        "rounds": args.rounds, "run_seconds": args.run_seconds, "cases": cases}, indent=1))
-    print(f"wrote {args.json_out}", file=sys.stderr)
+    _write_json(args, "pipeweave auto --model M --ranks R --json, twice; both winners alternating",
+                cases)
     return 0
 
 

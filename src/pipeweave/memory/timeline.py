@@ -41,7 +41,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..ir import GRADIENT_OPS, Action, Op, Schedule, dependencies, ref
+from ..ir import GRADIENT_OPS, Action, Op, Schedule, ref
+from ..ir.deps import message_of
 from ..ir.deliveries import every_delivery_proof
 
 __all__ = ["StageBytes", "PeakMoment", "peak_moments", "graphless_forwards", "PREFETCH",
@@ -51,6 +52,7 @@ PREFETCH = 2
 """Receives the runtime's interpreter posts ahead of need (runtime/execution/interpreter.py)."""
 
 _F, _B, _I, _W, _U = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.STEP
+_RF, _RG = Op.RECV_ACT, Op.RECV_GRAD
 _COMPUTE_AND_STEP = frozenset({_F, _B, _I, _W, _U})
 _Key = tuple[int, int | None, int]  # (stage, micro-batch, pipeline)
 
@@ -145,16 +147,19 @@ def _holds(schedule: Schedule, rank: int, proofs: Mapping[Action, tuple[Action, 
     waiting: dict[tuple[object, ...], int] = {}
     released_at: dict[object, int] = {}  # sent message -> the receive that proves it arrived
     for position, action in enumerate(program):
-        key = (action.stage, action.microbatch, action.piece, action.pipeline)
-        if action.op in (Op.RECV_ACT, Op.RECV_GRAD):
-            waiting[(action.op is Op.RECV_GRAD, *key)] = position
-            (message,) = dependencies(action, schedule.layout, lowered=True)
-            for sent in proofs.get(message, ()):
+        op, stage, microbatch, piece, _, _, pipeline = action
+        if op is _RF or op is _RG:
+            waiting[(op is _RG, stage, microbatch, piece, pipeline)] = position
+            for sent in proofs.get(message_of(action), ()):
                 released_at[sent] = position
-        elif action.op is Op.FORWARD and (False, *key) in waiting:
-            consumer[waiting.pop((False, *key))] = position
-        elif action.op in GRADIENT_OPS and (True, *key) in waiting:
-            consumer[waiting.pop((True, *key))] = position
+        elif op is _F:
+            found = waiting.pop((False, stage, microbatch, piece, pipeline), None)
+            if found is not None:
+                consumer[found] = position
+        elif op in GRADIENT_OPS:
+            found = waiting.pop((True, stage, microbatch, piece, pipeline), None)
+            if found is not None:
+                consumer[found] = position
     holds: list[tuple[int, int, int, bool]] = []
 
     def hold(first: int, last: int, action: Action) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
+from pipeweave.ir import Schedule
 from pipeweave.memory import versions
 from pipeweave.schedules import Shape, available_schedules, build_schedule, lowered_schedule
 
 NAMES = [info.name for info in available_schedules()]
 
 
-def _walked(schedule, keep_predicted: bool) -> list[int]:  # type: ignore[no-untyped-def]
+def _walked(schedule: Schedule, keep_predicted: bool) -> list[int]:
     counts = versions.weight_versions(schedule, keep_predicted=keep_predicted)
     stashing = versions._stashes_live(schedule)
     return [v - 1 + (1 if s in stashing else 0) for s, v in enumerate(counts)]

@@ -60,7 +60,7 @@ def delivery_proofs(schedule: Schedule, rank: int,
         while last < len(sends) and sends[last][0] < sent_at[message]:
             last += 1
         if last > first:
-            proofs[message] = tuple(sent for _, sent in sends[first:last])
+            proofs[message] = tuple([sent for _, sent in sends[first:last]])
             proven[src] = last
     return proofs
 

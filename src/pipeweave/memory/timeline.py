@@ -125,8 +125,8 @@ def analyse_programs(schedule: Schedule) -> list[RankTimeline]:
     """Per rank, the shape-only part of :func:`peak_moments` (lowered schedule)."""
     proofs = every_delivery_proof(schedule)
     return [RankTimeline(length=len(program), holds=_holds(schedule, rank, proofs[rank]),
-                         steps=tuple((p, a) for p, a in enumerate(program)
-                                     if a[0] in _COMPUTE_AND_STEP))
+                         steps=tuple([(p, a) for p, a in enumerate(program)
+                                      if a[0] in _COMPUTE_AND_STEP]))
             for rank, program in enumerate(schedule.programs)]
 
 

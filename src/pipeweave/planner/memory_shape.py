@@ -29,7 +29,8 @@ from ..schedules import Shape, lowered_schedule
 from ..memory.timeline import RankTimeline, analyse_programs, graphless_forwards
 from ..memory.versions import weight_copies
 
-__all__ = ["ShapeAnalysis", "shape_analysis", "clear_shape_cache", "CACHE_SIZE"]
+__all__ = ["ShapeAnalysis", "shape_analysis", "clear_shape_cache", "CACHE_SIZE",
+           "is_cached"]
 
 CACHE_SIZE = 8
 """Shapes kept (least recently used dropped): a 256-rank x 256-micro-batch analysis holds a
@@ -94,6 +95,12 @@ def shape_analysis(name: str, shape: Shape) -> ShapeAnalysis:
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
     return analysis
+
+
+def is_cached(name: str, shape: Shape) -> bool:
+    """Whether :func:`shape_analysis` of ``name`` and ``shape`` would be served from the cache
+    (asking does not refresh it): a caller with several shapes to ask asks these first."""
+    return _key(name, shape) in _CACHE
 
 
 def clear_shape_cache() -> None:

@@ -19,17 +19,16 @@ the same order (``tests/planner/test_memory_shape.py`` compares them with fresh 
 
 from __future__ import annotations
 
-import gc
 import json
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..ir import Op, Schedule
 from ..schedules import Shape, lowered_schedule
 from ..memory.timeline import RankTimeline, analyse_programs, graphless_forwards
 from ..memory.versions import weight_copies
+from .collector import paused_collection
 
 __all__ = ["ShapeAnalysis", "shape_analysis", "clear_shape_cache", "CACHE_SIZE",
            "is_cached"]
@@ -87,7 +86,7 @@ def shape_analysis(name: str, shape: Shape) -> ShapeAnalysis:
     if found is not None:
         _CACHE.move_to_end(key)
         return found
-    with _no_collection():
+    with paused_collection():  # millions of acyclic tuples (.collector)
         schedule = lowered_schedule(name, shape)
         programs = schedule.programs
         analysis = ShapeAnalysis(
@@ -98,21 +97,6 @@ def shape_analysis(name: str, shape: Shape) -> ShapeAnalysis:
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
     return analysis
-
-
-@contextmanager
-def _no_collection() -> Iterator[None]:
-    """Python's cyclic garbage collector paused: an analysis allocates millions of tuples
-    (actions, positions, intervals), none in a cycle, and each allocation threshold crossed
-    rescans the live heap (the cached analyses included): 40 % of an analysis's time at
-    64 ranks x 512 micro-batches. The values are the same; collection resumes after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def is_cached(name: str, shape: Shape) -> bool:

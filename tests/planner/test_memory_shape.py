@@ -85,3 +85,20 @@ def test_the_cache_is_bounded() -> None:
         shape_analysis("gpipe", Shape(stages=2, microbatches=m))
     assert len(memory_shape._CACHE) == memory_shape.CACHE_SIZE
     assert build_schedule("gpipe", Shape(stages=2, microbatches=1)).num_ranks == 2
+
+
+def test_the_analysis_leaves_the_collector_as_it_found_it() -> None:
+    """The collector is paused only while a shape is analysed (``_no_collection``)."""
+    import gc
+
+    from pipeweave.schedules import Shape
+
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            clear_shape_cache()
+            shape_analysis("1f1b", Shape(stages=3, microbatches=6))
+            assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -23,15 +23,18 @@ from collections.abc import Sequence
 
 from ..memory import Sharding, StageWeights, model_state
 from ..memory.held_counts import held_peak_bytes
-from ..planner.memory import (optimizer_state_bytes, plan_sharding, predicted_memory,
-                              reduction_bytes, stage_activation_bytes, stage_weights)
+from ..planner.memory import (analysis_cached, optimizer_state_bytes, plan_sharding,
+                              predicted_memory, reduction_bytes, stage_activation_bytes,
+                              stage_weights)
+from ..planner.collector import paused_collection
 from ..planner.plan import Plan
 from ..schedules import get_info
 from ..schedules.flush_arrays import ArrayPrograms
 from .copies import one_copy_plan
 from .problem import AutoProblem
 
-__all__ = ["rank_memory", "static_memory", "memory_floor", "reduction_floor", "ROUNDING"]
+__all__ = ["rank_memory", "static_memory", "memory_floor", "reduction_floor", "ROUNDING",
+           "memory_at_hand"]
 
 ROUNDING = 1e-9
 """:func:`memory_floor`'s activations are this fraction below the counted bytes: the model sums
@@ -70,15 +73,22 @@ def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> 
     """Predicted peak bytes of every rank (module docstring); ``one_copy``: the plan's
     data-parallel copies are identical (:mod:`pipeweave.auto.copies`), so copy 0 is asked
     and its ranks' numbers repeat for every copy."""
-    if one_copy:  # a sharded copy holds 1/w of each stage: told by its sharding
-        ranks = predicted_memory(problem.profile, one_copy_plan(plan),
-                                 batch_size=problem.batch // plan.width,
-                                 optimizer=problem.optimizer, copies_of=plan.width,
-                                 sharding=plan_sharding(plan))
-        return [r.total for r in ranks] * plan.width
-    ranks = predicted_memory(problem.profile, plan, batch_size=problem.batch,
-                             optimizer=problem.optimizer)
+    with paused_collection():  # the walks allocate, nothing cyclic (planner/collector.py)
+        if one_copy:  # a sharded copy holds 1/w of each stage: told by its sharding
+            ranks = predicted_memory(problem.profile, one_copy_plan(plan),
+                                     batch_size=problem.batch // plan.width,
+                                     optimizer=problem.optimizer, copies_of=plan.width,
+                                     sharding=plan_sharding(plan))
+            return [r.total for r in ranks] * plan.width
+        ranks = predicted_memory(problem.profile, plan, batch_size=problem.batch,
+                                 optimizer=problem.optimizer)
     return [r.total for r in ranks]
+
+
+def memory_at_hand(plan: Plan, *, one_copy: bool = False) -> bool:
+    """Whether :func:`rank_memory` of ``plan`` finds its shape's analysis cached (the plan it
+    asks the model about: copy 0 with ``one_copy``)."""
+    return analysis_cached(one_copy_plan(plan) if one_copy else plan)
 
 
 def reduction_floor(weights: Sequence[StageWeights], hosted: Sequence[Sequence[int]],

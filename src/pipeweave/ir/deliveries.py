@@ -7,7 +7,7 @@ count how long they stay alive (planner/memory_timeline.py): one rule for both.
 from __future__ import annotations
 
 from .actions import Action, Op
-from .deps import dependencies, producer_rank, receiver, ref
+from .deps import destination, message_of, producer_rank, ref
 from .schedule import Schedule
 
 __all__ = ["delivery_proofs", "every_delivery_proof", "message_positions", "Positions"]
@@ -40,24 +40,27 @@ def delivery_proofs(schedule: Schedule, rank: int,
     # This rank's sends per destination, in the order the destination receives them.
     outgoing: dict[int, list[tuple[int, Action]]] = {}
     for action in schedule.programs[rank]:
-        if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
-            _, dst = receiver(action, layout)
-            outgoing.setdefault(dst, []).append((received_at[ref(action)], ref(action)))
+        op = action[0]
+        if op is _SF or op is _SB:
+            sent = ref(action)
+            outgoing.setdefault(destination(action, layout), []).append(
+                (received_at[sent], sent))
     for sends in outgoing.values():
         sends.sort()
     proven = dict.fromkeys(outgoing, 0)  # per destination: sends[:proven] are known delivered
     proofs: dict[Action, tuple[Action, ...]] = {}
     for action in schedule.programs[rank]:
-        if action.op is not Op.RECV_ACT and action.op is not Op.RECV_GRAD:
+        op = action[0]
+        if op is not _RF and op is not _RB:
             continue
-        (message,) = dependencies(action, layout, lowered=True)
+        message = message_of(action)
         src = producer_rank(message, layout)
         sends = outgoing.get(src, [])
         first = last = proven.get(src, 0)
         while last < len(sends) and sends[last][0] < sent_at[message]:
             last += 1
         if last > first:
-            proofs[message] = tuple(sent for _, sent in sends[first:last])
+            proofs[message] = tuple([sent for _, sent in sends[first:last]])
             proven[src] = last
     return proofs
 
@@ -74,9 +77,12 @@ def message_positions(schedule: Schedule) -> Positions:
     received_at: dict[Action, int] = {}
     for program in schedule.programs:
         for position, action in enumerate(program):
-            if action.op is Op.SEND_ACT or action.op is Op.SEND_GRAD:
+            op = action[0]
+            if op is _SF or op is _SB:
                 sent_at[ref(action)] = position
-            elif action.op is Op.RECV_ACT or action.op is Op.RECV_GRAD:
-                (message,) = dependencies(action, schedule.layout, lowered=True)
-                received_at[message] = position
+            elif op is _RF or op is _RB:
+                received_at[message_of(action)] = position
     return sent_at, received_at
+
+
+_SF, _SB, _RF, _RB = Op.SEND_ACT, Op.SEND_GRAD, Op.RECV_ACT, Op.RECV_GRAD

@@ -45,7 +45,8 @@ from __future__ import annotations
 from .actions import Action, Op
 from .layout import Layout
 
-__all__ = ["dependencies", "ref", "collective_key", "producer_rank", "receiver"]
+__all__ = ["dependencies", "ref", "collective_key", "producer_rank", "receiver", "message_of",
+           "destination"]
 
 
 def ref(action: Action) -> Action:
@@ -154,3 +155,21 @@ def receiver(send: Action, layout: Layout) -> tuple[Action, int]:
     assert dependencies(recv, layout, lowered=True) == (ref(send),), (send, recv)
     return recv, producer_rank(recv, layout)
 
+
+def message_of(receive: Action) -> Action:
+    """The send (its :func:`ref` identity) that ``receive`` consumes: the one action
+    :func:`dependencies` gives it, lowered, without the layout (hot in the memory model's
+    per-shape analysis; ``tests/ir/test_messages.py`` checks the two agree)."""
+    op, s, j, h, _, _, p = receive
+    if op is _RF:
+        return _new(Action, (_SF, s - 1, j, h, None, 0, p))
+    assert op is _RB, receive
+    return _new(Action, (_SB, s + 1, j, 0, None, 0, p))
+
+
+def destination(send: Action, layout: Layout) -> int:
+    """The rank that receives ``send``: :func:`receiver`'s rank, without building the
+    receive."""
+    op, s, j, _, _, _, _ = send
+    assert j is not None and (op is _SF or op is _SB), send
+    return layout.rank_of(s + 1 if op is _SF else s - 1, j)

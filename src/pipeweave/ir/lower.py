@@ -19,8 +19,9 @@ backward pass, so a schedule pays for the split only where the split helps.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
-from .actions import Action, Op
+from .actions import COMPUTE_OPS, Action, Op
 from .deps import dependencies, producer_rank, ref
 from .schedule import Schedule
 
@@ -37,29 +38,50 @@ def lower(schedule: Schedule) -> Schedule:
     layout = schedule.layout
     needs_send: set[Action] = set()
     receives_before: dict[Action, list[Action]] = defaultdict(list)
-    for rank, _, action in schedule.actions():
-        if not action.is_compute:
-            continue
-        for dep in dependencies(action, layout, lowered=False):
-            if dep.op not in _SEND_FOR or producer_rank(dep, layout) == rank:
-                continue
-            needs_send.add(dep)
-            recv = dependencies(action, layout, lowered=True)
-            receives_before[ref(action)].extend(d for d in recv if d.op is _RECV_FOR[dep.op])
-    programs = []
-    for program in schedule.programs:
-        lowered: list[Action] = []
+    # one pass per program over tuples: the memory model lowers every shape it analyses
+    for rank, program in enumerate(schedule.programs):
         for action in program:
-            key = ref(action)
-            lowered.extend(receives_before.get(key, ()))
-            lowered.append(action)
-            if key in needs_send:
-                lowered.append(
-                    Action(_SEND_FOR[action.op], action.stage, action.microbatch, action.piece,
-                           pipeline=action.pipeline)
-                )
-        programs.append(merge_backward(lowered))
+            if action[0] not in COMPUTE_OPS:
+                continue
+            for dep in dependencies(action, layout, lowered=False):
+                dep_op = dep[0]
+                if dep_op not in _SEND_FOR or producer_rank(dep, layout) == rank:
+                    continue
+                needs_send.add(dep)
+                wanted = _RECV_FOR[dep_op]
+                recv = dependencies(action, layout, lowered=True)
+                receives_before[_ref(action)].extend(d for d in recv if d[0] is wanted)
+    programs = [merge_backward(_with_messages(p, needs_send, receives_before))
+                for p in schedule.programs]
     return schedule.with_programs(programs, lowered=True)
+
+
+def _with_messages(program: Sequence[Action], needs_send: set[Action],
+                   receives_before: dict[Action, list[Action]]) -> list[Action]:
+    """``program`` with its receives before and its sends after the compute they serve."""
+    lowered: list[Action] = []
+    for action in program:
+        key = _ref(action)
+        before = receives_before.get(key)
+        if before:
+            lowered.extend(before)
+        lowered.append(action)
+        if key in needs_send:
+            lowered.append(_new(Action, (_SEND_FOR[action[0]], action[1], action[2], action[3],
+                                         None, 0, action[6])))
+    return lowered
+
+
+def _ref(action: Action) -> Action:
+    """:func:`ref`, without its call for the common action that is its own identity."""
+    op, _, microbatch, _, version, lookahead, _ = action
+    if version is None and lookahead == 0 and microbatch is not None and op is not _I:
+        return action
+    return ref(action)
+
+
+_new = tuple.__new__
+_I = Op.BACKWARD_INPUT
 
 
 def merge_backward(program: list[Action]) -> list[Action]:

@@ -41,7 +41,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..ir import GRADIENT_OPS, Action, Op, Schedule, dependencies, ref
+from ..ir import GRADIENT_OPS, Action, Op, Schedule, ref
+from ..ir.deps import message_of
 from ..ir.deliveries import every_delivery_proof
 
 __all__ = ["StageBytes", "PeakMoment", "peak_moments", "graphless_forwards", "PREFETCH",
@@ -51,6 +52,7 @@ PREFETCH = 2
 """Receives the runtime's interpreter posts ahead of need (runtime/execution/interpreter.py)."""
 
 _F, _B, _I, _W, _U = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.STEP
+_RF, _RG, _SG = Op.RECV_ACT, Op.RECV_GRAD, Op.SEND_GRAD
 _COMPUTE_AND_STEP = frozenset({_F, _B, _I, _W, _U})
 _Key = tuple[int, int | None, int]  # (stage, micro-batch, pipeline)
 
@@ -123,8 +125,8 @@ def analyse_programs(schedule: Schedule) -> list[RankTimeline]:
     """Per rank, the shape-only part of :func:`peak_moments` (lowered schedule)."""
     proofs = every_delivery_proof(schedule)
     return [RankTimeline(length=len(program), holds=_holds(schedule, rank, proofs[rank]),
-                         steps=tuple((p, a) for p, a in enumerate(program)
-                                     if a[0] in _COMPUTE_AND_STEP))
+                         steps=tuple([(p, a) for p, a in enumerate(program)
+                                      if a[0] in _COMPUTE_AND_STEP]))
             for rank, program in enumerate(schedule.programs)]
 
 
@@ -139,40 +141,42 @@ def _holds(schedule: Schedule, rank: int, proofs: Mapping[Action, tuple[Action, 
            ) -> tuple[tuple[int, int, int, bool], ...]:
     """Where each message of ``rank`` is in flight (:attr:`RankTimeline.holds`)."""
     program = schedule.programs[rank]
-    sized_as_sent = {Op.RECV_ACT: False, Op.RECV_GRAD: True, Op.SEND_GRAD: False}
-    receives = [p for p, a in enumerate(program) if a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
+    end = len(program) - 1
+    receives: list[int] = []
     consumer: dict[int, int] = {}  # receive position -> the compute action that uses it
     waiting: dict[tuple[object, ...], int] = {}
     released_at: dict[object, int] = {}  # sent message -> the receive that proves it arrived
     for position, action in enumerate(program):
-        key = (action.stage, action.microbatch, action.piece, action.pipeline)
-        if action.op in (Op.RECV_ACT, Op.RECV_GRAD):
-            waiting[(action.op is Op.RECV_GRAD, *key)] = position
-            (message,) = dependencies(action, schedule.layout, lowered=True)
-            for sent in proofs.get(message, ()):
+        op, stage, microbatch, piece, _, _, pipeline = action
+        if op is _RF or op is _RG:
+            receives.append(position)
+            waiting[(op is _RG, stage, microbatch, piece, pipeline)] = position
+            for sent in proofs.get(message_of(action), ()):
                 released_at[sent] = position
-        elif action.op is Op.FORWARD and (False, *key) in waiting:
-            consumer[waiting.pop((False, *key))] = position
-        elif action.op in GRADIENT_OPS and (True, *key) in waiting:
-            consumer[waiting.pop((True, *key))] = position
+        elif op is _F:
+            found = waiting.pop((False, stage, microbatch, piece, pipeline), None)
+            if found is not None:
+                consumer[found] = position
+        elif op in GRADIENT_OPS:
+            found = waiting.pop((True, stage, microbatch, piece, pipeline), None)
+            if found is not None:
+                consumer[found] = position
+    # (first, stop, stage, sized as sent): a received gradient is as big as the stage's
+    # output, a received activation or a sent gradient as its input
     holds: list[tuple[int, int, int, bool]] = []
-
-    def hold(first: int, last: int, action: Action) -> None:
-        holds.append((first, min(last, len(program) - 1) + 1, action.stage,
-                      sized_as_sent[action.op]))
-
     for index, position in enumerate(receives):
         action = program[position]
         # posted once the receive PREFETCH places before it is done (the first ones at once)
         posted = receives[index - PREFETCH] + 1 if index >= PREFETCH else 0
-        use = consumer.get(position, len(program) - 1)
+        use = consumer.get(position, end)
         # a forward's input becomes its activation (counted there); a backward's gradient
         # lives while the backward runs
-        last = use - 1 if program[use].op is Op.FORWARD else use
-        hold(min(posted, position), last, action)
+        last = use - 1 if program[use][0] is _F else use
+        holds.append((min(posted, position), min(last, end) + 1, action[1], action[0] is _RG))
     for position, action in enumerate(program):
-        if action.op is Op.SEND_GRAD:
-            hold(position, released_at.get(ref(action), len(program) - 1), action)
+        if action[0] is _SG:
+            last = released_at.get(ref(action), end)
+            holds.append((position, min(last, end) + 1, action[1], False))
     return tuple(holds)
 
 
@@ -198,12 +202,11 @@ def _walk(steps: Sequence[tuple[int, Action]], stages: Sequence[StageBytes],
     pending: dict[_Key, float] = {}
     with_gradients: set[tuple[int, int]] = set()
     gradients = activations = 0.0
-    best = PeakMoment(0.0, 0.0, 0.0)
+    # the best moment's parts and total (PeakMoment.total's sum, in its order), the record
+    # built once at the end: the walk weighs every action of every rank of every partition
+    best, best_total = (0.0, 0.0, 0.0, 0.0), 0.0
     for position, action in steps:
-        op, stage, microbatch, piece, pipeline = (action[0], action[1], action[2], action[3],
-                                                   action[6])
-        assert isinstance(stage, int) and isinstance(pipeline, int) and isinstance(piece, int)
-        assert microbatch is None or isinstance(microbatch, int)
+        op, stage, microbatch, piece, _, _, pipeline = action
         cost = stages[stage]
         key = (stage, microbatch, pipeline)
         workspace = fresh = 0.0
@@ -226,23 +229,25 @@ def _walk(steps: Sequence[tuple[int, Action]], stages: Sequence[StageBytes],
             if op is not _W:
                 workspace = cost.workspace + rebuilt.get(key, 0.0)
         elif op is _U and (stage, pipeline) in with_gradients:
-            reducing = PeakMoment(gradients, activations, cost.reduction, in_flight[position])
-            if reducing.total > best.total:
-                best = reducing
+            total = gradients + activations + cost.reduction + in_flight[position]
+            if total > best_total:
+                best, best_total = (gradients, activations, cost.reduction,
+                                    in_flight[position]), total
             with_gradients.discard((stage, pipeline))
             gradients -= cost.gradients
-        moment = PeakMoment(gradients + fresh, activations, workspace, in_flight[position])
+        total = gradients + fresh + activations + workspace + in_flight[position]
+        if total > best_total:
+            best, best_total = (gradients + fresh, activations, workspace,
+                                in_flight[position]), total
         if created:
             gradients += cost.gradients
-        if moment.total > best.total:
-            best = moment
         if op is _I:
             pending[key] = cost.pending
             activations += cost.pending
         elif op is _B or op is _W:
             activations -= held.pop(key, 0.0) + pending.pop(key, 0.0)
             rebuilt.pop(key, None)
-    return best
+    return PeakMoment(*best)
 
 
 def graphless_forwards(schedule: Schedule, *, recompute: Sequence[bool],

@@ -73,6 +73,9 @@ def weight_versions(schedule: Schedule, *, keep_predicted: bool = False) -> list
 
 def weight_copies(schedule: Schedule, *, keep_predicted: bool = False) -> list[int]:
     """Per stage: weight sets held besides the live parameters (module docstring)."""
+    present = _present_if_updates_last(schedule)
+    if present is not None:  # a flush: no copies, whatever the version tags say
+        return [0 if s in present else -1 for s in range(schedule.num_stages)]
     versions = weight_versions(schedule, keep_predicted=keep_predicted)
     stashing = _stashes_live(schedule)
     return [v - 1 + (1 if s in stashing else 0) for s, v in enumerate(versions)]
@@ -103,3 +106,27 @@ def _stashes_live(schedule: Schedule) -> set[int]:
                     if waiting.pop(key) and key in passed.get(where, ()):
                         found.add(stage)
     return found
+
+
+def _present_if_updates_last(schedule: Schedule) -> set[int] | None:
+    """The stages that run a compute action or an update, when no compute action of a stage
+    (and pipeline) follows an update of it in its rank's program and none runs on predicted
+    weights (a flush schedule's one iteration); else None. Then :func:`weight_versions` never
+    keeps an old version (one is kept only for a compute action after an update) nor a
+    predicted set, so a present stage holds one set, and :func:`_stashes_live` finds no
+    backward after an update: :func:`weight_copies` is 0 there (-1 on a stage with no
+    action, as the walk gives), in one pass without the walks' sets (the memory model asks
+    it once per shape; ``tests/test_weight_copies.py`` compares the two)."""
+    present: set[int] = set()
+    for program in schedule.programs:
+        updated: set[tuple[int, int]] = set()
+        for op, stage, _, _, _, lookahead, pipeline in program:
+            if op is _U:
+                updated.add((stage, pipeline))
+            elif op in COMPUTE_OPS:
+                if lookahead or (stage, pipeline) in updated:
+                    return None
+            else:
+                continue
+            present.add(stage)
+    return present

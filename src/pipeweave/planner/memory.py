@@ -39,7 +39,7 @@ from ..memory import (OPTIMIZER_STATE, ModelState, RankMemory, Sharding, StageBy
 from ..memory import optimizer_state_bytes as counted_state
 from ..profiler import Profile
 from ..schedules import Shape, get_info
-from .memory_shape import ShapeAnalysis, shape_analysis
+from .memory_shape import ShapeAnalysis, is_cached, shape_analysis
 from .plan import Plan
 from .profile_memo import kept
 from .tp_costs import tp_profile
@@ -47,7 +47,7 @@ from .tp_costs import tp_profile
 __all__ = ["RankMemory", "ModelState", "predicted_memory", "predicted_state", "OPTIMIZER_STATE",
            "optimizer_state_bytes", "stage_activation_bytes", "stage_weights", "plan_analysis",
            "plan_weight_copies", "held_microbatches", "plan_sharding",
-           "reduction_bytes"]
+           "reduction_bytes", "analysis_cached"]
 
 def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
                      optimizer: str | None = "adam",
@@ -112,6 +112,13 @@ def plan_analysis(plan: Plan, iterations: int | None = None) -> ShapeAnalysis:
                          f"stages but the plan has {len(plan.stages)}; set the plan's chunks to "
                          f"{analysis.schedule.num_stages // plan.depth}")
     return analysis
+
+
+def analysis_cached(plan: Plan, iterations: int | None = None) -> bool:
+    """Whether :func:`plan_analysis` of ``plan`` is at hand (:func:`.memory_shape.is_cached`)."""
+    if iterations is None:
+        iterations = _iterations(plan.schedule, plan.depth, plan.microbatches)
+    return is_cached(plan.schedule, plan.shape(iterations))
 
 
 def held_microbatches(schedule: str, ranks: int, microbatches: int) -> list[float]:

@@ -28,8 +28,10 @@ from ..ir import Op, Schedule
 from ..schedules import Shape, lowered_schedule
 from ..memory.timeline import RankTimeline, analyse_programs, graphless_forwards
 from ..memory.versions import weight_copies
+from .collector import paused_collection
 
-__all__ = ["ShapeAnalysis", "shape_analysis", "clear_shape_cache", "CACHE_SIZE"]
+__all__ = ["ShapeAnalysis", "shape_analysis", "clear_shape_cache", "CACHE_SIZE",
+           "is_cached"]
 
 CACHE_SIZE = 8
 """Shapes kept (least recently used dropped): a 256-rank x 256-micro-batch analysis holds a
@@ -84,16 +86,23 @@ def shape_analysis(name: str, shape: Shape) -> ShapeAnalysis:
     if found is not None:
         _CACHE.move_to_end(key)
         return found
-    schedule = lowered_schedule(name, shape)
-    programs = schedule.programs
-    analysis = ShapeAnalysis(
-        schedule=schedule, timelines=tuple(analyse_programs(schedule)),
-        split=frozenset(a[1] for p in programs for a in p if a[0] is Op.BACKWARD_INPUT),
-        averages=any(a[0] is Op.AVERAGE for p in programs for a in p))
+    with paused_collection():  # millions of acyclic tuples (.collector)
+        schedule = lowered_schedule(name, shape)
+        programs = schedule.programs
+        analysis = ShapeAnalysis(
+            schedule=schedule, timelines=tuple(analyse_programs(schedule)),
+            split=frozenset(a[1] for p in programs for a in p if a[0] is Op.BACKWARD_INPUT),
+            averages=any(a[0] is Op.AVERAGE for p in programs for a in p))
     _CACHE[key] = analysis
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
     return analysis
+
+
+def is_cached(name: str, shape: Shape) -> bool:
+    """Whether :func:`shape_analysis` of ``name`` and ``shape`` would be served from the cache
+    (asking does not refresh it): a caller with several shapes to ask asks these first."""
+    return _key(name, shape) in _CACHE
 
 
 def clear_shape_cache() -> None:

@@ -1,0 +1,53 @@
+"""The search asks the memory model of the table's candidates whose shape it still holds
+first (``search._cached_first``): the same predictions, ranked and over the limit in the same
+order, as asking them one after another, and no more shapes analysed."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+import pytest
+
+from auto_fixtures import small_profile
+from pipeweave.auto import AutoProblem, search
+from pipeweave.auto.predict import Prediction, Timed
+from pipeweave.planner import memory_shape
+from pipeweave.planner.memory_shape import clear_shape_cache
+
+search_module = importlib.import_module("pipeweave.auto.search")
+
+
+def _in_order(state: object, chosen: Sequence[Timed]) -> list[Prediction]:
+    return [state.memory(t) for t in chosen]  # type: ignore[attr-defined]
+
+
+def _run(problem: AutoProblem, monkeypatch: pytest.MonkeyPatch) -> tuple[object, int]:
+    analysed = []
+    real = memory_shape.analyse_programs
+    monkeypatch.setattr(memory_shape, "analyse_programs",
+                        lambda schedule: analysed.append(1) or real(schedule))
+    clear_shape_cache()
+    result = search(problem)
+    monkeypatch.setattr(memory_shape, "analyse_programs", real)
+    return result, len(analysed)
+
+
+@pytest.mark.parametrize("seed,cache", [(0, 1), (1, 2), (2, 3)])
+def test_cached_first_gives_the_same_table(seed: int, cache: int,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory_shape, "CACHE_SIZE", cache)  # few shapes held: order matters
+    problem = AutoProblem(profile=small_profile(seed), ranks=4,
+                          schedules=("1f1b", "gpipe", "zb-h1", "interleaved-1f1b"),
+                          methods=("uniform", "time"), microbatches=(4, 8), pipelines=(1,))
+    free, _ = _run(problem, monkeypatch)
+    peaks = sorted(p.max_memory for p in free.ranked)
+    limited = AutoProblem(profile=problem.profile, ranks=4, schedules=problem.schedules,
+                          methods=problem.methods, microbatches=problem.microbatches,
+                          pipelines=(1,), memory_limit=peaks[len(peaks) // 2])
+    fast, fast_analysed = _run(limited, monkeypatch)
+    monkeypatch.setattr(search_module, "_cached_first", _in_order)
+    slow, slow_analysed = _run(limited, monkeypatch)
+    assert fast.ranked == slow.ranked and fast.over_limit == slow.over_limit
+    assert len(fast.ranked) + len(fast.over_limit) > 3
+    assert fast_analysed <= slow_analysed

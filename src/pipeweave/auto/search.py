@@ -502,16 +502,12 @@ def _table_memory(state: _Search) -> None:
     chosen = state.slower[:TABLE_MEMORY]
     if problem.time_limit is None:  # one shape after another: the memory model's shape
         chosen.sort(key=_shape_key)  # cache serves each shape's partitions (same results)
-        asked = _cached_first(state, chosen)
-    for position, timed in enumerate(chosen):
-        if problem.time_limit is not None:
-            if not state.budget.fits(
-                    timed.candidate, problem.time_limit - (time.perf_counter() - state.started),
-                    simulation=False):
-                continue  # the table then lists fewer of the candidates that could not win
-            prediction = state.memory(timed)
-        else:
-            prediction = asked[position]
+        predictions = _cached_first(state, chosen)
+    else:
+        predictions = [state.memory(timed) for timed in chosen if state.budget.fits(
+            timed.candidate, problem.time_limit - (time.perf_counter() - state.started),
+            simulation=False)]  # the table then lists fewer of those that could not win
+    for prediction in predictions:
         fits = problem.memory_limit is None or prediction.max_memory <= problem.memory_limit
         (state.ranked if fits else state.over).append(prediction)
 

@@ -26,7 +26,7 @@ from ..memory.held_counts import held_peak_bytes
 from ..planner.memory import (analysis_cached, optimizer_state_bytes, plan_sharding,
                               predicted_memory, reduction_bytes, stage_activation_bytes,
                               stage_weights)
-from ..planner.collector import paused_collection
+from ..collector import paused_collection
 from ..planner.plan import Plan
 from ..schedules import get_info
 from ..schedules.flush_arrays import ArrayPrograms
@@ -73,7 +73,7 @@ def rank_memory(problem: AutoProblem, plan: Plan, *, one_copy: bool = False) -> 
     """Predicted peak bytes of every rank (module docstring); ``one_copy``: the plan's
     data-parallel copies are identical (:mod:`pipeweave.auto.copies`), so copy 0 is asked
     and its ranks' numbers repeat for every copy."""
-    with paused_collection():  # the walks allocate, nothing cyclic (planner/collector.py)
+    with paused_collection():  # the walks allocate, nothing cyclic (pipeweave/collector.py)
         if one_copy:  # a sharded copy holds 1/w of each stage: told by its sharding
             ranks = predicted_memory(problem.profile, one_copy_plan(plan),
                                      batch_size=problem.batch // plan.width,

@@ -28,7 +28,7 @@ from ..ir import Op, Schedule
 from ..schedules import Shape, lowered_schedule
 from ..memory.timeline import RankTimeline, analyse_programs, graphless_forwards
 from ..memory.versions import weight_copies
-from .collector import paused_collection
+from ..collector import paused_collection
 
 __all__ = ["ShapeAnalysis", "shape_analysis", "clear_shape_cache", "CACHE_SIZE",
            "is_cached"]
@@ -86,7 +86,7 @@ def shape_analysis(name: str, shape: Shape) -> ShapeAnalysis:
     if found is not None:
         _CACHE.move_to_end(key)
         return found
-    with paused_collection():  # millions of acyclic tuples (.collector)
+    with paused_collection():  # millions of acyclic tuples (pipeweave.collector)
         schedule = lowered_schedule(name, shape)
         programs = schedule.programs
         analysis = ShapeAnalysis(

@@ -27,13 +27,11 @@ data dependencies of :func:`pipeweave.ir.deps.dependencies`) with these rules:
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
+from ..collector import paused_collection
 from ..ir import CHECK_OPS, Action, Op, Schedule, ScheduleError, render_grid, walk
 from ..ir.walk import DelayFn, DurationFn, Location, Walk, index_actions
 from . import metrics
@@ -147,7 +145,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *,
         ValueError: if ``costs`` do not match the schedule's stages.
     """
     table = (costs if costs is not None else Costs()).resolve(schedule.num_stages)
-    with _cyclic_gc_paused():
+    with paused_collection():
         return _simulate(schedule, table, keep_predicted)
 
 
@@ -169,7 +167,7 @@ def simulate_timing(schedule: Schedule, costs: Costs | None = None, *,
     scale). The same walk, so the same numbers. ``index``: :func:`index_actions` of
     ``schedule``, when a caller times one schedule under many costs."""
     table = (costs if costs is not None else Costs()).resolve(schedule.num_stages)
-    with _cyclic_gc_paused():
+    with paused_collection():
         timing = _walk(schedule, table, index_actions(schedule) if index is None else index)
         iteration_time, window = metrics.iteration_window(schedule, timing.end, timing.makespan)
         busy = metrics.busy_time(schedule, timing.start, timing.end,
@@ -194,7 +192,7 @@ def simulate_path(schedule: Schedule, costs: Costs | None = None, *,
     :func:`simulate_timing`. The same walk and path, so the same numbers."""
     table = (costs if costs is not None else Costs()).resolve(schedule.num_stages)
     index = index_actions(schedule) if index is None else index
-    with _cyclic_gc_paused():
+    with paused_collection():
         timing = _walk(schedule, table, index)
         iteration_time, _ = metrics.iteration_window(schedule, timing.end, timing.makespan)
         path = critical_path(schedule, timing.start, timing.end, index, _delay_fn(table))
@@ -245,23 +243,6 @@ def _simulate(schedule: Schedule, table: StageCosts, keep_predicted: bool) -> Si
         critical_path_locations=path,
         master_stage=master_stage(schedule, path, start, end),
     )
-
-
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector (restored afterwards).
-
-    A simulation allocates a few hundred thousand small tuples and lists and no reference
-    cycles; with the collector on, CPython re-scans the growing heap again and again, which
-    costs about a third of the run time at 64 stages x 512 micro-batches.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _duration_fn(costs: StageCosts) -> DurationFn:

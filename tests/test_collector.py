@@ -1,4 +1,4 @@
-"""``planner.collector.paused_collection`` turns the collector off for its body only, nested
+"""``pipeweave.collector.paused_collection`` turns the collector off for its body only, nested
 or not, and after an error too."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from pipeweave.planner.collector import paused_collection
+from pipeweave.collector import paused_collection
 
 
 def test_paused_then_restored() -> None:

@@ -1,9 +1,11 @@
-"""Python's cyclic garbage collector paused around the planner's allocation-heavy passes.
+"""Python's cyclic garbage collector paused around allocation-heavy passes: the
+simulator's walk, the planner's analysis of a schedule's shape, the memory predictions.
 
-An analysis of a schedule's shape (:mod:`.memory_shape`) or a memory prediction allocates
+A simulation, an analysis of a schedule's shape (:mod:`pipeweave.planner.memory_shape`) or a
+memory prediction allocates
 millions of tuples (actions, positions, intervals), none in a cycle, and every allocation
 threshold crossed makes the collector rescan the live heap, the cached analyses included:
-at 64 ranks x 512 micro-batches 40 % of an analysis's time. Pausing it changes no value;
+at 64 ranks x 512 micro-batches 40 % of an analysis's time, a third of a simulation's. Pausing it changes no value;
 what is garbage is collected once collection resumes.
 """
 

@@ -10,9 +10,10 @@ path, held activations or weight versions: the same iteration time as
 :func:`pipeweave.sim.simulate` (``tests/auto/test_timing.py`` compares them over every
 registered schedule).
 
-GPipe, 1F1B and interleaved 1F1B on one pipeline copy skip the actions altogether: their
-programs are laid out as numpy columns (:mod:`pipeweave.schedules.flush_arrays`) and timed by
-the compiled walk built from them (:mod:`pipeweave.sim.compiled_arrays`), the same numbers to
+The synchronous schedules :mod:`pipeweave.schedules.flush_arrays` covers (GPipe, 1F1B,
+interleaved 1F1B, GPipe grouping, ZB-H1/H2, the V schedules, DualPipeV, interleaved ZB) on one
+pipeline copy skip the actions altogether: their programs are laid out as numpy columns and
+timed by the compiled walk built from them (:mod:`pipeweave.sim.compiled_arrays`), the same numbers to
 the last bit, some 14x cheaper at 256 stages x 2,048 micro-batches per copy (docs/auto.md,
 "Search at scale"); :func:`floor_programs` hands the same columns to the memory floor.
 """
@@ -107,5 +108,7 @@ def _columns(plan: Plan, iterations: int, one_copy: bool) -> _Columns | None:
 
 @lru_cache(maxsize=4)  # the compiled graph of a 512-stage shape holds some 100 MB
 def _laid_out(name: str, generate: Generator, shape: Shape, one_copy: bool) -> _Columns | None:
+    """``name``'s programs on ``shape`` as columns, kept per shape (``generate`` only keys the
+    cache: a name registered again with another generator is laid out afresh)."""
     programs = flush_arrays(name, shape, reduce_before_step=one_copy)
     return None if programs is None else _Columns(programs)

@@ -50,7 +50,7 @@ def lower(schedule: Schedule) -> Schedule:
                 needs_send.add(dep)
                 wanted = _RECV_FOR[dep_op]
                 recv = dependencies(action, layout, lowered=True)
-                receives_before[_ref(action)].extend(d for d in recv if d[0] is wanted)
+                receives_before[ref(action)].extend(d for d in recv if d[0] is wanted)
     programs = [merge_backward(_with_messages(p, needs_send, receives_before))
                 for p in schedule.programs]
     return schedule.with_programs(programs, lowered=True)
@@ -61,7 +61,7 @@ def _with_messages(program: Sequence[Action], needs_send: set[Action],
     """``program`` with its receives before and its sends after the compute they serve."""
     lowered: list[Action] = []
     for action in program:
-        key = _ref(action)
+        key = ref(action)
         before = receives_before.get(key)
         if before:
             lowered.extend(before)
@@ -72,16 +72,7 @@ def _with_messages(program: Sequence[Action], needs_send: set[Action],
     return lowered
 
 
-def _ref(action: Action) -> Action:
-    """:func:`ref`, without its call for the common action that is its own identity."""
-    op, _, microbatch, _, version, lookahead, _ = action
-    if version is None and lookahead == 0 and microbatch is not None and op is not _I:
-        return action
-    return ref(action)
-
-
 _new = tuple.__new__
-_I = Op.BACKWARD_INPUT
 
 
 def merge_backward(program: list[Action]) -> list[Action]:

@@ -2,9 +2,11 @@
 # On a machine with one GPU. Uses the python3 that holds a CUDA build of torch; installs nothing.
 # Writes to $OUT (default benchmarks/results/).
 #
-#   scripts/gpu_check.sh          (~6 min) the `cuda` tests alone, a probe of gloo's collectives
+#   scripts/gpu_check.sh          (~7 min) the `cuda` tests alone, a probe of gloo's collectives
 #                                 on CUDA tensors, then the GPU benchmarks on a quiet host
-#                                 (benchmarks/gpu_check.py): gpu_check.json, gpu_check_tests.log
+#                                 (benchmarks/gpu_check.py), then what a rank process costs over
+#                                 in-process (benchmarks/rank_cost.py, the 551 M Llama):
+#                                 gpu_check.json, gpu_check_tests.log, rank_cost_gpu.json
 #   scripts/gpu_check.sh suite    (up to 9 min) the rest of the suite on the machine's torch,
 #                                 pytest-xdist over its cores: gpu_suite.log
 #
@@ -31,10 +33,15 @@ if [[ ${1:-} == suite ]]; then
     tail -2 "$out/gpu_suite.log"
     exit 0
 fi
-timeout 150 python3 -m pytest -m cuda tests/cuda -q -rfE -p no:cacheprovider --timeout 140 \
+timeout 130 python3 -m pytest -m cuda tests/cuda -q -rfE -p no:cacheprovider --timeout 120 \
     --durations=8 2>&1 | tee "$out/gpu_check_tests.log" | tail -30
 echo "cuda tests: exit ${PIPESTATUS[0]} after $(( $(date +%s) - started )) s"
-timeout 40 python3 benchmarks/gpu/gloo_cuda_probe.py 2>&1 | grep -v Warning | tail -6
-timeout 300 python3 benchmarks/gpu_check.py --out "$out/gpu_check.json" --deadline-s 280 \
-    --parts plain pipeweave plain-again stages cli cli-local schedules
+timeout 30 python3 benchmarks/gpu/gloo_cuda_probe.py 2>&1 | grep -v Warning | tail -6
+timeout 250 python3 benchmarks/gpu_check.py --out "$out/gpu_check.json" --deadline-s 230 \
+    --parts plain pipeweave plain-again stages schedules cli
 echo "gpu_check.py: exit $? after $(( $(date +%s) - started )) s in all"
+timeout 150 python3 benchmarks/rank_cost.py --device cuda --steps 12 --warm 3 --repeats 2 \
+    --hf-config benchmarks/gpu/llama550m.json --batch-size 16 --seq-len 1024 \
+    --precision bf16-mixed --optimizer adamw --lr 3e-4 \
+    --json-out "$out/rank_cost_gpu.json" 2>&1 | grep -v Warning | tail -8
+echo "rank_cost.py: exit ${PIPESTATUS[0]} after $(( $(date +%s) - started )) s in all"

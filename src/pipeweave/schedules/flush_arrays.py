@@ -36,28 +36,24 @@ from functools import cached_property
 
 import numpy as np
 
-from ..ir import Action, Layout, Op
+from ..ir import Action, Layout
+from .common import CopyOrder
+from .copy_orders import Rows, copy_rows
+from .dualpipev import dualpipev, dualpipev_order
 from .gpipe import gpipe
 from .gpipe_grouped import gpipe_grouped
 from .interleaved import interleaved_1f1b
-from .one_f_one_b import one_f_one_b
-from .common import CopyOrder, Pass
-from .dualpipev import dualpipev, dualpipev_order
 from .interleaved_zb import interleaved_zb, interleaved_zb_order
+from .one_f_one_b import one_f_one_b
+from .pass_columns import AR, B, F, I, OPS, PASSES, U, W, interleaved_rows, pattern
 from .registry import Shape, get_info
 from .v_blocks import _v_half_order, _v_min_order, v_half, v_min
 from .zbv import zbv, zbv_order
 from .zero_bubble import zb_h1, zb_h2
 
-__all__ = ["ArrayPrograms", "flush_arrays", "OPS"]
+__all__ = ["ArrayPrograms", "flush_arrays", "OPS", "PASSES"]
 
-OPS = (Op.FORWARD, Op.BACKWARD, Op.ALL_REDUCE, Op.STEP, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
-"""What :attr:`ArrayPrograms.op` codes: ``OPS[code]``."""
-
-_F, _B, _AR, _U, _I, _W = range(6)
-PASSES = (_F, _B, _I, _W)
-"""The codes of a micro-batch's computation (``F``, ``B``, ``I``, ``W``)."""
-
+_F, _B, _AR, _U, _I, _W = F, B, AR, U, I, W
 Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """A run of actions: op codes, stages, micro-batches (-1: none), versions."""
 
@@ -154,10 +150,10 @@ def _rule(generate: object, shape: Shape) -> Passes | None:
     if v > 1 and generate is interleaved_1f1b:
         return lambda rank, base: [_interleaved(shape, rank, base)]
     if v > 1 and (generate in _V_ORDERS or generate is interleaved_zb):
-        order = _V_ORDERS.get(generate) if v == 2 else None
-        if generate is interleaved_zb:
-            order = lambda ranks, count: interleaved_zb_order(ranks, count, v)  # noqa: E731
-        return None if order is None else _copy_passes(order(P, M), M)
+        order = interleaved_zb_order if generate is interleaved_zb else _V_ORDERS.get(generate)
+        if order is None or (v != 2 and generate is not interleaved_zb):
+            return None
+        return _copy_passes(copy_rows(order, P, M, v), M)
     per_stage = _PER_STAGE.get(generate)
     if v > 1 or per_stage is None:  # stages in turn on one rank would wait for themselves
         return None
@@ -177,36 +173,18 @@ def _rank(passes: Passes, shape: Shape, layout: Layout, rank: int, reduce: bool)
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore
 
 
-def _copy_passes(orders: Sequence[Sequence[Pass]], M: int) -> Passes:
+def _copy_passes(rows: tuple[Rows, ...], M: int) -> Passes:
     """A copy's passes found by its order function (list scheduling: ZB-V, V-Min, V-Half,
-    DualPipeV, interleaved ZB; :func:`~pipeweave.schedules.common.copies_schedule`), turned
-    into columns once and shifted to each iteration's micro-batches."""
-    code = {op: OPS.index(op) for op in OPS}
-    rows = [(np.fromiter((code[p[0]] for p in order), np.int64, len(order)),
-             np.fromiter((p[1] for p in order), np.int64, len(order)),
-             np.fromiter((p[2] for p in order), np.int64, len(order))) for order in orders]
-
+    DualPipeV, interleaved ZB; :func:`~pipeweave.schedules.common.copies_schedule`), laid
+    out as columns by :mod:`.copy_orders` and shifted to each iteration's micro-batches."""
     def passes(rank: int, base: int) -> list[Columns]:
         op, stage, i = rows[rank]
         return [(op, stage, base + i, np.full(len(op), base // M))]
     return passes
 
 
-def _pattern(n: int, warmup: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(is_forward, k)`` of the module docstring's pattern for ``n`` passes."""
-    w = min(warmup, n)
-    pairs = n - w
-    steady_f = np.arange(w, n)
-    steady_b = np.arange(pairs)
-    steady = np.stack([steady_f, steady_b], axis=1).reshape(-1)
-    k = np.concatenate([np.arange(w), steady, np.arange(pairs, n)])
-    forward = np.concatenate([np.ones(w, bool), np.tile([True, False], pairs),
-                              np.zeros(w, bool)])
-    return forward, k
-
-
 def _per_stage(shape: Shape, stage: int, base: int, warmup: int) -> Columns:
-    forward, k = _pattern(shape.microbatches, warmup)
+    forward, k = pattern(shape.microbatches, warmup)
     n = len(k)
     return (np.where(forward, _F, _B), np.full(n, stage), base + k,
             np.full(n, base // shape.microbatches))
@@ -222,13 +200,8 @@ def _one_f_one_b(shape: Shape, depth: int, stage: int, base: int) -> Columns:
 
 def _interleaved(shape: Shape, rank: int, base: int) -> Columns:
     """:func:`~pipeweave.schedules.interleaved.interleaved_order` of ``rank``, vectorised."""
-    P, v, M = shape.stages, shape.chunks, shape.microbatches
-    total, group = M * v, P * v
-    forward, k = _pattern(total, (P - rank - 1) * 2 + (v - 1) * P)
-    chunk = (k % group) // P
-    chunk = np.where(forward, chunk, v - 1 - chunk)
-    return (np.where(forward, _F, _B), chunk * P + rank, base + (k // group) * P + k % P,
-            np.full(len(k), base // M))
+    op, stage, micro = interleaved_rows(shape.stages, shape.chunks, shape.microbatches, rank)
+    return op, stage, base + micro, np.full(len(op), base // shape.microbatches)
 
 
 def _grouped(shape: Shape, rank: int, base: int) -> Columns:

@@ -17,7 +17,7 @@ from pipeweave.schedules import Shape, available_schedules, build_schedule
 from pipeweave.schedules.flush_arrays import flush_arrays
 
 COVERED = ("gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped", "zb-h1", "zb-h2",
-           "interleaved-zb", "zbv", "v-half", "v-min", "dualpipev")
+           "interleaved-zb", "zbv", "v-half", "v-min", "dualpipev", "avgpipe")
 GRID = list(itertools.product((1, 2, 3, 5), (1, 2, 3, 4), (1, 2, 5, 6, 10, 12, 20), (1, 2)))
 
 
@@ -61,6 +61,8 @@ def test_uncovered_shapes_go_to_the_generator() -> None:
     assert flush_arrays("1f1b", Shape(stages=2, microbatches=4, options={"sliced": 1})) is None
     assert flush_arrays("interleaved-1f1b", Shape(stages=2, microbatches=3, chunks=2)) is None
     assert flush_arrays("gpipe", Shape(stages=2, microbatches=4, chunks=2)) is None
+    assert flush_arrays("avgpipe", Shape(stages=2, microbatches=4, pipelines=2)) is None
+    assert flush_arrays("avgpipe", Shape(stages=2, microbatches=4, options={"advance": 1})) is None
     others = [i.name for i in available_schedules() if i.name not in COVERED]
     assert others and all(flush_arrays(n, Shape(stages=2, microbatches=4)) is None
                           for n in others)

@@ -6,6 +6,7 @@ shapes, uneven costs, transfers, latencies, updates and all-reduces; and the sea
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -24,7 +25,7 @@ GRID = list(itertools.product((1, 2, 3, 6), (1, 2, 3), (1, 3, 6, 12, 24), (1, 2)
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped", "zb-h1",
                                   "zb-h2", "interleaved-zb", "zbv", "v-half", "v-min",
-                                  "dualpipev"])
+                                  "dualpipev", "avgpipe"])
 def test_timing_from_columns_is_the_simulators(name: str) -> None:
     timed = 0
     for stages, chunks, microbatches, iterations in GRID:
@@ -38,6 +39,7 @@ def test_timing_from_columns_is_the_simulators(name: str) -> None:
         for seed, latency in ((0, 0.01), (1, 0.0), (2, 0.3)):
             costs = random_costs(stages * chunks, seed + stages, latency=latency) \
                 if stages * chunks > 1 else Costs(forward=1.3, backward=2.1, update=0.4)
+            costs = replace(costs, average=[0.1 + 0.2 * s for s in range(stages * chunks)])
             assert time_arrays(columns, compiled, costs) == simulate_timing(schedule, costs)
         timed += 1
     assert timed >= 24
@@ -55,7 +57,8 @@ def test_shared_cores_are_left_to_their_walk() -> None:
                                                      ("gpipe-grouped", 3, 2), ("zb-h1", 1, 2),
                                                      ("zb-h2", 1, 1), ("zbv", 2, 2),
                                                      ("dualpipev", 2, 1),
-                                                     ("interleaved-zb", 2, 2)])
+                                                     ("interleaved-zb", 2, 2),
+                                                     ("avgpipe", 1, 2)])
 def test_time_plan_takes_the_columns_and_agrees(schedule: str, chunks: int, width: int) -> None:
     plan = Plan.uniform(24, 4, chunks=chunks, schedule=schedule, microbatches=16, width=width)
     costs = random_costs(4 * chunks, 5)

@@ -45,7 +45,8 @@ from .gpipe_grouped import gpipe_grouped
 from .interleaved import interleaved_1f1b
 from .interleaved_zb import interleaved_zb, interleaved_zb_order
 from .one_f_one_b import one_f_one_b
-from .pass_columns import AR, B, F, I, OPS, PASSES, U, W, interleaved_rows, pattern
+from .avgpipe import avgpipe
+from .pass_columns import AR, AV, B, F, I, OPS, PASSES, U, W, interleaved_rows, pattern
 from .registry import Shape, get_info
 from .v_blocks import _v_half_order, _v_min_order, v_half, v_min
 from .zbv import zbv, zbv_order
@@ -53,7 +54,7 @@ from .zero_bubble import zb_h1, zb_h2
 
 __all__ = ["ArrayPrograms", "flush_arrays", "OPS", "PASSES"]
 
-_F, _B, _AR, _U, _I, _W = F, B, AR, U, I, W
+_F, _B, _I, _W = F, B, I, W
 Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """A run of actions: op codes, stages, micro-batches (-1: none), versions."""
 
@@ -125,8 +126,8 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
     if passes is None:
         return None
     layout = info.layout(shape)
-    columns = [_rank(passes, shape, layout, r, reduce_before_step)
-               for r in range(layout.num_ranks)]
+    update = ([AR] if reduce_before_step else []) + [U] + ([AV] if info.generate is avgpipe else [])
+    columns = [_rank(passes, shape, layout, r, update) for r in range(layout.num_ranks)]
     op, stage, micro, version = (np.concatenate([c[i] for c in columns]) for i in range(4))
     return ArrayPrograms(layout=layout, microbatches=shape.microbatches,
                          iterations=shape.iterations, op=op.astype(np.int8), stage=stage,
@@ -160,16 +161,17 @@ def _rule(generate: object, shape: Shape) -> Passes | None:
     return lambda rank, base: [per_stage(shape, P, rank, base)]
 
 
-def _rank(passes: Passes, shape: Shape, layout: Layout, rank: int, reduce: bool) -> Columns:
-    """One rank's columns: each iteration's passes, then its stages' updates."""
+def _rank(passes: Passes, shape: Shape, layout: Layout, rank: int, update: list[int]
+          ) -> Columns:
+    """One rank's columns: each iteration's passes, then each of its stages' ``update``
+    (``AR`` before the step on copy 0 of several, AvgPipe's ``AV`` after it)."""
     parts: list[Columns] = []
     stages = layout.stages_of(rank)
     for k in range(shape.iterations):
         parts.extend(passes(rank, k * shape.microbatches))
-        count = len(stages) * (2 if reduce else 1)
-        ops = np.tile([_AR, _U] if reduce else [_U], len(stages))
-        parts.append((ops, np.repeat(stages, count // len(stages)), np.full(count, -1),
-                      np.full(count, k + 1)))
+        count = len(stages) * len(update)
+        parts.append((np.tile(update, len(stages)), np.repeat(stages, len(update)),
+                      np.full(count, -1), np.full(count, k + 1)))
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore
 
 
@@ -239,6 +241,7 @@ def _split(shape: Shape, stage: int, base: int, warmup: int, defer: int) -> Colu
 
 _PER_STAGE: dict[object, Callable[[Shape, int, int, int], Columns]] = {
     gpipe: _gpipe, one_f_one_b: _one_f_one_b, zb_h1: _zb_h1, zb_h2: _zb_h2,
+    avgpipe: _one_f_one_b,  # one pipeline, no advance: 1F1B, an AV after each update
     # with one chunk these lay out plain 1F1B (``v_schedule``, ``interleaved_zb``)
     interleaved_1f1b: _one_f_one_b, interleaved_zb: _one_f_one_b, zbv: _one_f_one_b,
     v_half: _one_f_one_b, v_min: _one_f_one_b, dualpipev: _one_f_one_b}

@@ -16,13 +16,14 @@ import numpy as np
 
 from ..ir import Op
 
-__all__ = ["OPS", "Rows", "F", "B", "AR", "U", "I", "W", "PASSES", "pattern",
+__all__ = ["OPS", "Rows", "F", "B", "AR", "U", "I", "W", "AV", "PASSES", "pattern",
            "interleaved_rows"]
 
-OPS = (Op.FORWARD, Op.BACKWARD, Op.ALL_REDUCE, Op.STEP, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
+OPS = (Op.FORWARD, Op.BACKWARD, Op.ALL_REDUCE, Op.STEP, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT,
+       Op.AVERAGE)
 """What an op code in the columns means: ``OPS[code]``."""
 
-F, B, AR, U, I, W = range(6)
+F, B, AR, U, I, W, AV = range(7)
 PASSES = (F, B, I, W)
 """The codes of a micro-batch's computation (``F``, ``B``, ``I``, ``W``)."""
 

@@ -17,7 +17,8 @@ from pipeweave.schedules import Shape, available_schedules, build_schedule
 from pipeweave.schedules.flush_arrays import flush_arrays
 
 COVERED = ("gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped", "zb-h1", "zb-h2",
-           "interleaved-zb", "zbv", "v-half", "v-min", "dualpipev", "avgpipe")
+           "interleaved-zb", "zbv", "v-half", "v-min", "dualpipev", "avgpipe",
+           "sliced-1f1b")
 GRID = list(itertools.product((1, 2, 3, 5), (1, 2, 3, 4), (1, 2, 5, 6, 10, 12, 20), (1, 2)))
 
 

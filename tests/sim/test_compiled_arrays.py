@@ -25,7 +25,7 @@ GRID = list(itertools.product((1, 2, 3, 6), (1, 2, 3), (1, 3, 6, 12, 24), (1, 2)
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "gpipe-grouped", "zb-h1",
                                   "zb-h2", "interleaved-zb", "zbv", "v-half", "v-min",
-                                  "dualpipev", "avgpipe"])
+                                  "dualpipev", "avgpipe", "sliced-1f1b"])
 def test_timing_from_columns_is_the_simulators(name: str) -> None:
     timed = 0
     for stages, chunks, microbatches, iterations in GRID:
@@ -58,7 +58,7 @@ def test_shared_cores_are_left_to_their_walk() -> None:
                                                      ("zb-h2", 1, 1), ("zbv", 2, 2),
                                                      ("dualpipev", 2, 1),
                                                      ("interleaved-zb", 2, 2),
-                                                     ("avgpipe", 1, 2)])
+                                                     ("avgpipe", 1, 2), ("sliced-1f1b", 1, 2)])
 def test_time_plan_takes_the_columns_and_agrees(schedule: str, chunks: int, width: int) -> None:
     plan = Plan.uniform(24, 4, chunks=chunks, schedule=schedule, microbatches=16, width=width)
     costs = random_costs(4 * chunks, 5)
@@ -68,3 +68,22 @@ def test_time_plan_takes_the_columns_and_agrees(schedule: str, chunks: int, widt
     assert timing_module._columns(plan, 1, one_copy) is not None
     assert timing_module.time_plan(plan, costs, 1, one_copy=one_copy) == simulate_timing(
         reference, costs)
+
+
+@pytest.mark.parametrize("stages, microbatches", [(2, 3), (2, 5), (3, 8), (5, 12), (6, 6)])
+def test_slicer_halves_time_as_the_simulators(stages: int, microbatches: int) -> None:
+    """Sliced 1F1B's halves (half the compute, half the transfer, the same half upstream)
+    on every count of sliced micro-batches, given or from Algorithm 2's costs."""
+    costs = random_costs(stages, stages, latency=0.05)
+    given = [{"sliced": k} for k in range(microbatches + 1)]
+    given.append({"costs": (list(costs.forward), list(costs.backward), 0.2)})  # type: ignore
+    for options in given:
+        for iterations in (1, 2):
+            shape = Shape(stages=stages, microbatches=microbatches, iterations=iterations,
+                          options=options)
+            columns = flush_arrays("sliced-1f1b", shape)
+            assert columns is not None
+            schedule = build_schedule("sliced-1f1b", shape)
+            assert columns.programs() == schedule.programs, options
+            timing = time_arrays(columns, compile_arrays(columns), costs)
+            assert timing == simulate_timing(schedule, costs), options

@@ -62,8 +62,11 @@ def program_counts(schedule: Schedule | ArrayPrograms, stages: int) -> ProgramCo
         return cached[1]
     if len(_COUNTS) > 16:
         _COUNTS.clear()
-    counts = _read_columns(schedule, stages) if isinstance(schedule, ArrayPrograms) \
-        else _read(schedule, stages)
+    if isinstance(schedule, ArrayPrograms):  # Slicer halves: None, as _read says
+        halves = schedule.piece is not None and bool(schedule.piece.any())
+        counts = None if halves else _read_columns(schedule, stages)
+    else:
+        counts = _read(schedule, stages)
     _COUNTS[id(schedule)] = (schedule, counts)
     return counts
 

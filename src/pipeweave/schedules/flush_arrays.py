@@ -48,6 +48,7 @@ from .one_f_one_b import one_f_one_b
 from .avgpipe import avgpipe
 from .pass_columns import AR, AV, B, F, I, OPS, PASSES, U, W, interleaved_rows, pattern
 from .registry import Shape, get_info
+from .sliced import sliced_1f1b, sliced_count
 from .v_blocks import _v_half_order, _v_min_order, v_half, v_min
 from .zbv import zbv, zbv_order
 from .zero_bubble import zb_h1, zb_h2
@@ -74,6 +75,8 @@ class ArrayPrograms:
     version: np.ndarray
     lengths: tuple[int, ...]
     """Actions per rank."""
+    piece: np.ndarray | None = None
+    """0 for a whole micro-batch, 1/2 for a Slicer half (None: no halves)."""
 
     @property
     def num_ranks(self) -> int:
@@ -82,8 +85,10 @@ class ArrayPrograms:
     def programs(self) -> tuple[tuple[Action, ...], ...]:
         """The same programs as :class:`~pipeweave.ir.Action` records (the generators' form)."""
         ops = [OPS[c] for c in self.op.tolist()]
-        rows = zip(ops, self.stage.tolist(), self.microbatch.tolist(), self.version.tolist())
-        flat = [Action(op, s, None if j < 0 else j, version=v) for op, s, j, v in rows]
+        pieces = [0] * len(ops) if self.piece is None else self.piece.tolist()
+        rows = zip(ops, self.stage.tolist(), self.microbatch.tolist(), pieces,
+                   self.version.tolist())
+        flat = [Action(op, s, None if j < 0 else j, h, version=v) for op, s, j, h, v in rows]
         cut = np.cumsum((0,) + self.lengths).tolist()
         return tuple(tuple(flat[a:b]) for a, b in zip(cut, cut[1:]))
 
@@ -98,18 +103,23 @@ class ArrayPrograms:
     @cached_property
     def _held_counts(self) -> list[tuple[np.ndarray, np.ndarray]]:
         cut = np.cumsum((0,) + self.lengths).tolist()
-        return [_rank_counts(self.op[a:b], self.stage[a:b]) for a, b in zip(cut, cut[1:])]
+        piece = np.zeros(len(self.op), dtype=np.int8) if self.piece is None else self.piece
+        return [_rank_counts(self.op[a:b], self.stage[a:b], piece[a:b])
+                for a, b in zip(cut, cut[1:])]
 
 
-def _rank_counts(op: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _rank_counts(op: np.ndarray, stage: np.ndarray, piece: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """``(stages, counts)`` of one rank as :mod:`pipeweave.memory.held_counts` counts them:
-    a forward holds one activation of its stage until its backward releases it."""
+    a forward holds one activation of its stage (a Slicer half 0.5) until its backward
+    releases the whole."""
     passes = (op == _F) | (op == _B) | (op == _W)  # an I leaves it to its W
     forward = op[passes] == _F
     stages = np.unique(stage[passes][forward])
     column = np.searchsorted(stages, stage[passes])
     change = np.zeros((len(column), len(stages)))
-    change[np.arange(len(column)), column] = np.where(forward, 1.0, -1.0)
+    share = np.where(piece[passes] > 0, 0.5, 1.0)
+    change[np.arange(len(column)), column] = np.where(forward, share, -1.0)
     return stages, np.cumsum(change, axis=0)[forward]
 
 
@@ -120,7 +130,10 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
     None: not a shape or schedule covered here (module docstring)."""
     info = get_info(name)  # its generator, not its name: a name registered anew is not ours
     if (shape.width != 1 or shape.replicas is not None or shape.pipelines != 1
-            or shape.options or shape.microbatches < info.min_microbatches(shape)):
+            or shape.microbatches < info.min_microbatches(shape)):
+        return None
+    sliced = info.generate is sliced_1f1b
+    if shape.options and not (sliced and set(shape.options) <= {"sliced", "costs"}):
         return None
     passes = _rule(info.generate, shape)
     if passes is None:
@@ -129,10 +142,31 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
     update = ([AR] if reduce_before_step else []) + [U] + ([AV] if info.generate is avgpipe else [])
     columns = [_rank(passes, shape, layout, r, update) for r in range(layout.num_ranks)]
     op, stage, micro, version = (np.concatenate([c[i] for c in columns]) for i in range(4))
+    table: Columns = (op, stage, micro, version)
+    lengths = tuple(len(c[0]) for c in columns)
+    piece = None
+    if sliced:  # the generator's own count (and its errors)
+        table, piece, lengths = _halved(table, lengths, sliced_count(shape), shape.microbatches)
+    op, stage, micro, version = table
     return ArrayPrograms(layout=layout, microbatches=shape.microbatches,
                          iterations=shape.iterations, op=op.astype(np.int8), stage=stage,
-                         microbatch=micro, version=version,
-                         lengths=tuple(len(c[0]) for c in columns))
+                         microbatch=micro, version=version, lengths=lengths, piece=piece)
+
+
+def _halved(table: Columns, lengths: tuple[int, ...], count: int, M: int
+            ) -> tuple[Columns, np.ndarray, tuple[int, ...]]:
+    """:func:`~pipeweave.schedules.sliced.sliced_1f1b`'s slicing: every forward of the first
+    ``count`` micro-batches of each iteration replaced, in place, by its halves 1 and 2."""
+    op, _, micro, _ = table
+    split = (op == _F) & (micro % M < count)
+    copies = np.where(split, 2, 1)
+    index = np.repeat(np.arange(len(op)), copies)
+    second = np.arange(len(index)) - np.repeat(np.cumsum(copies) - copies, copies)
+    piece = np.where(split[index], second + 1, 0).astype(np.int8)
+    rank = np.repeat(np.arange(len(lengths)), lengths)
+    grown = np.bincount(rank, weights=copies, minlength=len(lengths)).astype(np.int64)
+    return (op[index], table[1][index], micro[index], table[3][index]), piece, \
+        tuple(grown.tolist())
 
 
 Passes = Callable[[int, int], list[Columns]]
@@ -242,6 +276,7 @@ def _split(shape: Shape, stage: int, base: int, warmup: int, defer: int) -> Colu
 _PER_STAGE: dict[object, Callable[[Shape, int, int, int], Columns]] = {
     gpipe: _gpipe, one_f_one_b: _one_f_one_b, zb_h1: _zb_h1, zb_h2: _zb_h2,
     avgpipe: _one_f_one_b,  # one pipeline, no advance: 1F1B, an AV after each update
+    sliced_1f1b: _one_f_one_b,  # then its first forwards halved (_halved)
     # with one chunk these lay out plain 1F1B (``v_schedule``, ``interleaved_zb``)
     interleaved_1f1b: _one_f_one_b, interleaved_zb: _one_f_one_b, zbv: _one_f_one_b,
     v_half: _one_f_one_b, v_min: _one_f_one_b, dualpipev: _one_f_one_b}

@@ -39,7 +39,7 @@ from ..ir import Action, Op, Schedule
 from .common import flush_schedule, one_f_one_b_order, routed
 from .registry import Shape, register
 
-__all__ = ["sliced_1f1b", "slicer_count", "slice_forwards"]
+__all__ = ["sliced_1f1b", "slicer_count", "slice_forwards", "sliced_count"]
 
 
 def slicer_count(forward: Sequence[float], backward: Sequence[float], comm: float) -> int:
@@ -114,7 +114,7 @@ def slice_forwards(program: Sequence[Action], sliced: set[int]) -> list[Action]:
           options=("sliced", "costs"),
           width=True, replicas=True, chunks=None, sliced="sliced-1f1b")
 def sliced_1f1b(shape: Shape) -> Schedule:
-    k = _sliced_count(shape)
+    k = sliced_count(shape)
     base = flush_schedule("sliced-1f1b", shape, one_f_one_b_order, sliced=k)
     layout, M = base.layout, shape.microbatches
     # The micro-batches sliced are the first k that each replica of stage 0 starts in each
@@ -125,7 +125,9 @@ def sliced_1f1b(shape: Shape) -> Schedule:
     return base.with_programs(programs)
 
 
-def _sliced_count(shape: Shape) -> int:
+def sliced_count(shape: Shape) -> int:
+    """How many micro-batches of each iteration ``shape`` slices (its options, or Algorithm 2
+    with uniform costs)."""
     given, costs = shape.option("sliced", None), shape.option("costs", None)
     if given is not None and costs is not None:
         raise ValueError("give either sliced=k or costs=(forward, backward, comm), not both")

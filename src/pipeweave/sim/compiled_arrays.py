@@ -42,8 +42,9 @@ def compile_arrays(programs: ArrayPrograms) -> Compiled:
     edges = _edges(programs, count)
     level = longest_chains(edges[0], edges[1], count)
     assert level is not None, "a flush order has no cycle"
-    return assemble(edges, level, _CODE_ROW[programs.op], programs.stage,
-                    np.ones(count), programs.lengths)
+    factor = np.ones(count) if programs.piece is None else np.where(programs.piece > 0, 0.5, 1.0)
+    return assemble(edges, level, _CODE_ROW[programs.op], programs.stage, factor,
+                    programs.lengths)
 
 
 def _edges(programs: ArrayPrograms, count: int) -> tuple[np.ndarray, ...]:
@@ -57,22 +58,25 @@ def _edges(programs: ArrayPrograms, count: int) -> tuple[np.ndarray, ...]:
     passes = micro.max(initial=0) + 1
     forward = op == OPS.index(Op.FORWARD)
     gradient = (op == OPS.index(Op.BACKWARD)) | (op == OPS.index(Op.BACKWARD_INPUT))
-    # an I is found as the B it splits (ir.deps.ref): what the previous stage waits for
-    key = (gradient.astype(np.int64) * stages + stage) * passes + micro
-    found = np.full(2 * stages * passes, -1, dtype=np.int64)
+    piece = np.zeros(count, dtype=np.int64) if programs.piece is None else programs.piece
+    # an I is found as the B it splits (ir.deps.ref): what the previous stage waits for; a
+    # Slicer half waits for the same half (gradients are whole: piece 0)
+    key = ((gradient.astype(np.int64) * stages + stage) * passes + micro) * 3 + piece
+    found = np.full(2 * stages * passes * 3, -1, dtype=np.int64)
     computing = forward | gradient
     found[key[computing]] = every[computing]
     needs = np.where(forward, stage > 0, gradient & (stage < stages - 1))
     target = every[needs]
     step = np.where(forward[needs], -1, 1)
-    source = found[key[needs] + step * passes]
+    source = found[key[needs] + step * passes * 3]
     assert np.all(source >= 0), "every producer of a flush order is in it"
     crossing = rank[source] != rank[target]
     kind = np.concatenate([np.full(len(same), SAME), np.where(crossing, DATA, SAME)])
     boundary = np.concatenate([np.full(len(same), -1), np.where(
         crossing, np.minimum(stage[source], stage[target]), -1)])
+    half = np.concatenate([np.zeros(len(same), dtype=bool), crossing & (piece[source] > 0)])
     return (np.concatenate([same, target]), np.concatenate([same - 1, source]),
-            kind.astype(np.int8), boundary, np.zeros(len(kind), dtype=bool))
+            kind.astype(np.int8), boundary, half)
 
 
 def time_arrays(programs: ArrayPrograms, compiled: Compiled, costs: Costs) -> Timing | None:

@@ -87,3 +87,17 @@ def test_slicer_halves_time_as_the_simulators(stages: int, microbatches: int) ->
             assert columns.programs() == schedule.programs, options
             timing = time_arrays(columns, compile_arrays(columns), costs)
             assert timing == simulate_timing(schedule, costs), options
+
+
+def test_slicer_costs_of_one_count_share_one_layout() -> None:
+    """Partitions whose Slicer costs give the same count are laid out once
+    (``columns_shape``), and each is timed as the simulator times its own schedule."""
+    costs = random_costs(4, 7)
+    options = [{"costs": ([1.0] * 4, [2.0 + 0.001 * i] * 4, 0.0)} for i in range(3)]
+    plans = [Plan.uniform(24, 4, schedule="sliced-1f1b", microbatches=12, width=2,
+                          schedule_options=o) for o in options]
+    laid_out = [timing_module._columns(plan, 1, True) for plan in plans]
+    assert laid_out[0] is not None and all(c is laid_out[0] for c in laid_out)
+    for plan in plans:
+        assert timing_module.time_plan(plan, costs, 1, one_copy=True) == simulate_timing(
+            one_copy_schedule(plan, 1), costs)

@@ -26,7 +26,7 @@ from ..ir import Action, Schedule
 from ..ir.walk import Location, index_actions
 from ..planner.plan import Plan
 from ..schedules import Shape, build_schedule, get_info
-from ..schedules.flush_arrays import ArrayPrograms, flush_arrays
+from ..schedules.flush_arrays import ArrayPrograms, columns_shape, flush_arrays
 from ..schedules.registry import CACHE_SIZE, Generator
 from ..sim import Costs, Timing, simulate_timing
 from ..sim.compiled import Compiled
@@ -103,7 +103,8 @@ class _Columns:
 
 def _columns(plan: Plan, iterations: int, one_copy: bool) -> _Columns | None:
     shape = (one_copy_plan(plan) if one_copy else plan).shape(iterations)
-    return _laid_out(plan.schedule, get_info(plan.schedule).generate, shape, one_copy)
+    return _laid_out(plan.schedule, get_info(plan.schedule).generate,
+                     columns_shape(plan.schedule, shape), one_copy)
 
 
 @lru_cache(maxsize=4)  # the compiled graph of a 512-stage shape holds some 100 MB

@@ -31,7 +31,7 @@ pipeline copy (width 1, no per-stage replicas, one pipeline, no options); anythi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -53,7 +53,7 @@ from .v_blocks import _v_half_order, _v_min_order, v_half, v_min
 from .zbv import zbv, zbv_order
 from .zero_bubble import zb_h1, zb_h2
 
-__all__ = ["ArrayPrograms", "flush_arrays", "OPS", "PASSES"]
+__all__ = ["ArrayPrograms", "flush_arrays", "OPS", "PASSES", "columns_shape"]
 
 _F, _B, _I, _W = F, B, I, W
 Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -151,6 +151,16 @@ def flush_arrays(name: str, shape: Shape, *, reduce_before_step: bool = False
     return ArrayPrograms(layout=layout, microbatches=shape.microbatches,
                          iterations=shape.iterations, op=op.astype(np.int8), stage=stage,
                          microbatch=micro, version=version, lengths=lengths, piece=piece)
+
+
+def columns_shape(name: str, shape: Shape) -> Shape:
+    """A shape whose columns are ``shape``'s, keyed by what they depend on: sliced 1F1B's
+    Slicer costs (one set per partition) become the count they give, so a cache keyed by
+    shape lays out every partition's halves once."""
+    if get_info(name).generate is not sliced_1f1b or not shape.options \
+            or not set(shape.options) <= {"sliced", "costs"}:
+        return shape
+    return replace(shape, options={"sliced": sliced_count(shape)})
 
 
 def _halved(table: Columns, lengths: tuple[int, ...], count: int, M: int

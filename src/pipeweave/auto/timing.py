@@ -11,10 +11,10 @@ path, held activations or weight versions: the same iteration time as
 registered schedule).
 
 The synchronous schedules :mod:`pipeweave.schedules.flush_arrays` covers (GPipe, 1F1B,
-interleaved 1F1B, GPipe grouping, ZB-H1/H2, the V schedules, DualPipeV, interleaved ZB) on one
-pipeline copy skip the actions altogether: their programs are laid out as numpy columns and
-timed by the compiled walk built from them (:mod:`pipeweave.sim.compiled_arrays`), the same numbers to
-the last bit, some 14x cheaper at 256 stages x 2,048 micro-batches per copy (docs/auto.md,
+interleaved 1F1B, GPipe grouping, ZB-H1/H2, the V schedules, DualPipeV, interleaved ZB,
+sliced 1F1B, AvgPipe with one pipeline) on one pipeline copy skip the actions altogether:
+their programs are laid out as numpy columns and timed by the compiled walk built from them
+(:mod:`pipeweave.sim.compiled_arrays`), the same numbers to the last bit, some 14x cheaper at 256 stages x 2,048 micro-batches per copy (docs/auto.md,
 "Search at scale"); :func:`floor_programs` hands the same columns to the memory floor.
 """
 

@@ -4,28 +4,26 @@ At planning scale a surviving candidate is a 256-512-stage pipeline of thousands
 micro-batches: its schedule is millions of :class:`~pipeweave.ir.Action` records, built one
 by one in Python (seconds), then indexed and walked. Here the synchronous schedules of one
 pipeline copy are laid out as columns instead: per action, its op, stage, micro-batch and
-weight version, rank-major, in numpy. Where a rank's order is a closed form, GPipe, 1F1B
-(and every schedule that is 1F1B with one chunk), Megatron's interleaved 1F1B, WPipe's
+weight version (and, for the Slicer, its half), rank-major, in numpy. Where a rank's order
+is a closed form, GPipe, 1F1B (and every schedule that is 1F1B with one chunk, AvgPipe with
+one pipeline among them: an ``AV`` after each update), Megatron's interleaved 1F1B, WPipe's
 GPipe grouping and ZB-H1/H2 (without the global check), no pass is built in Python at all;
-the first three share one pattern in the ``k``-th forward and ``k``-th backward of a rank's
-run of ``n`` passes::
-
-    F0 .. F(w-1) | F(w) B0  F(w+1) B1 .. F(n-1) B(n-w-1) | B(n-w) .. B(n-1)
-      warm-up w           one forward, one backward            cool-down
-
-(GPipe: ``w = n``; 1F1B: ``w = min(S - s - 1, n)`` per stage; interleaved: Megatron's
-``w`` per rank, ``k`` mapped to a chunk and a micro-batch by :func:`interleaved_order`'s
-rule); GPipe grouping runs every forward of a rank's stages, then every backward, in runs
-of ``M``; ZB-H1/H2 split each backward into ``I`` and ``W`` and defer the ``W``'s
-(:func:`~pipeweave.schedules.zero_bubble.split_order`). The schedules whose order is found
-by list scheduling (ZB-V, V-Min, V-Half, DualPipeV, interleaved ZB) run their own order
-function once per shape, and only its passes become columns (no actions, no index).
+the first three share one pattern (:func:`~pipeweave.schedules.pass_columns.pattern`): a
+warm-up of ``w`` forwards, then one forward and one backward, then the cool-down (GPipe:
+``w = n``; 1F1B: ``w = min(S - s - 1, n)`` per stage; interleaved: Megatron's ``w`` per
+rank); GPipe grouping runs every forward of a rank's stages, then every backward, in runs of
+``M``; ZB-H1/H2 split each backward into ``I`` and ``W`` and defer the ``W``'s
+(:func:`~pipeweave.schedules.zero_bubble.split_order`); sliced 1F1B is 1F1B with the first
+``k`` forwards of each iteration halved in place (``k`` the generator's own
+:func:`~pipeweave.schedules.sliced.sliced_count`). The schedules whose order is found by
+list scheduling (ZB-V, V-Min, V-Half, DualPipeV, interleaved ZB) take their passes as
+columns from :mod:`.copy_orders`, built without a pass tuple each and kept per shape.
 
 The generators stay the reference: :meth:`ArrayPrograms.programs` gives back the same
 actions, and ``tests/schedules/test_flush_arrays.py`` compares them action for action with
 the registered generators on many shapes. Only what the search times is covered: one
-pipeline copy (width 1, no per-stage replicas, one pipeline, no options); anything else is
-``None`` and goes to the generator.
+pipeline copy (width 1, no per-stage replicas, one pipeline, no options but the Slicer's);
+anything else is ``None`` and goes to the generator.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ closed form and found here in numpy, with no :class:`~pipeweave.ir.Action` built
 * each action after the first of its rank waits for the rank's previous one (an ``AR`` of one
   copy has itself as its only replica: the same edge);
 * a forward of micro-batch ``j`` on stage ``s > 0`` waits for stage ``s - 1``'s forward of
-  ``j``, a backward (or its ``I``) on stage ``s < S - 1`` for stage ``s + 1``'s backward of
+  ``j`` (a Slicer half for the same half, which lasts half its forward and sends half its
+  transfer), a backward (or its ``I``) on stage ``s < S - 1`` for stage ``s + 1``'s backward of
   ``j`` (or its ``I``; a ``W`` waits for nothing but its rank): a data
   edge (latency and the transfer at boundary ``min`` of the two stages) across ranks, a
   plain one on the same rank.

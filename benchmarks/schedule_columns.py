@@ -35,7 +35,8 @@ from pipeweave.sim.compiled_arrays import compile_arrays, time_arrays
 
 SHAPES = ("interleaved-1f1b:256:2:2048:4", "interleaved-1f1b:256:2:8192:4",
           "1f1b:256:1:8192:4", "gpipe-grouped:256:2:2048:4", "zbv:256:2:2048:4",
-          "dualpipev:256:2:2048:4", "zb-h1:256:1:2048:4")
+          "dualpipev:256:2:2048:4", "zb-h1:256:1:2048:4", "v-half:256:2:2048:4",
+          "interleaved-zb:256:2:2048:4", "sliced-1f1b:256:1:2048:4", "avgpipe:256:1:2048:4")
 T = TypeVar("T")
 
 

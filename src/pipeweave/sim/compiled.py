@@ -22,6 +22,11 @@ Timing a compiled schedule is then one numpy pass per level::
 
 the same additions and maxima as the walk, in the same floating point, so the same times to
 the last bit (``tests/sim/test_compiled.py`` compares them on every registered schedule).
+A compute-only schedule whose stages each run on one rank (AutoPipe's 1F1B among them) has
+its edges found in numpy from its actions read as columns
+(:func:`~pipeweave.sim.compiled_arrays.compile_columns`, the rule of
+:mod:`~pipeweave.sim.compiled_arrays`), not by asking :func:`~pipeweave.ir.dependencies`
+action by action: the same graph, half the compilation.
 A level holds about one action per rank, so it pays where ranks are many: a schedule with
 fewer than :data:`MIN_WIDTH` actions per level on average is left to the walk
 (:func:`compile_schedule` returns ``None``).
@@ -176,6 +181,10 @@ def compile_schedule(schedule: Schedule, index: dict[Action, Location], *,
     raises what it always raised) or its levels hold fewer than ``min_width`` actions on
     average (default :data:`MIN_WIDTH`)."""
     width = MIN_WIDTH if min_width is None else min_width
+    from .compiled_arrays import action_columns, compile_columns  # it builds on this module
+    columns = action_columns(schedule)
+    if columns is not None:  # compute-only: the same edges, found in numpy
+        return compile_columns(schedule, columns, width)
     programs = schedule.programs
     lengths = tuple(len(p) for p in programs)
     try:

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Op
+from ..ir import Op, Schedule
 from ..schedules.flush_arrays import OPS, PASSES, ArrayPrograms
 from . import metrics
 from .compiled import DATA, ROW, SAME, Compiled, assemble, longest_chains
 from .costs import Costs
 from .simulator import Timing
 
-__all__ = ["compile_arrays", "time_arrays"]
+__all__ = ["compile_arrays", "time_arrays", "column_edges", "action_columns",
+           "compile_columns"]
 
 _CODE_ROW = np.array([ROW[op] for op in OPS], dtype=np.int64)
 
@@ -40,37 +41,83 @@ _CODE_ROW = np.array([ROW[op] for op in OPS], dtype=np.int64)
 def compile_arrays(programs: ArrayPrograms) -> Compiled:
     """``programs``' graph compiled (module docstring)."""
     count = int(sum(programs.lengths))
-    edges = _edges(programs, count)
+    piece = np.zeros(count, dtype=np.int8) if programs.piece is None else programs.piece
+    edges = column_edges(programs.op, programs.stage, programs.microbatch, piece,
+                         programs.lengths, programs.layout.num_stages)
+    assert edges is not None, "a flush order has every producer"
     level = longest_chains(edges[0], edges[1], count)
     assert level is not None, "a flush order has no cycle"
-    factor = np.ones(count) if programs.piece is None else np.where(programs.piece > 0, 0.5, 1.0)
-    return assemble(edges, level, _CODE_ROW[programs.op], programs.stage, factor,
-                    programs.lengths)
+    return assemble(edges, level, _CODE_ROW[programs.op], programs.stage,
+                    np.where(piece > 0, 0.5, 1.0), programs.lengths)
 
 
-def _edges(programs: ArrayPrograms, count: int) -> tuple[np.ndarray, ...]:
-    op, stage, micro = programs.op, programs.stage, programs.microbatch
+def action_columns(schedule: Schedule) -> tuple[np.ndarray, ...] | None:
+    """``(op, stage, micro-batch, piece)`` of every action of a compute-only schedule whose
+    stages each run on one rank, one pipeline (no sends, receives, checks or all-reduce
+    among replicas), rank-major: what :func:`column_edges` reads; None for any other."""
+    layout = schedule.layout
+    if schedule.lowered or any(len(r) != 1 for r in layout.stage_ranks):
+        return None
+    fields = list(zip(*(a for program in schedule.programs for a in program)))
+    if not fields:
+        return None
+    ops, stage, micro, piece, _, _, pipeline = fields
+    if not set(ops) <= _CODES.keys() or any(pipeline):
+        return None
+    count = len(ops)
+    return (np.fromiter(map(_CODES.__getitem__, ops), np.int8, count),
+            np.fromiter(stage, np.int64, count),
+            np.fromiter((-1 if j is None else j for j in micro), np.int64, count),
+            np.fromiter(piece, np.int8, count))
+
+
+def compile_columns(schedule: Schedule, columns: tuple[np.ndarray, ...],
+                    min_width: int) -> Compiled | None:
+    """:func:`~pipeweave.sim.compiled.compile_schedule` of a schedule read as columns
+    (:func:`action_columns`): the same graph, its edges found in numpy; None where a
+    producer is missing, the edges have a cycle or the levels are too narrow, as there."""
+    op, stage, micro, piece = columns
+    lengths = tuple(len(p) for p in schedule.programs)
+    edges = column_edges(op, stage, micro, piece, lengths, schedule.num_stages)
+    if edges is None:
+        return None
+    level = longest_chains(edges[0], edges[1], len(op))
+    if level is None or len(level) < min_width * (int(level.max()) + 1):
+        return None
+    return assemble(edges, level, _CODE_ROW[op], stage, np.where(piece > 0, 0.5, 1.0),
+                    lengths)
+
+
+_CODES = {op: code for code, op in enumerate(OPS)}
+
+
+def column_edges(op: np.ndarray, stage: np.ndarray, micro: np.ndarray, piece: np.ndarray,
+                 lengths: tuple[int, ...], stages: int) -> tuple[np.ndarray, ...] | None:
+    """Every edge as ``(target, source, kind, boundary, half)`` (module docstring), found
+    in numpy from the actions' columns; None where a producer is missing (the walk then
+    raises its error)."""
+    count = len(op)
     every = np.arange(count)
-    rank = np.repeat(np.arange(programs.num_ranks), programs.lengths)
+    rank = np.repeat(np.arange(len(lengths)), lengths)
     first = np.zeros(count, dtype=bool)
-    first[np.cumsum((0,) + programs.lengths[:-1])] = True
+    first[np.cumsum((0,) + lengths[:-1])[np.asarray(lengths) > 0]] = True
     same = every[~first]
-    stages = programs.layout.num_stages
     passes = micro.max(initial=0) + 1
     forward = op == OPS.index(Op.FORWARD)
     gradient = (op == OPS.index(Op.BACKWARD)) | (op == OPS.index(Op.BACKWARD_INPUT))
-    piece = np.zeros(count, dtype=np.int64) if programs.piece is None else programs.piece
+    piece = piece.astype(np.int64)
+    computing = forward | gradient
     # an I is found as the B it splits (ir.deps.ref): what the previous stage waits for; a
     # Slicer half waits for the same half (gradients are whole: piece 0)
     key = ((gradient.astype(np.int64) * stages + stage) * passes + micro) * 3 + piece
     found = np.full(2 * stages * passes * 3, -1, dtype=np.int64)
-    computing = forward | gradient
     found[key[computing]] = every[computing]
     needs = np.where(forward, stage > 0, gradient & (stage < stages - 1))
     target = every[needs]
     step = np.where(forward[needs], -1, 1)
     source = found[key[needs] + step * passes * 3]
-    assert np.all(source >= 0), "every producer of a flush order is in it"
+    if not np.all(source >= 0):
+        return None
     crossing = rank[source] != rank[target]
     kind = np.concatenate([np.full(len(same), SAME), np.where(crossing, DATA, SAME)])
     boundary = np.concatenate([np.full(len(same), -1), np.where(

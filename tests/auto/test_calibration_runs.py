@@ -13,8 +13,8 @@ import pytest
 from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem
 from pipeweave.measure.alternating import alternate, round_steps
-from pipeweave.measure.calibration_runs import (Target, calibration_plans, fit_calibration,
-                                                solve, with_costs)
+from pipeweave.measure.calibration_runs import (PARAMETERS, Target, calibration_plans,
+                                                fit_calibration, solve, with_costs)
 from pipeweave.planner.evaluate import Network, plan_costs
 from pipeweave.planner.plan import Plan
 from pipeweave.profiler import LinkProfile
@@ -85,15 +85,19 @@ def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead:
 
 
 def test_a_compute_faster_than_simulated_leaves_the_scale_at_one() -> None:
-    from pipeweave.measure.calibration_runs import compute_scale_target
+    """Per round a plan's own scale (measure/calibration_rounds.py): at least 1; the fitted
+    scale is the median over the rounds, so one round 9x slow does not move it."""
+    from pipeweave.measure.calibration_rounds import fit_rounds
 
-    plans = calibration_plans(_problem(2))
+    plans = {"default": calibration_plans(_problem(2))["default"]}
     simulated = plans["default"].compute({})
-    slower = compute_scale_target(plans, {"default": [simulated * 0.8]})
-    assert solve([slower]) == {"compute_scale": 1.0}
+    iteration = plans["default"].iteration({})
+    slower = fit_rounds(plans, PARAMETERS, {"default": [iteration]},
+                        {"default": [simulated * 0.8]})
+    assert slower.fitted["compute_scale"] == 1.0
     rounds = [simulated * 1.5, simulated * 1.2, simulated * 9]  # the median: 1.5
-    fitted = solve([compute_scale_target(plans, {"default": rounds})])
-    assert fitted["compute_scale"] == pytest.approx(1.5, rel=1e-9)
+    fitted = fit_rounds(plans, PARAMETERS, {"default": [iteration * 2] * 3}, {"default": rounds})
+    assert fitted.fitted["compute_scale"] == pytest.approx(1.5, rel=1e-6)
 
 
 def test_without_the_allreduce_bandwidth_only_the_message_latency_is_fitted() -> None:

@@ -1,0 +1,150 @@
+"""The calibration fitted round by round (measure/calibration_rounds.py), on synthetic runs:
+each round 'measures' what the model predicts at known parameters, every plan at its own
+compute speed that round (a load that moves from round to round and plan to plan), with
+noise added and one disturbed round. No process runs."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+
+from auto_fixtures import small_profile
+from pipeweave.auto import AutoProblem
+from pipeweave.measure.calibration_rounds import fit_rounds, round_targets, scale_name
+from pipeweave.measure.calibration_runs import (PARAMETERS, CalibrationPlan, calibration_plans,
+                                                fit_calibration, solve)
+from pipeweave.planner.plan import Plan
+from pipeweave.profiler import LinkProfile
+from pipeweave.profiler.runtime_costs import RuntimeCosts
+
+TRUTH = {"message_latency": 3e-3, "allreduce_latency": 2e-2}
+"""Large enough beside the noise to be told apart: the plans' iterations are 0.16-0.17 s at
+scale 1, the message latency adds some 4 of its values to the default, the all-reduce's cost
+once to the data-parallel plan."""
+SCALES = {"default": (1.05, 1.30, 1.10, 1.45, 1.20),
+          "data-parallel": (1.60, 1.15, 1.50, 1.25, 1.70)}
+"""Each plan's compute speed in each of five rounds: the plans never ran at one speed."""
+NOISE = (0.006, -0.01, 0.003, 0.01, -0.004)
+"""Relative noise of each round's iteration time (a different sign per plan, below)."""
+
+
+def _problem(ranks: int = 2) -> AutoProblem:
+    profile = replace(small_profile(5, blocks=8, link=LinkProfile(1e9, 1e-5)),
+                      runtime=RuntimeCosts(per_message=2e-5, allreduce_bandwidth=3e8))
+    return AutoProblem(profile=profile, ranks=ranks)
+
+
+def _runs(plans: Mapping[str, CalibrationPlan], *, disturbed: float = 1.0
+          ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per plan, five rounds' iteration and compute seconds at :data:`TRUTH`, each at its
+    round's scale, with :data:`NOISE`; round 3's data-parallel iteration x ``disturbed``
+    (a stall outside compute: its timeline's compute does not move)."""
+    times: dict[str, list[float]] = {}
+    compute: dict[str, list[float]] = {}
+    for sign, label in zip((1, -1), plans):
+        at = [{**TRUTH, "compute_scale": scale} for scale in SCALES[label]]
+        times[label] = [plans[label].iteration(v) * (1 + sign * e) for v, e in zip(at, NOISE)]
+        compute[label] = [plans[label].compute(v) * (1 - sign * e / 2) for v, e in zip(at, NOISE)]
+    times["data-parallel"][2] *= disturbed
+    return times, compute
+
+
+def test_each_plan_at_its_own_speed_recovers_the_latencies_despite_noise_and_a_bad_round(
+        ) -> None:
+    """Noise of up to 1 % per round (some 2 ms of a 0.2 s iteration) and one data-parallel
+    round 3x slow (outside compute): both latencies within 15 % of the truth (a 1 % error of
+    an iteration is 0.3 of the all-reduce's cost in one round, and a median of five halves
+    it), the compute scale within 5 % of the median speed. A mean over the rounds puts the all-reduce's cost several times too high; one
+    scale shared by both plans (the fit before) misplaces the message latency."""
+    plans = calibration_plans(_problem())
+    assert set(plans) == {"default", "data-parallel"}
+    times, compute = _runs(plans, disturbed=3.0)
+    found = fit_rounds(plans, PARAMETERS, times, compute)
+    for name, value in TRUTH.items():
+        assert found.fitted[name] == pytest.approx(value, rel=0.15), name
+    every = [s for scales in SCALES.values() for s in scales]
+    assert found.fitted["compute_scale"] == pytest.approx(statistics.median(every), rel=0.05)
+    assert len(found.rounds) == 5
+    for one, default, parallel in zip(found.rounds, *SCALES.values()):
+        assert one[scale_name("default")] == pytest.approx(default, rel=0.03)
+        assert one[scale_name("data-parallel")] == pytest.approx(parallel, rel=0.03)
+
+    mean = statistics.fmean(one["allreduce_latency"] for one in found.rounds)
+    assert abs(mean - TRUTH["allreduce_latency"]) > 1.0 * TRUTH["allreduce_latency"]
+
+    shared = _shared_scale_fit(plans, times, compute)
+    assert abs(shared["message_latency"] - TRUTH["message_latency"]) \
+        > 0.25 * TRUTH["message_latency"]
+
+
+def _shared_scale_fit(plans: Mapping[str, CalibrationPlan], times: Mapping[str, list[float]],
+                      compute: Mapping[str, list[float]]) -> dict[str, float]:
+    """The fit before: one scale for the plans' summed median compute, each parameter at
+    its plan's median time (for the test's contrast only)."""
+    from pipeweave.measure.calibration_solve import Target
+
+    def simulated(values: Mapping[str, float]) -> float:
+        return sum(plans[label].compute({**values, "action_overhead": 0.0}) for label in plans)
+
+    targets = [Target("compute_scale", simulated,
+                      sum(statistics.median(compute[label]) for label in plans), least=1.0)]
+    targets += [Target(PARAMETERS[label], plans[label].iteration,
+                       statistics.median(times[label])) for label in plans]
+    return solve(targets)
+
+
+def test_without_noise_every_round_finds_the_truth_exactly() -> None:
+    plans = calibration_plans(_problem())
+    times: dict[str, list[float]] = {}
+    compute: dict[str, list[float]] = {}
+    for label in plans:
+        at = [{**TRUTH, "compute_scale": scale} for scale in SCALES[label]]
+        times[label] = [plans[label].iteration(v) for v in at]
+        compute[label] = [plans[label].compute(v) for v in at]
+    found = fit_rounds(plans, PARAMETERS, times, compute)
+    for one in found.rounds:
+        for name, value in TRUTH.items():
+            assert one[name] == pytest.approx(value, rel=1e-6)
+
+
+def test_a_plan_computing_faster_than_simulated_keeps_its_scale_at_one() -> None:
+    plans = calibration_plans(_problem())
+    simulated = plans["default"].compute({})
+    targets = round_targets({"default": plans["default"]}, PARAMETERS,
+                            {"default": plans["default"].iteration({})},
+                            {"default": simulated * 0.8})
+    assert solve(targets)[scale_name("default")] == 1.0
+
+
+def test_rounds_must_pair_up() -> None:
+    plans = calibration_plans(_problem())
+    with pytest.raises(ValueError, match="same number"):
+        fit_rounds(plans, PARAMETERS, {"default": [0.1, 0.1], "data-parallel": [0.1]},
+                   {"default": [0.1, 0.1], "data-parallel": [0.1]})
+
+
+def test_fit_calibration_reports_each_rounds_fit() -> None:
+    """The runner's rounds reach the fit in order: per-round scales and latencies in the
+    report, the medians in the profile."""
+    problem = _problem()
+    plans = calibration_plans(problem)
+    times, compute = _runs(plans)
+    calls = {label: 0 for label in plans}
+
+    def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
+        index = calls[label]
+        calls[label] += 1
+        return times[label][index], [compute[label][index] / 2] * 2
+
+    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=5, seconds=0.1)
+    assert fit is not None and len(fit.rounds) == 5
+    report = fit.to_json()
+    assert [one[scale_name("default")] for one in report["per_round"]] == \
+        pytest.approx(SCALES["default"], rel=0.03)
+    runtime = fitted.profile.runtime
+    assert runtime is not None
+    assert runtime.message_latency == pytest.approx(TRUTH["message_latency"], rel=0.15)
+    assert runtime.compute_scale == fit.fitted["compute_scale"]

@@ -13,9 +13,10 @@ import pytest
 
 from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem
-from pipeweave.measure.calibration_rounds import fit_rounds, round_targets, scale_name
+from pipeweave.measure.calibration_rounds import (SCALE_FLOOR, fit_rounds, round_targets,
+                                                  scale_name)
 from pipeweave.measure.calibration_runs import (PARAMETERS, CalibrationPlan, calibration_plans,
-                                                fit_calibration, solve)
+                                                fit_calibration, solve, with_fit)
 from pipeweave.planner.plan import Plan
 from pipeweave.profiler import LinkProfile
 from pipeweave.profiler.runtime_costs import RuntimeCosts
@@ -110,13 +111,43 @@ def test_without_noise_every_round_finds_the_truth_exactly() -> None:
             assert one[name] == pytest.approx(value, rel=1e-6)
 
 
-def test_a_plan_computing_faster_than_simulated_keeps_its_scale_at_one() -> None:
+def test_a_plan_computing_faster_than_its_profile_gets_a_scale_below_one() -> None:
+    """The runs computed at 0.8 of the profile and spent 3 ms a message outside compute: a
+    scale held at 1 would leave the message latency at a third of that (the compute's
+    overestimate eats it); down to the floor, no lower."""
     plans = calibration_plans(_problem())
-    simulated = plans["default"].compute({})
-    targets = round_targets({"default": plans["default"]}, PARAMETERS,
-                            {"default": plans["default"].iteration({})},
-                            {"default": simulated * 0.8})
-    assert solve(targets)[scale_name("default")] == 1.0
+    default = plans["default"]
+    at = {"compute_scale": 0.8, "message_latency": 3e-3}
+    targets = round_targets({"default": default}, PARAMETERS, {"default": default.iteration(at)},
+                            {"default": default.compute(at)})
+    fitted = solve(targets)
+    assert fitted[scale_name("default")] == pytest.approx(0.8, rel=1e-6)
+    assert fitted["message_latency"] == pytest.approx(3e-3, rel=1e-6)
+    held = solve([replace(t, least=1.0) if t.parameter == scale_name("default") else t
+                  for t in targets])
+    assert held["message_latency"] < 0.5 * 3e-3
+    floor = round_targets({"default": default}, PARAMETERS, {"default": default.iteration({})},
+                          {"default": default.compute({}) * 0.01})
+    assert solve(floor)[scale_name("default")] == SCALE_FLOOR
+
+
+def test_a_scale_below_one_goes_into_every_profile_s_blocks() -> None:
+    """The runtime's scale stays >= 1 (bounds from the profile's times stay bounds); the
+    blocks of the profile and of the other sizes' profiles compute at 0.8; the update not."""
+    problem = replace(_problem(), extra_profiles=(small_profile(5, blocks=8, batch_size=4),))
+    fitted = with_fit(problem, {"compute_scale": 0.8, "message_latency": 1e-3})
+    runtime = fitted.profile.runtime
+    assert runtime is not None and runtime.compute_scale == 1.0
+    assert runtime.message_latency == 1e-3
+    for before, after in ((problem.profile, fitted.profile),
+                          (problem.extra_profiles[0], fitted.extra_profiles[0])):
+        for old, new in zip(before.blocks, after.blocks):
+            assert (new.forward, new.backward) == pytest.approx((0.8 * old.forward,
+                                                                 0.8 * old.backward))
+            assert new.update == old.update
+    same = with_fit(problem, {"compute_scale": 1.2})
+    assert same.profile.blocks == problem.profile.blocks
+    assert same.profile.runtime is not None and same.profile.runtime.compute_scale == 1.2
 
 
 def test_rounds_must_pair_up() -> None:

@@ -84,9 +84,10 @@ def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead:
     assert report["plans"]["default"]["spread"] == 0.0
 
 
-def test_a_compute_faster_than_simulated_leaves_the_scale_at_one() -> None:
-    """Per round a plan's own scale (measure/calibration_rounds.py): at least 1; the fitted
-    scale is the median over the rounds, so one round 9x slow does not move it."""
+def test_a_plan_s_scale_is_the_median_of_its_rounds() -> None:
+    """Per round a plan's own scale (measure/calibration_rounds.py): 0.8 where the runs
+    computed faster than simulated (the profile's blocks take it, below 1); the fitted scale
+    is the median over the rounds, so one round 9x slow does not move it."""
     from pipeweave.measure.calibration_rounds import fit_rounds
 
     plans = {"default": calibration_plans(_problem(2))["default"]}
@@ -94,7 +95,8 @@ def test_a_compute_faster_than_simulated_leaves_the_scale_at_one() -> None:
     iteration = plans["default"].iteration({})
     slower = fit_rounds(plans, PARAMETERS, {"default": [iteration]},
                         {"default": [simulated * 0.8]})
-    assert slower.fitted["compute_scale"] == 1.0
+    # 0.8 of the blocks' times, the runtime's fixed costs per action unscaled: close to 0.8
+    assert slower.fitted["compute_scale"] == pytest.approx(0.8, rel=1e-3)
     rounds = [simulated * 1.5, simulated * 1.2, simulated * 9]  # the median: 1.5
     fitted = fit_rounds(plans, PARAMETERS, {"default": [iteration * 2] * 3}, {"default": rounds})
     assert fitted.fitted["compute_scale"] == pytest.approx(1.5, rel=1e-6)

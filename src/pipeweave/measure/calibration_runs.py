@@ -64,7 +64,7 @@ from .calibration_solve import Target, solve
 
 __all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
            "data_parallel_candidate", "fit_calibration",
-           "smallest_batches", "solve", "with_costs"]
+           "smallest_batches", "solve", "with_costs", "with_fit", "compute_faster"]
 
 PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency",
               "data-parallel-small": "action_overhead"}
@@ -72,10 +72,35 @@ PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency"
 
 
 def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
-    """``profile`` whose runtime costs have the fitted ``values`` (field name -> seconds)."""
+    """``profile`` whose runtime costs have the fitted ``values`` (field name -> seconds).
+    A ``compute_scale`` below 1 (the runs computed faster than the profile: it was measured
+    under a heavier load, or its co-located sharing overhead came out high) goes into the
+    blocks' compute times instead (:func:`compute_faster`), the runtime's scale left at 1,
+    so that the search's lower bounds from the profile's times stay bounds."""
     runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
     fields: dict[str, Any] = dict(values)
+    scale = fields.get("compute_scale", runtime.compute_scale)
+    if scale < 1:
+        profile, fields["compute_scale"] = compute_faster(profile, scale), 1.0
     return replace(profile, runtime=replace(runtime, **fields))
+
+
+def compute_faster(profile: Profile, scale: float) -> Profile:
+    """``profile`` with every block's forward, backward, I and W times x ``scale`` (the
+    update is not compute; the runtime's fixed costs per action stay)."""
+    return replace(profile, blocks=tuple(
+        replace(b, forward=b.forward * scale, backward=b.backward * scale,
+                input_grad=b.input_grad * scale, weight_grad=b.weight_grad * scale)
+        for b in profile.blocks))
+
+
+def with_fit(problem: AutoProblem, values: Mapping[str, float]) -> AutoProblem:
+    """``problem`` with the fitted ``values``: its profile's runtime costs
+    (:func:`with_costs`), and a scale below 1 in the other micro-batch sizes' profiles too."""
+    scale = values.get("compute_scale", 1.0)
+    extra = tuple(compute_faster(p, scale) for p in problem.extra_profiles) if scale < 1 \
+        else problem.extra_profiles
+    return replace(problem, profile=with_costs(problem.profile, values), extra_profiles=extra)
 
 
 def data_parallel_candidate(problem: AutoProblem,
@@ -222,4 +247,4 @@ def fit_calibration(problem: AutoProblem, *,
     fitted = found.fitted
     fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute, rounds=found.rounds,
                          predicted_before={label: p.predicted for label, p in plans.items()})
-    return replace(problem, profile=with_costs(problem.profile, fitted)), fit
+    return with_fit(problem, fitted), fit

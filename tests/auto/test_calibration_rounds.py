@@ -135,10 +135,16 @@ def test_a_scale_below_one_goes_into_every_profile_s_blocks() -> None:
     """The runtime's scale stays >= 1 (bounds from the profile's times stay bounds); the
     blocks of the profile and of the other sizes' profiles compute at 0.8; the update not."""
     problem = replace(_problem(), extra_profiles=(small_profile(5, blocks=8, batch_size=4),))
+    costs = RuntimeCosts(per_action={"forward": 1e-3, "update": 2e-3},
+                         per_block={"backward": 4e-4}, per_message=2e-5, allreduce_bandwidth=3e8)
+    problem = replace(problem, profile=replace(problem.profile, runtime=costs))
     fitted = with_fit(problem, {"compute_scale": 0.8, "message_latency": 1e-3})
     runtime = fitted.profile.runtime
     assert runtime is not None and runtime.compute_scale == 1.0
-    assert runtime.message_latency == 1e-3
+    assert runtime.message_latency == 1e-3 and runtime.per_message == 2e-5
+    # the runtime's fixed costs of compute actions are compute too (what the scale multiplies)
+    assert runtime.per_action == pytest.approx({"forward": 0.8e-3, "update": 2e-3})
+    assert runtime.per_block == pytest.approx({"backward": 0.8 * 4e-4})
     for before, after in ((problem.profile, fitted.profile),
                           (problem.extra_profiles[0], fitted.extra_profiles[0])):
         for old, new in zip(before.blocks, after.blocks):

@@ -81,17 +81,32 @@ def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
     fields: dict[str, Any] = dict(values)
     scale = fields.get("compute_scale", runtime.compute_scale)
     if scale < 1:
-        profile, fields["compute_scale"] = compute_faster(profile, scale), 1.0
-    return replace(profile, runtime=replace(runtime, **fields))
+        profile, fields["compute_scale"] = compute_faster(replace(profile, runtime=runtime),
+                                                          scale), 1.0
+    assert profile.runtime is not None
+    return replace(profile, runtime=replace(profile.runtime, **fields))
 
 
 def compute_faster(profile: Profile, scale: float) -> Profile:
-    """``profile`` with every block's forward, backward, I and W times x ``scale`` (the
-    update is not compute; the runtime's fixed costs per action stay)."""
-    return replace(profile, blocks=tuple(
-        replace(b, forward=b.forward * scale, backward=b.backward * scale,
-                input_grad=b.input_grad * scale, weight_grad=b.weight_grad * scale)
-        for b in profile.blocks))
+    """``profile`` whose compute actions take ``scale`` of their time: every block's
+    forward, backward, I and W, and the runtime's fixed costs per action and per block of
+    those kinds (what ``compute_scale`` multiplies, :mod:`pipeweave.planner.evaluate`; not
+    the update, not the posting of a send)."""
+    blocks = tuple(replace(b, forward=b.forward * scale, backward=b.backward * scale,
+                           input_grad=b.input_grad * scale, weight_grad=b.weight_grad * scale)
+                   for b in profile.blocks)
+    runtime = profile.runtime
+    if runtime is not None:
+        def faster(table: Mapping[str, float]) -> dict[str, float]:
+            return {kind: value * (scale if kind in _COMPUTE_KINDS else 1.0)
+                    for kind, value in table.items()}
+
+        runtime = replace(runtime, per_action=faster(runtime.per_action),
+                          per_block=faster(runtime.per_block))
+    return replace(profile, blocks=blocks, runtime=runtime)
+
+
+_COMPUTE_KINDS = ("forward", "backward", "input_grad", "weight_grad")
 
 
 def with_fit(problem: AutoProblem, values: Mapping[str, float]) -> AutoProblem:

@@ -5,6 +5,7 @@ them. No timed assertion: nothing here runs a process."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -181,6 +182,15 @@ def test_the_run_report_is_the_median_of_the_rounds_against_the_prediction() -> 
     assert report["rounds"] == list(rounds.times) and report["steps_per_round"] == 12
     assert report["peak_memory_bytes"] == [5, 6]
     assert report["predicted_iteration_time"] == predicted
+    assert "busy_fraction" not in report  # no compute measured
+    compute = [0.5 * predicted, 0.2 * predicted, 0.9 * predicted]  # over 2 ranks
+    busy = compare_predictions({"default": prediction}, rounds={"default": rounds},
+                               memory={}, batch_size=8, compute={"default": compute},
+                               ranks={"default": 2})["default"]
+    assert busy["compute_seconds"] == compute
+    assert busy["busy_fraction"] == pytest.approx(statistics.median(
+        [0.5 / 2.6, 0.2 / 2.2, 0.9 / 1.8]))
+    assert busy["predicted_busy_fraction"] == pytest.approx(1 - prediction.bubble_fraction)
 
 
 @pytest.mark.distributed
@@ -297,3 +307,6 @@ def test_one_timer_serves_the_calibration_and_auto_run_with_apc_per_label(
     assert calls == [(prediction.plan.microbatches, False, False)] * 2
     assert report["default"]["iteration_time"] == pytest.approx(0.01 * prediction.plan.microbatches)
     assert report["default"]["peak_memory_bytes"] == [1, 2]
+    assert report["default"]["compute_seconds"] == pytest.approx([0.005, 0.005])
+    assert report["default"]["busy_fraction"] == pytest.approx(
+        0.005 / (2 * 0.01 * prediction.plan.microbatches))

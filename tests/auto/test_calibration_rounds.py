@@ -56,10 +56,11 @@ def _runs(plans: Mapping[str, CalibrationPlan], *, disturbed: float = 1.0
 def test_each_plan_at_its_own_speed_recovers_the_latencies_despite_noise_and_a_bad_round(
         ) -> None:
     """Noise of up to 1 % per round (some 2 ms of a 0.2 s iteration) and one data-parallel
-    round 3x slow (outside compute): both latencies within 15 % of the truth (a 1 % error of
-    an iteration is 0.3 of the all-reduce's cost in one round, and a median of five halves
-    it), the compute scale within 5 % of the median speed. A mean over the rounds puts the all-reduce's cost several times too high; one
-    scale shared by both plans (the fit before) misplaces the message latency."""
+    round 3x slow (outside compute): both latencies within 15 % of the truth (in one round a
+    1 % error of an iteration is a tenth of the all-reduce's cost and, over the default's
+    some four messages, a sixth of the message latency), the compute scale within 5 % of the
+    median speed. A mean over the rounds puts the all-reduce's cost several times too high;
+    one scale shared by both plans (the fit before) misplaces the message latency."""
     plans = calibration_plans(_problem())
     assert set(plans) == {"default", "data-parallel"}
     times, compute = _runs(plans, disturbed=3.0)

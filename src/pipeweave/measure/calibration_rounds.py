@@ -39,7 +39,8 @@ from typing import Protocol
 
 from .calibration_solve import Target, solve
 
-__all__ = ["PASSES", "SCALE_FLOOR", "Probed", "RoundFit", "fit_rounds", "round_targets", "scale_name"]
+__all__ = ["PASSES", "SCALE_FLOOR", "Probed", "RoundFit", "fit_rounds", "round_targets",
+           "scale_name"]
 
 SCALE_FLOOR = 0.25
 """The least compute scale a plan may get: a run computing 4x faster than its profile says
@@ -80,8 +81,8 @@ def round_targets(plans: Mapping[str, Probed], parameters: Mapping[str, str],
                   times: Mapping[str, float], compute: Mapping[str, float]) -> list[Target]:
     """One round's targets: per plan, its own compute scale (its timeline's compute seconds
     ``compute[label]`` against the simulated, without the action overhead, which lies
-    outside the timed actions; at least :data:`SCALE_FLOOR`) and its parameter ``parameters[label]`` (its
-    iteration ``times[label]``)."""
+    outside the timed actions; at least :data:`SCALE_FLOOR`) and its parameter
+    ``parameters[label]`` (its iteration ``times[label]``)."""
     targets = []
     for label, plan in plans.items():
         def computed(values: Mapping[str, float], label: str = label,

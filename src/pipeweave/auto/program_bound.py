@@ -39,6 +39,7 @@ from ..sim import Costs, StageCosts
 from .predict import one_copy_suffices
 from .problem import AutoProblem
 from .timing import floor_programs
+from .window_bound import window_bound
 
 __all__ = ["program_bound", "plan_program_bound", "ProgramCounts", "program_counts"]
 
@@ -132,7 +133,8 @@ def program_bound(schedule: Schedule | ArrayPrograms, table: StageCosts, *,
 
 
 def plan_program_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
-    """:func:`program_bound` of ``plan``'s programs as the simulation lays them out (one
+    """:func:`program_bound` of ``plan``'s programs as the simulation lays them out, or the
+    :func:`~pipeweave.auto.window_bound.window_bound` of the same programs, the larger (one
     copy where that suffices; as columns where the search times them so,
     :func:`~pipeweave.auto.timing.floor_programs`; the builders keep the last shapes, so the
     memory floor and the simulation reuse them); 0 for an asynchronous schedule, with shared cores, or where the
@@ -146,5 +148,6 @@ def plan_program_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
         schedule = floor_programs(plan, one_copy=one_copy_suffices(plan, problem))
     except ValueError:
         return 0.0
-    return program_bound(schedule, costs.resolve(len(plan.stages)),
-                         split=info.split_backward)
+    table = costs.resolve(len(plan.stages))  # and the micro-batches each stage keeps open
+    return max(program_bound(schedule, table, split=info.split_backward),
+               window_bound(schedule, table, schedule.layout, split=info.split_backward))

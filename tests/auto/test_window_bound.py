@@ -9,6 +9,7 @@ import dataclasses
 import random
 
 import numpy as np
+import pytest
 
 from auto_fixtures import small_profile
 from test_bounds import _simulated
@@ -16,7 +17,8 @@ from pipeweave.auto import AutoProblem
 from pipeweave.auto.bounds import plan_bound
 from pipeweave.auto.predict import one_copy_suffices
 from pipeweave.auto.timing import floor_programs
-from pipeweave.auto.window_bound import stage_windows, window_bound
+from pipeweave.auto.fill_bound import WINDOWS
+from pipeweave.auto.window_bound import declared_window_bound, stage_windows, window_bound
 from pipeweave.planner import Plan
 from pipeweave.planner.topology import Topology
 from pipeweave.profiler import LinkProfile
@@ -120,3 +122,43 @@ def test_no_bound_for_sliced_micro_batches() -> None:
         assert _bound(plan, costs, problem) == 0.0
         checked += 1
     assert checked > 5
+
+
+def test_declared_windows_are_the_generated_ones() -> None:
+    """fill_bound.WINDOWS' ``k_s`` is the most micro-batches 1F1B and AvgPipe's one
+    pipeline keep open on stage ``s``, on a grid of depths and micro-batch counts, so the
+    bound before the schedule is built is the bound read off it."""
+    compared = 0
+    for name in ("1f1b", "avgpipe"):
+        for stages in (1, 2, 3, 5, 8):
+            for n in (1, 2, 3, 7, 8, 16):
+                plan = Plan.uniform(8, stages, schedule=name, microbatches=n)
+                try:
+                    schedule = build_schedule(name, plan.shape(1))
+                except ValueError:
+                    continue
+                windows = stage_windows(schedule)
+                assert windows is not None
+                declared = [WINDOWS[name](s, stages, n)[0] for s in range(stages)]
+                assert windows.most[np.argsort(windows.stage)].tolist() == declared, \
+                    (name, stages, n)
+                compared += 1
+    assert compared > 40, compared
+
+
+def test_declared_bound_equals_the_bound_read_off_the_programs() -> None:
+    """In the plan bound before anything is built, with width and slow links: the same
+    number as the programs give, and above the rest of the plan bound on some."""
+    problem = _problem(schedules=("1f1b", "avgpipe"), recompute=(0, 2))
+    checked = raised = 0
+    for _, plan, _, costs, time in _simulated(problem):
+        if plan.replicas is not None or plan.pipelines > 1 or plan.microbatches % plan.width:
+            continue
+        table = costs.resolve(len(plan.stages))
+        declared = declared_window_bound(plan, table)
+        assert declared == pytest.approx(_bound(plan, costs, problem), rel=1e-12), plan
+        assert plan_bound(plan, costs, problem) <= time * (1 + 1e-9)
+        checked += 1
+        raised += declared > 1.02 * max(  # the same plan bound without the windows
+            plan_bound(dataclasses.replace(plan, schedule="gpipe"), costs, problem), 0)
+    assert checked > 20 and raised > 5, (checked, raised)

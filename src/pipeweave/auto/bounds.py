@@ -82,6 +82,7 @@ from .interleaved_fill import interleaved_fill_bound
 from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
 from .reduce_fill import Blocks, contiguous_shares, reduce_fill_bound
+from .window_bound import declared_window_bound
 
 __all__ = ["shape_bound", "reduce_bound", "plan_bound", "round_trips"]
 
@@ -295,6 +296,8 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
     cores = problem.shared_cores
     if cores is not None and cores < layout.num_ranks:
         bound = max(bound, compute / cores)
+    else:  # the micro-batches 1F1B keeps open on each stage (auto/window_bound.py)
+        bound = max(bound, declared_window_bound(plan, table))
     return bound if math.isfinite(bound) else 0.0
 
 

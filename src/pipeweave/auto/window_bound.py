@@ -38,10 +38,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ir import Layout, Op, Schedule
+from ..planner.plan import Plan
 from ..schedules.flush_arrays import OPS, ArrayPrograms
 from ..sim import StageCosts
+from .fill_bound import WINDOWS
 
-__all__ = ["Windows", "stage_windows", "window_bound"]
+__all__ = ["Windows", "stage_windows", "window_bound", "declared_window_bound", "windows_bound"]
 
 
 
@@ -131,7 +133,32 @@ def window_bound(schedule: Schedule | ArrayPrograms, table: StageCosts, layout: 
     """The largest over the (rank, stage) pairs of the bound above (0 where it does not
     apply); ``layout`` places the stages (a crossing within a rank costs nothing)."""
     windows = stage_windows(schedule)
-    if windows is None or len(windows.rank) == 0:
+    return 0.0 if windows is None else windows_bound(windows, table, layout, split=split)
+
+
+def declared_window_bound(plan: Plan, table: StageCosts) -> float:
+    """The same bound before the schedule is built, for a schedule of one stage per rank
+    whose windows are declared (:data:`~pipeweave.auto.fill_bound.WINDOWS`: 1F1B keeps the
+    ``k_s = min(n, S - s)`` forwards of its warm-up and its first steady one open, and no
+    more after; ``tests/auto/test_window_bound.py`` checks them against the generated
+    programs); 0 for the others, and with replicated stages, chunks, several pipelines,
+    options or copies that share M unevenly."""
+    stages = len(table.forward)
+    if plan.schedule not in WINDOWS or plan.chunks != 1 or plan.replicas is not None \
+            or plan.pipelines != 1 or plan.schedule_options or plan.microbatches % plan.width:
+        return 0.0
+    n = plan.microbatches // plan.width  # each copy's stage runs its share
+    windows = WINDOWS[plan.schedule]
+    most = np.array([windows(s, stages, n)[0] for s in range(stages)], dtype=np.int64)
+    every = np.arange(stages)
+    declared = Windows(every, every, np.full(stages, n), most, plan.width > 1)
+    return windows_bound(declared, table, plan.layout(), split=False)
+
+
+def windows_bound(windows: Windows, table: StageCosts, layout: Layout, *,
+                  split: bool) -> float:
+    """The bound above for these :data:`Windows` (0 for none)."""
+    if len(windows.rank) == 0:
         return 0.0
     stage, n, most = windows.stage, windows.forwards, windows.most
     forward = np.asarray(table.forward, dtype=float)

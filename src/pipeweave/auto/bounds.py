@@ -54,7 +54,9 @@ without it); after partitioning the costs carry it per stage.
 
 After partitioning, interleaved 1F1B's fill and drain per rank (each rank's first backward
 waits for micro-batch 0's round trip, its last closes the chain back to stage 0) are
-:func:`~pipeweave.auto.interleaved_fill.interleaved_fill_bound`'s.
+:func:`~pipeweave.auto.interleaved_fill.interleaved_fill_bound`'s, and the pace the
+micro-batches 1F1B keeps open on each stage allow (Little's law, with both crossings of every
+boundary) :func:`~pipeweave.auto.window_bound.declared_window_bound`'s.
 
 The fill and drain of a schedule whose order declares its waits (1F1B: ``(n + S - 1) C / S``
 on every split) are :func:`~pipeweave.auto.fill_bound.fill_bound`'s, closed the same way.

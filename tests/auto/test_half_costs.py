@@ -3,13 +3,16 @@ micro-batch size, not half the whole's; other schedules get none."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 from pipeweave.auto import AutoProblem
+from pipeweave.auto.axes import Candidate
 from pipeweave.auto.predict import candidate_costs, simulate_candidate
 from pipeweave.auto.timing import plan_schedule
+from pipeweave.planner import Plan
 from pipeweave.profiler import BlockProfile, Profile
 from pipeweave.sim import simulate
 
@@ -17,9 +20,10 @@ from auto_fixtures import completions
 
 FIXED, PER_SAMPLE = 1e-3, 1e-4
 """Each block's forward: a fixed cost per call and a cost per sample (the backward twice)."""
+Time = Callable[[int], float]
 
 
-def _profile(size: int, time=lambda m: FIXED + PER_SAMPLE * m) -> Profile:
+def _profile(size: int, time: Time = lambda m: FIXED + PER_SAMPLE * m) -> Profile:
     blocks = tuple(BlockProfile(f"b{i}", forward=time(size) * (1 + i / 4),
                                 backward=2 * time(size) * (1 + i / 4),
                                 output_bytes=1e3 * size, activation_bytes=1e4 * size,
@@ -29,7 +33,8 @@ def _profile(size: int, time=lambda m: FIXED + PER_SAMPLE * m) -> Profile:
                    source="synthetic", input_bytes=10.0 * size)
 
 
-def _completed(schedule: str, time=lambda m: FIXED + PER_SAMPLE * m):
+def _completed(schedule: str, time: Time = lambda m: FIXED + PER_SAMPLE * m
+               ) -> tuple[AutoProblem, Candidate, Plan, Profile]:
     problem = AutoProblem(profile=_profile(8, time), ranks=2, batch_size=16,
                           extra_profiles=(_profile(4, time),), schedules=(schedule,),
                           microbatches=(2,), methods=("uniform",), recompute=(0,), apc=(False,))
@@ -39,7 +44,8 @@ def _completed(schedule: str, time=lambda m: FIXED + PER_SAMPLE * m):
     return problem, *found[0]
 
 
-def _stage_sums(profile: Profile, bounds, field: str) -> list[float]:
+def _stage_sums(profile: Profile, bounds: tuple[tuple[int, int], ...], field: str
+                ) -> list[float]:
     return [sum(getattr(b, field) for b in profile.blocks[a:e]) for a, e in bounds]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeweave.ir import Schedule
 from pipeweave.ir.walk import index_actions
 from pipeweave.schedules import build_schedule
 from pipeweave.sim import Costs, simulate
@@ -25,7 +26,8 @@ BY_HAND = {"0F0a": (0.0, 1.5), "0F0b": (1.5, 3.0), "0F1": (3.0, 5.0), "1F0a": (2
            "0B0": (17.0, 23.0), "0B1": (27.0, 31.0)}
 
 
-def _sliced(stages: int = 2, microbatches: int = 2, sliced: int = 1, iterations: int = 1):
+def _sliced(stages: int = 2, microbatches: int = 2, sliced: int = 1,
+            iterations: int = 1) -> Schedule:
     return build_schedule("sliced-1f1b", stages=stages, microbatches=microbatches,
                           sliced=sliced, iterations=iterations)
 

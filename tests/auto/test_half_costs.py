@@ -14,6 +14,7 @@ from pipeweave.auto.predict import candidate_costs, simulate_candidate
 from pipeweave.auto.timing import plan_schedule
 from pipeweave.planner import Plan
 from pipeweave.profiler import BlockProfile, Profile
+from pipeweave.profiler.runtime_costs import RuntimeCosts
 from pipeweave.sim import simulate
 
 from auto_fixtures import completions
@@ -33,9 +34,11 @@ def _profile(size: int, time: Time = lambda m: FIXED + PER_SAMPLE * m) -> Profil
                    source="synthetic", input_bytes=10.0 * size)
 
 
-def _completed(schedule: str, time: Time = lambda m: FIXED + PER_SAMPLE * m
+def _completed(schedule: str, time: Time = lambda m: FIXED + PER_SAMPLE * m,
+               runtime: RuntimeCosts | None = None
                ) -> tuple[AutoProblem, Candidate, Plan, Profile]:
-    problem = AutoProblem(profile=_profile(8, time), ranks=2, batch_size=16,
+    problem = AutoProblem(profile=replace(_profile(8, time), runtime=runtime), ranks=2,
+                          batch_size=16,
                           extra_profiles=(_profile(4, time),), schedules=(schedule,),
                           microbatches=(2,), methods=("uniform",), recompute=(0,), apc=(False,))
     found = [(done, plan, profile) for _, done, plan, profile in completions(problem)
@@ -82,3 +85,21 @@ def test_a_half_never_costs_less_than_half_the_whole() -> None:
     table = candidate_costs(done, plan, profile, problem).resolve(len(plan.stages))
     assert table.half_forward == tuple(f / 2 for f in table.forward)
     assert table.half_backward == tuple(b / 2 for b in table.backward)
+
+
+def test_the_sliced_backward_pays_the_runtime_s_fixed_costs_once() -> None:
+    """The runtime adds 0.5 ms to every backward action and 0.2 ms to posting a send: each
+    half's forward pays them, the one backward of a sliced micro-batch (two autograd passes)
+    pays them once, so ``2 half_backward`` = the half-size compute twice + the fixed once."""
+    runtime = RuntimeCosts(per_action={"backward": 5e-4, "forward": 5e-4}, per_message=2e-4)
+    problem, done, plan, profile = _completed("sliced-1f1b", runtime=runtime)
+    table = candidate_costs(done, plan, profile, problem).resolve(len(plan.stages))
+    half = _profile(4)
+    posts = [False, True]  # stage 1 sends its input gradient back to stage 0
+    for s, ((a, e), sends) in enumerate(zip(plan.stages, posts)):
+        compute = sum(b.backward for b in half.blocks[a:e])
+        fixed = 5e-4 + (2e-4 if sends else 0.0)
+        assert 2 * table.half_backward[s] == pytest.approx(2 * compute + fixed)
+        forward_posts = not sends
+        assert table.half_forward[s] == pytest.approx(
+            sum(b.forward for b in half.blocks[a:e]) + 5e-4 + (2e-4 if forward_posts else 0.0))

@@ -11,8 +11,14 @@ APC) of the profile scaled to ``ceil(m / 2)`` samples (:mod:`pipeweave.auto.scal
 larger of ``tensor_split``'s two pieces), each at least half the whole's::
 
     half_forward[s]      = max(F_s(ceil(m/2)), F_s(m) / 2)
-    half_backward[s]     = max(B_s(ceil(m/2)), B_s(m) / 2)
+    half_backward[s]     = max(B_s(ceil(m/2)) - once_s / 2, B_s(m) / 2)
     half_weight_grad[s]  = min(W_s(ceil(m/2)), half_backward[s])
+
+A half's forward is an action of its own and pays every fixed cost; the backward of a sliced
+micro-batch is one action that runs autograd once per half, so the simulator's ``2
+half_backward`` keeps the runtime's fixed costs of that action (``once_s``: the per-action
+cost, posting its send, the action overhead, a sharded stage's gathers; the candidate's
+backward under the profile with no compute and no bytes) once, not twice.
 
 The floor keeps the search's lower bounds true (:mod:`pipeweave.auto.bounds` prices a half at
 half the whole); a profile whose line is steeper than proportional between ``m/2`` and ``m``
@@ -69,9 +75,20 @@ def with_halves(costs: Costs, plan: Plan, problem: AutoProblem,
         return costs
     stages = len(plan.stages)
     whole = costs.resolve(stages)
-    half = costs_at(half_profile(problem, half_size(problem, plan))).resolve(stages)
+    profile = half_profile(problem, half_size(problem, plan))
+    half = costs_at(profile).resolve(stages)
+    once = costs_at(_fixed_only(profile)).resolve(stages).backward
     forward = tuple(max(h, f / 2) for h, f in zip(half.forward, whole.forward))
-    backward = tuple(max(h, b / 2) for h, b in zip(half.backward, whole.backward))
+    backward = tuple(max(h - o / 2, b / 2) for h, o, b in zip(half.backward, once,
+                                                               whole.backward))
     weight = tuple(min(w, b) for w, b in zip(half.weight_grad, backward))
     return replace(costs, half_forward=forward, half_backward=backward,
                    half_weight_grad=weight)
+
+
+def _fixed_only(profile: Profile) -> Profile:
+    """``profile`` with no compute and no bytes on the wire: what its costs still hold is
+    the runtime's fixed cost of each action (and a sharded stage's gathers)."""
+    blocks = tuple(replace(b, forward=0.0, backward=0.0, input_grad=0.0, weight_grad=0.0,
+                           output_bytes=0.0) for b in profile.blocks)
+    return replace(profile, blocks=blocks, input_bytes=0.0)

@@ -77,9 +77,10 @@ class Costs:
             samples) costs, per stage. ``None`` (default): half the forward. On a real device
             a half costs more than half (every call pays a fixed cost): a planner gives the
             block times at half the micro-batch size (:mod:`pipeweave.auto.half_costs`).
-        half_backward: what the backward of one half costs, per stage; the ``B`` of a
-            micro-batch whose forward ran in halves runs one backward per half (the runtime's
-            ``StageRuntime.backward``) and costs twice this. ``None`` (default): half the
+        half_backward: one half's share of the backward of a micro-batch whose forward ran
+            in halves, per stage: that ``B`` runs one backward per half (the runtime's
+            ``StageRuntime.backward``) and costs twice this (a planner keeps the action's
+            fixed costs in it once, :mod:`pipeweave.auto.half_costs`). ``None`` (default): half the
             backward, so that ``B`` costs ``backward``.
         half_weight_grad: the weight-gradient part of ``half_backward`` (a split backward of
             a sliced micro-batch: its ``W`` costs twice this, its ``I`` twice ``half_backward

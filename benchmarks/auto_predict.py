@@ -16,8 +16,10 @@ search, and ``--run``: the winner and the default in ``--rounds`` alternating ro
 another. Per run: the winner's shape, the predicted and measured (median) iteration time
 and the error of each plan, the rounds' spread, the fitted calibration, the machine's load
 average before and after. Per case: the median error of the winner and of the default over
-the runs, the largest, and whether every run picked the same plan. The JSON (``--json-out``)
-holds all of it.
+the runs, the largest, and whether every run picked the same plan; per plan the busy
+fraction predicted (1 - the simulated bubble) and measured (the timelines' compute over ranks
+x the iteration), which says whether an error is mispriced compute or missed waits. The JSON
+(``--json-out``) holds all of it.
 
 One run of gpt-tiny or cnn at 2 ranks took 45-85 s on this 2-core machine at load 3-5
 (2026-11-27: profiling two micro-batch sizes; the calibration: link, runtime costs, the
@@ -175,10 +177,20 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _busy(row: dict[str, Any]) -> str:
+    """``predicted:measured`` busy fraction of a measured plan (``-`` where the report has
+    none): measured below predicted with the time right means compute priced high and
+    waits missed; both off by the same factor, the compute."""
+    if "busy_fraction" not in row:
+        return "-"
+    return f"{row['predicted_busy_fraction']:.2f}:{row['busy_fraction']:.2f}"
+
+
 def table(cases: dict[str, dict[str, Any]]) -> str:
     """Per run: predicted / measured ms and the error of each plan; per case the medians."""
     lines = [f"{'case':<12} {'run':>3} {'winner pred/meas ms':>20} {'err':>6} "
-             f"{'default pred/meas ms':>21} {'err':>6} {'spread w/d':>11} {'load':>5}  winner"]
+             f"{'default pred/meas ms':>21} {'err':>6} {'spread w/d':>11} "
+             f"{'busy w/d pred:meas':>19} {'load':>5}  winner"]
     for name, case in cases.items():
         for index, run in enumerate(case["runs"], 1):
             w, d = run["measured"]["winner"], run["measured"]["default"]
@@ -189,7 +201,7 @@ def table(cases: dict[str, dict[str, Any]]) -> str:
                 f"{100 * w['iteration_time_error']:>5.1f}% "
                 f"{1e3 * d['predicted_iteration_time']:>10.2f}/{1e3 * d['iteration_time']:<10.2f}"
                 f"{100 * d['iteration_time_error']:>5.1f}% "
-                f"{spread:>11} "
+                f"{spread:>11} {_busy(w) + '/' + _busy(d):>19} "
                 f"{run['load_before'][0]:>5.2f}  {run['winner']}")
         s = case["summary"]
         lines.append(f"{name:<12} median error: winner {100 * s['winner_median_error']:.1f} % "

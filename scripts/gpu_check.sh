@@ -8,7 +8,7 @@
 #                                 in-process (benchmarks/rank_cost.py, the 551 M Llama):
 #                                 gpu_check.json, gpu_check_tests.log, rank_cost_gpu.json
 #   scripts/gpu_check.sh suite    (up to 9 min) the rest of the suite on the machine's torch,
-#                                 pytest-xdist over its cores: gpu_suite.log
+#                                 pytest-xdist, one worker per 2 cores: gpu_suite.log
 #
 # Keep the two apart: on 2026-11-27 the suite beside the `cuda` tests overran both limits and
 # its killed processes slowed the benchmarks after it (docs/gpu.md).
@@ -25,11 +25,14 @@ PY
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader || true
 started=$(date +%s)
 if [[ ${1:-} == suite ]]; then
-    workers=$(( $(nproc) > 8 ? $(nproc) - 2 : 2 ))
-    timeout 530 python3 -m pytest -m "not cuda" tests -n "$workers" -p no:cacheprovider \
-        --timeout 300 -q -rfE --tb=short > "$out/gpu_suite.log" 2>&1
-    echo "suite: exit $? after $(( $(date +%s) - started )) s, $workers workers"
-    grep -E "^(FAILED|ERROR)" "$out/gpu_suite.log" | head -40
+    # Each worker pinned to 2 cores of its own (tests/worker_cores.py): the suite's ranks size
+    # their threads from the cores they see. -v names every failure the moment it happens, so
+    # a run cut off by the limit still says which tests failed (2026-11-27: 11 unnamed).
+    workers=$(( $(nproc) / 2 > 1 ? $(nproc) / 2 - 1 : 1 ))
+    PIPEWEAVE_TEST_CORES=2 timeout 530 python3 -m pytest -m "not cuda" tests -n "$workers" \
+        -p no:cacheprovider --timeout 300 -v -rfE --tb=short > "$out/gpu_suite.log" 2>&1
+    echo "suite: exit $? after $(( $(date +%s) - started )) s, $workers workers of 2 cores"
+    grep -E "(FAILED|ERROR) tests/" "$out/gpu_suite.log" | head -40
     tail -2 "$out/gpu_suite.log"
     exit 0
 fi

@@ -11,6 +11,9 @@
   and then the Ctrl-C tests (``tests/runtime/launch/test_interrupts.py``) would test the
   shell rather than pipeweave. Python's own handler is put back for the session (and for the
   processes it starts, which get the default disposition on exec).
+* With ``PIPEWEAVE_TEST_CORES=k`` under pytest-xdist each worker is pinned to its own ``k``
+  cores (``tests/worker_cores.py``), so a many-core host runs the suite as many small machines
+  (``scripts/gpu_check.sh suite``).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from __future__ import annotations
 import signal
 
 import pytest
+from worker_cores import pin_this_worker
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    pin_this_worker()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -5,6 +5,7 @@ them. No timed assertion: nothing here runs a process."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -13,8 +14,8 @@ import pytest
 from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem
 from pipeweave.measure.alternating import alternate, round_steps
-from pipeweave.measure.calibration_runs import (Target, calibration_plans, fit_calibration,
-                                                solve, with_costs)
+from pipeweave.measure.calibration_runs import (PARAMETERS, Target, calibration_plans,
+                                                fit_calibration, solve, with_costs)
 from pipeweave.planner.evaluate import Network, plan_costs
 from pipeweave.planner.plan import Plan
 from pipeweave.profiler import LinkProfile
@@ -84,16 +85,22 @@ def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead:
     assert report["plans"]["default"]["spread"] == 0.0
 
 
-def test_a_compute_faster_than_simulated_leaves_the_scale_at_one() -> None:
-    from pipeweave.measure.calibration_runs import compute_scale_target
+def test_a_plan_s_scale_is_the_median_of_its_rounds() -> None:
+    """Per round a plan's own scale (measure/calibration_rounds.py): 0.8 where the runs
+    computed faster than simulated (the profile's blocks take it, below 1); the fitted scale
+    is the median over the rounds, so one round 9x slow does not move it."""
+    from pipeweave.measure.calibration_rounds import fit_rounds
 
-    plans = calibration_plans(_problem(2))
+    plans = {"default": calibration_plans(_problem(2))["default"]}
     simulated = plans["default"].compute({})
-    slower = compute_scale_target(plans, {"default": [simulated * 0.8]})
-    assert solve([slower]) == {"compute_scale": 1.0}
+    iteration = plans["default"].iteration({})
+    slower = fit_rounds(plans, PARAMETERS, {"default": [iteration]},
+                        {"default": [simulated * 0.8]})
+    # 0.8 of the blocks' times, the runtime's fixed costs per action unscaled: close to 0.8
+    assert slower.fitted["compute_scale"] == pytest.approx(0.8, rel=1e-3)
     rounds = [simulated * 1.5, simulated * 1.2, simulated * 9]  # the median: 1.5
-    fitted = solve([compute_scale_target(plans, {"default": rounds})])
-    assert fitted["compute_scale"] == pytest.approx(1.5, rel=1e-9)
+    fitted = fit_rounds(plans, PARAMETERS, {"default": [iteration * 2] * 3}, {"default": rounds})
+    assert fitted.fitted["compute_scale"] == pytest.approx(1.5, rel=1e-6)
 
 
 def test_without_the_allreduce_bandwidth_only_the_message_latency_is_fitted() -> None:
@@ -175,6 +182,15 @@ def test_the_run_report_is_the_median_of_the_rounds_against_the_prediction() -> 
     assert report["rounds"] == list(rounds.times) and report["steps_per_round"] == 12
     assert report["peak_memory_bytes"] == [5, 6]
     assert report["predicted_iteration_time"] == predicted
+    assert "busy_fraction" not in report  # no compute measured
+    compute = [0.5 * predicted, 0.2 * predicted, 0.9 * predicted]  # over 2 ranks
+    busy = compare_predictions({"default": prediction}, rounds={"default": rounds},
+                               memory={}, batch_size=8, compute={"default": compute},
+                               ranks={"default": 2})["default"]
+    assert busy["compute_seconds"] == compute
+    assert busy["busy_fraction"] == pytest.approx(statistics.median(
+        [0.5 / 2.6, 0.2 / 2.2, 0.9 / 1.8]))
+    assert busy["predicted_busy_fraction"] == pytest.approx(1 - prediction.bubble_fraction)
 
 
 @pytest.mark.distributed
@@ -291,3 +307,6 @@ def test_one_timer_serves_the_calibration_and_auto_run_with_apc_per_label(
     assert calls == [(prediction.plan.microbatches, False, False)] * 2
     assert report["default"]["iteration_time"] == pytest.approx(0.01 * prediction.plan.microbatches)
     assert report["default"]["peak_memory_bytes"] == [1, 2]
+    assert report["default"]["compute_seconds"] == pytest.approx([0.005, 0.005])
+    assert report["default"]["busy_fraction"] == pytest.approx(
+        0.005 / (2 * 0.01 * prediction.plan.microbatches))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from auto_fixtures import small_profile
 from test_bounds import _simulated
 from pipeweave.auto import AutoProblem
@@ -86,3 +88,39 @@ def test_columns_and_actions_give_the_same_bound() -> None:
         assert from_columns == from_actions > 0, name
         compared += 1
     assert compared >= 6, compared
+
+
+def test_kept_per_shape_the_same_bound_with_one_build_per_shape(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the bound reads is kept per shape: every partition of a shape after the first is
+    bounded without its programs (floor_programs asked once per shape), and to the same
+    number as a fresh read of freshly built programs."""
+    import pipeweave.auto.program_bound as module
+    from pipeweave.auto.predict import one_copy_suffices
+    from pipeweave.auto.timing import floor_programs
+    from pipeweave.auto.window_bound import window_bound
+    from pipeweave.schedules import get_info
+
+    module._READS.clear()
+    asked: list[object] = []
+    real = module.floor_programs
+
+    def counted(plan: Plan, *, one_copy: bool) -> object:
+        asked.append((plan.schedule, plan.shape(1), one_copy))
+        return real(plan, one_copy=one_copy)
+
+    monkeypatch.setattr(module, "floor_programs", counted)
+    problem = _problem(methods=("uniform", "time", "parameters"))
+    checked = 0
+    for _, plan, _, costs, _ in _simulated(problem):
+        bound = plan_program_bound(plan, costs, problem)
+        if bound == 0:
+            continue
+        programs = floor_programs(plan, one_copy=one_copy_suffices(plan, problem))
+        table = costs.resolve(len(plan.stages))
+        split = get_info(plan.schedule).split_backward
+        assert bound == max(program_bound(programs, table, split=split),
+                            window_bound(programs, table, programs.layout, split=split))
+        checked += 1
+    assert checked > 100 and len(asked) == len(set(asked)) and len(asked) < checked // 2, \
+        (checked, len(asked))

@@ -72,7 +72,8 @@ def test_time_plan_takes_the_columns_and_agrees(schedule: str, chunks: int, widt
 
 @pytest.mark.parametrize("stages, microbatches", [(2, 3), (2, 5), (3, 8), (5, 12), (6, 6)])
 def test_slicer_halves_time_as_the_simulators(stages: int, microbatches: int) -> None:
-    """Sliced 1F1B's halves (half the compute, half the transfer, the same half upstream)
+    """Sliced 1F1B's halves (half the compute, or the half costs given, with the backward
+    of a halved micro-batch two half backwards; half the transfer; the same half upstream)
     on every count of sliced micro-batches, given or from Algorithm 2's costs."""
     costs = random_costs(stages, stages, latency=0.05)
     given = [{"sliced": k} for k in range(microbatches + 1)]
@@ -85,8 +86,11 @@ def test_slicer_halves_time_as_the_simulators(stages: int, microbatches: int) ->
             assert columns is not None
             schedule = build_schedule("sliced-1f1b", shape)
             assert columns.programs() == schedule.programs, options
-            timing = time_arrays(columns, compile_arrays(columns), costs)
-            assert timing == simulate_timing(schedule, costs), options
+            compiled = compile_arrays(columns)
+            assert time_arrays(columns, compiled, costs) == simulate_timing(schedule, costs)
+            dearer = replace(costs, half_forward=[0.6 * f for f in costs.forward],
+                             half_backward=[0.55 * b for b in costs.backward])
+            assert time_arrays(columns, compiled, dearer) == simulate_timing(schedule, dearer)
 
 
 def test_slicer_costs_of_one_count_share_one_layout() -> None:

@@ -54,7 +54,9 @@ without it); after partitioning the costs carry it per stage.
 
 After partitioning, interleaved 1F1B's fill and drain per rank (each rank's first backward
 waits for micro-batch 0's round trip, its last closes the chain back to stage 0) are
-:func:`~pipeweave.auto.interleaved_fill.interleaved_fill_bound`'s.
+:func:`~pipeweave.auto.interleaved_fill.interleaved_fill_bound`'s, and the pace the
+micro-batches 1F1B keeps open on each stage allow (Little's law, with both crossings of every
+boundary) :func:`~pipeweave.auto.window_bound.declared_window_bound`'s.
 
 The fill and drain of a schedule whose order declares its waits (1F1B: ``(n + S - 1) C / S``
 on every split) are :func:`~pipeweave.auto.fill_bound.fill_bound`'s, closed the same way.
@@ -82,6 +84,7 @@ from .interleaved_fill import interleaved_fill_bound
 from .links import default_topology, replica_bandwidths
 from .problem import AutoProblem, Candidate
 from .reduce_fill import Blocks, contiguous_shares, reduce_fill_bound
+from .window_bound import declared_window_bound
 
 __all__ = ["shape_bound", "reduce_bound", "plan_bound", "round_trips"]
 
@@ -295,6 +298,8 @@ def plan_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
     cores = problem.shared_cores
     if cores is not None and cores < layout.num_ranks:
         bound = max(bound, compute / cores)
+    else:  # the micro-batches 1F1B keeps open on each stage (auto/window_bound.py)
+        bound = max(bound, declared_window_bound(plan, table))
     return bound if math.isfinite(bound) else 0.0
 
 

@@ -15,7 +15,9 @@ floor of one micro-batch)::
     gpipe, gpipe-grouped          M                   (every forward before any backward)
     zb-h1                         min(M, P)           (a W's activation waits for the W)
     zb-h2                         min(M, 2P - 1)
-    interleaved-1f1b, -zb         min(M, P - s mod P)  (each chunk at least 1F1B's warm-up)
+    interleaved-1f1b              min(M, P - s mod P)  (each chunk at least 1F1B's warm-up)
+    interleaved-zb                min(M, P); 2P on the first chunk of two (its W's wait:
+                                  the last stage keeps P micro-batches, not one)
     dualpipev                     min(M, S - s)
     v-half, zbv                   min(M, ceil((S - s) / 2))
     v-min                         min(M, ceil((S - s) / 3))
@@ -64,7 +66,8 @@ HELD_AT_LEAST: dict[str, Count] = {
     "zb-h1": lambda s, S, P, M: min(M, P),
     "zb-h2": lambda s, S, P, M: min(M, 2 * P - 1),
     "interleaved-1f1b": lambda s, S, P, M: min(M, P - s % P) if P > 1 else 1,
-    "interleaved-zb": lambda s, S, P, M: min(M, P - s % P) if P > 1 else 1,
+    "interleaved-zb": lambda s, S, P, M: min(M, 2 * P if S == 2 * P and s < P else P)
+    if P > 1 else 1,
     "dualpipev": lambda s, S, P, M: min(M, S - s) if P > 1 else 1,
     "v-half": lambda s, S, P, M: min(M, _ceil(S - s, 2)) if P > 1 else 1,
     "zbv": lambda s, S, P, M: min(M, _ceil(S - s, 2)) if P > 1 else 1,

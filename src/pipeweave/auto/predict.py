@@ -25,6 +25,7 @@ candidate's micro-batch (:mod:`pipeweave.auto.scaling`) on the links its layout 
 
 Schedule options the search can fill from the costs are filled (:data:`OPTION_PROVIDERS`):
 a schedule that takes ``costs`` (AutoPipe's Slicer, Algorithm 2) gets the stage costs.
+A sliced candidate's halves are priced at half the micro-batch (:mod:`.half_costs`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ..schedules import get_info
 from ..sim import Costs
 from .links import default_topology, layout_network
 from .copies import copies_independent
+from .half_costs import with_halves
 from .memory import rank_memory
 from .timing import time_plan
 from .problem import AutoProblem, Candidate
@@ -94,7 +96,17 @@ def candidate_plan(candidate: Candidate, problem: AutoProblem) -> Plan:
 
 def candidate_costs(candidate: Candidate, plan: Plan, profile: Profile,
                     problem: AutoProblem) -> Costs:
-    """Simulator costs of ``plan`` (module docstring); ``profile`` is already scaled."""
+    """Simulator costs of ``plan`` (module docstring); ``profile`` is already scaled. A
+    sliced plan's halves cost the same at half the micro-batch (:mod:`.half_costs`), with
+    ``profile``'s runtime costs (a calibration may have fitted them)."""
+    return with_halves(_costs_at(candidate, plan, profile, problem), plan, problem,
+                       lambda half: _costs_at(candidate, plan,
+                                              replace(half, runtime=profile.runtime), problem))
+
+
+def _costs_at(candidate: Candidate, plan: Plan, profile: Profile,
+              problem: AutoProblem) -> Costs:
+    """:func:`candidate_costs` of ``plan`` under ``profile``, without half costs."""
     layout = plan.layout()
     topology = problem.topology or default_topology(profile, problem.ranks)
     latency = profile.link.latency if profile.link is not None else 0.0

@@ -28,17 +28,22 @@ simulator on every synchronous schedule and every candidate of a space.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from typing import NamedTuple
+
 import numpy as np
 
-from ..ir import Op, Schedule
+from ..ir import Layout, Op, Schedule
 from ..planner.evaluate import simulated_iterations
 from ..planner.plan import Plan
 from ..schedules import get_info
 from ..schedules.flush_arrays import OPS, ArrayPrograms
 from ..sim import Costs, StageCosts
+from .copies import one_copy_plan
 from .predict import one_copy_suffices
 from .problem import AutoProblem
 from .timing import floor_programs
+from .window_bound import Windows, stage_windows, windows_bound
 
 __all__ = ["program_bound", "plan_program_bound", "ProgramCounts", "program_counts"]
 
@@ -113,8 +118,11 @@ def program_bound(schedule: Schedule | ArrayPrograms, table: StageCosts, *,
                   split: bool) -> float:
     """The largest over the ranks of the chain above (0 where it does not apply); ``split``:
     the schedule may split backwards (its gradient action is ``I``)."""
-    stages = len(table.forward)
-    read = program_counts(schedule, stages)
+    return _weigh(program_counts(schedule, len(table.forward)), table, split=split)
+
+
+def _weigh(read: ProgramCounts | None, table: StageCosts, *, split: bool) -> float:
+    """:func:`program_bound` of counts already read (0 for none)."""
     if read is None:
         return 0.0
     first, counts = read
@@ -134,11 +142,49 @@ def program_bound(schedule: Schedule | ArrayPrograms, table: StageCosts, *,
     return float(chain.max())
 
 
+class _Read(NamedTuple):
+    """What the bounds read off one shape's programs: all they need, small enough to keep
+    for many shapes after the programs themselves are dropped."""
+
+    counts: ProgramCounts | None
+    windows: Windows | None
+    layout: Layout
+
+
+SHAPES_KEPT = 64
+"""Shapes whose reads :func:`plan_program_bound` keeps (a few MB each at 512 stages)."""
+
+_READS: OrderedDict[tuple[object, ...], _Read] = OrderedDict()
+
+
+def _shape_read(plan: Plan, one_copy: bool) -> _Read:
+    """The counts and windows of ``plan``'s programs, kept per shape: the partitions of a
+    shape (every method, recompute prefix and APC variant) share them, and a shape pruned
+    by the bound is not built again for its next partition, which the builders, keeping
+    the last few shapes, would otherwise do when other shapes came between (ValueError:
+    the schedule refuses the shape)."""
+    own = one_copy_plan(plan) if one_copy else plan
+    key = (plan.schedule, get_info(plan.schedule).generate, own.shape(1), one_copy)
+    read = _READS.get(key)
+    if read is None:
+        schedule = floor_programs(plan, one_copy=one_copy)
+        read = _Read(program_counts(schedule, len(plan.stages)), stage_windows(schedule),
+                     schedule.layout)
+        _READS[key] = read
+        if len(_READS) > SHAPES_KEPT:
+            _READS.popitem(last=False)
+    else:
+        _READS.move_to_end(key)
+    return read
+
+
 def plan_program_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
-    """:func:`program_bound` of ``plan``'s programs as the simulation lays them out (one
+    """:func:`program_bound` of ``plan``'s programs as the simulation lays them out, or the
+    :func:`~pipeweave.auto.window_bound.window_bound` of the same programs, the larger (one
     copy where that suffices; as columns where the search times them so,
     :func:`~pipeweave.auto.timing.floor_programs`; the builders keep the last shapes, so the
-    memory floor and the simulation reuse them); 0 for an asynchronous schedule, with shared cores, or where the
+    memory floor and the simulation reuse them; what the bounds read is kept per shape,
+    :func:`_shape_read`); 0 for an asynchronous schedule, with shared cores, or where the
     schedule refuses the plan (the simulation then says so)."""
     cores = problem.shared_cores
     info = get_info(plan.schedule)
@@ -146,8 +192,11 @@ def plan_program_bound(plan: Plan, costs: Costs, problem: AutoProblem) -> float:
             or simulated_iterations(plan.schedule) != 1:
         return 0.0
     try:  # the columns where the search times the shape as columns, else the schedule
-        schedule = floor_programs(plan, one_copy=one_copy_suffices(plan, problem))
+        read = _shape_read(plan, one_copy_suffices(plan, problem))
     except ValueError:
         return 0.0
-    return program_bound(schedule, costs.resolve(len(plan.stages)),
-                         split=info.split_backward)
+    table = costs.resolve(len(plan.stages))  # and the micro-batches each stage keeps open
+    split = info.split_backward
+    windows = 0.0 if read.windows is None else \
+        windows_bound(read.windows, table, read.layout, split=split)
+    return max(_weigh(read.counts, table, split=split), windows)

@@ -55,6 +55,7 @@ from .problem import AutoProblem, Candidate
 from .ranking import identity
 from .scaling import scaled_profile
 from .ties import TieRefused, check_ties
+from .twin_key import twin_key
 from .timing import floor_programs
 
 __all__ = ["SearchResult", "search", "default_candidate", "default_prediction", "Progress"]
@@ -470,9 +471,9 @@ def _recomputed(plan: Plan) -> tuple[bool, ...]:
 
 
 def _twin_key(data: dict[str, Any], apc: bool) -> str:
-    """A plan's JSON less its recomputation: its twins recomputing other stages share it."""
-    return json.dumps([{k: v for k, v in data.items() if k != "recompute"}, apc],
-                      sort_keys=True)
+    """A plan's JSON less its recomputation: its twins recomputing other stages share it
+    (:func:`~pipeweave.auto.twin_key.twin_key`: the Slicer's costs read as its count)."""
+    return twin_key(data, apc)
 
 
 def _checked_simulation(state: _Search, done: Candidate, plan: Plan,

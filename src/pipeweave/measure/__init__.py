@@ -5,7 +5,8 @@ benchmarks run for real to learn a number.
   all-reduce's bandwidth (:mod:`.calibration`, :mod:`.runtime_costs`, :mod:`.collective`),
   and the message latency, the all-reduce's fixed cost and (ranks > cores) the cost per
   action fitted to alternating runs of the default and data-parallel plans
-  (:mod:`.calibration_runs`, solved by :mod:`.calibration_solve`);
+  (:mod:`.calibration_runs`; round by round, each plan at its own measured compute speed,
+  the median kept, :mod:`.calibration_rounds`; solved by :mod:`.calibration_solve`);
 * a plan trained for a few steps and timed (:mod:`.plan_run`), plans timed in alternating
   rounds (:mod:`.alternating`), and ``pipeweave auto --run``'s comparison (:mod:`.compare`);
 * pilots: the finalists of ``auto --semantics any`` trained briefly in one process and ranked

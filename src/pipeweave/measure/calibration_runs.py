@@ -19,29 +19,30 @@ about ``seconds`` of timed iterations per round:
   measured the data-parallel plan at M = 32 at 28 ms where 9 ms was predicted).
 
 The ranks' compute: the seconds of F, B, I and W actions per iteration on the runs'
-timelines, summed over ranks and over the plans (median of the rounds), against the
-same simulated; the factor (at least 1) that equates them is ``compute_scale``, which
-multiplies every compute action (the send thread and gloo's threads take the cores from the
-compute; a run under load computes slower than the profile did). Each other parameter is the
-value at which its plan's simulated iteration equals the median of its rounds. All are
-solved together (:func:`~.calibration_solve.solve`: Gauss-Seidel bisections, then Newton
-steps, exact where plans depend on several parameters; a plan measured faster than
-predicted with its parameter at 0 leaves it at 0). Parameters from plans measured under the
-same load: before, one parameter from one run of the default plan
-had to absorb the all-reduce too, and the data-parallel winner was predicted 15-31 % fast
-while the default was 15-31 % slow (docs/auto.md).
+timelines, summed over ranks, against the same simulated; the factor (at least 1) that
+equates them is a plan's compute scale in that round, which multiplies every compute action
+(the send thread and gloo's threads take the cores from the compute; a run under load
+computes slower than the profile did). Each other parameter is the value at which its
+plan's simulated iteration, at that plan's own scale, equals the round's measurement. Each
+round is solved on its own (:func:`~.calibration_solve.solve`: Gauss-Seidel bisections,
+then Newton steps, exact where plans depend on several parameters; a plan measured faster
+than predicted with its parameter at 0 leaves it at 0), and each parameter is the median of
+its rounds, ``compute_scale`` the median of every plan's per-round scale
+(:mod:`.calibration_rounds` says why: one scale shared by the plans let the latencies trade
+against it). Parameters from plans measured under the same load: before, one parameter
+from one run of the default plan had to absorb the all-reduce too, and the data-parallel
+winner was predicted 15-31 % fast while the default was 15-31 % slow (docs/auto.md).
 
 The action overhead is taken to lie outside the timed actions (the interpreter between
 them, the wake-up when a shared core comes back): the timelines' compute, and so
-``compute_scale``, do not include it.
+the compute scales, do not include it.
 
 Each probe only re-prices a plan partitioned once, so a fit is some hundred simulations of
-two or three small plans.
+two or three small plans per round.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -58,11 +59,12 @@ from ..planner.plan import Plan
 from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
 from .alternating import TIMED_SECONDS, Rounds, alternate
+from .calibration_rounds import fit_rounds
 from .calibration_solve import Target, solve
 
 __all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
-           "compute_scale_target", "data_parallel_candidate", "fit_calibration",
-           "smallest_batches", "solve", "with_costs"]
+           "data_parallel_candidate", "fit_calibration",
+           "smallest_batches", "solve", "with_costs", "with_fit", "compute_faster"]
 
 PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency",
               "data-parallel-small": "action_overhead"}
@@ -70,10 +72,50 @@ PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency"
 
 
 def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
-    """``profile`` whose runtime costs have the fitted ``values`` (field name -> seconds)."""
+    """``profile`` whose runtime costs have the fitted ``values`` (field name -> seconds).
+    A ``compute_scale`` below 1 (the runs computed faster than the profile: it was measured
+    under a heavier load, or its co-located sharing overhead came out high) goes into the
+    blocks' compute times instead (:func:`compute_faster`), the runtime's scale left at 1,
+    so that the search's lower bounds from the profile's times stay bounds."""
     runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
     fields: dict[str, Any] = dict(values)
-    return replace(profile, runtime=replace(runtime, **fields))
+    scale = fields.get("compute_scale", runtime.compute_scale)
+    if scale < 1:
+        profile, fields["compute_scale"] = compute_faster(replace(profile, runtime=runtime),
+                                                          scale), 1.0
+    assert profile.runtime is not None
+    return replace(profile, runtime=replace(profile.runtime, **fields))
+
+
+def compute_faster(profile: Profile, scale: float) -> Profile:
+    """``profile`` whose compute actions take ``scale`` of their time: every block's
+    forward, backward, I and W, and the runtime's fixed costs per action and per block of
+    those kinds (what ``compute_scale`` multiplies, :mod:`pipeweave.planner.evaluate`; not
+    the update, not the posting of a send)."""
+    blocks = tuple(replace(b, forward=b.forward * scale, backward=b.backward * scale,
+                           input_grad=b.input_grad * scale, weight_grad=b.weight_grad * scale)
+                   for b in profile.blocks)
+    runtime = profile.runtime
+    if runtime is not None:
+        def faster(table: Mapping[str, float]) -> dict[str, float]:
+            return {kind: value * (scale if kind in _COMPUTE_KINDS else 1.0)
+                    for kind, value in table.items()}
+
+        runtime = replace(runtime, per_action=faster(runtime.per_action),
+                          per_block=faster(runtime.per_block))
+    return replace(profile, blocks=blocks, runtime=runtime)
+
+
+_COMPUTE_KINDS = ("forward", "backward", "input_grad", "weight_grad")
+
+
+def with_fit(problem: AutoProblem, values: Mapping[str, float]) -> AutoProblem:
+    """``problem`` with the fitted ``values``: its profile's runtime costs
+    (:func:`with_costs`), and a scale below 1 in the other micro-batch sizes' profiles too."""
+    scale = values.get("compute_scale", 1.0)
+    extra = tuple(compute_faster(p, scale) for p in problem.extra_profiles) if scale < 1 \
+        else problem.extra_profiles
+    return replace(problem, profile=with_costs(problem.profile, values), extra_profiles=extra)
 
 
 def data_parallel_candidate(problem: AutoProblem,
@@ -172,21 +214,6 @@ def _probes(candidate: Candidate, problem: AutoProblem) -> tuple[Probe, Probe]:
     return iteration_time, compute
 
 
-def compute_scale_target(plans: Mapping[str, CalibrationPlan],
-                  measured: Mapping[str, Sequence[float]]) -> Target:
-    """The target that fixes ``compute_scale`` (module docstring): ``measured`` per label,
-    each round's compute summed over ranks, the medians summed over the plans, against the
-    same simulated without the action overhead (it lies outside the timed actions); at
-    least 1. Solved with the other parameters (:func:`solve`): where ranks share cores the
-    simulated compute stretches with what runs beside it, so it moves with them too."""
-    def simulated(values: Mapping[str, float]) -> float:
-        return sum(plans[label].compute({**values, "action_overhead": 0.0})
-                   for label in measured)
-
-    done = sum(statistics.median(rounds) for rounds in measured.values())
-    return Target("compute_scale", simulated, done, least=1.0)
-
-
 @dataclass(frozen=True)
 class CalibrationFit:
     """What :func:`fit_calibration` measured and fitted (seconds)."""
@@ -196,6 +223,9 @@ class CalibrationFit:
     fitted: Mapping[str, float]
     compute: Mapping[str, Sequence[float]]
     """Per plan, per round: the measured compute seconds per iteration, summed over ranks."""
+    rounds: Sequence[Mapping[str, float]] = ()
+    """Each round's own fit (:func:`~.calibration_rounds.fit_rounds`); ``fitted`` is their
+    median."""
 
     def to_json(self) -> dict[str, Any]:
         return {"plans": {label: {**rounds.to_json(),
@@ -203,7 +233,7 @@ class CalibrationFit:
                                   "compute_seconds": list(self.compute[label]),
                                   "parameter": PARAMETERS[label]}
                           for label, rounds in self.measured.items()},
-                **dict(self.fitted)}
+                **dict(self.fitted), "per_round": [dict(one) for one in self.rounds]}
 
 
 def fit_calibration(problem: AutoProblem, *,
@@ -227,9 +257,9 @@ def fit_calibration(problem: AutoProblem, *,
 
     measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
-    fitted = solve([compute_scale_target(plans, compute),
-                    *(Target(PARAMETERS[label], p.iteration, measured[label].median)
-                      for label, p in plans.items())])
-    fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute,
+    found = fit_rounds(plans, {label: PARAMETERS[label] for label in plans},
+                       {label: rounds.times for label, rounds in measured.items()}, compute)
+    fitted = found.fitted
+    fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute, rounds=found.rounds,
                          predicted_before={label: p.predicted for label, p in plans.items()})
-    return replace(problem, profile=with_costs(problem.profile, fitted)), fit
+    return with_fit(problem, fitted), fit

@@ -5,12 +5,17 @@ Each plan's measured iteration time is the median of its rounds (each round a fr
 about ``seconds`` of timed iterations, or ``steps`` steps, the warm-up iteration left out);
 its peak memory per rank comes from one more short run with the allocations tracked
 (:func:`.plan_run.peak_memory`). Per plan the report gives the rounds, their spread, the
-median, and the relative error of the predicted iteration time against that median.
+median, and the relative error of the predicted iteration time against that median; and, to
+tell a compute the profile mispriced from waits the model missed, each round's compute (the
+seconds of F, B, I and W actions per iteration on the timelines, summed over ranks) and the
+busy fraction (that compute over ranks x the iteration, median of the rounds) beside the
+predicted one (1 - the simulated bubble fraction).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..auto import Prediction
@@ -27,14 +32,19 @@ RUN_ROUNDS = 3
 
 def compare_predictions(predictions: Mapping[str, Prediction], *,
                         rounds: Mapping[str, Rounds], memory: Mapping[str, list[int]],
-                        batch_size: int
-                        ) -> dict[str, dict[str, Any]]:
-    """Per label: the measured rounds beside the prediction (module docstring)."""
+                        batch_size: int, compute: Mapping[str, Sequence[float]] | None = None,
+                        ranks: Mapping[str, int] | None = None) -> dict[str, dict[str, Any]]:
+    """Per label: the measured rounds beside the prediction (module docstring);
+    ``compute``: per label, per round, the measured compute seconds summed over its
+    ``ranks[label]`` ranks (default: the plan's processes)."""
     out: dict[str, dict[str, Any]] = {}
     for label, prediction in predictions.items():
         done = rounds[label]
         samples = batch_size * prediction.plan.pipelines
-        out[label] = {**done.to_json(), "iteration_time": done.median,
+        count = (ranks or {}).get(label, prediction.plan.processes)
+        out[label] = {**done.to_json(), **_busy(prediction, done, (compute or {}).get(label),
+                                                count),
+                      "iteration_time": done.median,
                       "samples_per_second": samples / done.median,
                       "peak_memory_bytes": list(memory.get(label, [])),
                       "predicted_iteration_time": prediction.iteration_time,
@@ -42,6 +52,17 @@ def compare_predictions(predictions: Mapping[str, Prediction], *,
                       "iteration_time_error": abs(prediction.iteration_time - done.median)
                       / done.median}
     return out
+
+
+def _busy(prediction: Prediction, done: Rounds,
+          compute: Sequence[float] | None, ranks: int) -> dict[str, Any]:
+    """The measured compute per round and busy fraction beside the predicted one (none
+    without the compute of every round)."""
+    if compute is None or len(compute) != len(done.times) or ranks < 1:
+        return {}
+    busy = statistics.median(c / (ranks * t) for c, t in zip(compute, done.times) if t > 0)
+    return {"compute_seconds": list(compute), "busy_fraction": busy,
+            "predicted_busy_fraction": 1.0 - prediction.bubble_fraction}
 
 
 def measure_predictions(predictions: Mapping[str, Prediction], *, model: str, batch_size: int,
@@ -55,8 +76,14 @@ def measure_predictions(predictions: Mapping[str, Prediction], *, model: str, ba
                        timeout_s=timeout_s, overrides=overrides,
                        apc={label: p.candidate.apc for label, p in predictions.items()})
 
+    compute: dict[str, list[float]] = {label: [] for label in predictions}
+    ranks: dict[str, int] = {}
+
     def time_one(label: str, plan: Plan, count: int) -> float:
-        return timer(label, plan, count)[0]
+        seconds_per_iteration, per_rank = timer(label, plan, count)
+        compute[label].append(float(sum(per_rank)))
+        ranks[label] = len(per_rank)
+        return seconds_per_iteration
 
     timed = alternate({label: (p.plan, p.iteration_time) for label, p in predictions.items()},
                       rounds=rounds, seconds=seconds, steps=steps, time_one=time_one, say=say)
@@ -64,4 +91,5 @@ def measure_predictions(predictions: Mapping[str, Prediction], *, model: str, ba
                                  apc=p.candidate.apc, optimizer=optimizer, timeout_s=timeout_s,
                                  overrides=overrides)
               for label, p in predictions.items()}
-    return compare_predictions(predictions, rounds=timed, memory=memory, batch_size=batch_size)
+    return compare_predictions(predictions, rounds=timed, memory=memory, batch_size=batch_size,
+                               compute=compute, ranks=ranks)

@@ -50,7 +50,9 @@ formula at the link stands, each of its ``2 (r - 1)`` steps paying ``message_lat
 the posting of their sends, as the simulator times them; not the update): what the ranks' compute took on the timelines of the
 calibration's distributed runs over what the simulator gave it (the send thread and gloo's
 threads on the same cores, two ranks' memory traffic at once). Never below 1, so that the
-search's lower bounds from the profile's times stay bounds.
+search's lower bounds from the profile's times stay bounds: a calibration whose runs computed
+faster than the profile puts that factor into the blocks' times instead
+(:func:`pipeweave.measure.calibration_runs.with_costs`).
 
 ``action_overhead`` is added, once, to every F, B, I and W action and once more for each
 send the action posts, after the scale: what each action and message costs a rank beyond its

@@ -44,6 +44,7 @@ import numpy as np
 from ..ir import CHECK_OPS, Action, Op, Schedule, collective_key, dependencies
 from ..ir.walk import Location
 from .costs import StageCosts
+from .halves import factored_durations, piece_factor
 
 __all__ = ["Compiled", "compile_schedule", "compiled_for", "longest_chains", "expect_timings",
            "assemble", "MIN_WIDTH", "CACHE_SIZE", "ROW", "SAME", "DATA"]
@@ -86,7 +87,8 @@ class Compiled:
     row: np.ndarray
     stage: np.ndarray
     factor: np.ndarray
-    """0.5 for a Slicer half, else 1."""
+    """0.5 for a Slicer half, 2 for the backward of a micro-batch forwarded in halves, else 1
+    (:mod:`pipeweave.sim.halves`)."""
     position: np.ndarray
     """New number of each action, in rank-major program order."""
     lengths: tuple[int, ...]
@@ -99,7 +101,7 @@ class Compiled:
                                     costs.weight_grad, costs.update, costs.all_reduce,
                                     costs.average)):
             table[i, :len(values)] = values
-        duration = table[self.row, self.stage] * self.factor
+        duration = factored_durations(costs, table, self.row, self.stage, self.factor, _ROWS)
         delay = self._delays(costs)
         start = np.zeros(len(self.row))
         end = duration.copy()  # level 0 starts at 0
@@ -196,7 +198,7 @@ def compile_schedule(schedule: Schedule, index: dict[Action, Location], *,
         return None  # a cycle (the walk deadlocks and says where), or too narrow
     return assemble(edges, level, _column(programs, lambda a: _ROW[a.op]),
                     _column(programs, lambda a: a.stage),
-                    _column(programs, lambda a: 0.5 if a.piece else 1.0, float), lengths)
+                    _column(programs, piece_factor(programs), float), lengths)
 
 
 def assemble(edges: tuple[np.ndarray, ...], level: np.ndarray, row: np.ndarray,

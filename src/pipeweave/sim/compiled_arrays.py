@@ -29,6 +29,7 @@ from ..ir import Op, Schedule
 from ..schedules.flush_arrays import OPS, PASSES, ArrayPrograms
 from . import metrics
 from .compiled import DATA, ROW, SAME, Compiled, assemble, longest_chains
+from .halves import HALF, TWO_HALVES
 from .costs import Costs
 from .simulator import Timing
 
@@ -48,7 +49,26 @@ def compile_arrays(programs: ArrayPrograms) -> Compiled:
     level = longest_chains(edges[0], edges[1], count)
     assert level is not None, "a flush order has no cycle"
     return assemble(edges, level, _CODE_ROW[programs.op], programs.stage,
-                    np.where(piece > 0, 0.5, 1.0), programs.lengths)
+                    _factors(programs.op, programs.stage, programs.microbatch, piece),
+                    programs.lengths)
+
+
+def _factors(op: np.ndarray, stage: np.ndarray, micro: np.ndarray, piece: np.ndarray
+             ) -> np.ndarray:
+    """:func:`~pipeweave.sim.halves.piece_factor` in numpy: a Slicer half ``HALF``, a
+    backward (``B``, ``I``, ``W``) of a micro-batch its stage forwarded in halves
+    ``TWO_HALVES``, else 1."""
+    factor = np.where(piece > 0, HALF, 1.0)
+    halved = (op == OPS.index(Op.FORWARD)) & (piece > 0)
+    if not halved.any():
+        return factor
+    passes = int(micro.max()) + 1
+    sliced = np.zeros((int(stage.max()) + 1) * passes, dtype=bool)
+    sliced[stage[halved] * passes + micro[halved]] = True
+    backward = np.isin(op, [OPS.index(o) for o in _BACKWARDS])
+    where = np.flatnonzero(backward)
+    factor[where[sliced[stage[where] * passes + micro[where]]]] = TWO_HALVES
+    return factor
 
 
 def action_columns(schedule: Schedule) -> tuple[np.ndarray, ...] | None:
@@ -84,11 +104,12 @@ def compile_columns(schedule: Schedule, columns: tuple[np.ndarray, ...],
     level = longest_chains(edges[0], edges[1], len(op))
     if level is None or len(level) < min_width * (int(level.max()) + 1):
         return None
-    return assemble(edges, level, _CODE_ROW[op], stage, np.where(piece > 0, 0.5, 1.0),
+    return assemble(edges, level, _CODE_ROW[op], stage, _factors(op, stage, micro, piece),
                     lengths)
 
 
 _CODES = {op: code for code, op in enumerate(OPS)}
+_BACKWARDS = (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
 
 
 def column_edges(op: np.ndarray, stage: np.ndarray, micro: np.ndarray, piece: np.ndarray,

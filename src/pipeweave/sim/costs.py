@@ -2,8 +2,13 @@
 
 The simulator times a schedule with these numbers::
 
-    F of stage s             forward[s]          (a Slicer half, piece a/b: forward[s] / 2)
-    B of stage s             backward[s]         (the whole backward)
+    F of stage s             forward[s]          (a Slicer half, piece a/b: half_forward[s],
+                                                  by default forward[s] / 2)
+    B of stage s             backward[s]         (the whole backward; of a micro-batch whose
+                                                  forward ran in halves: 2 half_backward[s],
+                                                  one backward per half as the runtime runs
+                                                  it, by default backward[s]; its I and W
+                                                  likewise)
     I of stage s             input_grad[s], by default backward[s] - weight_grad[s]
                                                  (input gradient, split backward)
     W of stage s             weight_grad[s]                  (weight gradient, split backward)
@@ -34,7 +39,8 @@ PerStage = float | Sequence[float]
 """One number for every stage, or one number per stage."""
 
 _PER_STAGE = ("forward", "backward", "activation_bytes", "update", "all_reduce", "average")
-_OPTIONAL_PER_STAGE = ("weight_grad", "input_grad")
+_OPTIONAL_PER_STAGE = ("weight_grad", "input_grad", "half_forward", "half_backward",
+                       "half_weight_grad")
 _PER_BOUNDARY = ("comm", "boundary_bytes")
 
 
@@ -67,6 +73,19 @@ class Costs:
         update: optimizer-step time per stage (default 0).
         all_reduce: gradient all-reduce time among a stage's replicas (default 0).
         average: elastic-averaging exchange time per stage (AvgPipe, default 0).
+        half_forward: what a Slicer half's ``F`` (piece ``a``/``b``: half the micro-batch's
+            samples) costs, per stage. ``None`` (default): half the forward. On a real device
+            a half costs more than half (every call pays a fixed cost): a planner gives the
+            block times at half the micro-batch size (:mod:`pipeweave.auto.half_costs`).
+        half_backward: one half's share of the backward of a micro-batch whose forward ran
+            in halves, per stage: that ``B`` runs one backward per half (the runtime's
+            ``StageRuntime.backward``) and costs twice this (a planner keeps the action's
+            fixed costs in it once, :mod:`pipeweave.auto.half_costs`). ``None`` (default): half the
+            backward, so that ``B`` costs ``backward``.
+        half_weight_grad: the weight-gradient part of ``half_backward`` (a split backward of
+            a sliced micro-batch: its ``W`` costs twice this, its ``I`` twice ``half_backward
+            * input_grad / backward``). ``None`` (default): ``half_backward`` in the whole's
+            proportion ``weight_grad / backward``. Needs ``half_backward``, must not exceed it.
         shared_cores: the ranks share this many CPU cores (ranks launched as processes on one
             CPU machine); forwards, backwards and updates in progress at once then split the
             cores (:mod:`pipeweave.sim.shared_cores`). ``None`` (default): every rank has its
@@ -86,6 +105,9 @@ class Costs:
     all_reduce: PerStage = 0.0
     average: PerStage = 0.0
     shared_cores: int | None = None
+    half_forward: PerStage | None = None
+    half_backward: PerStage | None = None
+    half_weight_grad: PerStage | None = None
 
     def __post_init__(self) -> None:
         check_shared_cores(self.shared_cores)
@@ -108,6 +130,7 @@ class Costs:
             backward, weight_grad = _as_tuple(self.backward), _as_tuple(self.weight_grad)
             if len(backward) == len(weight_grad) or 1 in (len(backward), len(weight_grad)):
                 _check_weight_grad(backward, weight_grad)
+        _check_halves(self.half_backward, self.half_weight_grad)
         if self.boundary_bytes is not None and any(_as_tuple(self.comm)):
             raise ValueError(
                 f"comm={self.comm!r} and boundary_bytes/bandwidth both define the transfer time; "
@@ -145,8 +168,16 @@ class Costs:
             transfer = tuple(b / self.bandwidth for b in sizes)
         else:
             transfer = _expand("comm", self.comm, stages - 1, "boundary")
+        half_forward, half_backward, half_weight_grad = (
+            () if getattr(self, name) is None
+            else _expand(name, getattr(self, name), stages, "stage")
+            for name in ("half_forward", "half_backward", "half_weight_grad"))
+        if half_weight_grad:
+            _check_halves(half_backward, half_weight_grad)
         return StageCosts(transfer=transfer, latency=self.latency, shared_cores=self.shared_cores,
-                          weight_grad=weight_grad, input_grad=input_grad, **per_stage)
+                          weight_grad=weight_grad, input_grad=input_grad,
+                          half_forward=half_forward, half_backward=half_backward,
+                          half_weight_grad=half_weight_grad, **per_stage)
 
     def to_json(self) -> dict[str, object]:
         """Plain JSON-able form (sequences as lists); ``weight_grad`` as the value simulated
@@ -177,6 +208,16 @@ class StageCosts:
     """What a ``W`` costs per stage (empty: half the backward)."""
     input_grad: tuple[float, ...] = ()
     """What an ``I`` costs per stage (empty: the backward less its weight-gradient part)."""
+    half_forward: tuple[float, ...] = ()
+    """What a Slicer half's ``F`` costs per stage. The four half costs are all empty (none
+    given: a half costs half the whole, a sliced micro-batch's backward the whole's) or all
+    filled (``explicit_halves``)."""
+    half_backward: tuple[float, ...] = ()
+    """One half's backward per stage."""
+    half_weight_grad: tuple[float, ...] = ()
+    """One half's ``W`` per stage (default: ``half_backward`` in the whole's proportion)."""
+    half_input_grad: tuple[float, ...] = ()
+    """One half's ``I`` per stage (default: ``half_backward`` in the whole's proportion)."""
 
     def __post_init__(self) -> None:
         if not self.weight_grad:
@@ -184,11 +225,60 @@ class StageCosts:
         if not self.input_grad:
             object.__setattr__(self, "input_grad",
                                tuple(b - w for b, w in zip(self.backward, self.weight_grad)))
+        _fill_halves(self)
+
+    @property
+    def explicit_halves(self) -> bool:
+        """Whether half costs were given (the four half fields are filled)."""
+        return bool(self.half_forward)
 
     def comm(self, boundary: int, half: bool = False) -> float:
         """Time of one transfer across ``boundary`` (between stages ``boundary`` and ``+1``)."""
         transfer = self.transfer[boundary]
         return self.latency + (transfer / 2 if half else transfer)
+
+
+def _fill_halves(table: StageCosts) -> None:
+    """Where a half cost was given, fill the other half costs with their defaults (the field
+    docstrings); with none given they stay empty and every interpreter prices a half as
+    half the whole (the same numbers as before half costs existed)."""
+    if not (table.half_forward or table.half_backward):
+        return
+    half_backward = table.half_backward or tuple(b * 0.5 for b in table.backward)
+    values = {
+        "half_forward": table.half_forward or tuple(f * 0.5 for f in table.forward),
+        "half_backward": half_backward,
+        "half_weight_grad": table.half_weight_grad or _share(half_backward, table.weight_grad,
+                                                             table.backward),
+        "half_input_grad": table.half_input_grad or _share(half_backward, table.input_grad,
+                                                           table.backward)}
+    for name, value in values.items():
+        object.__setattr__(table, name, value)
+
+
+def _share(half: tuple[float, ...], part: tuple[float, ...],
+           whole: tuple[float, ...]) -> tuple[float, ...]:
+    """``half`` in the proportion ``part / whole``, per stage (half of it where whole is 0)."""
+    return tuple(h * p / w if w > 0 else h * 0.5 for h, p, w in zip(half, part, whole))
+
+
+def _check_halves(half_backward: PerStage | None, half_weight_grad: PerStage | None) -> None:
+    """Refuse a half's weight gradient without a half backward, or larger than it."""
+    if half_weight_grad is None:
+        return
+    if half_backward is None:
+        raise ValueError(f"half_weight_grad={half_weight_grad!r} needs half_backward (the W is "
+                         f"part of a half's backward); give half_backward too, or neither")
+    backward, weight = _as_tuple(half_backward), _as_tuple(half_weight_grad)
+    if len(backward) != len(weight) and 1 not in (len(backward), len(weight)):
+        return  # resolve() expands both and checks again
+    count = max(len(backward), len(weight))
+    for s in range(count):
+        b, w = backward[s % len(backward)], weight[s % len(weight)]
+        if w > b:
+            raise ValueError(f"half_weight_grad {w:g} exceeds half_backward {b:g} on stage {s}: "
+                             f"a half's W is part of its backward; give half_weight_grad <= "
+                             f"half_backward")
 
 
 def check_shared_cores(value: object) -> None:

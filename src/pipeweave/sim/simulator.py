@@ -3,7 +3,8 @@
 It is the longest-path walk of :func:`pipeweave.ir.walk` (program order on each rank plus the
 data dependencies of :func:`pipeweave.ir.deps.dependencies`) with these rules:
 
-* a forward/backward takes its stage's cost (a Slicer half: half of it), a split backward's
+* a forward/backward takes its stage's cost (a Slicer half: its half cost, by default half
+  of it, :mod:`pipeweave.sim.halves`), a split backward's
   ``I`` the backward less its weight-gradient part and ``W`` that part
   (:class:`pipeweave.sim.Costs`), ``U``/``AR``/``AV`` their update/all-reduce/averaging costs;
 * sends are asynchronous (the sender moves on at once) and a receive completes at the
@@ -38,6 +39,7 @@ from . import metrics
 from .compiled import compiled_for
 from .costs import Costs, StageCosts
 from .critical_path import critical_path, master_stage
+from .halves import half_tables, sliced_keys
 from .shared_cores import walk_shared_cores
 
 __all__ = ["TimelineRecord", "SimulationResult", "simulate", "Timing", "simulate_timing",
@@ -201,7 +203,7 @@ def simulate_path(schedule: Schedule, costs: Costs | None = None, *,
 
 def _walk(schedule: Schedule, table: StageCosts, index: dict[Action, Location]) -> Walk:
     """The timed walk (shared cores or not); a deadlock raises."""
-    duration = _duration_fn(table)
+    duration = _duration_fn(table, schedule)
     delay = _delay_fn(table)
     cores = table.shared_cores
     if cores is not None and cores < schedule.num_ranks:
@@ -245,7 +247,9 @@ def _simulate(schedule: Schedule, table: StageCosts, keep_predicted: bool) -> Si
     )
 
 
-def _duration_fn(costs: StageCosts) -> DurationFn:
+def _duration_fn(costs: StageCosts, schedule: Schedule | None = None) -> DurationFn:
+    """Each action's duration; ``schedule`` is needed with half costs given (which
+    micro-batches it slices)."""
     by_op: dict[Op, tuple[float, ...]] = {
         Op.FORWARD: costs.forward,
         Op.BACKWARD: costs.backward,
@@ -261,6 +265,26 @@ def _duration_fn(costs: StageCosts) -> DurationFn:
     def duration(_rank: int, action: Action) -> float:
         t = table[action.op][action.stage]
         return t * 0.5 if action.piece else t  # a Slicer half costs half
+
+    return _priced_halves(costs, schedule, table) if costs.explicit_halves else duration
+
+
+def _priced_halves(costs: StageCosts, schedule: Schedule | None,
+                   table: dict[Op, tuple[float, ...]]) -> DurationFn:
+    """Durations with the given half costs (:mod:`pipeweave.sim.halves`)."""
+    assert schedule is not None, "half costs are priced per schedule: pass the schedule"
+    halves, sliced = half_tables(costs), sliced_keys(schedule.programs)
+
+    def duration(_rank: int, action: Action) -> float:
+        half = halves.get(action.op)
+        if half is None:
+            t = table[action.op][action.stage]
+            return t * 0.5 if action.piece else t
+        if action.piece:
+            return half[action.stage]
+        if (action.stage, action.microbatch, action.pipeline) in sliced:
+            return 2 * half[action.stage]  # one backward per half (StageRuntime.backward)
+        return table[action.op][action.stage]
 
     return duration
 

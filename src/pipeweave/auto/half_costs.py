@@ -1,0 +1,94 @@
+"""What a Slicer half costs a candidate: the profile's times at half the micro-batch size.
+
+AutoPipe's Slicer (``sliced-1f1b``) forwards its first micro-batches in two halves and
+back-propagates each half on its own (:mod:`pipeweave.sim.halves`). A half of ``m`` samples
+does not cost half of ``m``'s time on a real device: every call pays a fixed cost (kernel
+launches, Python, autograd), and at millisecond actions that cost dominates (cnn at 2 ranks,
+2026-11-27: the two halves together took 2.2-2.6x the whole micro-batch). So a sliced
+candidate's half costs are the same costs as its whole ones (:func:`~pipeweave.planner.
+evaluate.plan_costs` with the runtime's per-action and per-message costs, recomputation,
+APC) of the profile scaled to ``ceil(m / 2)`` samples (:mod:`pipeweave.auto.scaling`, the
+larger of ``tensor_split``'s two pieces), each at least half the whole's::
+
+    half_forward[s]      = max(F_s(ceil(m/2)), F_s(m) / 2)
+    half_backward[s]     = max(B_s(ceil(m/2)) - once_s / 2, B_s(m) / 2)
+    half_weight_grad[s]  = min(W_s(ceil(m/2)), half_backward[s])
+
+A half's forward is an action of its own and pays every fixed cost; the backward of a sliced
+micro-batch is one action that runs autograd once per half, so the simulator's ``2
+half_backward`` keeps the runtime's fixed costs of that action (``once_s``: the per-action
+cost, posting its send, the action overhead, a sharded stage's gathers; the candidate's
+backward under the profile with no compute and no bytes) once, not twice.
+
+The floor keeps the search's lower bounds true (:mod:`pipeweave.auto.bounds` prices a half at
+half the whole); a profile whose line is steeper than proportional between ``m/2`` and ``m``
+would otherwise give a half below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..planner.plan import Plan
+from ..profiler import Profile
+from ..schedules import get_info
+from ..sim import Costs
+from .problem import AutoProblem
+from .scaling import scaled_profile
+
+__all__ = ["slices", "half_size", "half_profile", "with_halves"]
+
+_PROFILES: dict[tuple[int, int], tuple[Profile, Profile]] = {}
+"""Half-size profiles by (id of the problem's profile, samples), with the profile they scale."""
+
+
+def slices(plan: Plan) -> bool:
+    """Whether ``plan``'s schedule forwards micro-batches in halves (the Slicer's own)."""
+    return get_info(plan.schedule).sliced == plan.schedule
+
+
+def half_size(problem: AutoProblem, plan: Plan) -> int:
+    """Samples of a half micro-batch: the larger of the two pieces."""
+    size = problem.batch // plan.microbatches
+    return max(1, (size + 1) // 2)
+
+
+def half_profile(problem: AutoProblem, samples: int) -> Profile:
+    """The problem's profile at ``samples`` per micro-batch (cached per profile and size)."""
+    key = (id(problem.profile), samples)
+    hit = _PROFILES.get(key)
+    if hit is not None and hit[0] is problem.profile:
+        return hit[1]
+    scaled = scaled_profile(problem.profile, samples, problem.extra_profiles)
+    if len(_PROFILES) > 16:
+        _PROFILES.clear()
+    _PROFILES[key] = (problem.profile, scaled)
+    return scaled
+
+
+def with_halves(costs: Costs, plan: Plan, problem: AutoProblem,
+                costs_at: Callable[[Profile], Costs]) -> Costs:
+    """``costs`` of a sliced ``plan`` with its half costs (module docstring); ``costs_at``:
+    the candidate's costs under another profile. Other plans: ``costs`` unchanged."""
+    if not slices(plan):
+        return costs
+    stages = len(plan.stages)
+    whole = costs.resolve(stages)
+    profile = half_profile(problem, half_size(problem, plan))
+    half = costs_at(profile).resolve(stages)
+    once = costs_at(_fixed_only(profile)).resolve(stages).backward
+    forward = tuple(max(h, f / 2) for h, f in zip(half.forward, whole.forward))
+    backward = tuple(max(h - o / 2, b / 2) for h, o, b in zip(half.backward, once,
+                                                               whole.backward))
+    weight = tuple(min(w, b) for w, b in zip(half.weight_grad, backward))
+    return replace(costs, half_forward=forward, half_backward=backward,
+                   half_weight_grad=weight)
+
+
+def _fixed_only(profile: Profile) -> Profile:
+    """``profile`` with no compute and no bytes on the wire: what its costs still hold is
+    the runtime's fixed cost of each action (and a sharded stage's gathers)."""
+    blocks = tuple(replace(b, forward=0.0, backward=0.0, input_grad=0.0, weight_grad=0.0,
+                           output_bytes=0.0) for b in profile.blocks)
+    return replace(profile, blocks=blocks, input_bytes=0.0)

@@ -1,0 +1,130 @@
+"""The calibration's parameters fitted round by round, each plan at the compute speed its own
+timeline measured, and the median over the rounds (:mod:`.calibration_runs` calls it).
+
+Why not one fit to the plans' medians with one shared ``compute_scale`` (before
+2026-11-27): a plan's run moves as a whole with the machine's load and with how the
+scheduler happens to place its processes, and its timeline's compute moves with it (gpt-tiny
+on 4 ranks, the default plan: rounds of 72, 63 and 71 ms whose compute summed over ranks was
+112, 96 and 108 ms, the same 1.5 ratio each round). One scale fitted to the compute of all
+plans together is then too small for the slower plan and too large for the faster one, and
+the message latency and the all-reduce's fixed cost, each a small difference between a
+measured and a simulated iteration, absorb what the scale got wrong: the same case fitted a
+message latency of 1.2-2.6 ms and an all-reduce cost of 0.9-13 ms from run to run, and a
+shared scale that one loaded plan pulled up left the default's message latency at 0 (cnn on
+2 ranks under load: winners with many messages predicted 52-57 % fast). Here the scale is
+not a fitted unknown the latencies trade against: each plan in each round gets the scale its
+own measured compute says (``compute_scale@label``, solved with the others: where ranks
+share cores the simulated compute stretches with the overlap, which the latencies move), so
+each latency answers only for the time its plan spent outside compute. A scale may be below 1
+(down to :data:`SCALE_FLOOR`): where the runs compute faster than the profile (measured
+under a heavier load, or a co-located sharing overhead measured high), a scale held at 1
+left the difference to the latencies, which it pushed to 0 (gpt-tiny on 2 ranks, profiled at
+load 4: the default's compute simulated at 130 ms a round, measured 45-54). A final scale
+below 1 goes into the blocks' times (:func:`~.calibration_runs.with_costs`).
+
+Per round, every plan's iteration and compute are targets of one :func:`~.calibration_solve.solve`;
+each parameter is then the median of its per-round values, and ``compute_scale`` (what
+predictions of other plans use) the median of every plan's per-round scale. A median, not a
+mean: one disturbed round (a neighbour's job starting; the 94 ms round among 50-55 ms ones of
+gpt-tiny's data-parallel plan) moves the fit by the gap between two of the others, not by a
+third of its own excess (tests/auto/test_calibration_rounds.py fails for a mean).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .calibration_solve import Target, solve
+
+__all__ = ["PASSES", "SCALE_FLOOR", "Probed", "RoundFit", "fit_rounds", "round_targets",
+           "scale_name"]
+
+SCALE_FLOOR = 0.25
+"""The least compute scale a plan may get: a run computing 4x faster than its profile says
+the profile is wrong, not the run."""
+
+Probe = Callable[[Mapping[str, float]], float]
+
+PASSES = 4
+"""Gauss-Seidel passes per round before Newton's steps finish it: a round has twice the
+unknowns of the old single fit (a scale per plan), and 12 passes took 10-12 s of a loaded
+machine for three rounds of three plans where 4 give the same fit to 0.3 % in 4-6 s."""
+
+
+class Probed(Protocol):
+    """A calibration plan's simulation at any parameters (``CalibrationPlan``)."""
+
+    @property
+    def iteration(self) -> Probe: ...
+
+    @property
+    def compute(self) -> Probe: ...
+
+
+def scale_name(label: str) -> str:
+    """The name of plan ``label``'s own compute scale among a round's unknowns."""
+    return f"compute_scale@{label}"
+
+
+def _at(values: Mapping[str, float], label: str) -> dict[str, float]:
+    """``values`` as the runtime costs of plan ``label``: its own scale as ``compute_scale``,
+    no other plan's."""
+    out = {name: value for name, value in values.items() if "@" not in name}
+    out["compute_scale"] = values.get(scale_name(label), 1.0)
+    return out
+
+
+def round_targets(plans: Mapping[str, Probed], parameters: Mapping[str, str],
+                  times: Mapping[str, float], compute: Mapping[str, float]) -> list[Target]:
+    """One round's targets: per plan, its own compute scale (its timeline's compute seconds
+    ``compute[label]`` against the simulated, without the action overhead, which lies
+    outside the timed actions; at least :data:`SCALE_FLOOR`) and its parameter
+    ``parameters[label]`` (its iteration ``times[label]``)."""
+    targets = []
+    for label, plan in plans.items():
+        def computed(values: Mapping[str, float], label: str = label,
+                     plan: Probed = plan) -> float:
+            return plan.compute({**_at(values, label), "action_overhead": 0.0})
+
+        def iteration(values: Mapping[str, float], label: str = label,
+                      plan: Probed = plan) -> float:
+            return plan.iteration(_at(values, label))
+
+        targets.append(Target(scale_name(label), computed, compute[label], least=SCALE_FLOOR))
+        targets.append(Target(parameters[label], iteration, times[label]))
+    return targets
+
+
+@dataclass(frozen=True)
+class RoundFit:
+    """What :func:`fit_rounds` found."""
+
+    fitted: dict[str, float]
+    """Each parameter's median over the rounds, and ``compute_scale``."""
+    rounds: tuple[dict[str, float], ...]
+    """Each round's own solution (the plans' own scales as ``compute_scale@label``)."""
+
+
+def fit_rounds(plans: Mapping[str, Probed], parameters: Mapping[str, str],
+               times: Mapping[str, Sequence[float]],
+               compute: Mapping[str, Sequence[float]]) -> RoundFit:
+    """Per round (``times[label][r]``, ``compute[label][r]``), :func:`round_targets` solved;
+    each parameter the median over the rounds, ``compute_scale`` the median of every plan's
+    per-round scale (module docstring)."""
+    counts = {len(times[label]) for label in plans} | {len(compute[label]) for label in plans}
+    if len(counts) != 1 or 0 in counts:
+        raise ValueError(f"every plan needs the same number (>= 1) of rounds of times and of "
+                         f"compute; got {sorted(counts)}: time each plan in every round")
+    rounds = [solve(round_targets(plans, parameters,
+                                  {label: times[label][r] for label in plans},
+                                  {label: compute[label][r] for label in plans}),
+                    passes=PASSES)
+              for r in range(counts.pop())]
+    fitted = {name: statistics.median(one[name] for one in rounds)
+              for name in dict.fromkeys(parameters[label] for label in plans)}
+    fitted["compute_scale"] = statistics.median(one[scale_name(label)] for one in rounds
+                                                for label in plans)
+    return RoundFit(fitted, tuple(rounds))

@@ -105,3 +105,18 @@ def test_slicer_costs_of_one_count_share_one_layout() -> None:
     for plan in plans:
         assert timing_module.time_plan(plan, costs, 1, one_copy=True) == simulate_timing(
             one_copy_schedule(plan, 1), costs)
+
+
+def test_bounds_refuse_slicer_halves_from_columns_as_from_actions() -> None:
+    """The program and window bounds read no halves (a half's ``F`` costs less than ``f``):
+    from columns, as from actions, they give nothing for a sliced shape."""
+    from pipeweave.auto.program_bound import program_counts
+    from pipeweave.auto.window_bound import stage_windows
+    shape = Shape(stages=3, microbatches=6, options={"sliced": 2})
+    columns = flush_arrays("sliced-1f1b", shape)
+    assert columns is not None and columns.piece is not None and columns.piece.any()
+    schedule = build_schedule("sliced-1f1b", shape)
+    assert program_counts(schedule, 3) is None and program_counts(columns, 3) is None
+    assert stage_windows(schedule) is None and stage_windows(columns) is None
+    whole = flush_arrays("sliced-1f1b", Shape(stages=3, microbatches=6, options={"sliced": 0}))
+    assert whole is not None and program_counts(whole, 3) is not None

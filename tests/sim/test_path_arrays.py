@@ -92,3 +92,15 @@ def test_autopipe_evaluator_takes_the_columns_and_agrees(stages: int, microbatch
     assert evaluator._built is None  # never built as actions: the columns answered
     assert evaluator.path(uniform_partition(24, stages)) == simulate_path(
         reference, plan_costs(profile, uniform_partition(24, stages), network))
+
+
+def test_autopipe_evaluator_with_shared_cores_walks_and_agrees() -> None:
+    profile = _profile(12, 3)
+    network = Network(bandwidth=1e9, latency=1e-3, shared_cores=2)
+    module._CACHE.clear()
+    evaluator = Evaluator(profile, "1f1b", 4, 8, network)
+    reference = build_schedule("1f1b", stages=4, microbatches=8)
+    for bounds in (uniform_partition(12, 4), ((0, 2), (2, 5), (5, 9), (9, 12))):
+        assert evaluator.path(bounds) == simulate_path(reference,
+                                                       plan_costs(profile, bounds, network))
+    assert not module._CACHE  # no graph built for a walk that cannot use it

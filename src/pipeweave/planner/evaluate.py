@@ -272,12 +272,13 @@ class Evaluator:
         (:mod:`pipeweave.sim.path_arrays`, the same numbers)."""
         self.calls += 1
         costs = plan_costs(self.profile, bounds, self.network, self.replicas)
-        graph = flush_graph(self.schedule, Shape(
-            stages=self.stages, microbatches=self.microbatches,
-            iterations=simulated_iterations(self.schedule), replicas=self.replicas,
-            options=dict(self.options)))
-        if graph is not None and (timed := path_arrays(graph, costs)) is not None:
-            return timed
+        if costs.shared_cores is None or costs.shared_cores >= self.stages:
+            graph = flush_graph(self.schedule, Shape(  # ranks sharing cores: walked (None)
+                stages=self.stages, microbatches=self.microbatches,
+                iterations=simulated_iterations(self.schedule), replicas=self.replicas,
+                options=dict(self.options)))
+            if graph is not None and (timed := path_arrays(graph, costs)) is not None:
+                return timed
         if self._index is None:
             self._index = index_actions(self.built())
             expect_timings(self.built())  # timed split after split: compiled at once

@@ -51,9 +51,10 @@ from typing import Any
 from ..ir import Action, Schedule
 from ..ir.walk import Location, index_actions
 from ..profiler import Profile
-from ..schedules import build_schedule, get_info
+from ..schedules import Shape, build_schedule, get_info
 from ..sim import Costs, PathTiming, SimulationResult, simulate, simulate_path
 from ..sim.compiled import expect_timings
+from ..sim.path_arrays import flush_graph, path_arrays
 from .partition import Bounds
 from .pipedream import allreduce_time
 from .sharded_costs import sharded_times
@@ -266,11 +267,19 @@ class Evaluator:
 
     def path(self, bounds: Bounds) -> PathTiming:
         """The iteration time and master stage alone (:func:`pipeweave.sim.simulate_path`,
-        the same numbers as :meth:`__call__`'s), the action index built once."""
+        the same numbers as :meth:`__call__`'s), the action index built once; a flush shape
+        the columns cover is timed there, built and compiled once per shape in numpy
+        (:mod:`pipeweave.sim.path_arrays`, the same numbers)."""
         self.calls += 1
+        costs = plan_costs(self.profile, bounds, self.network, self.replicas)
+        if costs.shared_cores is None or costs.shared_cores >= self.stages:
+            graph = flush_graph(self.schedule, Shape(  # ranks sharing cores: walked (None)
+                stages=self.stages, microbatches=self.microbatches,
+                iterations=simulated_iterations(self.schedule), replicas=self.replicas,
+                options=dict(self.options)))
+            if graph is not None and (timed := path_arrays(graph, costs)) is not None:
+                return timed
         if self._index is None:
             self._index = index_actions(self.built())
             expect_timings(self.built())  # timed split after split: compiled at once
-        return simulate_path(self.built(),
-                             plan_costs(self.profile, bounds, self.network, self.replicas),
-                             index=self._index)
+        return simulate_path(self.built(), costs, index=self._index)

@@ -51,3 +51,34 @@ def test_cached_first_gives_the_same_table(seed: int, cache: int,
     assert fast.ranked == slow.ranked and fast.over_limit == slow.over_limit
     assert len(fast.ranked) + len(fast.over_limit) > 3
     assert fast_analysed <= slow_analysed
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_table_rows_ask_the_memory_model_only_what_the_table_needs(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``table_rows`` (``auto --top``): the table's first rows are those asking every
+    runner-up gives, with fewer memory predictions; some of those rows were runners-up, so
+    stopping one too early would change them."""
+    asked: list[int] = []
+    real = search_module._Search.memory
+    monkeypatch.setattr(search_module._Search, "memory",
+                        lambda self, timed: asked.append(1) or real(self, timed))
+    base = dict(profile=small_profile(seed), ranks=8)  # every axis: runners-up (4-12)
+    peaks = sorted(p.max_memory for p in search(AutoProblem(**base)).ranked)  # type: ignore[arg-type]
+    limit = peaks[len(peaks) // 2]
+    asked.clear()
+    full = search(AutoProblem(**base, memory_limit=limit))  # type: ignore[arg-type]
+    everything = len(asked)
+    for rows in (1, 2, 3):
+        asked.clear()
+        lazy = search(AutoProblem(**base, memory_limit=limit,  # type: ignore[arg-type]
+                                  table_rows=rows))
+        assert lazy.ranked[:rows] == full.ranked[:rows]
+        assert len(asked) < everything
+    assert len(full.ranked) > 3
+
+
+@pytest.mark.parametrize("rows", [0, -1, True, 2.0])
+def test_table_rows_that_are_not_a_count_are_refused(rows: object) -> None:
+    with pytest.raises(ValueError, match="table_rows"):
+        AutoProblem(profile=small_profile(0), ranks=4, table_rows=rows)  # type: ignore[arg-type]

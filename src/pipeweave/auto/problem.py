@@ -102,6 +102,11 @@ class AutoProblem:
             an axis to these values (``None``: the axis's own values, :mod:`pipeweave.auto.axes`).
             ``recompute`` counts leading stages that recompute (0: none; a count at or above
             a candidate's stages: all of them).
+        table_rows: rows the caller's table shows (``auto --top``): the memory model is asked
+            of the simulated candidates that could not win, fastest first, only until this
+            many that fit the memory limit are known to be faster than the rest, so the first
+            ``table_rows`` of ``ranked`` are what asking all of them gives. ``None``: the
+            fastest ``TABLE_MEMORY`` of them (more points on the plot, more memory analyses).
     """
 
     profile: Profile
@@ -126,8 +131,14 @@ class AutoProblem:
     """Tensor-parallel sizes to search (``None``: 1 only); only for a model the runtime can
     split (its caller checks: ``pipeweave auto --model`` asks the runtime's
     ``check_parallelizable``) and a profile that records the split (:mod:`.tensor_parallel`)."""
+    table_rows: int | None = None
 
     def __post_init__(self) -> None:
+        if self.table_rows is not None and (isinstance(self.table_rows, bool) or
+                                            not isinstance(self.table_rows, int) or
+                                            self.table_rows < 1):
+            raise ValueError(f"table_rows={self.table_rows!r}: give the table's rows as an "
+                             "int >= 1, or None for the fastest TABLE_MEMORY")
         for size in self.tp or ():
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"tp={size!r}: give tensor-parallel sizes as ints >= 1")

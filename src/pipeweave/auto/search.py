@@ -64,7 +64,9 @@ Progress = Callable[[str], None]
 
 TABLE_MEMORY = 30
 """Simulated candidates that could not win (slower than the best when simulated) get their
-memory predicted only for the fastest this many of them: the table and the plot."""
+memory predicted only for the fastest this many of them: the table and the plot. With
+``AutoProblem.table_rows`` (``auto --top``) only as many of those as the table's rows need
+(:func:`_rows_memory`)."""
 
 
 @dataclass(frozen=True)
@@ -501,6 +503,9 @@ def _table_memory(state: _Search) -> None:
     problem = state.problem
     state.slower.sort(key=lambda t: -t.samples_per_second)
     chosen = state.slower[:TABLE_MEMORY]
+    if problem.table_rows is not None:
+        _rows_memory(state, chosen, problem.table_rows)
+        return
     if problem.time_limit is None:  # one shape after another: the memory model's shape
         chosen.sort(key=_shape_key)  # cache serves each shape's partitions (same results)
         predictions = _cached_first(state, chosen)
@@ -509,8 +514,29 @@ def _table_memory(state: _Search) -> None:
             timed.candidate, problem.time_limit - (time.perf_counter() - state.started),
             simulation=False)]  # the table then lists fewer of those that could not win
     for prediction in predictions:
-        fits = problem.memory_limit is None or prediction.max_memory <= problem.memory_limit
-        (state.ranked if fits else state.over).append(prediction)
+        _file(state, prediction)
+
+
+def _file(state: _Search, prediction: Prediction) -> None:
+    """``prediction`` into the ranked or, over the memory limit, the over-limit list."""
+    limit = state.problem.memory_limit
+    (state.ranked if limit is None or prediction.max_memory <= limit
+     else state.over).append(prediction)
+
+
+def _rows_memory(state: _Search, chosen: Sequence[Timed], rows: int) -> None:
+    """The memory of ``chosen`` (fastest first) until ``rows`` candidates that fit are
+    strictly faster than the next: that one and every slower one can then not reach the
+    table's first ``rows`` (a tie still gets asked, as its memory may rank it higher)."""
+    for timed in chosen:
+        faster = sum(1 for p in state.ranked if p.samples_per_second > timed.samples_per_second)
+        if faster >= rows:
+            return
+        if state.problem.time_limit is not None and not state.budget.fits(
+                timed.candidate, state.problem.time_limit - (time.perf_counter() - state.started),
+                simulation=False):
+            continue
+        _file(state, state.memory(timed))
 
 
 def _cached_first(state: _Search, chosen: Sequence[Timed]) -> list[Prediction]:

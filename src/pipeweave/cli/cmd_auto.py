@@ -348,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
         shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
         optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
         methods=_names(args.methods), microbatches=_counts(args.microbatches),
-        shard=_names(args.shard), tp=sizes)
+        shard=_names(args.shard), tp=sizes, table_rows=args.top)
     problem, fit = _fitted(args, problem)
     if args.profile_out is not None:
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)

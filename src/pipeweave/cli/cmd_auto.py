@@ -85,7 +85,8 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
                              "N parallel pipelines (elastic averaging, N x the samples per "
                              "iteration); any: also asynchronous schedules and APC (stale "
                              "weights, lossy messages)")
-    parser.add_argument("--top", type=int, default=10, help="rows of the table (and --json's)")
+    parser.add_argument("--top", type=int, default=10, help="rows of the table (and --json's); the slower candidates get their memory "
+                             "predicted only as far as these rows need (the plot's dots)")
     parser.add_argument("--target-loss", type=float, default=None, metavar="LOSS",
                         help="with --semantics any and --model: rank the table's candidates by "
                              "predicted time to this training loss, from a pilot of --steps "

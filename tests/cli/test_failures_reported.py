@@ -185,8 +185,12 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path: Path) -> None:
     time.sleep(0.5)  # importing torch takes longer than this
     run.interrupt("group")
     code, stderr = run.finish()
-    assert code in (130, -signal.SIGINT), stderr  # -SIGINT: before Python listened at all
+    assert code in (130, -signal.SIGINT), stderr
     if code == 130:
         assert stderr == "pipeweave: error: interrupted (Ctrl-C)\n"
-    else:
-        assert stderr == ""
+    else:  # -SIGINT: before Python listened at all (no output), or after our one line (1 test
+        # of a CI run, 2 of 10 runs under load, 2026-11-27). Our reading, not confirmed: a
+        # Ctrl-C landing in Python code that a C extension runs through PyRun_String while
+        # torch imports sets CPython's "unhandled Ctrl-C" flag although the command line
+        # handled it, and the interpreter then ends itself by SIGINT. Never a traceback.
+        assert stderr in ("", "pipeweave: error: interrupted (Ctrl-C)\n")

@@ -18,6 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ..schedules import get_info
 from ..schedules.sliced import slicer_count
 
 __all__ = ["twin_key"]
@@ -27,8 +28,9 @@ def twin_key(data: Mapping[str, Any], apc: bool) -> str:
     """``data`` (a plan's JSON) less its recomputation, the Slicer's costs as its count."""
     kept = {k: v for k, v in data.items() if k != "recompute"}
     options = kept.get("schedule_options")
-    if kept.get("schedule") == "sliced-1f1b" and isinstance(options, Mapping) \
-            and "costs" in options:
+    name = kept.get("schedule")
+    if isinstance(name, str) and get_info(name).sliced == name \
+            and isinstance(options, Mapping) and "costs" in options:
         forward, backward, comm = options["costs"]
         kept["schedule_options"] = {**{k: v for k, v in options.items() if k != "costs"},
                                     "sliced by costs": slicer_count(forward, backward, comm)}

@@ -208,7 +208,7 @@ class _Search:
 
     def twin_bound(self, plan: Plan, key: str) -> float:
         """The longest simulated time of a twin of ``plan`` (the same plan, options and APC;
-        ``key``, :func:`_twin_key`) that recomputes a subset of its stages: a lower bound of
+        ``key``, :func:`~pipeweave.auto.twin_key.twin_key`) that recomputes a subset of its stages: a lower bound of
         ``plan``'s time, since recomputation only lengthens backwards (the forward added to
         B and I) and the simulator's times never fall when a duration grows (every start is
         a maximum of ends plus delays). 0 with shared cores, whose slowdowns are not
@@ -409,8 +409,7 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
             samples, state.prefixes.bound(candidate), state.best, candidate):  # twin's
         state.pruned_time += 1
         return None
-    if problem.time_limit is not None and not state.budget.fits(
-            candidate, problem.time_limit - (time.perf_counter() - state.started)):
+    if not state.fits(candidate, state.started):
         state.over_budget += 1  # too long for the time left; a cheaper one may fit
         return None
     if problem.memory_limit is not None and state.state_floor.peak(candidate) > problem.memory_limit:
@@ -433,7 +432,7 @@ def _simulate_unless_pruned(state: _Search, entry: Keyed) -> _Simulated | None:
         return None
     state.seen.add(key)
     costs = candidate_costs(done, plan, profile, problem)
-    twin = _twin_key(data, done.apc)
+    twin = twin_key(data, done.apc)
     bound = max(plan_bound(plan, costs, problem), state.twin_bound(plan, twin))
     state.prefixes.record(candidate, bound)  # bounds its prefixes recomputing more
     if _cannot_beat(samples, bound, state.best, done):
@@ -472,12 +471,6 @@ def _recomputed(plan: Plan) -> tuple[bool, ...]:
     return tuple(plan.recompute_stage(s) for s in range(len(plan.stages)))
 
 
-def _twin_key(data: dict[str, Any], apc: bool) -> str:
-    """A plan's JSON less its recomputation: its twins recomputing other stages share it
-    (:func:`~pipeweave.auto.twin_key.twin_key`: the Slicer's costs read as its count)."""
-    return twin_key(data, apc)
-
-
 def _checked_simulation(state: _Search, done: Candidate, plan: Plan,
                         profile: Profile) -> _Simulated | None:
     """Simulate a complete candidate whose ties its schedule keeps exact (None: refused, or
@@ -510,9 +503,8 @@ def _table_memory(state: _Search) -> None:
         chosen.sort(key=_shape_key)  # cache serves each shape's partitions (same results)
         predictions = _cached_first(state, chosen)
     else:
-        predictions = [state.memory(timed) for timed in chosen if state.budget.fits(
-            timed.candidate, problem.time_limit - (time.perf_counter() - state.started),
-            simulation=False)]  # the table then lists fewer of those that could not win
+        predictions = [state.memory(timed) for timed in chosen if state.fits(
+            timed.candidate, state.started, simulation=False)]  # the table then lists fewer of those that could not win
     for prediction in predictions:
         _file(state, prediction)
 
@@ -532,9 +524,7 @@ def _rows_memory(state: _Search, chosen: Sequence[Timed], rows: int) -> None:
         faster = sum(1 for p in state.ranked if p.samples_per_second > timed.samples_per_second)
         if faster >= rows:
             return
-        if state.problem.time_limit is not None and not state.budget.fits(
-                timed.candidate, state.problem.time_limit - (time.perf_counter() - state.started),
-                simulation=False):
+        if not state.fits(timed.candidate, state.started, simulation=False):
             continue
         _file(state, state.memory(timed))
 

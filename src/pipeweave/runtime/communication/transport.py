@@ -202,6 +202,17 @@ class _Send:
     error: BaseException | None = None
 
 
+def _issue_send(send: _Send) -> None:
+    """``isend`` ``send``'s parts (on the helper thread); an error is surfaced on the rank's
+    thread by :meth:`DistTransport._settle`."""
+    try:
+        send.works = [_posted(dist.isend(t, send.dst, tag=tag)) for t, tag in send.parts]
+    except BaseException as error:
+        send.error = error
+    finally:
+        send.issued.set()
+
+
 class _Sender:
     """Issues a CPU rank's sends on a helper thread, so compute never stalls on a send.
 
@@ -228,12 +239,9 @@ class _Sender:
 
     def _loop(self) -> None:
         while (send := self._queue.get()) is not None:
-            try:
-                send.works = [_posted(dist.isend(t, send.dst, tag=tag)) for t, tag in send.parts]
-            except BaseException as error:  # surfaced on the rank's thread by _settle
-                send.error = error
-            finally:
-                send.issued.set()
+            _issue_send(send)
+            del send  # else it keeps the message's tensors while waiting for the next
+
 
     def close(self) -> None:
         self._queue.put(None)

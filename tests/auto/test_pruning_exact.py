@@ -12,6 +12,7 @@ import importlib
 
 from pipeweave.auto import AutoProblem, search
 from pipeweave.auto.floors import StateFloor
+from pipeweave.auto.twin_key import twin_key
 from pipeweave.profiler import LinkProfile
 
 search_module = importlib.import_module("pipeweave.auto.search")
@@ -108,7 +109,7 @@ def test_recomputation_never_shortens_a_plan() -> None:
         except ValueError:
             continue
         if search_module.get_info(plan.schedule).synchronous:
-            key = search_module._twin_key(plan.to_json(), done.apc)
+            key = twin_key(plan.to_json(), done.apc)
             times.setdefault(key, []).append((search_module._recomputed(plan), time))
     pairs = 0
     for twins in times.values():

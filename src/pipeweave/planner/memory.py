@@ -34,8 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..memory import (OPTIMIZER_STATE, ModelState, RankMemory, Sharding, StageBytes,
-                      StageWeights, check_optimizer, held_activations, model_state, peak_moments_of,
-                      rank_memory)
+                      StageWeights, check_optimizer, held_activations, model_state, rank_memory)
 from ..memory import optimizer_state_bytes as counted_state
 from ..profiler import Profile
 from ..schedules import Shape, get_info
@@ -77,12 +76,11 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
                          f"{plan.microbatches}; give a multiple of {plan.microbatches}")
     analysis = plan_analysis(plan, iterations)
     scale = _scale(profile, batch_size // plan.microbatches)
-    reduced = [copies_of * len(ranks) for ranks in analysis.schedule.layout.stage_ranks]
+    reduced = [copies_of * len(ranks) for ranks in analysis.layout.stage_ranks]
     sharding = plan_sharding(plan) if sharding is None else sharding
     stages = _stage_bytes(profile, plan, scale, analysis.split, reduced, sharding)
     recompute = [plan.recompute_stage(s) for s in range(len(plan.stages))]
-    graphless = analysis.graphless(recompute, plan.semantics.backward or "recompute")
-    moments = peak_moments_of(analysis.timelines, stages, graphless)
+    moments = analysis.moments(stages, recompute, plan.semantics.backward or "recompute")
     state = _state(profile, plan, optimizer, analysis, sharding)
     return [rank_memory(fixed, moment) for fixed, moment in zip(state, moments)]
 
@@ -107,10 +105,10 @@ def plan_analysis(plan: Plan, iterations: int | None = None) -> ShapeAnalysis:
     if iterations is None:
         iterations = _iterations(plan.schedule, plan.depth, plan.microbatches)
     analysis = shape_analysis(plan.schedule, plan.shape(iterations))
-    if analysis.schedule.num_stages != len(plan.stages):
-        raise ValueError(f"schedule {plan.schedule!r} lays out {analysis.schedule.num_stages} "
+    if analysis.num_stages != len(plan.stages):
+        raise ValueError(f"schedule {plan.schedule!r} lays out {analysis.num_stages} "
                          f"stages but the plan has {len(plan.stages)}; set the plan's chunks to "
-                         f"{analysis.schedule.num_stages // plan.depth}")
+                         f"{analysis.num_stages // plan.depth}")
     return analysis
 
 
@@ -160,10 +158,10 @@ def plan_sharding(plan: Plan) -> Sharding:
 
 def _state(profile: Profile, plan: Plan, optimizer: str | None,
            analysis: ShapeAnalysis, sharding: Sharding | None = None) -> list[ModelState]:
-    layout = analysis.schedule.layout
+    layout = analysis.layout
     return model_state(stage_weights(profile, plan), optimizer_state_bytes(profile, plan, optimizer),
                        [layout.stages_of(r) for r in range(layout.num_ranks)],
-                       pipelines=analysis.schedule.pipelines, reference=analysis.averages,
+                       pipelines=analysis.pipelines, reference=analysis.averages,
                        copies=analysis.copies(plan.semantics.backward == "graph"),
                        sharding=plan_sharding(plan) if sharding is None else sharding)
 

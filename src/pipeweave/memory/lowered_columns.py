@@ -109,9 +109,13 @@ def lower_columns(ops: Sequence[Op], op: np.ndarray, stage: np.ndarray, microbat
                           microbatch=microbatch[steps], piece=piece[steps],
                           version=version[steps], position=position[steps] + rank[steps],
                           holds=holds,
-                          split=frozenset(np.unique(stage[code == I]).tolist()),
+                          split=_stages(stage[code == I], len(where)),
                           averages=bool((code == AV).any()),
-                          present=frozenset(np.unique(stage[steps]).tolist()))
+                          present=_stages(stage[steps], len(where)))
+
+
+def _stages(stage: np.ndarray, stages: int) -> frozenset[int]:
+    return frozenset(np.flatnonzero(np.bincount(stage, minlength=stages)).tolist())
 
 
 def _flush(code: np.ndarray, stage: np.ndarray, stages: int) -> bool:
@@ -177,7 +181,7 @@ def _holds(code: np.ndarray, stage: np.ndarray, microbatch: np.ndarray, piece: n
     if len(got) and (len(out) == 0 or (out_key[order[found]] != got_key).any()):
         return None
     sender = order[found]  # per receive: index into out
-    if len(np.unique(sender)) != len(out):
+    if len(out) and (np.bincount(sender, minlength=len(out)) != 1).any():
         return None  # a send nobody receives (the delivery proofs would fail on it)
     end = offsets[rank + 1] - 1  # per action: the last position of its rank
     received = _receive_holds(got, position, gradient, rank, end, offsets)

@@ -101,12 +101,19 @@ def _gradient_moments(t: ColumnTimeline) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _levels(t: ColumnTimeline) -> tuple[np.ndarray, ...]:
+    """:attr:`WalkKeys.levels`, without the ends on a rank's last, unread slot (where every
+    message never proved delivered ends)."""
     first, stop, _, _ = t.holds
     ends = np.stack([first, stop], axis=1).reshape(-1)
-    order = np.argsort(ends, kind="stable")
+    unread = np.zeros(int(t.lengths.sum()) + len(t.lengths), bool)
+    unread[np.cumsum(t.lengths + 1) - 1] = True
+    read = np.flatnonzero(~unread[ends])
+    order = read[np.argsort(ends[read], kind="stable")]
     ranked = ends[order]
     level = np.arange(len(ranked)) - np.searchsorted(ranked, ranked)
-    return tuple(np.sort(order[level == n]) for n in range(int(level.max(initial=-1)) + 1))
+    runs = np.argsort(level, kind="stable")  # by level, each in its order of ends
+    cut = np.searchsorted(level[runs], np.arange(int(level.max(initial=-1)) + 2))
+    return tuple(order[runs[a:b]] for a, b in zip(cut[:-1], cut[1:]))
 
 
 def graphless_steps(t: ColumnTimeline, keys: WalkKeys, recompute: Sequence[bool],

@@ -187,12 +187,13 @@ def _stage_bytes(profile: Profile, plan: Plan, scale: float, split: frozenset[in
     held_weights = stage_weights(profile, plan)
     held = stage_activation_bytes(profile, plan, scale)
     last = len(plan.stages) - 1
+    stash = profile.stash_bytes  # a tuple built per call: once for every stage
     return [StageBytes(gradients=weights[s], activations=held[s],
                        inputs=scale * _input_bytes(profile, a),
                        pending=scale * _pending_bytes(profile, plan, s) if s in split else 0.0,
                        recorded=(scale * sum(b.recorded_bytes for b in profile.blocks[a:e])
                                  if s in split else 0.0),
-                       workspace=scale * _workspace(profile, a, e),
+                       workspace=scale * _workspace(profile, a, e, stash),
                        received=scale * _input_bytes(profile, a) if s > 0 else 0.0,
                        sent=scale * profile.blocks[e - 1].output_bytes if s < last else 0.0,
                        reduction=reduction_bytes(held_weights[s], reduced[s], sharding))
@@ -256,13 +257,12 @@ def _pending_bytes(profile: Profile, plan: Plan, stage: int) -> float:
     return received + sum(b.pending_bytes for b in profile.blocks[start:end])
 
 
-def _workspace(profile: Profile, start: int, end: int) -> float:
+def _workspace(profile: Profile, start: int, end: int, stash: Sequence[float]) -> float:
     """The largest transient of the stage's blocks' backwards: a block's measured peak less
     what it keeps (saved tensors, output, weight gradients), 0 where the peak is unknown or
     only estimated (CPU profiles written before the profiler measured it)."""
     if profile.metadata.get("peak_memory") == "estimated":
         return 0.0
-    stash = profile.stash_bytes
     return max((max(0.0, b.peak_memory_bytes - stash[i] - b.output_bytes - b.parameter_bytes)
                 for i, b in enumerate(profile.blocks[start:end], start)
                 if b.peak_memory_bytes > 0), default=0.0)

@@ -15,6 +15,13 @@ bytes-weighted walk (:func:`pipeweave.memory.timeline.peak_moments_of`). This is
 makes ``pipeweave auto`` affordable at scale: it asks the memory model about several
 partition methods of every shape it simulates. The results are the same numbers, computed in
 the same order (``tests/planner/test_memory_shape.py`` compares them with fresh analyses).
+
+A synchronous schedule that :mod:`pipeweave.schedules.flush_arrays` lays out as columns is
+analysed from those columns, no action built (:mod:`pipeweave.memory.lowered_columns`, then
+:mod:`pipeweave.memory.walk_columns` per partition): the same numbers to the last bit
+(``tests/test_memory_columns.py``), some 10x less time at planning scale (interleaved 1F1B
+and ZB, 128 ranks x 2 chunks x 1,024 micro-batches a copy: 26 s of the memory model's
+36 s CPU in the scale search, 2.4 s after; docs/auto.md, "Search at scale").
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
 from typing import Any
 
 import numpy as np
@@ -39,7 +45,7 @@ from ..memory.walk_columns import WalkKeys, column_moments, graphless_steps, wal
 from ..collector import paused_collection
 
 __all__ = ["ShapeAnalysis", "shape_analysis", "clear_shape_cache", "CACHE_SIZE",
-           "is_cached", "COLUMNS"]
+           "is_cached", "COLUMNS", "analyse_shape"]
 
 CACHE_SIZE = 8
 """Shapes kept (least recently used dropped): a 256-rank x 256-micro-batch analysis holds a
@@ -128,11 +134,17 @@ def shape_analysis(name: str, shape: Shape) -> ShapeAnalysis:
         _CACHE.move_to_end(key)
         return found
     with paused_collection():  # millions of acyclic tuples (pipeweave.collector)
-        analysis = _from_columns(name, shape) or _from_actions(name, shape)
+        analysis = analyse_shape(name, shape)
     _CACHE[key] = analysis
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
     return analysis
+
+
+def analyse_shape(name: str, shape: Shape) -> ShapeAnalysis:
+    """The analysis of ``name`` on ``shape``, uncached: from its columns where they cover
+    it (:data:`COLUMNS`), else from its lowered actions."""
+    return _from_columns(name, shape) or _from_actions(name, shape)
 
 
 def _from_actions(name: str, shape: Shape) -> ShapeAnalysis:

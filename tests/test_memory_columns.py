@@ -34,11 +34,11 @@ def _profile(seed: int, blocks: int) -> Profile:
 
 
 def _plans(name: str) -> Iterator[Plan]:
-    """Plans of ``name`` on 2-5 ranks, its chunks, several micro-batch counts, a random
+    """Plans of ``name`` on 1-8 ranks, its chunks, several micro-batch counts, a random
     split each, with and without recomputing every other stage."""
     info = get_info(name)
     chunks = sorted({info.default_chunks, 2} if info.default_chunks > 1 else {1})
-    for ranks in (2, 3, 5, 8):
+    for ranks in (1, 2, 3, 5, 8):
         for v in chunks:
             for M in (ranks, 2 * ranks, 3 * ranks + 1, 4 * ranks)[:3 if ranks == 8 else 4]:
                 stages = ranks * v

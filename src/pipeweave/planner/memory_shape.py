@@ -19,9 +19,9 @@ the same order (``tests/planner/test_memory_shape.py`` compares them with fresh 
 A synchronous schedule that :mod:`pipeweave.schedules.flush_arrays` lays out as columns is
 analysed from those columns, no action built (:mod:`pipeweave.memory.lowered_columns`, then
 :mod:`pipeweave.memory.walk_columns` per partition): the same numbers to the last bit
-(``tests/test_memory_columns.py``), some 10x less time at planning scale (interleaved 1F1B
-and ZB, 128 ranks x 2 chunks x 1,024 micro-batches a copy: 26 s of the memory model's
-36 s CPU in the scale search, 2.4 s after; docs/auto.md, "Search at scale").
+(``tests/test_memory_columns.py``), some 14x less time at planning scale (interleaved 1F1B
+and ZB, 128 ranks x 2 chunks x 1,024 micro-batches a copy: 27.8 s of the memory model's
+36.7 s CPU in the scale search, 2.0 s of 2.7 s after; docs/auto.md, "Limits").
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import Op
+from .timeline import PREFETCH
 
 __all__ = ["ColumnTimeline", "lower_columns", "F", "B", "I", "W", "U"]
 
@@ -40,7 +41,6 @@ F, B, I, W, U, AR, AV = range(7)
 """The op codes of :class:`ColumnTimeline` (compute, update, then what the walk skips)."""
 _CODES = {Op.FORWARD: F, Op.BACKWARD: B, Op.BACKWARD_INPUT: I, Op.BACKWARD_WEIGHT: W,
           Op.STEP: U, Op.ALL_REDUCE: AR, Op.AVERAGE: AV}
-PREFETCH = 2  # :data:`.timeline.PREFETCH` (imported there from here would be a cycle)
 
 
 @dataclass(frozen=True, eq=False)

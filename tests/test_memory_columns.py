@@ -131,3 +131,20 @@ def test_the_grid_sees_a_model_off_by_one_microbatch(monkeypatch: pytest.MonkeyP
             changed += _predict(plan, True, monkeypatch) != fresh
             monkeypatch.setattr(where, attribute, real)
         assert changed > 0, name
+
+
+@pytest.mark.parametrize("ranks,microbatches", [(2, 3), (3, 6), (4, 9)])
+def test_every_slicer_count(ranks: int, microbatches: int,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sliced 1F1B with each count of halved micro-batches (the search's ``sliced=k``): the
+    halves hold half each, in the columns as in the actions."""
+    blocks = 2 * ranks + 1
+    for count in range(microbatches + 1):
+        cuts = sorted(random.Random(count).sample(range(1, blocks), ranks - 1))
+        edges = [0, *cuts, blocks]
+        plan = Plan(num_blocks=blocks, stages=tuple(zip(edges, edges[1:])),
+                    schedule="sliced-1f1b", microbatches=microbatches,
+                    schedule_options={"sliced": count})
+        fresh = _predict(plan, False, monkeypatch)
+        assert _predict(plan, True, monkeypatch) == fresh, count
+        assert memory_shape.shape_analysis("sliced-1f1b", plan.shape(1)).columns is not None

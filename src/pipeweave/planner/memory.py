@@ -37,7 +37,7 @@ from ..memory import (OPTIMIZER_STATE, ModelState, RankMemory, Sharding, StageBy
                       StageWeights, check_optimizer, held_activations, model_state, rank_memory)
 from ..memory import optimizer_state_bytes as counted_state
 from ..profiler import Profile
-from ..schedules import Shape, get_info
+from ..schedules import Shape, get_info, lowered_schedule
 from .memory_shape import ShapeAnalysis, is_cached, shape_analysis
 from .plan import Plan
 from .profile_memo import kept
@@ -125,7 +125,7 @@ def held_microbatches(schedule: str, ranks: int, microbatches: int) -> list[floa
     of the schedule as :func:`plan_analysis` lays it out; a Slicer half counts 0.5)."""
     shape = Shape(stages=ranks, microbatches=microbatches,
                   iterations=_iterations(schedule, ranks, microbatches))
-    lowered = shape_analysis(schedule, shape).schedule
+    lowered = lowered_schedule(schedule, shape)  # the actions: the walk of .held reads them
     counts, _ = held_activations(lowered, [1.0] * lowered.num_stages)
     return counts
 

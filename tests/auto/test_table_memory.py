@@ -24,12 +24,12 @@ def _in_order(state: object, chosen: Sequence[Timed]) -> list[Prediction]:
 
 def _run(problem: AutoProblem, monkeypatch: pytest.MonkeyPatch) -> tuple[object, int]:
     analysed = []
-    real = memory_shape.analyse_programs
-    monkeypatch.setattr(memory_shape, "analyse_programs",
-                        lambda schedule: analysed.append(1) or real(schedule))
+    real = memory_shape.analyse_shape
+    monkeypatch.setattr(memory_shape, "analyse_shape",
+                        lambda name, shape: analysed.append(1) or real(name, shape))
     clear_shape_cache()
     result = search(problem)
-    monkeypatch.setattr(memory_shape, "analyse_programs", real)
+    monkeypatch.setattr(memory_shape, "analyse_shape", real)
     return result, len(analysed)
 
 

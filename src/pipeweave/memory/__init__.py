@@ -11,7 +11,8 @@ bytes (``avgpipe.simulated``).
 * :mod:`.held`: activations in flight, from the schedule (:mod:`.held_counts`: counted once
   per schedule, weighed per partition);
 * :mod:`.timeline`: the moment of a rank's peak (gradients, activations, recomputation,
-  split backwards, messages in flight, workspace);
+  split backwards, messages in flight, workspace); :mod:`.lowered_columns` and
+  :mod:`.walk_columns`: the same, read off a flush schedule's numpy columns;
 * :mod:`.model`: the parts put together per rank (``N`` pipelines, AvgPipe's reference model).
 """
 

@@ -34,11 +34,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..memory import (OPTIMIZER_STATE, ModelState, RankMemory, Sharding, StageBytes,
-                      StageWeights, check_optimizer, held_activations, model_state, peak_moments_of,
-                      rank_memory)
+                      StageWeights, check_optimizer, held_activations, model_state, rank_memory)
 from ..memory import optimizer_state_bytes as counted_state
 from ..profiler import Profile
-from ..schedules import Shape, get_info
+from ..schedules import Shape, get_info, lowered_schedule
 from .memory_shape import ShapeAnalysis, is_cached, shape_analysis
 from .plan import Plan
 from .profile_memo import kept
@@ -77,12 +76,11 @@ def predicted_memory(profile: Profile, plan: Plan, *, batch_size: int,
                          f"{plan.microbatches}; give a multiple of {plan.microbatches}")
     analysis = plan_analysis(plan, iterations)
     scale = _scale(profile, batch_size // plan.microbatches)
-    reduced = [copies_of * len(ranks) for ranks in analysis.schedule.layout.stage_ranks]
+    reduced = [copies_of * len(ranks) for ranks in analysis.layout.stage_ranks]
     sharding = plan_sharding(plan) if sharding is None else sharding
     stages = _stage_bytes(profile, plan, scale, analysis.split, reduced, sharding)
     recompute = [plan.recompute_stage(s) for s in range(len(plan.stages))]
-    graphless = analysis.graphless(recompute, plan.semantics.backward or "recompute")
-    moments = peak_moments_of(analysis.timelines, stages, graphless)
+    moments = analysis.moments(stages, recompute, plan.semantics.backward or "recompute")
     state = _state(profile, plan, optimizer, analysis, sharding)
     return [rank_memory(fixed, moment) for fixed, moment in zip(state, moments)]
 
@@ -107,10 +105,10 @@ def plan_analysis(plan: Plan, iterations: int | None = None) -> ShapeAnalysis:
     if iterations is None:
         iterations = _iterations(plan.schedule, plan.depth, plan.microbatches)
     analysis = shape_analysis(plan.schedule, plan.shape(iterations))
-    if analysis.schedule.num_stages != len(plan.stages):
-        raise ValueError(f"schedule {plan.schedule!r} lays out {analysis.schedule.num_stages} "
+    if analysis.num_stages != len(plan.stages):
+        raise ValueError(f"schedule {plan.schedule!r} lays out {analysis.num_stages} "
                          f"stages but the plan has {len(plan.stages)}; set the plan's chunks to "
-                         f"{analysis.schedule.num_stages // plan.depth}")
+                         f"{analysis.num_stages // plan.depth}")
     return analysis
 
 
@@ -127,7 +125,7 @@ def held_microbatches(schedule: str, ranks: int, microbatches: int) -> list[floa
     of the schedule as :func:`plan_analysis` lays it out; a Slicer half counts 0.5)."""
     shape = Shape(stages=ranks, microbatches=microbatches,
                   iterations=_iterations(schedule, ranks, microbatches))
-    lowered = shape_analysis(schedule, shape).schedule
+    lowered = lowered_schedule(schedule, shape)  # the actions: the walk of .held reads them
     counts, _ = held_activations(lowered, [1.0] * lowered.num_stages)
     return counts
 
@@ -160,10 +158,10 @@ def plan_sharding(plan: Plan) -> Sharding:
 
 def _state(profile: Profile, plan: Plan, optimizer: str | None,
            analysis: ShapeAnalysis, sharding: Sharding | None = None) -> list[ModelState]:
-    layout = analysis.schedule.layout
+    layout = analysis.layout
     return model_state(stage_weights(profile, plan), optimizer_state_bytes(profile, plan, optimizer),
                        [layout.stages_of(r) for r in range(layout.num_ranks)],
-                       pipelines=analysis.schedule.pipelines, reference=analysis.averages,
+                       pipelines=analysis.pipelines, reference=analysis.averages,
                        copies=analysis.copies(plan.semantics.backward == "graph"),
                        sharding=plan_sharding(plan) if sharding is None else sharding)
 
@@ -189,12 +187,13 @@ def _stage_bytes(profile: Profile, plan: Plan, scale: float, split: frozenset[in
     held_weights = stage_weights(profile, plan)
     held = stage_activation_bytes(profile, plan, scale)
     last = len(plan.stages) - 1
+    stash = profile.stash_bytes  # a tuple built per call: once for every stage
     return [StageBytes(gradients=weights[s], activations=held[s],
                        inputs=scale * _input_bytes(profile, a),
                        pending=scale * _pending_bytes(profile, plan, s) if s in split else 0.0,
                        recorded=(scale * sum(b.recorded_bytes for b in profile.blocks[a:e])
                                  if s in split else 0.0),
-                       workspace=scale * _workspace(profile, a, e),
+                       workspace=scale * _workspace(profile, a, e, stash),
                        received=scale * _input_bytes(profile, a) if s > 0 else 0.0,
                        sent=scale * profile.blocks[e - 1].output_bytes if s < last else 0.0,
                        reduction=reduction_bytes(held_weights[s], reduced[s], sharding))
@@ -258,13 +257,12 @@ def _pending_bytes(profile: Profile, plan: Plan, stage: int) -> float:
     return received + sum(b.pending_bytes for b in profile.blocks[start:end])
 
 
-def _workspace(profile: Profile, start: int, end: int) -> float:
+def _workspace(profile: Profile, start: int, end: int, stash: Sequence[float]) -> float:
     """The largest transient of the stage's blocks' backwards: a block's measured peak less
     what it keeps (saved tensors, output, weight gradients), 0 where the peak is unknown or
     only estimated (CPU profiles written before the profiler measured it)."""
     if profile.metadata.get("peak_memory") == "estimated":
         return 0.0
-    stash = profile.stash_bytes
     return max((max(0.0, b.peak_memory_bytes - stash[i] - b.output_bytes - b.parameter_bytes)
                 for i, b in enumerate(profile.blocks[start:end], start)
                 if b.peak_memory_bytes > 0), default=0.0)

@@ -313,7 +313,7 @@ def _fitted(args: argparse.Namespace,
         return problem, None
     started = time.perf_counter()
     _say(f"timing the default and data-parallel plans on {args.ranks} local processes to fit "
-         "the message latency, the all-reduce and (ranks > cores) the cost per action ...")
+         "the message latency, the all-reduce and the costs per action ...")
     timer = plan_timer(model=model, batch_size=problem.batch, timeout_s=args.timeout,
                        overrides=overrides)
     problem, fit = fit_calibration(problem, time_one=timer, say=_say)
@@ -323,7 +323,8 @@ def _fitted(args: argparse.Namespace,
                  f"{100 * rounds.spread:.0f} %), predicted {1e3 * fit.predicted_before[label]:.1f}"
                  " ms before the fit")
         words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost",
-                 "action_overhead": "per action"}
+                 "action_overhead": "per action",
+                 "compute_per_action": "compute per action"}
         _say(f"fitted compute x{fit.fitted['compute_scale']:.3f}"
              + "".join(f", {words[name]} +{1e6 * value:.0f} us"
                        for name, value in fit.fitted.items() if name in words)

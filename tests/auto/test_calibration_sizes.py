@@ -1,0 +1,101 @@
+"""The compute each action of a distributed run costs beyond its profiled blocks
+(measure/calibration_sizes.py), fitted from the data-parallel plans at two micro-batch sizes,
+on synthetic runs that 'measure' what the model predicts at known parameters. No process
+runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+import pytest
+
+from auto_fixtures import small_profile
+from pipeweave.auto import AutoProblem
+from pipeweave.measure.calibration_runs import calibration_plans, fit_calibration, with_costs
+from pipeweave.measure.calibration_sizes import (PER_ACTION, action_compute,
+                                                 fit_action_compute, round_action_compute,
+                                                 with_action_compute)
+from pipeweave.planner.plan import Plan
+from pipeweave.profiler import LinkProfile
+from pipeweave.profiler.runtime_costs import RuntimeCosts
+
+
+def _problem(ranks: int = 2) -> AutoProblem:
+    profile = replace(small_profile(5, blocks=8, link=LinkProfile(1e9, 1e-5)),
+                      runtime=RuntimeCosts(per_action={"forward": 1e-4, "update": 2e-4},
+                                           per_message=2e-5, allreduce_bandwidth=3e8))
+    return AutoProblem(profile=profile, ranks=ranks)
+
+
+def test_one_round_gives_the_cost_in_closed_form() -> None:
+    """C = s (S + n k) for both plans at one load s: k comes back; compute that grew in
+    proportion to the profile says 0; more compute for the larger micro-batches, 0 too."""
+    large, small, k, s = (0.40, 16.0), (0.35, 64.0), 2e-3, 1.7
+    measured = [s * (total + count * k) for total, count in (large, small)]
+    assert round_action_compute(large, small, *measured) == pytest.approx(k, rel=1e-12)
+    assert round_action_compute(large, small, s * 0.40, s * 0.35) == 0.0
+    assert round_action_compute(large, small, 1.0, 9.0) == 0.0
+
+
+def test_the_median_over_rounds_leaves_out_a_disturbed_round() -> None:
+    def probe(total: float, count: float) -> Callable[[Mapping[str, float]], float]:
+        return lambda values: total + count * values.get(PER_ACTION, 0.0)
+
+    large, small = probe(0.40, 16.0), probe(0.35, 64.0)
+    k = 1e-3
+    loads = (1.2, 1.6, 1.3)
+    measured_large = [s * (0.40 + 16 * k) for s in loads]
+    measured_small = [s * (0.35 + 64 * k) for s in loads]
+    measured_small[1] *= 3  # one round's small plan disturbed
+    assert fit_action_compute(large, small, measured_large, measured_small) \
+        == pytest.approx(k, rel=1e-9)
+    assert action_compute(large) == pytest.approx((0.40, 16.0))
+    with pytest.raises(ValueError, match="same number"):
+        fit_action_compute(large, small, [1.0], [])
+
+
+def test_the_cost_goes_into_every_compute_action_only() -> None:
+    profile = with_action_compute(_problem().profile, 3e-3)
+    assert profile.runtime is not None
+    assert profile.runtime.per_action == pytest.approx(
+        {"forward": 3.1e-3, "backward": 3e-3, "input_grad": 3e-3, "weight_grad": 3e-3,
+         "update": 2e-4})
+    assert with_costs(_problem().profile, {PER_ACTION: 3e-3}).runtime == profile.runtime
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_calibration_fits_the_cost_with_the_other_parameters(ranks: int) -> None:
+    """Runs 'measured' at a known compute per action, latencies and action overhead, each
+    round at its own load: every value comes back and the fitted profile prices the small
+    micro-batches as they ran. Without the compute per action (the fit before) the plan at
+    the smallest micro-batches is predicted fast."""
+    problem = _problem(ranks)
+    plans = calibration_plans(problem)
+    assert set(plans) == {"default", "data-parallel", "data-parallel-small"}
+    truth = {PER_ACTION: 2e-3, "message_latency": 1e-3, "allreduce_latency": 5e-3,
+             "action_overhead": 4e-4}
+    loads = (1.3, 1.1, 1.5)
+    calls = {label: 0 for label in plans}
+
+    def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
+        at = {**truth, "compute_scale": loads[calls[label]]}
+        calls[label] += 1
+        seen = plans[label].compute({**at, "action_overhead": 0.0})
+        return plans[label].iteration(at), [seen / ranks] * ranks
+
+    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=3, seconds=0.1)
+    assert fit is not None
+    for name, value in truth.items():
+        assert fit.fitted[name] == pytest.approx(value, rel=1e-4, abs=1e-9), name
+    assert fit.fitted["compute_scale"] == pytest.approx(1.3, rel=1e-4)
+    assert fit.to_json()[PER_ACTION] == fit.fitted[PER_ACTION]
+    runtime = fitted.profile.runtime
+    assert runtime is not None
+    assert runtime.per_action["backward"] == pytest.approx(2e-3, rel=1e-4)
+    small = plans["data-parallel-small"]
+    ran = small.iteration({**truth, "compute_scale": 1.3})
+    others = {name: value for name, value in fit.fitted.items() if name != PER_ACTION}
+    again = calibration_plans(fitted)["data-parallel-small"]  # its profile has the cost
+    assert again.iteration(others) == pytest.approx(ran, rel=1e-3)
+    assert small.iteration(others) < 0.95 * ran

@@ -14,8 +14,8 @@ from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem
 from pipeweave.measure.calibration_runs import calibration_plans, fit_calibration, with_costs
 from pipeweave.measure.calibration_sizes import (PER_ACTION, action_compute,
-                                                 fit_action_compute, round_action_compute,
-                                                 with_action_compute)
+                                                 fit_action_compute, round_action_compute)
+from pipeweave.planner.evaluate import Network, plan_costs
 from pipeweave.planner.plan import Plan
 from pipeweave.profiler import LinkProfile
 from pipeweave.profiler.runtime_costs import RuntimeCosts
@@ -55,13 +55,23 @@ def test_the_median_over_rounds_leaves_out_a_disturbed_round() -> None:
         fit_action_compute(large, small, [1.0], [])
 
 
-def test_the_cost_goes_into_every_compute_action_only() -> None:
-    profile = with_action_compute(_problem().profile, 3e-3)
-    assert profile.runtime is not None
-    assert profile.runtime.per_action == pytest.approx(
-        {"forward": 3.1e-3, "backward": 3e-3, "input_grad": 3e-3, "weight_grad": 3e-3,
-         "update": 2e-4})
-    assert with_costs(_problem().profile, {PER_ACTION: 3e-3}).runtime == profile.runtime
+def test_the_cost_goes_into_every_compute_action_after_the_floor() -> None:
+    """Each F and B pays it once, the update not; a single-process fit whose negative
+    per-block cost put an action at its floor (a tenth of the blocks) still pays it in
+    full, so that the fit's count of actions holds."""
+    profile = small_profile(3, blocks=4)
+    bounds = ((0, 2), (2, 4))
+    floor = RuntimeCosts(per_block={"forward": -1.0})
+    base = plan_costs(replace(profile, runtime=floor), bounds, Network(1e9))
+    more = plan_costs(with_costs(replace(profile, runtime=floor), {PER_ACTION: 3e-3}), bounds,
+                      Network(1e9))
+    assert more.forward == pytest.approx([f + 3e-3 for f in base.forward])
+    assert more.backward == pytest.approx([b + 3e-3 for b in base.backward])
+    assert more.update == base.update
+    assert RuntimeCosts.from_json(RuntimeCosts(compute_per_action=2e-3).to_json()) \
+        .compute_per_action == 2e-3
+    with pytest.raises(ValueError, match="compute_per_action must be a finite number"):
+        RuntimeCosts(compute_per_action=-1e-3)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -92,7 +102,7 @@ def test_the_calibration_fits_the_cost_with_the_other_parameters(ranks: int) -> 
     assert fit.to_json()[PER_ACTION] == fit.fitted[PER_ACTION]
     runtime = fitted.profile.runtime
     assert runtime is not None
-    assert runtime.per_action["backward"] == pytest.approx(2e-3, rel=1e-4)
+    assert runtime.compute_per_action == pytest.approx(2e-3, rel=1e-4)
     small = plans["data-parallel-small"]
     ran = small.iteration({**truth, "compute_scale": 1.3})
     others = {name: value for name, value in fit.fitted.items() if name != PER_ACTION}

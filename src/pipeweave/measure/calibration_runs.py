@@ -20,7 +20,7 @@ about ``seconds`` of timed iterations per round:
   data-parallel plan's, in the same round, fixes ``compute_per_action``, what each F, B, I
   and W costs inside the timed action beyond its profiled blocks (:mod:`.calibration_sizes`;
   before, one compute scale fitted at the default's micro-batch priced smaller ones up to
-  3x fast), fitted before the other parameters and added to the runtime's ``per_action``.
+  3x fast), fitted before the other parameters.
 
 The ranks' compute: the seconds of F, B, I and W actions per iteration on the runs'
 timelines, summed over ranks, against the same simulated; the factor (at least 1) that
@@ -64,7 +64,7 @@ from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
 from .alternating import TIMED_SECONDS, Rounds, alternate
 from .calibration_rounds import fit_rounds
-from .calibration_sizes import PER_ACTION, fit_action_compute, with_action_compute
+from .calibration_sizes import PER_ACTION, fit_action_compute
 from .calibration_solve import Target, solve
 
 __all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
@@ -82,9 +82,8 @@ def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
     under a heavier load, or its co-located sharing overhead came out high) goes into the
     blocks' compute times instead (:func:`compute_faster`), the runtime's scale left at 1,
     so that the search's lower bounds from the profile's times stay bounds."""
-    fields: dict[str, Any] = dict(values)
-    profile = with_action_compute(profile, fields.pop(PER_ACTION, 0.0))
     runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
+    fields: dict[str, Any] = dict(values)
     scale = fields.get("compute_scale", runtime.compute_scale)
     if scale < 1:
         profile, fields["compute_scale"] = compute_faster(replace(profile, runtime=runtime),
@@ -108,7 +107,8 @@ def compute_faster(profile: Profile, scale: float) -> Profile:
                     for kind, value in table.items()}
 
         runtime = replace(runtime, per_action=faster(runtime.per_action),
-                          per_block=faster(runtime.per_block))
+                          per_block=faster(runtime.per_block),
+                          compute_per_action=runtime.compute_per_action * scale)
     return replace(profile, blocks=blocks, runtime=runtime)
 
 

@@ -23,45 +23,28 @@ per iteration. Two plans give ``k`` in closed form::
     k = (C2 S1 - C1 S2) / (C1 n2 - C2 n1)
 
 (plan 1 the larger micro-batches), at least 0; the fitted ``compute_per_action`` is the
-median over the rounds. It is added to the runtime's ``per_action`` of F, B, I and W
-(:func:`with_action_compute`), inside the compute that ``compute_scale`` multiplies; the
-per-round fit of the scales and latencies (:mod:`.calibration_rounds`) then runs on top.
+median over the rounds, ``RuntimeCosts.compute_per_action``: added to every F, B, I and W
+after the single-process fixed costs (and their floor at a tenth of the blocks, which the
+single-process fit's negative ``per_block`` reached at small micro-batches: 18 blocks at one
+sample), inside the compute that ``compute_scale`` multiplies
+(:func:`pipeweave.planner.evaluate.plan_costs`); the per-round fit of the scales and
+latencies (:mod:`.calibration_rounds`) then runs on top.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 
-from ..profiler import Profile
-from ..profiler.runtime_costs import RuntimeCosts
-
-__all__ = ["COMPUTE_KINDS", "PER_ACTION", "action_compute", "fit_action_compute",
-           "round_action_compute", "with_action_compute"]
+__all__ = ["PER_ACTION", "action_compute", "fit_action_compute", "round_action_compute"]
 
 PER_ACTION = "compute_per_action"
-"""The fitted parameter's name (the calibration's report, :func:`with_action_compute`)."""
-
-COMPUTE_KINDS = ("forward", "backward", "input_grad", "weight_grad")
-"""The action kinds that pay it (not the update)."""
+"""The fitted parameter's name: ``RuntimeCosts.compute_per_action``."""
 
 _STEP = 1e-4
 """Seconds added per action to count a plan's compute actions from its simulation."""
 
 Compute = Callable[[Mapping[str, float]], float]
-
-
-def with_action_compute(profile: Profile, seconds: float) -> Profile:
-    """``profile`` whose runtime costs add ``seconds`` to every F, B, I and W action
-    (``per_action``; a profile without runtime costs gets them)."""
-    if seconds == 0:
-        return profile
-    runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
-    per_action = dict(runtime.per_action)
-    for kind in COMPUTE_KINDS:
-        per_action[kind] = per_action.get(kind, 0.0) + seconds
-    return replace(profile, runtime=replace(runtime, per_action=per_action))
 
 
 def action_compute(compute: Compute) -> tuple[float, float]:

@@ -112,9 +112,10 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --model: skip measuring the link between two local ranks, "
                              "the runtime's fixed costs per action (short single-process "
                              "runs), the all-reduce's bandwidth, and the compute scale, "
-                             "message latency and all-reduce cost (alternating runs of the "
-                             "default and a data-parallel plan on --ranks processes), which "
-                             "the simulator adds to the blocks' times")
+                             "message latency, all-reduce cost and costs per action "
+                             "(alternating runs of the default and a data-parallel plan at "
+                             "two micro-batch sizes on --ranks processes), which the "
+                             "simulator adds to the blocks' times")
     parser.add_argument("--profile-out", type=Path, default=None, metavar="FILE",
                         help="write the profile the search used (calibrated) here, for "
                              "`pipeweave plan --profile` or a later `auto --profile`")

@@ -12,7 +12,11 @@ import pytest
 
 from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem
-from pipeweave.measure.calibration_runs import calibration_plans, fit_calibration, with_costs
+from pipeweave.auto.predict import simulate_candidate
+from pipeweave.auto.scaling import scaled_profile
+from pipeweave.measure.calibration_runs import (CalibrationPlan, calibration_plans,
+                                                data_parallel_candidate, fit_calibration,
+                                                with_costs)
 from pipeweave.measure.calibration_sizes import (PER_ACTION, action_compute,
                                                  fit_action_compute, round_action_compute)
 from pipeweave.planner.evaluate import Network, plan_costs
@@ -74,6 +78,21 @@ def test_the_cost_goes_into_every_compute_action_after_the_floor() -> None:
         RuntimeCosts(compute_per_action=-1e-3)
 
 
+def _replay(plans: Mapping[str, CalibrationPlan], truth: Mapping[str, float],
+            loads: tuple[float, ...], ranks: int) -> Callable[[str, Plan, int],
+                                                               tuple[float, list[float]]]:
+    """A runner that 'measures' each plan at ``truth``, round r at ``loads[r]``."""
+    calls = {label: 0 for label in plans}
+
+    def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
+        at = {**truth, "compute_scale": loads[calls[label]]}
+        calls[label] += 1
+        seen = plans[label].compute({**at, "action_overhead": 0.0})
+        return plans[label].iteration(at), [seen / ranks] * ranks
+
+    return time_one
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_the_calibration_fits_the_cost_with_the_other_parameters(ranks: int) -> None:
     """Runs 'measured' at a known compute per action, latencies and action overhead, each
@@ -86,15 +105,8 @@ def test_the_calibration_fits_the_cost_with_the_other_parameters(ranks: int) -> 
     truth = {PER_ACTION: 2e-3, "message_latency": 1e-3, "allreduce_latency": 5e-3,
              "action_overhead": 4e-4}
     loads = (1.3, 1.1, 1.5)
-    calls = {label: 0 for label in plans}
-
-    def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
-        at = {**truth, "compute_scale": loads[calls[label]]}
-        calls[label] += 1
-        seen = plans[label].compute({**at, "action_overhead": 0.0})
-        return plans[label].iteration(at), [seen / ranks] * ranks
-
-    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=3, seconds=0.1)
+    fitted, fit = fit_calibration(problem, time_one=_replay(plans, truth, loads, ranks),
+                                  rounds=3, seconds=0.1)
     assert fit is not None
     for name, value in truth.items():
         assert fit.fitted[name] == pytest.approx(value, rel=1e-4, abs=1e-9), name
@@ -106,6 +118,13 @@ def test_the_calibration_fits_the_cost_with_the_other_parameters(ranks: int) -> 
     small = plans["data-parallel-small"]
     ran = small.iteration({**truth, "compute_scale": 1.3})
     others = {name: value for name, value in fit.fitted.items() if name != PER_ACTION}
-    again = calibration_plans(fitted)["data-parallel-small"]  # its profile has the cost
-    assert again.iteration(others) == pytest.approx(ran, rel=1e-3)
+    candidate = data_parallel_candidate(fitted, small.plan.microbatches)
+    assert candidate is not None
+    scaled = scaled_profile(fitted.profile, fitted.batch // candidate.microbatches)
+    assert simulate_candidate(candidate, scaled, fitted).iteration_time \
+        == pytest.approx(ran, rel=1e-3)  # the fitted profile prices it as it ran
     assert small.iteration(others) < 0.95 * ran
+    refit, again_fit = fit_calibration(fitted, time_one=_replay(plans, truth, loads, ranks),
+                                       rounds=3, seconds=0.1)  # a calibrated profile again
+    assert again_fit is not None and refit.profile.runtime is not None
+    assert refit.profile.runtime.compute_per_action == pytest.approx(2e-3, rel=1e-4)

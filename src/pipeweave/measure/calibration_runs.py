@@ -165,12 +165,14 @@ def smallest_batches(problem: AutoProblem) -> int | None:
     return max(fitting, default=None)
 
 
-def calibration_plans(problem: AutoProblem, *,
-                      actions: bool = True) -> dict[str, CalibrationPlan]:
+def calibration_plans(problem: AutoProblem, *, actions: bool = True,
+                      per_action: float = 0.0) -> dict[str, CalibrationPlan]:
     """Per calibration plan that can be built and whose parameter the profile can price
     (module docstring); ``actions``: add ``data-parallel-small`` where a larger M than the
-    default's fits (False: not at all)."""
-    zero = {"compute_scale": 1.0, **{name: 0.0 for name in PARAMETERS.values()}}
+    default's fits (False: not at all); ``per_action``: the ``compute_per_action`` the plans
+    are simulated at (whatever the profile had)."""
+    zero = {"compute_scale": 1.0, PER_ACTION: per_action,
+            **{name: 0.0 for name in PARAMETERS.values()}}
     plain = replace(problem, profile=with_costs(problem.profile, zero))
     out: dict[str, CalibrationPlan] = {}
     found = default_prediction(plain)
@@ -263,8 +265,8 @@ def fit_calibration(problem: AutoProblem, *,
     measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
     extra = _action_compute(plans, compute)
-    probed = calibration_plans(with_fit(problem, {PER_ACTION: extra}), actions=actions) \
-        if extra > 0 else plans
+    probed = calibration_plans(problem, actions=actions, per_action=extra) if extra > 0 \
+        else plans
     found = fit_rounds(probed, {label: PARAMETERS[label] for label in plans},
                        {label: rounds.times for label, rounds in measured.items()}, compute)
     fitted = {**found.fitted, PER_ACTION: extra}

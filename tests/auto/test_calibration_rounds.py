@@ -61,7 +61,7 @@ def test_each_plan_at_its_own_speed_recovers_the_latencies_despite_noise_and_a_b
     some four messages, a sixth of the message latency), the compute scale within 5 % of the
     median speed. A mean over the rounds puts the all-reduce's cost several times too high;
     one scale shared by both plans (the fit before) misplaces the message latency."""
-    plans = calibration_plans(_problem())
+    plans = calibration_plans(_problem(), actions=False)
     assert set(plans) == {"default", "data-parallel"}
     times, compute = _runs(plans, disturbed=3.0)
     found = fit_rounds(plans, PARAMETERS, times, compute)
@@ -99,7 +99,7 @@ def _shared_scale_fit(plans: Mapping[str, CalibrationPlan], times: Mapping[str, 
 
 
 def test_without_noise_every_round_finds_the_truth_exactly() -> None:
-    plans = calibration_plans(_problem())
+    plans = calibration_plans(_problem(), actions=False)
     times: dict[str, list[float]] = {}
     compute: dict[str, list[float]] = {}
     for label in plans:
@@ -116,7 +116,7 @@ def test_a_plan_computing_faster_than_its_profile_gets_a_scale_below_one() -> No
     """The runs computed at 0.8 of the profile and spent 3 ms a message outside compute: a
     scale held at 1 would leave the message latency at a third of that (the compute's
     overestimate eats it); down to the floor, no lower."""
-    plans = calibration_plans(_problem())
+    plans = calibration_plans(_problem(), actions=False)
     default = plans["default"]
     at = {"compute_scale": 0.8, "message_latency": 3e-3}
     targets = round_targets({"default": default}, PARAMETERS, {"default": default.iteration(at)},
@@ -158,7 +158,7 @@ def test_a_scale_below_one_goes_into_every_profile_s_blocks() -> None:
 
 
 def test_rounds_must_pair_up() -> None:
-    plans = calibration_plans(_problem())
+    plans = calibration_plans(_problem(), actions=False)
     with pytest.raises(ValueError, match="same number"):
         fit_rounds(plans, PARAMETERS, {"default": [0.1, 0.1], "data-parallel": [0.1]},
                    {"default": [0.1, 0.1], "data-parallel": [0.1]})
@@ -168,7 +168,7 @@ def test_fit_calibration_reports_each_rounds_fit() -> None:
     """The runner's rounds reach the fit in order: per-round scales and latencies in the
     report, the medians in the profile."""
     problem = _problem()
-    plans = calibration_plans(problem)
+    plans = calibration_plans(problem, actions=False)
     times, compute = _runs(plans)
     calls = {label: 0 for label in plans}
 
@@ -177,7 +177,8 @@ def test_fit_calibration_reports_each_rounds_fit() -> None:
         calls[label] += 1
         return times[label][index], [compute[label][index] / 2] * 2
 
-    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=5, seconds=0.1)
+    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=5, seconds=0.1,
+                                 actions=False)
     assert fit is not None and len(fit.rounds) == 5
     report = fit.to_json()
     assert [one[scale_name("default")] for one in report["per_round"]] == \

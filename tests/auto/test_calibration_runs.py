@@ -57,7 +57,7 @@ def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead:
     predicted time asks."""
     problem = _problem(ranks)
     truth = {"message_latency": latency, "allreduce_latency": overhead, "compute_scale": scale}
-    plans = calibration_plans(problem)
+    plans = calibration_plans(problem, actions=False)
     assert set(plans) == {"default", "data-parallel"}
     runs: list[tuple[str, int]] = []
 
@@ -67,7 +67,8 @@ def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead:
         per_rank = plans[label].compute(truth) / ranks
         return plans[label].iteration(truth), [per_rank] * ranks
 
-    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=3, seconds=0.5)
+    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=3, seconds=0.5,
+                                  actions=False)
     assert fit is not None
     assert [label for label, _ in runs] == ["default", "data-parallel", "data-parallel",
                                             "default", "default", "data-parallel"]
@@ -250,9 +251,13 @@ def test_shared_cores_add_a_plan_at_the_smallest_micro_batches_and_fit_the_actio
     assert fit.to_json()["plans"]["data-parallel-small"]["parameter"] == "action_overhead"
 
 
-def test_no_action_plan_where_every_rank_has_a_core_or_no_larger_m_fits() -> None:
-    assert "data-parallel-small" not in calibration_plans(_problem(4))
-    assert calibration_plans(_problem(2), actions=True)["data-parallel-small"].plan \
+def test_no_action_plan_where_no_larger_m_fits_or_not_asked() -> None:
+    """Every rank count gets the plan at the smallest micro-batches where a larger M than
+    the default's fits (its compute against the data-parallel plan's fixes the compute
+    per action, measure/calibration_sizes.py), not only ranks sharing cores."""
+    assert "data-parallel-small" not in calibration_plans(_problem(4), actions=False)
+    assert calibration_plans(_problem(4))["data-parallel-small"].plan.microbatches == 16
+    assert calibration_plans(_problem(2))["data-parallel-small"].plan \
         .microbatches == 8  # the batch is 8 samples: 4 x 2 ranks is the largest M dividing it
     fixed = replace(_shared_problem(4, 2), microbatches=(4, 8))
     assert "data-parallel-small" not in calibration_plans(fixed)

@@ -122,9 +122,10 @@ def test_run_trains_the_winner_and_the_default(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(SRC)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)  # stdout holds the one object, nothing the ranks print
-    calibration = report["calibration"]  # the two calibration plans, alternated
-    assert set(calibration["plans"]) == {"default", "data-parallel"}
+    calibration = report["calibration"]  # the three calibration plans, alternated
+    assert set(calibration["plans"]) == {"default", "data-parallel", "data-parallel-small"}
     assert calibration["message_latency"] >= 0 and calibration["allreduce_latency"] >= 0
+    assert calibration["compute_per_action"] >= 0
     for label in ("winner", "default"):
         measured = report["measured"][label]
         assert measured["iteration_time"] > 0

@@ -92,3 +92,26 @@ def test_a_calibrated_action_overhead_is_honoured(capsys: pytest.CaptureFixture[
     assert more["costs"]["forward"] == pytest.approx([1.5, 1.5, 1.5, 1.25])
     assert more["costs"]["backward"] == pytest.approx([2.25, 2.5, 2.5, 2.5])
     assert more["iteration_time"] > base["iteration_time"]
+
+
+def test_a_slicer_half_is_priced_as_auto_prices_it(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    """``sliced-1f1b`` from a profile: a half's F is the blocks at half the micro-batch plus
+    the runtime's fixed cost per action (auto/half_costs.py, the same rule as ``auto``), not
+    half the whole F: 4 blocks of F = 0.5 per stage and 0.5 per action give F = 2.5 and a
+    half 4 x 0.25 + 0.5 = 1.5 where half the whole is 1.25."""
+    from dataclasses import replace
+
+    from pipeweave.profiler.runtime_costs import RuntimeCosts
+
+    plain = replace(Profile.load(unit_profile(tmp_path / "p.json")), batch_size=4)
+    plain.save(tmp_path / "p4.json")
+    replace(plain, runtime=RuntimeCosts(per_action={"forward": 0.5})).save(tmp_path / "c.json")
+    args = ("simulate", "sliced-1f1b", "--stages", "2", "--microbatches", "4", "--json",
+            "--profile")
+    costs = json.loads(run(capsys, *args, str(tmp_path / "c.json"))[1])["costs"]
+    assert costs["forward"] == pytest.approx([2.5, 2.5])
+    assert costs["half_forward"] == pytest.approx([1.5, 1.5])
+    assert costs["half_backward"] == pytest.approx([2.0, 2.0])
+    plain_costs = json.loads(run(capsys, *args, str(tmp_path / "p4.json"))[1])["costs"]
+    assert plain_costs["half_forward"] == pytest.approx([1.0, 1.0])  # no fixed cost: half

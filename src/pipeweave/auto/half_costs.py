@@ -37,7 +37,7 @@ from ..sim import Costs
 from .problem import AutoProblem
 from .scaling import scaled_profile
 
-__all__ = ["slices", "half_size", "half_profile", "with_halves"]
+__all__ = ["slices", "half_size", "half_profile", "halves_at", "with_halves"]
 
 _PROFILES: dict[tuple[int, int], tuple[Profile, Profile]] = {}
 """Half-size profiles by (id of the problem's profile, samples), with the profile they scale."""
@@ -77,9 +77,16 @@ def with_halves(costs: Costs, plan: Plan, problem: AutoProblem,
     the candidate's costs under another profile. Other plans: ``costs`` unchanged."""
     if not slices(plan):
         return costs
-    stages = len(plan.stages)
+    return halves_at(costs, len(plan.stages), half_profile(problem, half_size(problem, plan)),
+                     costs_at)
+
+
+def halves_at(costs: Costs, stages: int, profile: Profile,
+              costs_at: Callable[[Profile], Costs]) -> Costs:
+    """``costs`` (of ``stages`` stages) with the half costs of ``profile``, the profile at a
+    half micro-batch (module docstring); ``costs_at``: the same costs under another profile.
+    The one rule ``auto`` and ``pipeweave simulate`` price a Slicer half by."""
     whole = costs.resolve(stages)
-    profile = half_profile(problem, half_size(problem, plan))
     half = costs_at(profile).resolve(stages)
     once = costs_at(_fixed_only(profile)).resolve(stages).backward
     forward = tuple(max(h, f / 2) for h, f in zip(half.forward, whole.forward))

@@ -112,9 +112,10 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --model: skip measuring the link between two local ranks, "
                              "the runtime's fixed costs per action (short single-process "
                              "runs), the all-reduce's bandwidth, and the compute scale, "
-                             "message latency and all-reduce cost (alternating runs of the "
-                             "default and a data-parallel plan on --ranks processes), which "
-                             "the simulator adds to the blocks' times")
+                             "message latency, all-reduce cost and costs per action "
+                             "(alternating runs of the default and a data-parallel plan at "
+                             "two micro-batch sizes on --ranks processes), which the "
+                             "simulator adds to the blocks' times")
     parser.add_argument("--profile-out", type=Path, default=None, metavar="FILE",
                         help="write the profile the search used (calibrated) here, for "
                              "`pipeweave plan --profile` or a later `auto --profile`")
@@ -313,7 +314,7 @@ def _fitted(args: argparse.Namespace,
         return problem, None
     started = time.perf_counter()
     _say(f"timing the default and data-parallel plans on {args.ranks} local processes to fit "
-         "the message latency, the all-reduce and (ranks > cores) the cost per action ...")
+         "the message latency, the all-reduce and the costs per action ...")
     timer = plan_timer(model=model, batch_size=problem.batch, timeout_s=args.timeout,
                        overrides=overrides)
     problem, fit = fit_calibration(problem, time_one=timer, say=_say)
@@ -323,7 +324,8 @@ def _fitted(args: argparse.Namespace,
                  f"{100 * rounds.spread:.0f} %), predicted {1e3 * fit.predicted_before[label]:.1f}"
                  " ms before the fit")
         words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost",
-                 "action_overhead": "per action"}
+                 "action_overhead": "per action",
+                 "compute_per_action": "compute per action"}
         _say(f"fitted compute x{fit.fitted['compute_scale']:.3f}"
              + "".join(f", {words[name]} +{1e6 * value:.0f} us"
                        for name, value in fit.fitted.items() if name in words)

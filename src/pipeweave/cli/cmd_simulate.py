@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ir import Schedule
 from ..report import plot_timeline, write_chrome_trace
@@ -39,6 +39,10 @@ from ..sim import Costs, SimulationResult, simulate
 from .model_options import add_profile_source
 from .options import (add_shape_arguments, default_iterations, profile_from_args,
                       schedule_from_args)
+
+if TYPE_CHECKING:
+    from ..planner.evaluate import Network
+    from ..profiler import Profile
 
 COST_DEFAULTS = {"forward": "1", "backward": "2", "comm": "0", "update": "0"}
 """The unit costs used without a profile (AutoPipe's idealised F=1, B=2, free transfers)."""
@@ -144,6 +148,7 @@ def profiled_costs(args: argparse.Namespace, schedule: Schedule) -> Costs:
     """Costs of the model's profile split evenly over the schedule's stages (module docstring)."""
     from ..planner.evaluate import Network, plan_costs
     from ..planner.partition import uniform_partition
+    from ..schedules import get_info
 
     given = [f"--{name.replace('_', '-')}" for name in ("forward", "backward", "weight_grad",
                                                       "comm", "update")
@@ -161,7 +166,27 @@ def profiled_costs(args: argparse.Namespace, schedule: Schedule) -> Costs:
     network = Network(bandwidth=link.bandwidth if link is not None else math.inf,
                       latency=link.latency if link is not None else 0.0,
                       shared_cores=args.shared_cores)
-    return plan_costs(profile, bounds, network)
+    costs = plan_costs(profile, bounds, network)
+    if get_info(schedule.name).sliced != schedule.name:
+        return costs
+    return _sliced(costs, profile, bounds, network)
+
+
+def _sliced(costs: Costs, profile: Profile, bounds: tuple[tuple[int, int], ...],
+            network: Network) -> Costs:
+    """``costs`` of a Slicer schedule with its halves priced as ``auto`` prices them: the
+    profile at half the micro-batch, the runtime's fixed costs paid by each half's F
+    (:func:`pipeweave.auto.half_costs.halves_at`), not half the whole."""
+    from dataclasses import replace
+
+    from ..auto.half_costs import halves_at
+    from ..auto.scaling import scaled_profile
+    from ..planner.evaluate import plan_costs
+
+    sized = profile if profile.batch_size else replace(profile, batch_size=2)  # unknown: even
+    assert sized.batch_size is not None
+    half = scaled_profile(sized, max(1, (sized.batch_size + 1) // 2))
+    return halves_at(costs, len(bounds), half, lambda p: plan_costs(p, bounds, network))
 
 
 def _table(result: SimulationResult) -> str:

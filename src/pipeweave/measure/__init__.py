@@ -3,9 +3,10 @@ benchmarks run for real to learn a number.
 
 * calibration: a profile completed with the link, the runtime's costs per action and its
   all-reduce's bandwidth (:mod:`.calibration`, :mod:`.runtime_costs`, :mod:`.collective`),
-  and the message latency, the all-reduce's fixed cost and (ranks > cores) the cost per
-  action fitted to alternating runs of the default and data-parallel plans
-  (:mod:`.calibration_runs`; round by round, each plan at its own measured compute speed,
+  and the message latency, the all-reduce's fixed cost and the costs per action fitted to
+  alternating runs of the default and data-parallel plans (:mod:`.calibration_runs`; the
+  compute per action from the data-parallel plan at two micro-batch sizes,
+  :mod:`.calibration_sizes`; round by round, each plan at its own measured compute speed,
   the median kept, :mod:`.calibration_rounds`; solved by :mod:`.calibration_solve`);
 * a plan trained for a few steps and timed (:mod:`.plan_run`), plans timed in alternating
   rounds (:mod:`.alternating`), and ``pipeweave auto --run``'s comparison (:mod:`.compare`);

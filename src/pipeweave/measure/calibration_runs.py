@@ -12,11 +12,15 @@ about ``seconds`` of timed iterations per round:
   no message between stages, one all-reduce of the whole model per iteration, so its time
   moves with ``allreduce_latency`` (:mod:`pipeweave.profiler.runtime_costs`; fitted only
   where the profile knows the all-reduce's bandwidth, :mod:`.collective`);
-* ``data-parallel-small`` (ranks > cores only): the same data-parallel plan at the largest
-  M the search tries (``8 x ranks`` by default, the smallest micro-batches): the same
-  all-reduce, the same samples, 4x the actions, so its time moves with ``action_overhead``
-  (what an action costs beyond its compute when 4 processes share 2 cores; docs/auto.md
-  measured the data-parallel plan at M = 32 at 28 ms where 9 ms was predicted).
+* ``data-parallel-small``: the same data-parallel plan at the largest M the search tries
+  (``8 x ranks`` by default, the smallest micro-batches): the same all-reduce, the same
+  samples, 4x the actions, so its time moves with ``action_overhead`` (what an action costs
+  beyond its compute, e.g. when 4 processes share 2 cores; docs/auto.md measured the
+  data-parallel plan at M = 32 at 28 ms where 9 ms was predicted). Its compute against the
+  data-parallel plan's, in the same round, fixes ``compute_per_action``, what each F, B, I
+  and W costs inside the timed action beyond its profiled blocks (:mod:`.calibration_sizes`;
+  before, one compute scale fitted at the default's micro-batch priced smaller ones up to
+  3x fast), fitted before the other parameters.
 
 The ranks' compute: the seconds of F, B, I and W actions per iteration on the runs'
 timelines, summed over ranks, against the same simulated; the factor (at least 1) that
@@ -60,6 +64,7 @@ from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
 from .alternating import TIMED_SECONDS, Rounds, alternate
 from .calibration_rounds import fit_rounds
+from .calibration_sizes import PER_ACTION, fit_action_compute
 from .calibration_solve import Target, solve
 
 __all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
@@ -102,7 +107,8 @@ def compute_faster(profile: Profile, scale: float) -> Profile:
                     for kind, value in table.items()}
 
         runtime = replace(runtime, per_action=faster(runtime.per_action),
-                          per_block=faster(runtime.per_block))
+                          per_block=faster(runtime.per_block),
+                          compute_per_action=runtime.compute_per_action * scale)
     return replace(profile, blocks=blocks, runtime=runtime)
 
 
@@ -159,12 +165,14 @@ def smallest_batches(problem: AutoProblem) -> int | None:
     return max(fitting, default=None)
 
 
-def calibration_plans(problem: AutoProblem, *,
-                      actions: bool | None = None) -> dict[str, CalibrationPlan]:
+def calibration_plans(problem: AutoProblem, *, actions: bool = True,
+                      per_action: float = 0.0) -> dict[str, CalibrationPlan]:
     """Per calibration plan that can be built and whose parameter the profile can price
-    (module docstring); ``actions``: add ``data-parallel-small`` (default: where the ranks
-    share fewer cores, ``problem.shared_cores``)."""
-    zero = {"compute_scale": 1.0, **{name: 0.0 for name in PARAMETERS.values()}}
+    (module docstring); ``actions``: add ``data-parallel-small`` where a larger M than the
+    default's fits (False: not at all); ``per_action``: the ``compute_per_action`` the plans
+    are simulated at (whatever the profile had)."""
+    zero = {"compute_scale": 1.0, PER_ACTION: per_action,
+            **{name: 0.0 for name in PARAMETERS.values()}}
     plain = replace(problem, profile=with_costs(problem.profile, zero))
     out: dict[str, CalibrationPlan] = {}
     found = default_prediction(plain)
@@ -174,8 +182,7 @@ def calibration_plans(problem: AutoProblem, *,
     runtime = problem.profile.runtime
     if runtime is None or runtime.allreduce_bandwidth is None:
         return out
-    small = smallest_batches(plain) if (problem.shared_cores is not None
-                                        if actions is None else actions) else None
+    small = smallest_batches(plain) if actions else None
     for label, count in (("data-parallel", None), ("data-parallel-small", small)):
         parallel = data_parallel_candidate(plain, count)
         if parallel is None or (label == "data-parallel-small" and count is None):
@@ -239,7 +246,7 @@ class CalibrationFit:
 def fit_calibration(problem: AutoProblem, *,
                     time_one: Callable[[str, Plan, int], tuple[float, Sequence[float]]],
                     rounds: int = 3, seconds: float = TIMED_SECONDS,
-                    actions: bool | None = None, say: Callable[[str], None] | None = None
+                    actions: bool = True, say: Callable[[str], None] | None = None
                     ) -> tuple[AutoProblem, CalibrationFit | None]:
     """``problem`` with its profile's runtime costs fitted to alternating runs of the
     calibration plans (module docstring; ``actions`` as :func:`calibration_plans`);
@@ -257,9 +264,23 @@ def fit_calibration(problem: AutoProblem, *,
 
     measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
-    found = fit_rounds(plans, {label: PARAMETERS[label] for label in plans},
+    extra = _action_compute(plans, compute)
+    probed = calibration_plans(problem, actions=actions, per_action=extra) if extra > 0 \
+        else plans
+    found = fit_rounds(probed, {label: PARAMETERS[label] for label in plans},
                        {label: rounds.times for label, rounds in measured.items()}, compute)
-    fitted = found.fitted
+    fitted = {**found.fitted, PER_ACTION: extra}
     fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute, rounds=found.rounds,
                          predicted_before={label: p.predicted for label, p in plans.items()})
     return with_fit(problem, fitted), fit
+
+
+def _action_compute(plans: Mapping[str, CalibrationPlan],
+                    compute: Mapping[str, Sequence[float]]) -> float:
+    """The compute each action costs beyond its profiled blocks (:mod:`.calibration_sizes`),
+    from the two data-parallel plans' measured compute; 0 without both."""
+    if "data-parallel" not in plans or "data-parallel-small" not in plans:
+        return 0.0
+    return fit_action_compute(plans["data-parallel"].compute,
+                              plans["data-parallel-small"].compute,
+                              compute["data-parallel"], compute["data-parallel-small"])

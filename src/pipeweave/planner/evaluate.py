@@ -14,6 +14,7 @@ Every planner is judged the same way: the plan's schedule is simulated
     share CPU cores, ``Network.shared_cores``)
     runtime     where the profile measured them (``profile.runtime``): each of forward,
                 backward, I, W and update of a stage of k blocks + per_action + per_block (k-1),
+                F, B, I and W + compute_per_action (a distributed run's own, fitted),
                 F, B, I and W (their sends included) then x compute_scale,
                 and a stage that sends (forward to the next, gradient to the previous) pays
                 per_message in that action; then each F, B, I and W + action_overhead,
@@ -188,8 +189,9 @@ def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
         values = []
         scale = runtime.compute_scale if kind != "update" else 1.0
         fixed = runtime.action_overhead if kind != "update" else 0.0
+        per_action = runtime.compute_per_action if kind != "update" else 0.0
         for s, ((a, e), value) in enumerate(zip(bounds, column)):
-            timed = runtime.action(kind, value / overhead, e - a)
+            timed = runtime.action(kind, value / overhead, e - a) + per_action
             posts = sends is not None and sends[s]
             if posts:
                 timed += message

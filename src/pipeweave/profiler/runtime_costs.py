@@ -54,6 +54,12 @@ search's lower bounds from the profile's times stay bounds: a calibration whose 
 faster than the profile puts that factor into the blocks' times instead
 (:func:`pipeweave.measure.calibration_runs.with_costs`).
 
+``compute_per_action`` is added to every F, B, I and W action after the fixed costs above
+(and their floor), before the scale: what each compute action of a distributed run takes
+inside the timed action beyond the blocks and ``per_action`` measured in one process, fitted
+from the calibration's data-parallel plans at two micro-batch sizes
+(:mod:`pipeweave.measure.calibration_sizes`; 0 where not fitted).
+
 ``action_overhead`` is added, once, to every F, B, I and W action and once more for each
 send the action posts, after the scale: what each action and message costs a rank beyond its
 compute when more ranks than cores share the machine (the interpreter between actions, the
@@ -88,6 +94,9 @@ class RuntimeCosts:
     action_overhead: float = 0.0
     """Seconds each F, B, I and W action, and each send it posts, costs beyond its compute
     (module docstring)."""
+    compute_per_action: float = 0.0
+    """Seconds each F, B, I and W action computes beyond its blocks and ``per_action`` in a
+    distributed run, inside the timed action (module docstring)."""
     compute_scale: float = 1.0
     """What the compute actions of a distributed run take over their single-process time
     (>= 1): the ranks' compute measured on the calibration runs' timelines against the
@@ -119,6 +128,8 @@ class RuntimeCosts:
         object.__setattr__(self, "allreduce_latency", float(self.allreduce_latency))
         _check_seconds("action_overhead", self.action_overhead)
         object.__setattr__(self, "action_overhead", float(self.action_overhead))
+        _check_seconds("compute_per_action", self.compute_per_action)
+        object.__setattr__(self, "compute_per_action", float(self.compute_per_action))
         scale = self.compute_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
                 or not math.isfinite(scale) or scale < 1:
@@ -159,6 +170,7 @@ class RuntimeCosts:
                 "allreduce_latency": self.allreduce_latency,
                 "allreduce_bandwidth": self.allreduce_bandwidth,
                 "action_overhead": self.action_overhead,
+                "compute_per_action": self.compute_per_action,
                 "compute_scale": self.compute_scale, "notes": dict(self.notes)}
 
     @classmethod
@@ -167,8 +179,8 @@ class RuntimeCosts:
             raise ValueError(f"runtime costs must be an object, got {data!r}")
         unknown = sorted(set(data) - {"per_action", "per_block", "per_message",
                                       "message_latency", "allreduce_latency",
-                                      "allreduce_bandwidth", "action_overhead", "compute_scale",
-                                      "notes"})
+                                      "allreduce_bandwidth", "action_overhead",
+                                      "compute_per_action", "compute_scale", "notes"})
         if unknown:
             raise ValueError(f"runtime costs have unknown fields {unknown}")
         return cls(per_action=dict(data.get("per_action") or {}),
@@ -178,6 +190,7 @@ class RuntimeCosts:
                    allreduce_latency=data.get("allreduce_latency", 0.0),
                    allreduce_bandwidth=data.get("allreduce_bandwidth"),
                    action_overhead=data.get("action_overhead", 0.0),
+                   compute_per_action=data.get("compute_per_action", 0.0),
                    compute_scale=data.get("compute_scale", 1.0),
                    notes=dict(data.get("notes") or {}))
 

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from types import ModuleType
 
 from .. import __version__
+from ..collector import exit_without_collection
 
-__all__ = ["COMMANDS", "INTERRUPTED", "build_parser", "main", "HelpFormatter"]
+__all__ = ["COMMANDS", "INTERRUPTED", "build_parser", "main", "entry", "HelpFormatter"]
 
 INTERRUPTED = 130
 """The exit status of a Ctrl-C (what a shell reports for a process ended by SIGINT)."""
@@ -72,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C where no command handles it (importing, preparing)
         print("pipeweave: error: interrupted (Ctrl-C)", file=sys.stderr)
         return INTERRUPTED
+
+
+def entry() -> None:
+    """The ``pipeweave`` program (``python -m pipeweave``, the console script): :func:`main`,
+    then the exit without the collector's last scan (:mod:`pipeweave.collector`)."""
+    exit_without_collection(main())
 
 
 def _run(argv: list[str] | None) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from pipeweave.sim import Costs
@@ -74,3 +77,28 @@ def test_to_json_is_plain() -> None:
     assert data["weight_grad"] == 1.0  # the value simulated: half the default backward
     assert Costs(backward=[2, 4]).to_json()["weight_grad"] == [1.0, 2.0]
     assert Costs(**Costs(backward=[2, 4]).to_json()).resolve(2) == Costs(backward=[2, 4]).resolve(2)
+
+
+def _normalised_one_by_one(name: str, values: list[object]) -> tuple[float, ...]:
+    """The per-value check ``_normalise`` runs where its all-floats path does not apply."""
+    from pipeweave.sim.costs import _check_number
+    return tuple(_check_number(f"{name}[{i}]", v) for i, v in enumerate(values))
+
+
+@pytest.mark.parametrize("values", [
+    [1.0, 2.5, 0.0], [0.0, -0.0, 3.0], (1e-300, 1e300), [1, 2.0], [np.float64(1.5), 2.0],
+    [1.0, float("nan")], [1.0, math.inf], [1.0, -1e-9], [True, 1.0], [1.0, "2"],
+    [2.0 ** k for k in range(-60, 60)],
+])
+def test_sequences_normalised_as_checked_one_by_one(values: list[object]) -> None:
+    from pipeweave.sim.costs import _normalise
+    try:
+        expected: object = _normalised_one_by_one("forward", values)
+    except ValueError as error:
+        with pytest.raises(ValueError) as raised:
+            _normalise("forward", values)
+        assert str(raised.value) == str(error)
+        return
+    got = _normalise("forward", values)
+    assert got == expected and all(type(v) is float for v in got)
+    assert [math.copysign(1, v) for v in got] == [math.copysign(1, v) for v in expected]

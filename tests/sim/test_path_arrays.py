@@ -69,6 +69,18 @@ def test_graphs_are_kept_per_shape() -> None:
     assert len(module._CACHE) == module.CACHE_SIZE
 
 
+def test_graphs_are_kept_up_to_an_action_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    module._CACHE.clear()
+    actions = 2 * 3 * 8  # an F and a B per stage and micro-batch
+    monkeypatch.setattr(module, "CACHE_ACTIONS", 3 * actions)
+    for m in range(8, 8 + 5):  # 48, 54, 60, 66, 72 actions
+        flush_graph("1f1b", Shape(stages=3, microbatches=m))
+    assert [key[2] for key in module._CACHE] == [11, 12]  # 66 + 72 <= 144 < 60 + 66 + 72
+    monkeypatch.setattr(module, "CACHE_ACTIONS", 1)
+    flush_graph("1f1b", Shape(stages=3, microbatches=20))
+    assert [key[2] for key in module._CACHE] == [20]  # the last one always kept
+
+
 def _profile(blocks: int, seed: int) -> Profile:
     rng = random.Random(seed)
     return Profile([BlockProfile(name=f"b{i}", forward=rng.uniform(0.5, 2),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..collector import paused_collection
 from .predict import Prediction
 
 __all__ = ["pareto_front", "plot_pareto"]
@@ -29,6 +30,8 @@ def pareto_front(predictions: Sequence[Prediction]) -> list[Prediction]:
     return front
 
 
+@paused_collection()  # after a search the heap holds its caches: matplotlib's many small
+# objects made the collector rescan them (3 s of the planning-scale command, 2026-11-27)
 def plot_pareto(predictions: Sequence[Prediction], path: str | Path, *,
                 winner: Prediction | None = None, default: Prediction | None = None,
                 memory_limit: float | None = None, title: str = "") -> Path:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from ..collector import frozen_between
 from ..planner.plan import Plan
 from ..profiler import Profile
 from ..schedules import Shape, get_info
@@ -327,7 +328,7 @@ def _search_one(problem: AutoProblem, axes: Sequence[Axis], say: Progress) -> Se
     last_report = time.perf_counter()
     order = _cheap_first(keyed) if problem.time_limit is None else _safe_first(
         keyed, lambda: bool(state.ranked))
-    for position, entry in enumerate(order):
+    for position, entry in enumerate(frozen_between(order)):  # collector.py: scans less
         if problem.time_limit is not None and state.ranked and \
                 time.perf_counter() - state.started > problem.time_limit:
             state.unexamined = len(keyed) - position

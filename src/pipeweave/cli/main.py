@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from .. import __version__
+from ..collector import exit_without_collection
 
-__all__ = ["COMMANDS", "INTERRUPTED", "build_parser", "main", "HelpFormatter"]
+__all__ = ["COMMANDS", "INTERRUPTED", "build_parser", "main", "entry", "HelpFormatter"]
 
 INTERRUPTED = 130
 """The exit status of a Ctrl-C (what a shell reports for a process ended by SIGINT)."""
@@ -26,8 +27,15 @@ COMMANDS = ["schedules", "show", "simulate", "train", "export", "profile", "plan
 """Sub-commands, in help order; each is the module ``pipeweave.cli.cmd_<name>``."""
 
 
-def _command_modules() -> list[ModuleType]:
-    return [importlib.import_module(f"pipeweave.cli.cmd_{name}") for name in COMMANDS]
+def _command_modules(names: Sequence[str] = COMMANDS) -> list[ModuleType]:
+    return [importlib.import_module(f"pipeweave.cli.cmd_{name}") for name in names]
+
+
+def _asked(argv: Sequence[str]) -> list[str]:
+    """The command modules to import for ``argv``: the one it names first, where it does
+    (``pipeweave auto ...`` then parses as with every command, without importing the
+    others: torch and the runtime for ``train``, 1 CPU-s), else all (``--help``, a typo)."""
+    return [argv[0]] if argv and argv[0] in COMMANDS else list(COMMANDS)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -51,8 +59,8 @@ class _SubcommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every available sub-command."""
+def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
+    """The top-level parser with these sub-commands (default: every one)."""
     parser = argparse.ArgumentParser(
         prog="pipeweave", formatter_class=HelpFormatter,
         description="Pipeline-parallel training: schedules as data, one simulator, one runtime.",
@@ -60,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pipeweave {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
                                        parser_class=_SubcommandParser)
-    for module in _command_modules():
+    for module in _command_modules(commands):
         module.add_parser(subparsers)
     return parser
 
@@ -74,8 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED
 
 
+def entry() -> None:
+    """The ``pipeweave`` program (``python -m pipeweave``, the console script): :func:`main`,
+    then the exit without the collector's last scan (:mod:`pipeweave.collector`)."""
+    exit_without_collection(main())
+
+
 def _run(argv: list[str] | None) -> int:
-    parser = build_parser()
+    parser = build_parser(_asked(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse's own usage errors (status 2) and --help (0)

@@ -56,6 +56,7 @@ from ..schedules import Shape, build_schedule, get_info
 from ..sim import Costs, PathTiming, SimulationResult, simulate, simulate_path
 from ..sim.compiled import expect_timings
 from ..sim.path_arrays import flush_graph, path_arrays
+from .block_columns import block_columns
 from .partition import Bounds
 from .pipedream import allreduce_time
 from .sharded_costs import sharded_times
@@ -114,14 +115,15 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
         profile = tp_profile(profile, tp, bandwidth=float(link), latency=network.latency)
     blocks = profile.blocks
     overhead = sharing_overhead_of(profile) if network.shared_cores is not None else 1.0
-    forward = [overhead * sum(b.forward for b in blocks[a:e]) for a, e in bounds]
-    backward = [overhead * sum(b.backward for b in blocks[a:e]) for a, e in bounds]
-    activation = [sum(b.activation_bytes for b in blocks[a:e]) for a, e in bounds]
-    update = [overhead * sum(b.update for b in blocks[a:e]) for a, e in bounds]
+    # per block, read once per profile (block_columns), summed per stage as before
+    column = block_columns(profile)
+    forward = [overhead * sum(column.forward[a:e]) for a, e in bounds]
+    backward = [overhead * sum(column.backward[a:e]) for a, e in bounds]
+    activation = [sum(column.activation[a:e]) for a, e in bounds]
+    update = [overhead * sum(column.update[a:e]) for a, e in bounds]
     # W, the weight-gradient half of a split backward, where the profile measured it (blocks
     # with 0 are unknown: they count half their backward, the simulator's default)
-    weight = [overhead * sum(b.weight_grad if b.weight_grad > 0 else b.backward / 2
-                             for b in blocks[a:e]) for a, e in bounds]
+    weight = [overhead * sum(column.weight[a:e]) for a, e in bounds]
     comm = [blocks[e - 1].output_bytes / network.boundary(s) if not math.isinf(network.boundary(s))
             else 0.0 for s, (_, e) in enumerate(bounds[:-1])]
     reduce = [0.0] * len(bounds)
@@ -136,9 +138,7 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
         update[s] += seconds
     weight = [min(w, b) for w, b in zip(weight, backward)]  # measured W can exceed B by noise
     # I likewise; measured halves usually add up to more than one whole backward
-    inputs = [overhead * sum(b.input_grad if b.input_grad > 0 else
-                             b.backward - (b.weight_grad if b.weight_grad > 0 else b.backward / 2)
-                             for b in blocks[a:e]) for a, e in bounds]
+    inputs = [overhead * sum(column.input[a:e]) for a, e in bounds]
     if profile.runtime is not None:
         forward, backward, weight, inputs, update = _with_runtime(
             profile, bounds, forward, backward, weight, inputs, update, overhead=overhead,

@@ -17,7 +17,6 @@ micro-batch count must be a multiple of every replica count.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -26,7 +25,7 @@ from .autopipe import autopipe_search
 from .evaluate import Evaluator, Network
 from .memory import held_microbatches as planned_held
 from .partition import FeasibleFn, min_max_partition, uniform_partition
-from .pipedream import PipeDreamSolution, pipedream_partition
+from .pipedream_cache import pipedream_solution
 from .result import Partition, PlanRequest
 from .topology import Topology
 
@@ -80,11 +79,12 @@ def autopipe(request: PlanRequest) -> Partition:
 def pipedream(request: PlanRequest) -> Partition:
     profile = request.profile
     topology = request.resolved_topology()
-    solution = _pipedream_solution(
+    solution = pipedream_solution(  # remembered across power-of-two micro-batch sizes
         tuple(profile.compute), tuple(profile.parameter_bytes), tuple(profile.output_bytes),
         tuple(b.activation_bytes for b in profile.blocks),
         tuple(b.optimizer_bytes for b in profile.blocks),
-        topology, request.straight, request.allreduce_overlap, request.memory_limit,
+        topology, straight=request.straight, overlap=request.allreduce_overlap,
+        memory_limit=request.memory_limit,
     )
     rounds = math.lcm(*solution.replicas)
     microbatches = rounds * -(-request.num_microbatches // rounds)
@@ -108,21 +108,6 @@ def pipedream(request: PlanRequest) -> Partition:
             "topology": topology.to_json(),
             "straight": request.straight,
         },
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _pipedream_solution(
-    compute: tuple[float, ...], parameter_bytes: tuple[float, ...], output_bytes: tuple[float, ...],
-    activation_bytes: tuple[float, ...], optimizer_bytes: tuple[float, ...], topology: Topology,
-    straight: bool, overlap: bool, memory_limit: float | None,
-) -> PipeDreamSolution:
-    """The DP's answer, remembered: it does not depend on the micro-batch count, which
-    ``pipeweave auto`` varies for every pipeline depth (a pure function of its arguments)."""
-    return pipedream_partition(
-        compute, parameter_bytes, output_bytes, topology, straight=straight,
-        allreduce_overlap=overlap, memory_limit=memory_limit,
-        activation_bytes=activation_bytes, optimizer_bytes=optimizer_bytes,
     )
 
 

@@ -323,6 +323,8 @@ def _normalise(name: str, value: object) -> float | tuple[float, ...]:
     if isinstance(value, Sequence):
         if len(value) == 0:
             raise ValueError(f"{name} is an empty sequence; give one number or one per stage")
+        if all(type(v) is float and 0.0 <= v < math.inf for v in value):
+            return tuple(value)  # what _check_number gives each, without naming each
         return tuple(_check_number(f"{name}[{i}]", v) for i, v in enumerate(value))
     return _check_number(name, value)
 

@@ -7,7 +7,7 @@ seconds to tens of seconds: the schedule built as millions of
 :class:`~pipeweave.ir.Action` records, indexed and compiled. Here the same shape is laid
 out as columns (:func:`pipeweave.schedules.flush_arrays.flush_arrays`), compiled in numpy
 (:func:`pipeweave.sim.compiled_arrays.compile_arrays`, the same times to the last bit) and
-kept per shape (:data:`CACHE_SIZE`), and the critical path is walked back over those
+kept per shape (:data:`CACHE_SIZE`, :data:`CACHE_ACTIONS`), and the critical path is walked back over those
 columns by the rules of :mod:`pipeweave.sim.critical_path`::
 
     last compute action: each rank's last F/B/I/W, the latest end (ties: lower stage, rank)
@@ -36,11 +36,17 @@ from .compiled_arrays import compile_arrays
 from .costs import Costs, StageCosts
 from .simulator import PathTiming
 
-__all__ = ["FlushGraph", "flush_graph", "path_arrays", "CACHE_SIZE"]
+__all__ = ["FlushGraph", "flush_graph", "path_arrays", "CACHE_SIZE", "CACHE_ACTIONS"]
 
-CACHE_SIZE = 2
-"""Shapes kept (least recently used dropped): a 256-stage 1F1B of 8,192 micro-batches is a
-few hundred MB of columns, and AutoPipe times one shape many times in a row."""
+CACHE_SIZE = 16
+"""Shapes kept at most (least recently used dropped); AutoPipe times one shape many times in
+a row, and ``pipeweave auto`` asks it for the same (stages, micro-batches) again at another
+micro-batch size, other shapes between."""
+
+CACHE_ACTIONS = 2 ** 22
+"""Actions kept over every shape (about 100 bytes each: 420 MB), the least recently used
+shape dropped past it, the last one always kept: two of the largest at planning scale
+(512 stages x 2,048 micro-batches, 2M actions), what two shapes of any size were before."""
 
 FlushGraph = tuple[ArrayPrograms, Compiled, np.ndarray]
 """A shape's columns, their compiled graph and each action's producer (-1: none)."""
@@ -62,9 +68,13 @@ def flush_graph(name: str, shape: Shape) -> FlushGraph | None:
     found = None if programs is None else (programs, compile_arrays(programs),
                                            _producers(programs))
     _CACHE[key] = found
-    while len(_CACHE) > CACHE_SIZE:
+    while len(_CACHE) > CACHE_SIZE or (len(_CACHE) > 1 and _kept_actions() > CACHE_ACTIONS):
         _CACHE.popitem(last=False)
     return found
+
+
+def _kept_actions() -> int:
+    return sum(len(graph[0].op) for graph in _CACHE.values() if graph is not None)
 
 
 def _producers(programs: ArrayPrograms) -> np.ndarray:

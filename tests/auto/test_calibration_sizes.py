@@ -128,3 +128,21 @@ def test_the_calibration_fits_the_cost_with_the_other_parameters(ranks: int) -> 
                                        rounds=3, seconds=0.1)  # a calibrated profile again
     assert again_fit is not None and refit.profile.runtime is not None
     assert refit.profile.runtime.compute_per_action == pytest.approx(2e-3, rel=1e-4)
+
+
+def test_not_fitted_where_the_ranks_share_cores() -> None:
+    """Four ranks on two cores: the data-parallel plans' actions run time-sliced, which a
+    pipeline does not pay per action, so the cost is left at 0 even where the runs say one
+    (measure/calibration_sizes.py); the same runs on four cores fit it."""
+    truth = {PER_ACTION: 2e-3, "message_latency": 1e-3, "allreduce_latency": 5e-3,
+             "action_overhead": 4e-4}
+    fitted: dict[int | None, float] = {}
+    for cores in (None, 2):
+        problem = replace(_problem(4), shared_cores=cores)
+        plans = calibration_plans(problem)
+        _, fit = fit_calibration(problem, time_one=_replay(plans, truth, (1.2, 1.2, 1.2), 4),
+                                 rounds=3, seconds=0.1)
+        assert fit is not None
+        fitted[cores] = fit.fitted[PER_ACTION]
+    assert fitted[None] == pytest.approx(2e-3, rel=1e-4)
+    assert fitted[2] == 0.0

@@ -264,7 +264,7 @@ def fit_calibration(problem: AutoProblem, *,
 
     measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
-    extra = _action_compute(plans, compute)
+    extra = 0.0 if problem.shared_cores is not None else _action_compute(plans, compute)
     probed = calibration_plans(problem, actions=actions, per_action=extra) if extra > 0 \
         else plans
     found = fit_rounds(probed, {label: PARAMETERS[label] for label in plans},
@@ -278,7 +278,8 @@ def fit_calibration(problem: AutoProblem, *,
 def _action_compute(plans: Mapping[str, CalibrationPlan],
                     compute: Mapping[str, Sequence[float]]) -> float:
     """The compute each action costs beyond its profiled blocks (:mod:`.calibration_sizes`),
-    from the two data-parallel plans' measured compute; 0 without both."""
+    from the two data-parallel plans' measured compute; 0 without both (and not asked where
+    the ranks share cores: :mod:`.calibration_sizes`)."""
     if "data-parallel" not in plans or "data-parallel-small" not in plans:
         return 0.0
     return fit_action_compute(plans["data-parallel"].compute,

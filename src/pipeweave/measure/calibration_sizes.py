@@ -29,6 +29,14 @@ single-process fit's negative ``per_block`` reached at small micro-batches: 18 b
 sample), inside the compute that ``compute_scale`` multiplies
 (:func:`pipeweave.planner.evaluate.plan_costs`); the per-round fit of the scales and
 latencies (:mod:`.calibration_rounds`) then runs on top.
+
+Not fitted where the ranks outnumber the cores (``AutoProblem.shared_cores``): there every
+rank of the two data-parallel plans computes at once, so what each of their actions adds is
+the time-slicing of busy ranks, which a pipeline, whose ranks wait in turn, does not pay per
+action; ``action_overhead`` (fitted from the same small plan) prices it instead. Measured
+quietly (2026-11-27 15:19-15:39 UTC, ``benchmarks/auto_predict.py``, 18 runs at 2 and 4
+ranks): the fit was 0 in 15 runs and at most 0.34 ms at 2 ranks; its one large value, 17 ms
+at 4 ranks (gpt-small), predicted the default at 899 ms where it ran 464 ms.
 """
 
 from __future__ import annotations

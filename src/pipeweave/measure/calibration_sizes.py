@@ -35,8 +35,8 @@ rank of the two data-parallel plans computes at once, so what each of their acti
 the time-slicing of busy ranks, which a pipeline, whose ranks wait in turn, does not pay per
 action; ``action_overhead`` (fitted from the same small plan) prices it instead. Measured
 quietly (2026-11-27 15:19-15:39 UTC, ``benchmarks/auto_predict.py``, 18 runs at 2 and 4
-ranks): the fit was 0 in 15 runs and at most 0.34 ms at 2 ranks; its one large value, 17 ms
-at 4 ranks (gpt-small), predicted the default at 899 ms where it ran 464 ms.
+ranks): the fit was 0 in 14 runs and 0.14-0.34 ms in three of cnn's; its one large value,
+17 ms at 4 ranks (gpt-small), predicted the default at 899 ms where it ran 464 ms.
 """
 
 from __future__ import annotations

@@ -17,20 +17,11 @@ from pipeweave.memory.timeline import analyse_programs
 from pipeweave.planner import Plan
 from pipeweave.planner import memory_shape
 from pipeweave.planner.memory import predicted_memory
-from pipeweave.profiler import BlockProfile, Profile
 from pipeweave.schedules import Shape, available_schedules, get_info, lowered_schedule
 
+from schedule_grid import random_memory_profile
+
 SCHEDULES = [info.name for info in available_schedules() if info.synchronous]
-
-
-def _profile(seed: int, blocks: int) -> Profile:
-    rng = random.Random(seed)
-    return Profile(tuple(
-        BlockProfile(f"b{i}", 1.0, 2.0, rng.uniform(1, 50), rng.uniform(10, 500),
-                     rng.uniform(100, 5000), input_grad=1.2, weight_grad=0.8,
-                     pending_bytes=rng.uniform(0, 20), recorded_bytes=rng.uniform(0, 30),
-                     peak_memory_bytes=rng.uniform(500, 3000))
-        for i in range(blocks)), batch_size=1, input_bytes=7.0)
 
 
 def _plans(name: str) -> Iterator[Plan]:
@@ -54,7 +45,7 @@ def _plans(name: str) -> Iterator[Plan]:
 def _predict(plan: Plan, columns: bool, monkeypatch: pytest.MonkeyPatch) -> object:
     monkeypatch.setattr(memory_shape, "COLUMNS", columns)
     memory_shape.clear_shape_cache()
-    profile = _profile(plan.microbatches * 7 + len(plan.stages), plan.num_blocks)
+    profile = random_memory_profile(plan.microbatches * 7 + len(plan.stages), plan.num_blocks)
     try:
         return predicted_memory(profile, plan, batch_size=2 * plan.microbatches)
     except ValueError as error:  # a shape the schedule refuses: refused alike

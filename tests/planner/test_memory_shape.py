@@ -11,20 +11,11 @@ import pytest
 from pipeweave.planner import Plan
 from pipeweave.planner.memory import predicted_memory
 from pipeweave.planner.memory_shape import clear_shape_cache, shape_analysis
-from pipeweave.profiler import BlockProfile, Profile
 from pipeweave.schedules import available_schedules, build_schedule
 
+from schedule_grid import random_memory_profile
+
 BLOCKS = 12
-
-
-def _profile(seed: int) -> Profile:
-    rng = random.Random(seed)
-    return Profile(tuple(
-        BlockProfile(f"b{i}", 1.0, 2.0, rng.uniform(1, 50), rng.uniform(10, 500),
-                     rng.uniform(100, 5000), input_grad=1.2, weight_grad=0.8,
-                     pending_bytes=rng.uniform(0, 20), recorded_bytes=rng.uniform(0, 30),
-                     peak_memory_bytes=rng.uniform(500, 3000))
-        for i in range(BLOCKS)), batch_size=1, input_bytes=7.0)
 
 
 def _partitions(stages: int, rng: random.Random) -> list[tuple[tuple[int, int], ...]]:
@@ -44,7 +35,7 @@ def test_cached_analysis_gives_the_fresh_numbers(name: str) -> None:
     info = next(i for i in available_schedules() if i.name == name)
     chunks = info.default_chunks
     rng = random.Random(name)
-    profile = _profile(3)
+    profile = random_memory_profile(3, BLOCKS)
     splits = _partitions(2 * chunks, rng)
     # with and without recomputation: the same shape, different forwards keep their graph
     plans = [Plan(num_blocks=BLOCKS, stages=split, schedule=name, microbatches=8, chunks=chunks,
@@ -66,7 +57,7 @@ def test_partitions_of_one_shape_differ_in_bytes() -> None:
     """The cache is keyed by shape, not by plan: a different split must still change the
     numbers (a cache that returned the first plan's result would fail here)."""
     clear_shape_cache()
-    profile = _profile(5)
+    profile = random_memory_profile(5, BLOCKS)
     first = predicted_memory(profile, Plan(num_blocks=BLOCKS, stages=((0, 2), (2, 12)),
                                            schedule="1f1b", microbatches=4), batch_size=4)
     second = predicted_memory(profile, Plan(num_blocks=BLOCKS, stages=((0, 10), (10, 12)),

@@ -146,3 +146,30 @@ def test_not_fitted_where_the_ranks_share_cores() -> None:
         fitted[cores] = fit.fitted[PER_ACTION]
     assert fitted[None] == pytest.approx(2e-3, rel=1e-4)
     assert fitted[2] == 0.0
+
+
+def test_dropped_where_it_prices_the_calibration_runs_worse() -> None:
+    """Runs whose smallest micro-batches are slow for a reason that is not a cost per action
+    (here the small plan alone runs 1.5x slower, time and compute): the closed form still
+    gives a cost, but with it the default plan, which it was not fitted from, is priced far
+    off (as gpt-small's at 2 ranks, 2026-11-27: 18.8 ms an action, the default predicted at
+    368 ms where it ran 236), so the fit keeps the parameters without it."""
+    problem = _problem(2)
+    plans = calibration_plans(problem)
+    truth = {PER_ACTION: 0.0, "message_latency": 1e-3, "allreduce_latency": 5e-3,
+             "action_overhead": 0.0}
+    honest = _replay(plans, truth, (1.2, 1.2, 1.2), 2)
+
+    def slow_small(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
+        seconds, ranks = honest(label, plan, steps)
+        factor = 1.5 if label == "data-parallel-small" else 1.0
+        return seconds * factor, [r * factor for r in ranks]
+
+    at = {**truth, "compute_scale": 1.2}
+    assert round_action_compute(action_compute(plans["data-parallel"].compute),
+                                action_compute(plans["data-parallel-small"].compute),
+                                plans["data-parallel"].compute(at),
+                                1.5 * plans["data-parallel-small"].compute(at)) > 1e-3
+    _, fit = fit_calibration(problem, time_one=slow_small, rounds=3, seconds=0.1)
+    assert fit is not None
+    assert fit.fitted[PER_ACTION] == 0.0

@@ -264,15 +264,29 @@ def fit_calibration(problem: AutoProblem, *,
 
     measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
+    names = {label: PARAMETERS[label] for label in plans}
+    times = {label: rounds.times for label, rounds in measured.items()}
+    found = fit_rounds(plans, names, times, compute)
     extra = 0.0 if problem.shared_cores is not None else _action_compute(plans, compute)
-    probed = calibration_plans(problem, actions=actions, per_action=extra) if extra > 0 \
-        else plans
-    found = fit_rounds(probed, {label: PARAMETERS[label] for label in plans},
-                       {label: rounds.times for label, rounds in measured.items()}, compute)
+    if extra > 0:  # kept only where it prices the calibration's own runs better
+        probed = calibration_plans(problem, actions=actions, per_action=extra)
+        with_extra = fit_rounds(probed, names, times, compute)
+        if _missed(probed, with_extra.fitted, measured) < _missed(plans, found.fitted, measured):
+            found = with_extra
+        else:
+            extra = 0.0
     fitted = {**found.fitted, PER_ACTION: extra}
     fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute, rounds=found.rounds,
                          predicted_before={label: p.predicted for label, p in plans.items()})
     return with_fit(problem, fitted), fit
+
+
+def _missed(plans: Mapping[str, CalibrationPlan], fitted: Mapping[str, float],
+            measured: Mapping[str, Rounds]) -> float:
+    """The calibration plans' relative errors, summed: each simulated at ``fitted`` against
+    its measured median."""
+    return sum(abs(plan.iteration(fitted) - measured[label].median) / measured[label].median
+               for label, plan in plans.items())
 
 
 def _action_compute(plans: Mapping[str, CalibrationPlan],

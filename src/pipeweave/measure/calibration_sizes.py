@@ -30,6 +30,13 @@ sample), inside the compute that ``compute_scale`` multiplies
 (:func:`pipeweave.planner.evaluate.plan_costs`); the per-round fit of the scales and
 latencies (:mod:`.calibration_rounds`) then runs on top.
 
+Kept only where it prices the calibration's own runs better: the parameters are fitted with
+and without it, and it stays if the calibration plans' summed relative errors are smaller
+with it (:func:`.calibration_runs.fit_calibration`). The default plan is not one it is
+fitted from, so it is the check: on gpt-small at 2 ranks (2026-11-27, quiet,
+``benchmarks/auto.py``) the closed form gave 18.8 ms an action and the default, which ran
+236 ms, was predicted at 368 ms.
+
 Not fitted where the ranks outnumber the cores (``AutoProblem.shared_cores``): there every
 rank of the two data-parallel plans computes at once, so what each of their actions adds is
 the time-slicing of busy ranks, which a pipeline, whose ranks wait in turn, does not pay per

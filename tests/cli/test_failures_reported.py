@@ -191,7 +191,7 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path: Path) -> None:
     else:  # -SIGINT: before Python listened at all (no output), or after our one line (1 test
         # of a CI run, 2 of 10 runs under load, 2026-11-27, when the Ctrl-C could land inside
         # torch's import). Since the command line holds a Ctrl-C until its command's modules
-        # are imported (cli/main._interrupts_held: a CI run had seen the interrupt swallowed
+        # are imported (cli/main, pipeweave.interrupts.ctrl_c_deferred: a CI run had seen the interrupt swallowed
         # there and the run fail later on a half-imported numpy), 10 of 10 runs interrupted
         # 0.2-3.2 s in ended 130 with the one line. Never a traceback.
         assert stderr in ("", "pipeweave: error: interrupted (Ctrl-C)\n")

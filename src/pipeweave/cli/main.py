@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from .. import __version__
 from ..collector import exit_without_collection
+from ..interrupts import ctrl_c_deferred
 
 __all__ = ["COMMANDS", "INTERRUPTED", "build_parser", "main", "entry", "HelpFormatter"]
 
@@ -92,7 +90,7 @@ def entry() -> None:
 
 
 def _run(argv: list[str] | None) -> int:
-    with _interrupts_held():  # the command's modules import torch, numpy (seconds)
+    with ctrl_c_deferred():  # the command's modules import torch, numpy (seconds)
         parser = build_parser(_asked(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
@@ -109,29 +107,6 @@ def _run(argv: list[str] | None) -> int:
         return 2
     except BrokenPipeError:  # e.g. `pipeweave show ... | head`
         return 0
-
-
-@contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """A Ctrl-C while the body runs is held and raised as ``KeyboardInterrupt`` when it ends.
-
-    Raised inside torch's or numpy's import, a ``KeyboardInterrupt`` can be swallowed by a
-    library's bare ``except`` and leave a half-imported module behind: the run then went on
-    and failed later with ``module 'numpy' has no attribute 'iterable'`` (a CI run,
-    2026-11-27). Held, it ends the command with the one line once the imports are whole.
-    Only on the main thread, where Python's own handler is installed; else as it was."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    held: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if held:
-        raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

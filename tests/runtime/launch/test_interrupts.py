@@ -1,18 +1,15 @@
 """Ctrl-C around local ranks (runtime/launch/interrupts.py): the fork server and the ranks it
-forks ignore SIGINT until a rank listens, and a Ctrl-C while the launcher starts ranks is held,
-not lost."""
+forks ignore SIGINT until a rank listens. Holding a Ctrl-C while the launcher starts ranks is
+tests/test_ctrl_c_deferred.py's."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from pipeweave.runtime.launch.interrupts import ctrl_c_deferred
 
 SRC = Path(__file__).resolve().parents[3] / "src"
 
@@ -47,19 +44,3 @@ def test_ranks_forked_by_the_fork_server_ignore_ctrl_c_until_they_listen(tmp_pat
                           env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=100)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(True, True)"
-
-
-def test_a_ctrl_c_while_deferred_is_raised_on_leaving() -> None:
-    reached = []
-    with pytest.raises(KeyboardInterrupt):
-        with ctrl_c_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            reached.append("after the signal")  # not interrupted here
-    assert reached == ["after the signal"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-def test_a_ctrl_c_while_stopping_is_dropped() -> None:
-    with ctrl_c_deferred(replay=False):
-        os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

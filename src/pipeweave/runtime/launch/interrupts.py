@@ -9,25 +9,19 @@ default handler turns each into a ``KeyboardInterrupt`` traceback on the termina
   forks inherit that, and stay deaf to Ctrl-C until :func:`listen_for_ctrl_c` (the first
   thing a rank does inside pipeweave's own error handling). The launcher alone decides how
   the run stops, and stops the ranks itself.
-* :func:`ctrl_c_deferred` holds a Ctrl-C to the launcher while it starts the ranks, so it
+* :func:`ctrl_c_deferred` (from :mod:`pipeweave.interrupts`, torch-free) holds a Ctrl-C to the launcher while it starts the ranks, so it
   never lands between two process starts (leaving ranks it does not know of), and raises it
   right after.
 """
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import threading
-from collections.abc import Iterator
 from multiprocessing import forkserver, resource_tracker
 
+from ...interrupts import ctrl_c_deferred, in_main_thread
+
 __all__ = ["start_forkserver_deaf", "ctrl_c_deferred", "listen_for_ctrl_c"]
-
-
-def _in_main_thread() -> bool:
-    """Signal handlers can only be changed there; elsewhere these helpers do nothing."""
-    return threading.current_thread() is threading.main_thread()
 
 
 def start_forkserver_deaf() -> None:
@@ -36,7 +30,7 @@ def start_forkserver_deaf() -> None:
     millisecond the fork server takes to start is lost (another one works); one already
     running fork server is left as it is."""
     resource_tracker.ensure_running()  # first, outside that millisecond (it ignores SIGINT)
-    if not _in_main_thread():
+    if not in_main_thread():
         forkserver.ensure_running()
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -44,24 +38,6 @@ def start_forkserver_deaf() -> None:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-@contextlib.contextmanager
-def ctrl_c_deferred(*, replay: bool = True) -> Iterator[None]:
-    """Within the block, a SIGINT is noted instead of raised; on leaving, it is handed to the
-    handler that was in place (``KeyboardInterrupt`` by default), or with ``replay`` False
-    dropped (while the launcher is already stopping the run)."""
-    if not _in_main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught and replay and callable(previous):
-            previous(signal.SIGINT, None)
 
 
 def listen_for_ctrl_c() -> None:

@@ -109,11 +109,11 @@ def _no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeweave.cli import cmd_auto, cmd_profile, cmd_tune
     from pipeweave.measure import calibration, profiles
 
-    for module, name in ((profiles, "profile_builtin"), (cmd_profile, "profile_builtin"),
+    for module, name in ((profiles, "profile_builtin_sizes"), (cmd_profile, "profile_builtin"),
                          (calibration, "calibrate"), (cmd_profile, "calibrate"),
                          (cmd_profile, "measure_link"), (cmd_tune, "tuning_profile"),
                          (cmd_tune, "builtin_model"), (cmd_auto, "calibrate"),
-                         (cmd_auto, "fit_calibration"), (cmd_auto, "profile_model")):
+                         (cmd_auto, "fit_calibration"), (cmd_auto, "profile_sizes")):
         monkeypatch.setattr(module, name, forbidden)
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
 from ..measure import (RUN_ROUNDS, TIMED_SECONDS, CalibrationFit, auto_microbatch_sizes,
                        calibrate, calibration_skipped, check_steps, fit_calibration,
-                       measure_predictions, plan_timer, profile_model)
+                       measure_predictions, plan_timer, profile_sizes)
 from ..models import available_models
 from ..planner import Topology
 from ..planner.sharding import SHARD_MODES
@@ -176,7 +176,8 @@ def _say(text: str) -> None:
 
 def _profiles(args: argparse.Namespace) -> list[Profile]:
     """The given profiles, or the model profiled at the sizes
-    :func:`~pipeweave.measure.auto_microbatch_sizes` gives; the first calibrated unless
+    :func:`~pipeweave.measure.auto_microbatch_sizes` gives (their timed runs interleaved,
+    :func:`~pipeweave.measure.profile_sizes`); the first calibrated unless
     ``--no-calibration``."""
     model, overrides = chosen_model(args)
     if args.profile is not None:
@@ -185,15 +186,15 @@ def _profiles(args: argparse.Namespace) -> list[Profile]:
                     for path in args.profile]
     else:
         assert model is not None  # check_profile_source: a model or a profile
-        profiles = []
-        for size in auto_microbatch_sizes(batch_size=args.batch_size, ranks=args.ranks,
-                                          microbatches=_counts(args.microbatches)):
-            _say(f"profiling {model} at {size} samples per micro-batch ...")
-            started = time.perf_counter()
-            profiles.append(profile_model(model=model, batch_size=size, ranks=args.ranks,
-                                          device=args.device, overrides=overrides))
-            _say(f"profiled {profiles[-1].num_blocks} blocks in "
-                 f"{time.perf_counter() - started:.1f} s")
+        sizes = auto_microbatch_sizes(batch_size=args.batch_size, ranks=args.ranks,
+                                      microbatches=_counts(args.microbatches))
+        _say(f"profiling {model} at {', '.join(map(str, sizes))} samples per micro-batch, "
+             "interleaved ...")
+        started = time.perf_counter()
+        profiles = list(profile_sizes(model=model, batch_sizes=sizes, ranks=args.ranks,
+                                      device=args.device, overrides=overrides))
+        _say(f"profiled {profiles[0].num_blocks} blocks at {len(sizes)} sizes in "
+             f"{time.perf_counter() - started:.1f} s")
     if model is not None and not args.no_calibration:
         profiles[0] = _calibrated(profiles[0], model, overrides, args.device)
     return profiles

@@ -28,7 +28,8 @@ from .compare import RUN_ROUNDS, compare_predictions, measure_predictions
 from .pilot import check_pilot, pilot_finalists, pilot_plan
 from .plan_run import (Measured, check_steps, measure_plan, measure_prediction, peak_memory,
                        plan_job, plan_timer)
-from .profiles import DEFAULT_MICROBATCH, auto_microbatch_sizes, local_shared_cores, profile_model
+from .profiles import (DEFAULT_MICROBATCH, auto_microbatch_sizes, local_shared_cores, profile_model,
+                       profile_sizes)
 from .runtime_costs import fit_runtime_costs, measure_runtime_costs
 from .tune_model import LOOPBACK_BANDWIDTH, builtin_model, profile_cache
 from .tune_profile import SOURCES, UTILISATIONS, tuning_profile
@@ -39,7 +40,7 @@ __all__ = ["Rounds", "alternate", "round_steps", "CalibrationFit", "calibration_
            "measure_predictions", "peak_memory", "plan_timer", "calibrate", "calibration_skipped", "fit_runtime_costs", "measure_runtime_costs",
            "TIMED_SECONDS", "timed_steps", "Measured", "check_steps", "measure_plan",
            "measure_prediction", "plan_job", "check_pilot", "pilot_plan", "pilot_finalists",
-           "DEFAULT_MICROBATCH", "auto_microbatch_sizes",
+           "DEFAULT_MICROBATCH", "auto_microbatch_sizes", "profile_sizes",
            "local_shared_cores", "profile_model", "LOOPBACK_BANDWIDTH", "builtin_model",
            "profile_cache", "SOURCES", "UTILISATIONS", "tuning_profile", "RealRun",
            "profile_real_run", "run_setting"]

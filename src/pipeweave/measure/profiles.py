@@ -3,8 +3,9 @@
 :func:`profile_model` is :func:`pipeweave.profiler.measure.profile_builtin` with the intra-op
 threads one of ``ranks`` local ranks gets (CPU) and, when the ranks outnumber the cores, timed
 under that many co-located processes (:mod:`pipeweave.profiler.colocated`). ``pipeweave plan``,
-``placement``, ``simulate`` and ``auto`` profile with it; ``auto`` at
-:func:`auto_microbatch_sizes` (the default plan's and every other a candidate uses).
+``placement`` and ``simulate`` profile with it; ``auto`` with :func:`profile_sizes` at
+:func:`auto_microbatch_sizes` (the default plan's and every other a candidate uses), the
+sizes timed interleaved.
 :func:`local_shared_cores` is the core count those local ranks share (``--shared-cores
 auto``).
 """
@@ -17,9 +18,10 @@ from typing import Any
 from ..host import machine_cores, threads_per_rank
 from ..profiler import Profile
 from ..profiler.colocated import needed_colocation
-from ..profiler.measure import profile_builtin
+from ..profiler.measure import profile_builtin_sizes
 
-__all__ = ["DEFAULT_MICROBATCH", "auto_microbatch_sizes", "local_shared_cores", "profile_model"]
+__all__ = ["DEFAULT_MICROBATCH", "auto_microbatch_sizes", "local_shared_cores", "profile_model",
+           "profile_sizes"]
 
 DEFAULT_MICROBATCH = 4
 """Samples per micro-batch ``pipeweave auto`` profiles at when neither ``--batch-size`` nor
@@ -30,10 +32,19 @@ def profile_model(*, model: str, batch_size: int, ranks: int, device: str = "cpu
                   overrides: Mapping[str, Any] | None = None) -> Profile:
     """``model`` profiled at ``batch_size`` samples per micro-batch for ``ranks`` local
     ranks on ``device`` (module docstring); no link, no runtime costs."""
-    return profile_builtin(model, batch_size=batch_size, device=device,
-                           threads=threads_per_rank(ranks) if device == "cpu" else None,
-                           colocated_ranks=needed_colocation(ranks, device),
-                           overrides=dict(overrides or {}))
+    return profile_sizes(model=model, batch_sizes=(batch_size,), ranks=ranks, device=device,
+                         overrides=overrides)[0]
+
+
+def profile_sizes(*, model: str, batch_sizes: Sequence[int], ranks: int, device: str = "cpu",
+                  overrides: Mapping[str, Any] | None = None) -> tuple[Profile, ...]:
+    """:func:`profile_model` at each of ``batch_sizes``, the sizes' timed runs interleaved
+    (:func:`pipeweave.profiler.measure.profile_builtin_sizes`: one moment's load slows every
+    size alike)."""
+    return profile_builtin_sizes(model, batch_sizes=batch_sizes, device=device,
+                                 threads=threads_per_rank(ranks) if device == "cpu" else None,
+                                 colocated_ranks=needed_colocation(ranks, device),
+                                 overrides=dict(overrides or {}))
 
 
 def auto_microbatch_sizes(*, batch_size: int | None, ranks: int,

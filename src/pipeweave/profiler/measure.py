@@ -47,7 +47,7 @@ import copy
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -65,7 +65,8 @@ from ..host import machine_cores
 from .apc_rate import measure_apc_rate
 from .profile import EXCLUDED, BlockProfile, Profile, TieProfile
 
-__all__ = ["profile_model", "profile_block", "profile_builtin", "tensor_bytes", "OPTIMIZERS"]
+__all__ = ["profile_model", "profile_model_sizes", "profile_block", "profile_builtin",
+           "profile_builtin_sizes", "tensor_bytes", "OPTIMIZERS"]
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
@@ -98,18 +99,41 @@ def profile_model(
     (on CPU give what one rank will use: cores / ranks per machine); ``precision`` as the run
     will use it (module docstring).
     """
+    return profile_model_sizes(spec, [(inputs, targets)], device=device, warmup=warmup,
+                               repeats=repeats, optimizer=optimizer, threads=threads,
+                               precision=precision)[0]
+
+
+def profile_model_sizes(
+    spec: ModelSpec,
+    batches: Sequence[tuple[Tensor, Tensor | None]],
+    *,
+    device: str = "cpu",
+    warmup: int = 2,
+    repeats: int = 5,
+    optimizer: str = "adam",
+    threads: int | None = None,
+    precision: str = "full",
+) -> tuple[Profile, ...]:
+    """:func:`profile_model` of each ``(inputs, targets)`` micro-batch of ``batches`` (one
+    per micro-batch size), one profile each, their timed runs interleaved: each block's
+    forward and backward are timed round by round, one run of every size a round, so that
+    a load that comes and goes while profiling slows every size alike and the sizes' ratio
+    (:mod:`pipeweave.auto.scaling`'s lines) stays what the device gives (``pipeweave auto``:
+    profiled one size after the other under a varying load, gpt-tiny's profiles at 1 and 4
+    samples disagreed 2x between runs)."""
+    if not batches:
+        raise ValueError("profile_model_sizes needs at least one (inputs, targets) batch")
     check_precision(precision, dtype=next((p.dtype for b in spec.blocks for p in b.parameters()
                                            if p.is_floating_point()), torch.float32))
     if threads is None:
-        return _profile_model(spec, inputs, targets, device, warmup, repeats, optimizer,
-                              precision)
+        return _profile_model(spec, batches, device, warmup, repeats, optimizer, precision)
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _profile_model(spec, inputs, targets, device, warmup, repeats, optimizer,
-                              precision)
+        return _profile_model(spec, batches, device, warmup, repeats, optimizer, precision)
     finally:
         torch.set_num_threads(previous)
 
@@ -141,8 +165,9 @@ def _loss_in_precision(loss_fn: Callable[[Tensor, Tensor], Tensor],
     return loss
 
 
-def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, device: str,
-                   warmup: int, repeats: int, optimizer: str, precision: str) -> Profile:
+def _profile_model(spec: ModelSpec, batches: Sequence[tuple[Tensor, Tensor | None]],
+                   device: str, warmup: int, repeats: int, optimizer: str,
+                   precision: str) -> tuple[Profile, ...]:
     if warmup < 0 or repeats < 1:
         raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
     if optimizer not in OPTIMIZERS:
@@ -152,20 +177,35 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
     target = torch.device(device)
     blocks = [_in_precision(copy.deepcopy(block).to(target).train(), precision)
               for block in spec.blocks]
-    x = cast_input(inputs.to(target), precision)
-    y = cast_input(targets.to(target), precision) if targets is not None else None
+    xs = [cast_input(inputs.to(target), precision) for inputs, _ in batches]
+    ys = [cast_input(y.to(target), precision) if y is not None else None for _, y in batches]
     model_loss = _loss_in_precision(spec.loss_fn, precision)
-    profiles, spreads, signatures = [], {}, []
+    found: list[list[tuple[BlockProfile, float, tuple[Any, ...]]]] = [[] for _ in batches]
     for index, (name, block) in enumerate(zip(spec.block_names, blocks)):
-        loss_fn = model_loss if index == len(blocks) - 1 and y is not None else None
-        profiled, spreads[name] = measure_block(block, x, name=name, loss_fn=loss_fn, targets=y,
-                                                warmup=warmup, repeats=repeats,
-                                                optimizer=optimizer)
-        profiles.append(profiled)
-        with torch.no_grad():
-            x_in, x = x, block(x)
-        signatures.append(_signature(getattr(block, "block", block), x_in, x,
-                                     last=loss_fn is not None))
+        last = index == len(blocks) - 1
+        loss_fns = [model_loss if last and y is not None else None for y in ys]
+        runs = _timed_runs(block, xs, loss_fns, ys, warmup=warmup, repeats=repeats)
+        for k, (x, y, loss_fn) in enumerate(zip(xs, ys, loss_fns)):
+            profiled, spread = _block_profile(block, x, runs[k], name=name, loss_fn=loss_fn,
+                                              targets=y, repeats=repeats, optimizer=optimizer)
+            with torch.no_grad():
+                xs[k] = block(x)
+            found[k].append((profiled, spread, _signature(getattr(block, "block", block), x,
+                                                          xs[k], last=loss_fn is not None)))
+    return tuple(_assembled(spec, blocks, inputs, rows, device=device, target=target,
+                            warmup=warmup, repeats=repeats, optimizer=optimizer,
+                            precision=precision)
+                 for (inputs, _), rows in zip(batches, found))
+
+
+def _assembled(spec: ModelSpec, blocks: list[nn.Module], inputs: Tensor,
+               rows: list[tuple[BlockProfile, float, tuple[Any, ...]]], *, device: str,
+               target: torch.device, warmup: int, repeats: int, optimizer: str,
+               precision: str) -> Profile:
+    """The profile of one micro-batch size from its blocks' profiles, spreads and
+    signatures (:func:`unalike_twins`)."""
+    profiles = [profiled for profiled, _, _ in rows]
+    spreads = {profiled.name: spread for profiled, spread, _ in rows}
     largest = max(p.output_bytes for p in profiles)
     return Profile(
         blocks=tuple(profiles), ties=_ties(spec, blocks), model=spec.name,
@@ -178,7 +218,8 @@ def _profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, devi
                   "optimizer": optimizer, "torch": torch.__version__,
                   "threads": torch.get_num_threads(), "cores": machine_cores(),
                   "peak_memory": "measured", "activation_bytes": EXCLUDED,
-                  "spread": spreads, "warnings": unalike_twins(profiles, signatures)},
+                  "spread": spreads,
+                  "warnings": unalike_twins(profiles, [s for _, _, s in rows])},
     )
 
 
@@ -267,7 +308,17 @@ def measure_block(
 ) -> tuple[BlockProfile, float]:
     """:func:`profile_block` and the spread of its timed runs (:func:`_spread`), repeated
     until the spread is within ``SPREAD_GOAL`` or ``MAX_REPEAT_FACTOR * repeats`` runs."""
-    runs = _timed_runs(block, inputs, loss_fn, targets, warmup=warmup, repeats=repeats)
+    (runs,) = _timed_runs(block, [inputs], [loss_fn], [targets], warmup=warmup, repeats=repeats)
+    return _block_profile(block, inputs, runs, name=name, loss_fn=loss_fn, targets=targets,
+                          repeats=repeats, optimizer=optimizer)
+
+
+def _block_profile(block: nn.Module, inputs: Tensor, runs: list[_Run], *, name: str,
+                   loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
+                   targets: Tensor | None, repeats: int,
+                   optimizer: str) -> tuple[BlockProfile, float]:
+    """The block's profile on ``inputs`` from its timed ``runs`` (their medians) and the
+    facts measured here, and the runs' spread."""
     parameters = sum(tensor_bytes(p) for p in block.parameters())
     optimizer_bytes, update = _optimizer_step(block, inputs, loss_fn, targets, optimizer, repeats)
     input_grad, weight_grad, pending, recorded = _split_times(block, inputs, loss_fn, targets,
@@ -306,26 +357,33 @@ class _Run(NamedTuple):
     output_bytes: int
 
 
-def _timed_runs(block: nn.Module, inputs: Tensor,
-                loss_fn: Callable[[Tensor, Tensor], Tensor] | None, targets: Tensor | None, *,
-                warmup: int, repeats: int) -> list[_Run]:
-    """The timed runs after ``warmup`` untimed ones: ``repeats`` of them, more (up to
-    ``MAX_REPEAT_FACTOR * repeats``) while their spread exceeds ``SPREAD_GOAL``."""
+def _timed_runs(block: nn.Module, inputs: Sequence[Tensor],
+                loss_fns: Sequence[Callable[[Tensor, Tensor], Tensor] | None],
+                targets: Sequence[Tensor | None], *, warmup: int,
+                repeats: int) -> list[list[_Run]]:
+    """The timed runs of the block on each of ``inputs`` (one per micro-batch size), after
+    ``warmup`` untimed rounds: ``repeats`` rounds, more (up to ``MAX_REPEAT_FACTOR *
+    repeats``) while any size's spread exceeds ``SPREAD_GOAL``. A round runs every size once,
+    in turn (the order reversed every other round), so each size has as many runs as the
+    others, taken under the same load, and their medians come from the same rounds."""
     weights = frozenset(t.untyped_storage().data_ptr()
                         for t in (*block.parameters(), *block.buffers()))
-    runs: list[_Run] = []
+    runs: list[list[_Run]] = [[] for _ in inputs]
+    order = list(zip(runs, inputs, loss_fns, targets))
     done = 0
 
     def more() -> bool:
         if done < warmup + repeats:
             return True
         return (done < warmup + MAX_REPEAT_FACTOR * repeats
-                and _spread([run.forward + run.backward for run in runs]) > SPREAD_GOAL)
+                and any(_spread([run.forward + run.backward for run in size]) > SPREAD_GOAL
+                        for size in runs))
 
     while more():
-        run = _timed_run(block, inputs, loss_fn, targets, weights)
-        if done >= warmup:
-            runs.append(run)
+        for kept, x, loss_fn, y in (order if done % 2 == 0 else order[::-1]):
+            run = _timed_run(block, x, loss_fn, y, weights)
+            if done >= warmup:
+                kept.append(run)
         done += 1
     return runs
 
@@ -543,6 +601,31 @@ def profile_builtin(
     ranks sharing the cores (``PlanRequest(shared_cores=...)``). ``precision``: as the run
     will train (module docstring; the co-located steps are timed in full precision only).
     """
+    return profile_builtin_sizes(name, batch_sizes=(batch_size,), seq_len=seq_len,
+                                 device=device, warmup=warmup, repeats=repeats,
+                                 optimizer=optimizer, seed=seed, overrides=overrides,
+                                 threads=threads, colocated_ranks=colocated_ranks,
+                                 precision=precision)[0]
+
+
+def profile_builtin_sizes(
+    name: str,
+    *,
+    batch_sizes: Sequence[int],
+    seq_len: int | None = None,
+    device: str = "cpu",
+    warmup: int = 2,
+    repeats: int = 5,
+    optimizer: str = "adam",
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+    threads: int | None = None,
+    colocated_ranks: int = 1,
+    precision: str = "full",
+) -> tuple[Profile, ...]:
+    """:func:`profile_builtin` at each of ``batch_sizes`` samples per micro-batch, one
+    profile each, the blocks' timed runs of all sizes interleaved
+    (:func:`profile_model_sizes`); the co-located steps are timed per size after."""
     from ..data import SEQUENCE_DATASETS, build_dataset
     from ..models import build_model, default_seq_len
     from .colocated import colocated_slowdown, sharing_overhead
@@ -558,17 +641,20 @@ def profile_builtin(
     dataset = spec.dataset or "digits"
     if dataset in SEQUENCE_DATASETS and seq_len is None:
         seq_len = default_seq_len(name, **(overrides or {}))
-    inputs, targets = next(iter(build_dataset(dataset, batch_size=batch_size, seq_len=seq_len,
-                                              seed=seed)))
-    profile = profile_model(spec, inputs, targets, device=device, warmup=warmup,
-                            repeats=repeats, optimizer=optimizer, threads=threads,
-                            precision=precision)
+    batches = [next(iter(build_dataset(dataset, batch_size=size, seq_len=seq_len, seed=seed)))
+               for size in batch_sizes]
+    profiles = profile_model_sizes(spec, batches, device=device, warmup=warmup,
+                                   repeats=repeats, optimizer=optimizer, threads=threads,
+                                   precision=precision)
     if colocated_ranks == 1:
-        return profile
-    slowdown = colocated_slowdown(spec, inputs, targets, ranks=colocated_ranks,
-                                  batch_size=batch_size, seq_len=seq_len, overrides=overrides,
-                                  threads=threads or torch.get_num_threads(), seed=seed)
-    overhead = sharing_overhead(slowdown, colocated_ranks, profile.metadata["cores"])
-    return replace(profile, metadata={
-        **profile.metadata, "colocated_ranks": colocated_ranks, "colocated_slowdown": slowdown,
-        "sharing_overhead": overhead})
+        return profiles
+    found = []
+    for size, (inputs, targets), profile in zip(batch_sizes, batches, profiles):
+        slowdown = colocated_slowdown(spec, inputs, targets, ranks=colocated_ranks,
+                                      batch_size=size, seq_len=seq_len, overrides=overrides,
+                                      threads=threads or torch.get_num_threads(), seed=seed)
+        overhead = sharing_overhead(slowdown, colocated_ranks, profile.metadata["cores"])
+        found.append(replace(profile, metadata={
+            **profile.metadata, "colocated_ranks": colocated_ranks,
+            "colocated_slowdown": slowdown, "sharing_overhead": overhead}))
+    return tuple(found)

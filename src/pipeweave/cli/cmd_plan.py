@@ -15,6 +15,9 @@ report: ``stages`` (block ranges), ``replicas``, ``balance`` (max/mean stage tim
 method's own numbers (``shared_cores`` and ``sharing_overhead`` when the cores are shared),
 with the plan under ``plan``.
 ``--out`` writes only the plan, which ``Plan.load`` / ``pipeweave train --plan`` read.
+``--slicer`` prices the Slicer's halves (Algorithm 2's ``k`` and the simulated iteration)
+from the profile at half the micro-batch, as ``auto`` and ``simulate`` do: with ``--model``
+both sizes are profiled, interleaved; a ``--profile`` is scaled to half its micro-batch.
 """
 
 from __future__ import annotations
@@ -105,14 +108,41 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
     return limit, topology
 
 
+def _profiles(args: argparse.Namespace) -> tuple[Profile, Profile | None]:
+    """The profile, and with ``--slicer`` the profile at half its micro-batch (``ceil(b /
+    2)`` samples) to price the Slicer's halves by: with ``--model``, both sizes profiled now,
+    their timed runs interleaved; with ``--profile``, the profile scaled to it
+    (:mod:`pipeweave.auto.scaling`, as ``pipeweave simulate`` prices them)."""
+    if not args.slicer:
+        return profile_from_args(args, ranks=args.ranks), None
+    if args.profile is not None:
+        from dataclasses import replace
+
+        from ..auto.scaling import scaled_profile
+
+        profile = profile_from_args(args, ranks=args.ranks)
+        sized = profile if profile.batch_size else replace(profile, batch_size=2)  # unknown: even
+        assert sized.batch_size is not None
+        return profile, scaled_profile(sized, max(1, (sized.batch_size + 1) // 2))
+    from ..measure import profile_sizes
+    from .model_options import chosen_model
+
+    model, overrides = chosen_model(args)
+    assert model is not None  # check_profile_source: a model or a profile
+    sizes = (args.batch_size, max(1, (args.batch_size + 1) // 2))
+    profiles = profile_sizes(model=model, batch_sizes=sizes if sizes[1] < sizes[0] else sizes[:1],
+                             ranks=args.ranks, device=args.device, overrides=overrides)
+    return profiles[0], profiles[-1]
+
+
 def run(args: argparse.Namespace) -> int:
     limit, topology = _check(args)
-    profile = profile_from_args(args, ranks=args.ranks)
+    profile, half = _profiles(args)
     request = PlanRequest(
         profile=profile, ranks=args.ranks, microbatches=args.microbatches,
         memory_limit=limit, topology=topology, straight=args.straight, slicer=args.slicer, schedule=args.schedule,
         allreduce_overlap=not args.sum_allreduce,
-        shared_cores=shared_cores(args.shared_cores, profile, args.ranks),
+        shared_cores=shared_cores(args.shared_cores, profile, args.ranks), half_profile=half,
     )
     result = make_plan(request, args.method)
     _check_ties(result.plan, profile)

@@ -176,10 +176,10 @@ def _sliced(costs: Costs, profile: Profile, bounds: tuple[tuple[int, int], ...],
             network: Network) -> Costs:
     """``costs`` of a Slicer schedule with its halves priced as ``auto`` prices them: the
     profile at half the micro-batch, the runtime's fixed costs paid by each half's F
-    (:func:`pipeweave.auto.half_costs.halves_at`), not half the whole."""
+    (:func:`pipeweave.planner.slicer_halves.halves_at`), not half the whole."""
     from dataclasses import replace
 
-    from ..auto.half_costs import halves_at
+    from ..planner.slicer_halves import halves_at
     from ..auto.scaling import scaled_profile
     from ..planner.evaluate import plan_costs
 

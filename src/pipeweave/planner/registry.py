@@ -25,9 +25,11 @@ from typing import Any
 from .plan import Plan
 from ..schedules import available_schedules, get_info
 from ..schedules.sliced import slicer_count
-from ..sim import SimulationResult
+from ..sim import Costs, SimulationResult, simulate
 from . import methods
-from .evaluate import Evaluator, Network, sharing_overhead_of
+from .evaluate import Evaluator, Network, plan_costs, sharing_overhead_of
+from .partition import Bounds
+from .slicer_halves import halves_at
 from .memory import predicted_memory
 from .result import Partition, PlanRequest, PlanResult
 
@@ -162,12 +164,25 @@ def _simulate(request: PlanRequest, partition: Partition, network: Network,
     evaluator = Evaluator(request.profile, partition.schedule, len(partition.bounds),
                           microbatches, network, partition.replicas,
                           dict(partition.schedule_options))
-    return evaluator(partition.bounds)
+    if request.half_profile is None or get_info(partition.schedule).sliced != partition.schedule:
+        return evaluator(partition.bounds)
+    return simulate(evaluator.built(), _sliced_costs(request, partition.bounds, network))
+
+
+def _sliced_costs(request: PlanRequest, bounds: Bounds, network: Network) -> Costs:
+    """The stages' costs, with their halves priced from ``request.half_profile`` where there
+    is one (:func:`.slicer_halves.halves_at`), else half the whole (the simulator's default)."""
+    costs = plan_costs(request.profile, bounds, network)
+    if request.half_profile is None:
+        return costs
+    return halves_at(costs, len(bounds), request.half_profile,
+                     lambda profile: plan_costs(profile, bounds, network))
 
 
 def _apply_slicer(request: PlanRequest, partition: Partition, network: Network,
                   details: dict[str, Any]) -> Partition:
-    """AutoPipe's Slicer (autopipe.txt §III-C): ``sliced-1f1b`` with Algorithm 2's ``k``."""
+    """AutoPipe's Slicer (autopipe.txt §III-C): ``sliced-1f1b`` with Algorithm 2's ``k``,
+    from the stages' costs and their halves' (:func:`_sliced_costs`)."""
     sliced = get_info(partition.schedule).sliced
     if sliced is None or partition.replicas is not None:
         raise ValueError(
@@ -176,14 +191,14 @@ def _apply_slicer(request: PlanRequest, partition: Partition, network: Network,
             "Drop --slicer, or plan with a 1F1B method (uniform, parameters, time, autopipe)"
         )
     microbatches = partition.microbatches or request.num_microbatches
-    blocks = request.profile.blocks
-    forward = [sum(b.forward for b in blocks[a:e]) for a, e in partition.bounds]
-    backward = [sum(b.backward for b in blocks[a:e]) for a, e in partition.bounds]
+    costs = _sliced_costs(request, partition.bounds, network).resolve(len(partition.bounds))
     transfers = [request.profile.blocks[e - 1].output_bytes / network.boundary(s)
                  for s, (_, e) in enumerate(partition.bounds[:-1])]
     # Algorithm 2 takes one Comm for every boundary (§III-B): the mean transfer time.
     comm = network.latency + (sum(transfers) / len(transfers) if transfers else 0.0)
-    k = min(slicer_count(forward, backward, comm), microbatches)
+    k = min(slicer_count(costs.forward, costs.backward, comm,
+                         half_forward=costs.half_forward or None,
+                         half_backward=costs.half_backward or None), microbatches)
     plain = _simulate(request, replace(partition, schedule="1f1b"), network, microbatches)
     details["sliced"] = k
     details["iteration_time_without_slicer"] = plain.iteration_time

@@ -65,6 +65,11 @@ class PlanRequest:
         shared_cores: the ranks will share this many CPU cores (local processes on a CPU
             machine with fewer cores than ranks): plans are simulated with the cores split
             among the ranks computing at once. ``None``: every rank has its own device.
+        half_profile: with ``slicer``, the model's profile at half the micro-batch
+            (``ceil(b / 2)`` samples, measured or scaled): Algorithm 2's ``k`` and the
+            simulated iteration price a half by it (:func:`.slicer_halves.halves_at`, the
+            rule of ``pipeweave auto`` and ``simulate``). ``None``: a half costs half the
+            whole (the paper's).
     """
 
     profile: Profile
@@ -77,11 +82,19 @@ class PlanRequest:
     schedule: str | None = None
     allreduce_overlap: bool = True
     shared_cores: int | None = None
+    half_profile: Profile | None = None
 
     def __post_init__(self) -> None:
         check_request(ranks=self.ranks, microbatches=self.microbatches,
                       memory_limit=self.memory_limit, topology=self.topology,
                       shared_cores=self.shared_cores)
+        half = self.half_profile
+        if half is not None and not self.slicer:
+            raise ValueError("half_profile prices the Slicer's halves; give slicer=True "
+                             "(--slicer) or drop it")
+        if half is not None and half.num_blocks != self.profile.num_blocks:
+            raise ValueError(f"half_profile has {half.num_blocks} blocks but the profile "
+                             f"{self.profile.num_blocks}; give a profile of the same model")
 
     @property
     def num_microbatches(self) -> int:

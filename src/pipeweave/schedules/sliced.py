@@ -42,13 +42,17 @@ from .registry import Shape, register
 __all__ = ["sliced_1f1b", "slicer_count", "slice_forwards", "sliced_count"]
 
 
-def slicer_count(forward: Sequence[float], backward: Sequence[float], comm: float) -> int:
+def slicer_count(forward: Sequence[float], backward: Sequence[float], comm: float, *,
+                 half_forward: Sequence[float] | None = None,
+                 half_backward: Sequence[float] | None = None) -> int:
     """Algorithm 2 of autopipe.txt: how many micro-batches to slice for these stage costs.
 
     Args:
         forward: forward time of each stage (``f_i``), stage 0 first.
         backward: backward time of each stage (``b_i``).
         comm: cost of one activation/gradient transfer between stages (``Comm``).
+        half_forward, half_backward: each stage's times on half a micro-batch (default: half
+            the whole's, the paper's); micro-batch 0's B, two halves, costs ``2 half_backward``.
 
     The pseudo-code is followed line by line (comments give its line numbers). ``startt``
     holds the backward wave of the sliced micro-batch 0, i.e. when each stage must have its
@@ -59,30 +63,33 @@ def slicer_count(forward: Sequence[float], backward: Sequence[float], comm: floa
     "is greater than or equal to" the end of the sliced one's second half, and with ``<=``
     the loop could only stop at ``mb = 1`` (``tempt - endt[0][1]`` grows with ``mb``), so we
     use ``>=``; and ``startt`` has ``p`` entries, so ``mb`` stops at ``p`` (the printed loop has
-    no bound).
+    no bound). With measured halves the count means what it means in the paper: the fewest
+    sliced micro-batches whose second halves leave stage 0 before the first unbroken forward
+    must start there.
     """
     p = len(forward)  # line 2: p, the number of stages ("blocks") of the partition
     if p == 0 or len(backward) != p:
         raise ValueError(f"slicer_count needs one forward and one backward time per stage, got "
                          f"{len(forward)} forward and {len(backward)} backward times")
     f, b = [float(x) for x in forward], [float(x) for x in backward]  # line 1
+    hf, hb = _halves(f, half_forward), _halves(b, half_backward)
     startt = [0.0] * p  # lines 3-4
     endt = [[0.0, 0.0] for _ in range(p + 1)]  # lines 3-4; endt[p] stays 0 (read by line 26)
     tempt, mb = 0.0, 1  # line 5
     for i in range(p - 1):  # line 6: i = 0 .. p-2
-        tempt = tempt + f[i] / 2 + comm / 2  # line 7: first half of micro-batch 0 goes down
-    tempt = tempt + f[p - 1] / 2  # line 9
+        tempt = tempt + hf[i] + comm / 2  # line 7: first half of micro-batch 0 goes down
+    tempt = tempt + hf[p - 1]  # line 9
     for i in range(p - 1, 0, -1):  # line 10: i = p-1 .. 1
-        tempt = tempt + b[i] + comm  # line 11: micro-batch 0's backward comes back up
+        tempt = tempt + 2 * hb[i] + comm  # line 11: micro-batch 0's backward comes back up
         startt[p - 1 - i] = tempt  # line 12
-    tempt = tempt + b[0]  # line 14
+    tempt = tempt + 2 * hb[0]  # line 14
     startt[p - 1] = tempt  # line 15
     while True:  # line 16
         for i in range(p - mb + 1):  # line 17: i = 0 .. p-mb
             for j in (0, 1):  # line 18: first half, second half
-                endt[i][j] = endt[i][(j + 1) % 2] + f[i] / 2  # line 19
+                endt[i][j] = endt[i][(j + 1) % 2] + hf[i]  # line 19
                 if i > 0:  # line 20
-                    endt[i][j] = max(endt[i][j], endt[i - 1][j] + f[i - 1] / 2)  # line 21
+                    endt[i][j] = max(endt[i][j], endt[i - 1][j] + hf[i - 1])  # line 21
                 if i != p - 1:  # line 23
                     endt[i][j] = endt[i][j] + comm / 2  # line 24
                 endt[i][j] = max(endt[i][j], endt[i + 1][(j + 1) % 2])  # line 26
@@ -95,6 +102,16 @@ def slicer_count(forward: Sequence[float], backward: Sequence[float], comm: floa
         if mb == p:  # bound: startt has p entries
             return mb
         mb = mb + 1  # line 37
+
+
+def _halves(whole: list[float], half: Sequence[float] | None) -> list[float]:
+    """``half`` per stage, or half of ``whole`` (the paper's even split)."""
+    if half is None:
+        return [x / 2 for x in whole]
+    if len(half) != len(whole):
+        raise ValueError(f"slicer_count needs a half time for each of the {len(whole)} stages, "
+                         f"got {len(half)}")
+    return [float(x) for x in half]
 
 
 def slice_forwards(program: Sequence[Action], sliced: set[int]) -> list[Action]:

@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 import torch
 from torch import Tensor, nn
@@ -80,28 +80,39 @@ def tensor_bytes(tensor: Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def profile_model(
-    spec: ModelSpec,
-    inputs: Tensor,
-    targets: Tensor | None = None,
-    *,
-    device: str = "cpu",
-    warmup: int = 2,
-    repeats: int = 5,
-    optimizer: str = "adam",
-    threads: int | None = None,
-    precision: str = "full",
-) -> Profile:
+class TimingOptions(TypedDict, total=False):
+    """The keyword options of :func:`profile_model_sizes` (its defaults), which
+    :func:`profile_model` passes on."""
+
+    device: str
+    warmup: int
+    repeats: int
+    optimizer: str
+    threads: int | None
+    precision: str
+
+
+class BuiltinOptions(TimingOptions, total=False):
+    """The keyword options of :func:`profile_builtin_sizes` (its defaults), which
+    :func:`profile_builtin` passes on."""
+
+    seq_len: int | None
+    seed: int
+    overrides: dict[str, Any] | None
+    colocated_ranks: int
+
+
+def profile_model(spec: ModelSpec, inputs: Tensor, targets: Tensor | None = None,
+                  **options: Unpack[TimingOptions]) -> Profile:
     """Profile every block of ``spec`` on one micro-batch ``inputs`` (module docstring).
 
     ``targets`` lets the last block's backward start from the model's loss; without them it
     starts from a gradient of ones. ``threads`` sets torch's intra-op threads while measuring
     (on CPU give what one rank will use: cores / ranks per machine); ``precision`` as the run
-    will use it (module docstring).
+    will use it (module docstring); the other ``options`` and their defaults are
+    :func:`profile_model_sizes`'.
     """
-    return profile_model_sizes(spec, [(inputs, targets)], device=device, warmup=warmup,
-                               repeats=repeats, optimizer=optimizer, threads=threads,
-                               precision=precision)[0]
+    return profile_model_sizes(spec, [(inputs, targets)], **options)[0]
 
 
 def profile_model_sizes(
@@ -573,21 +584,8 @@ def _device_name(device: torch.device) -> str:
     return "cpu"
 
 
-def profile_builtin(
-    name: str,
-    *,
-    batch_size: int = 4,
-    seq_len: int | None = None,
-    device: str = "cpu",
-    warmup: int = 2,
-    repeats: int = 5,
-    optimizer: str = "adam",
-    seed: int = 0,
-    overrides: dict[str, Any] | None = None,
-    threads: int | None = None,
-    colocated_ranks: int = 1,
-    precision: str = "full",
-) -> Profile:
+def profile_builtin(name: str, *, batch_size: int = 4,
+                    **options: Unpack[BuiltinOptions]) -> Profile:
     """Profile a registered model (``pipeweave.models.build_model``) on one batch of its
     default dataset; ``batch_size`` should be the micro-batch size you will train with.
 
@@ -600,12 +598,9 @@ def profile_builtin(
     over the ideal split ``ranks / cores``), which the planner applies when it simulates the
     ranks sharing the cores (``PlanRequest(shared_cores=...)``). ``precision``: as the run
     will train (module docstring; the co-located steps are timed in full precision only).
+    The other ``options`` and their defaults are :func:`profile_builtin_sizes`'.
     """
-    return profile_builtin_sizes(name, batch_sizes=(batch_size,), seq_len=seq_len,
-                                 device=device, warmup=warmup, repeats=repeats,
-                                 optimizer=optimizer, seed=seed, overrides=overrides,
-                                 threads=threads, colocated_ranks=colocated_ranks,
-                                 precision=precision)[0]
+    return profile_builtin_sizes(name, batch_sizes=(batch_size,), **options)[0]
 
 
 def profile_builtin_sizes(

@@ -39,8 +39,12 @@ from typing import Protocol
 
 from .calibration_solve import Target, solve
 
-__all__ = ["PASSES", "SCALE_FLOOR", "Probed", "RoundFit", "fit_rounds", "round_targets",
-           "scale_name"]
+__all__ = ["PASSES", "SCALE_FLOOR", "WAIT_SHARE", "Probed", "RoundFit", "fit_rounds",
+           "round_targets", "scale_name"]
+
+WAIT_SHARE = "wait_share"
+"""The share of a core a waiting rank takes (``RuntimeCosts.wait_share``), fitted where a
+plan borrows another's scale."""
 
 SCALE_FLOOR = 0.25
 """The least compute scale a plan may get: a run computing 4x faster than its profile says
@@ -78,22 +82,30 @@ def _at(values: Mapping[str, float], label: str) -> dict[str, float]:
 
 
 def round_targets(plans: Mapping[str, Probed], parameters: Mapping[str, str],
-                  times: Mapping[str, float], compute: Mapping[str, float]) -> list[Target]:
+                  times: Mapping[str, float], compute: Mapping[str, float],
+                  borrow: Mapping[str, str] | None = None) -> list[Target]:
     """One round's targets: per plan, its own compute scale (its timeline's compute seconds
     ``compute[label]`` against the simulated, without the action overhead, which lies
     outside the timed actions; at least :data:`SCALE_FLOOR`) and its parameter
-    ``parameters[label]`` (its iteration ``times[label]``)."""
+    ``parameters[label]`` (its iteration ``times[label]``). A plan in ``borrow`` runs at
+    the scale of the plan it names, and its compute fixes :data:`WAIT_SHARE` instead of a
+    scale of its own (module docstring)."""
+    borrow = dict(borrow or {})
     targets = []
     for label, plan in plans.items():
-        def computed(values: Mapping[str, float], label: str = label,
+        speed = borrow.get(label, label)
+
+        def computed(values: Mapping[str, float], speed: str = speed,
                      plan: Probed = plan) -> float:
-            return plan.compute({**_at(values, label), "action_overhead": 0.0})
+            return plan.compute({**_at(values, speed), "action_overhead": 0.0})
 
-        def iteration(values: Mapping[str, float], label: str = label,
+        def iteration(values: Mapping[str, float], speed: str = speed,
                       plan: Probed = plan) -> float:
-            return plan.iteration(_at(values, label))
+            return plan.iteration(_at(values, speed))
 
-        targets.append(Target(scale_name(label), computed, compute[label], least=SCALE_FLOOR))
+        targets.append(Target(WAIT_SHARE, computed, compute[label]) if label in borrow
+                       else Target(scale_name(label), computed, compute[label],
+                                   least=SCALE_FLOOR))
         targets.append(Target(parameters[label], iteration, times[label]))
     return targets
 
@@ -110,21 +122,27 @@ class RoundFit:
 
 def fit_rounds(plans: Mapping[str, Probed], parameters: Mapping[str, str],
                times: Mapping[str, Sequence[float]],
-               compute: Mapping[str, Sequence[float]]) -> RoundFit:
-    """Per round (``times[label][r]``, ``compute[label][r]``), :func:`round_targets` solved;
-    each parameter the median over the rounds, ``compute_scale`` the median of every plan's
-    per-round scale (module docstring)."""
+               compute: Mapping[str, Sequence[float]],
+               borrow: Mapping[str, str] | None = None) -> RoundFit:
+    """Per round (``times[label][r]``, ``compute[label][r]``), :func:`round_targets` solved
+    (``borrow`` as there); each parameter the median over the rounds, ``compute_scale`` the
+    median of every plan's per-round scale, :data:`WAIT_SHARE` the median of its rounds
+    where ``borrow`` fits it (module docstring)."""
+    borrow = {label: other for label, other in (borrow or {}).items()
+              if label in plans and other in plans and other not in borrow}
     counts = {len(times[label]) for label in plans} | {len(compute[label]) for label in plans}
     if len(counts) != 1 or 0 in counts:
         raise ValueError(f"every plan needs the same number (>= 1) of rounds of times and of "
                          f"compute; got {sorted(counts)}: time each plan in every round")
     rounds = [solve(round_targets(plans, parameters,
                                   {label: times[label][r] for label in plans},
-                                  {label: compute[label][r] for label in plans}),
+                                  {label: compute[label][r] for label in plans}, borrow),
                     passes=PASSES)
               for r in range(counts.pop())]
     fitted = {name: statistics.median(one[name] for one in rounds)
               for name in dict.fromkeys(parameters[label] for label in plans)}
     fitted["compute_scale"] = statistics.median(one[scale_name(label)] for one in rounds
-                                                for label in plans)
+                                                for label in plans if label not in borrow)
+    if borrow:
+        fitted[WAIT_SHARE] = statistics.median(one[WAIT_SHARE] for one in rounds)
     return RoundFit(fitted, tuple(rounds))

@@ -63,7 +63,7 @@ from ..planner.plan import Plan
 from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
 from .alternating import TIMED_SECONDS, Rounds, alternate
-from .calibration_rounds import fit_rounds
+from .calibration_rounds import WAIT_SHARE, fit_rounds
 from .calibration_sizes import PER_ACTION, fit_action_compute
 from .calibration_solve import Target, solve
 
@@ -171,7 +171,7 @@ def calibration_plans(problem: AutoProblem, *, actions: bool = True,
     (module docstring); ``actions``: add ``data-parallel-small`` where a larger M than the
     default's fits (False: not at all); ``per_action``: the ``compute_per_action`` the plans
     are simulated at (whatever the profile had)."""
-    zero = {"compute_scale": 1.0, PER_ACTION: per_action,
+    zero = {"compute_scale": 1.0, PER_ACTION: per_action, WAIT_SHARE: 0.0,
             **{name: 0.0 for name in PARAMETERS.values()}}
     plain = replace(problem, profile=with_costs(problem.profile, zero))
     out: dict[str, CalibrationPlan] = {}
@@ -266,7 +266,7 @@ def fit_calibration(problem: AutoProblem, *,
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
     names = {label: PARAMETERS[label] for label in plans}
     times = {label: rounds.times for label, rounds in measured.items()}
-    found = fit_rounds(plans, names, times, compute)
+    found = fit_rounds(plans, names, times, compute, _borrowed(problem))
     extra = 0.0 if problem.shared_cores is not None else _action_compute(plans, compute)
     if extra > 0:  # kept only where it prices the calibration's own runs better
         probed = calibration_plans(problem, actions=actions, per_action=extra)
@@ -279,6 +279,14 @@ def fit_calibration(problem: AutoProblem, *,
     fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute, rounds=found.rounds,
                          predicted_before={label: p.predicted for label, p in plans.items()})
     return with_fit(problem, fitted), fit
+
+
+def _borrowed(problem: AutoProblem) -> dict[str, str]:
+    """Where the ranks outnumber the cores, the default plan (a pipeline: most ranks wait)
+    computes at the data-parallel plan's scale (every rank computes), and the difference
+    fixes ``wait_share`` (:mod:`.calibration_rounds`); elsewhere none."""
+    cores = problem.shared_cores
+    return {"default": "data-parallel"} if cores is not None and cores < problem.ranks else {}
 
 
 def _missed(plans: Mapping[str, CalibrationPlan], fitted: Mapping[str, float],

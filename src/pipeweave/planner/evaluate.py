@@ -21,7 +21,9 @@ Every planner is judged the same way: the plan's schedule is simulated
                 and + action_overhead again where it sends; every transfer's latency grows by
                 message_latency; an all-reduce is allreduce_latency + (r-1)|w_s| /
                 allreduce_bandwidth where those were measured (at least the ring formula),
-                else each of its 2 (r - 1) ring steps waits message_latency
+                else each of its 2 (r - 1) ring steps waits message_latency;
+                with shared cores, wait_share goes to the costs (a waiting rank's share
+                of a core, :mod:`pipeweave.sim.shared_cores`)
                 (:mod:`pipeweave.profiler.runtime_costs`)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
     tie sum     update[s] += latency + |tie| / bandwidth, once per rank, on each stage s
@@ -152,7 +154,8 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
                  latency=network.latency + (profile.runtime.message_latency
                                             if profile.runtime is not None else 0.0),
                  activation_bytes=activation, all_reduce=reduce, update=update,
-                 shared_cores=network.shared_cores)
+                 shared_cores=network.shared_cores,
+                 wait_share=profile.runtime.wait_share if profile.runtime is not None else 0.0)
 
 
 def _sharded(profile: Profile, bounds: Bounds, network: Network, replicas: Sequence[int],

@@ -66,6 +66,15 @@ compute when more ranks than cores share the machine (the interpreter between ac
 wake-up when the core comes back, outside the timed action itself). Fitted so that a
 data-parallel plan at the smallest micro-batches the search uses times as its real runs do
 (:mod:`pipeweave.measure.calibration_runs`, ranks > cores only; 0 otherwise).
+
+``wait_share`` is the share of a core that a rank takes while it waits (for a message, for
+the other replicas of an all-reduce) where more ranks than cores share the machine: gloo's
+socket thread and the send thread move every message, and a woken rank queues for a core.
+The simulator's shared-cores walk runs ``n`` computing ranks beside ``m`` waiting ones at
+``min(1, cores / (n + wait_share * m))`` (:mod:`pipeweave.sim.shared_cores`). Fitted so
+that the calibration's default plan (a pipeline: most ranks wait) computes as its timelines
+measured at the data-parallel plan's compute scale (every rank computes at once)
+(:mod:`pipeweave.measure.calibration_rounds`, ranks > cores only; 0 otherwise).
 """
 
 from __future__ import annotations
@@ -97,6 +106,8 @@ class RuntimeCosts:
     compute_per_action: float = 0.0
     """Seconds each F, B, I and W action computes beyond its blocks and ``per_action`` in a
     distributed run, inside the timed action (module docstring)."""
+    wait_share: float = 0.0
+    """The share of a core a waiting rank takes where ranks share cores (module docstring)."""
     compute_scale: float = 1.0
     """What the compute actions of a distributed run take over their single-process time
     (>= 1): the ranks' compute measured on the calibration runs' timelines against the
@@ -130,6 +141,11 @@ class RuntimeCosts:
         object.__setattr__(self, "action_overhead", float(self.action_overhead))
         _check_seconds("compute_per_action", self.compute_per_action)
         object.__setattr__(self, "compute_per_action", float(self.compute_per_action))
+        if isinstance(self.wait_share, bool) or not isinstance(self.wait_share, (int, float)) \
+                or not math.isfinite(self.wait_share) or self.wait_share < 0:
+            raise ValueError(f"runtime costs wait_share must be a finite number >= 0 (the "
+                             f"share of a core a waiting rank takes), got {self.wait_share!r}")
+        object.__setattr__(self, "wait_share", float(self.wait_share))
         scale = self.compute_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
                 or not math.isfinite(scale) or scale < 1:
@@ -171,7 +187,7 @@ class RuntimeCosts:
                 "allreduce_bandwidth": self.allreduce_bandwidth,
                 "action_overhead": self.action_overhead,
                 "compute_per_action": self.compute_per_action,
-                "compute_scale": self.compute_scale, "notes": dict(self.notes)}
+                "wait_share": self.wait_share, "compute_scale": self.compute_scale, "notes": dict(self.notes)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RuntimeCosts":
@@ -180,7 +196,8 @@ class RuntimeCosts:
         unknown = sorted(set(data) - {"per_action", "per_block", "per_message",
                                       "message_latency", "allreduce_latency",
                                       "allreduce_bandwidth", "action_overhead",
-                                      "compute_per_action", "compute_scale", "notes"})
+                                      "compute_per_action", "wait_share", "compute_scale",
+                                      "notes"})
         if unknown:
             raise ValueError(f"runtime costs have unknown fields {unknown}")
         return cls(per_action=dict(data.get("per_action") or {}),
@@ -191,6 +208,7 @@ class RuntimeCosts:
                    allreduce_bandwidth=data.get("allreduce_bandwidth"),
                    action_overhead=data.get("action_overhead", 0.0),
                    compute_per_action=data.get("compute_per_action", 0.0),
+                   wait_share=data.get("wait_share", 0.0),
                    compute_scale=data.get("compute_scale", 1.0),
                    notes=dict(data.get("notes") or {}))
 

@@ -22,6 +22,21 @@ left the difference to the latencies, which it pushed to 0 (gpt-tiny on 2 ranks,
 load 4: the default's compute simulated at 130 ms a round, measured 45-54). A final scale
 below 1 goes into the blocks' times (:func:`~.calibration_runs.with_costs`).
 
+Where more ranks than cores share the machine, the plans' own scales differ by shape, not
+only by load: the default plan (a pipeline, most ranks waiting) computed at 1.23 / 1.29 /
+0.87 (gpt-tiny, 4 ranks on 2 cores) and 1.71 / 0.98 / 1.98 (cnn) of its simulated compute
+where the data-parallel plan (every rank computing) in the same rounds took 1.04 / 0.83 /
+0.71 and 0.80 / 0.48 / 0.86 (``benchmarks/results/auto_predict.json``): a waiting rank
+takes cores too (gloo's socket thread, the send thread, the wake-up;
+``benchmarks/waiting_cpu.py``), which the processor-sharing walk did not count, and the
+median scale priced every pipeline fast. There ``borrow`` (``{"default":
+"data-parallel"}``, :mod:`.calibration_runs`) runs the default plan at the data-parallel
+plan's scale of the same round, and the default's measured compute fixes
+:data:`WAIT_SHARE` instead of a scale of its own: the share of a core a waiting rank takes
+in the simulator's shared-cores walk (``RuntimeCosts.wait_share``,
+:mod:`pipeweave.sim.shared_cores`), at least 0, the median of its rounds;
+``compute_scale`` is then the median of the lending plans' scales.
+
 Per round, every plan's iteration and compute are targets of one :func:`~.calibration_solve.solve`;
 each parameter is then the median of its per-round values, and ``compute_scale`` (what
 predictions of other plans use) the median of every plan's per-round scale. A median, not a
@@ -128,8 +143,9 @@ def fit_rounds(plans: Mapping[str, Probed], parameters: Mapping[str, str],
     (``borrow`` as there); each parameter the median over the rounds, ``compute_scale`` the
     median of every plan's per-round scale, :data:`WAIT_SHARE` the median of its rounds
     where ``borrow`` fits it (module docstring)."""
-    borrow = {label: other for label, other in (borrow or {}).items()
-              if label in plans and other in plans and other not in borrow}
+    asked = dict(borrow or {})  # a plan borrows from a plan that runs and lends its own
+    borrow = {label: other for label, other in asked.items()
+              if label in plans and other in plans and other not in asked}
     counts = {len(times[label]) for label in plans} | {len(compute[label]) for label in plans}
     if len(counts) != 1 or 0 in counts:
         raise ValueError(f"every plan needs the same number (>= 1) of rounds of times and of "

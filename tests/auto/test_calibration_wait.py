@@ -11,12 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-from auto_fixtures import small_profile
+from auto_fixtures import replayed, small_profile
 from pipeweave.auto import AutoProblem
 from pipeweave.measure.calibration_rounds import WAIT_SHARE, fit_rounds, scale_name
 from pipeweave.measure.calibration_runs import (PARAMETERS, CalibrationPlan, calibration_plans,
                                                 fit_calibration)
-from pipeweave.planner.plan import Plan
 from pipeweave.profiler import LinkProfile
 from pipeweave.profiler.runtime_costs import RuntimeCosts
 
@@ -73,15 +72,8 @@ def test_fit_calibration_fits_the_share_only_where_ranks_outnumber_cores() -> No
         problem = _problem(cores)
         plans = calibration_plans(problem, actions=False)
         times, compute = _runs(plans, TRUTH)
-        calls = {label: 0 for label in plans}
-
-        def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
-            index = calls[label]
-            calls[label] += 1
-            return times[label][index], [compute[label][index] / 4] * 4
-
-        fitted, fit = fit_calibration(problem, time_one=time_one, rounds=3, seconds=0.1,
-                                      actions=False)
+        fitted, fit = fit_calibration(problem, time_one=replayed(times, compute, 4), rounds=3,
+                                      seconds=0.1, actions=False)
         assert fit is not None
         runtime = fitted.profile.runtime
         assert runtime is not None

@@ -63,7 +63,7 @@ def _descendants(root: int) -> list[int]:
 
 def _threads(pid: int) -> dict[tuple[int, int], tuple[str, float]]:
     """``(pid, tid) -> (thread name, CPU seconds)`` of every thread of ``pid``."""
-    out = {}
+    out: dict[tuple[int, int], tuple[str, float]] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:

@@ -1,6 +1,7 @@
-"""Benchmark: the calibration with and without ``wait_share`` (a waiting rank's share of a
-core, :mod:`pipeweave.sim.shared_cores`), judged on the same measurements (issue 29, item 2:
-ranks > cores).
+"""Benchmark: the calibration's models of waiting ranks where ranks outnumber cores, judged
+on the same measurements (issue 29, item 2): ``compute_per_receive`` (a fixed cost per action
+that takes a message), ``wait_share`` (a waiting rank's share of a core,
+:mod:`pipeweave.sim.shared_cores`), or neither.
 
 Run::
 
@@ -9,10 +10,10 @@ Run::
 
 Per case, as ``pipeweave auto --model M --ranks R --run`` does it: the model profiled at
 auto's micro-batch sizes and calibrated (link, runtime costs, all-reduce), the calibration
-plans timed in alternating rounds; then the **same** rounds fitted twice, with ``wait_share``
-(this branch: the default plan at the data-parallel plan's scale, its compute fixing the
-share) and without (the fit before: every plan its own scale, ``wait_share`` 0); each fit
-searched; the default and both winners trained in alternating rounds (``--rounds`` of about
+plans timed in alternating rounds; then the **same** rounds fitted three ways (:data:`FITS`:
+the default plan at the data-parallel plan's scale, its compute fixing
+``compute_per_receive`` or ``wait_share``; or the fit before, every plan its own scale);
+each fit searched; the default and every fit's winner trained in alternating rounds (``--rounds`` of about
 ``--run-seconds``), and every measured plan predicted by both fits. Because both fits see
 the same runs and the same measured plans, the load of a shared machine moves both alike:
 the table compares the models, not two moments of the machine. Per plan: measured median,
@@ -51,8 +52,16 @@ def _problem(model: str, ranks: int) -> AutoProblem:
                        shared_cores=local_shared_cores(profile, ranks=ranks))
 
 
+FITS = {"receive": calibration_runs.PER_RECEIVE, "wait": calibration_runs.WAIT_SHARE,
+        "none": None}
+"""Each fit: what the default plan's compute fixes where ranks outnumber cores
+(``compute_per_receive``, this branch's default; ``wait_share``), or nothing (the fit
+before: every plan its own scale)."""
+
+
 def _fits(problem: AutoProblem, model: str) -> dict[str, AutoProblem]:
-    """The calibration rounds run once, fitted with and without ``wait_share``."""
+    """The calibration rounds run once (under the first fit), fitted every way of
+    :data:`FITS`."""
     timer = plan_timer(model=model, batch_size=problem.batch)
     seen: dict[str, list[tuple[float, list[float]]]] = {}
 
@@ -60,18 +69,23 @@ def _fits(problem: AutoProblem, model: str) -> dict[str, AutoProblem]:
         seen.setdefault(label, []).append(timer(label, plan, steps))
         return seen[label][-1]
 
-    with_wait, fit = fit_calibration(problem, time_one=recorded)
-    assert fit is not None
-    replay = {label: iter(runs) for label, runs in seen.items()}
-    borrowed = calibration_runs._borrowed
-    calibration_runs._borrowed = lambda problem: {}  # the fit before: no share
+    out: dict[str, AutoProblem] = {}
+    waiting, borrowed = calibration_runs.WAITING, calibration_runs._borrowed
     try:
-        without, _ = fit_calibration(problem, time_one=lambda label, plan, steps:
-                                     next(replay[label]))
+        for name, fixes in FITS.items():
+            if fixes is None:
+                calibration_runs._borrowed = lambda problem: {}
+            else:
+                calibration_runs.WAITING = fixes
+            replay = {label: iter(runs) for label, runs in seen.items()}
+            out[name], fit = fit_calibration(
+                problem, time_one=recorded if not seen else
+                (lambda label, plan, steps: next(replay[label])))
+            assert fit is not None
+            print(f"  fitted ({name}): {fit.fitted}", flush=True)
     finally:
-        calibration_runs._borrowed = borrowed
-    print(f"  fitted: {fit.fitted}", flush=True)
-    return {"wait": with_wait, "no-wait": without}
+        calibration_runs.WAITING, calibration_runs._borrowed = waiting, borrowed
+    return out
 
 
 def _predicted(prediction: Prediction, problem: AutoProblem) -> float:
@@ -123,13 +137,13 @@ def _shape(plan: Plan) -> str:
 def _print(result: Mapping[str, Any]) -> None:
     print(f"{result['model']}:{result['ranks']}  load {result['load_before'][0]:.1f} -> "
           f"{result['load_after'][0]:.1f}")
-    print(f"  {'plan':<18} {'measured ms':>11} {'wait ms':>8} {'err':>7} {'no-wait ms':>10} "
-          f"{'err':>7}  shape")
+    print(f"  {'plan':<18} {'measured ms':>11}"
+          + "".join(f" {name + ' ms':>10} {'err':>7}" for name in FITS) + "  shape")
     for row in result["rows"]:
-        print(f"  {row['plan']:<18} {1e3 * row['measured']:11.2f} "
-              f"{1e3 * row['predicted (wait)']:8.2f} {100 * row['error (wait)']:6.1f}% "
-              f"{1e3 * row['predicted (no-wait)']:10.2f} {100 * row['error (no-wait)']:6.1f}%  "
-              f"{row['shape']}", flush=True)
+        print(f"  {row['plan']:<18} {1e3 * row['measured']:11.2f}"
+              + "".join(f" {1e3 * row[f'predicted ({name})']:10.2f} "
+                        f"{100 * row[f'error ({name})']:6.1f}%" for name in FITS)
+              + f"  {row['shape']}", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -146,9 +160,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         results.append(case(model, int(ranks), args.rounds, args.run_seconds))
         _print(results[-1])
     errors = {name: statistics.median(abs(row[f"error ({name})"]) for r in results
-                                      for row in r["rows"]) for name in ("wait", "no-wait")}
-    print(f"median |error| over every plan measured: with wait_share "
-          f"{100 * errors['wait']:.1f} %, without {100 * errors['no-wait']:.1f} %")
+                                      for row in r["rows"]) for name in FITS}
+    print("median |error| over every plan measured: "
+          + ", ".join(f"{name} {100 * value:.1f} %" for name, value in errors.items()))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(
             {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -54,12 +54,17 @@ from typing import Protocol
 
 from .calibration_solve import Target, solve
 
-__all__ = ["PASSES", "SCALE_FLOOR", "WAIT_SHARE", "Probed", "RoundFit", "fit_rounds",
+__all__ = ["PASSES", "PER_RECEIVE", "SCALE_FLOOR", "WAIT_SHARE", "Probed", "RoundFit", "fit_rounds",
            "round_targets", "scale_name"]
 
+PER_RECEIVE = "compute_per_receive"
+"""Seconds each action that takes a message from another rank computes beyond the others
+(``RuntimeCosts.compute_per_receive``): what a plan that borrows another's scale fixes, by
+default."""
+
 WAIT_SHARE = "wait_share"
-"""The share of a core a waiting rank takes (``RuntimeCosts.wait_share``), fitted where a
-plan borrows another's scale."""
+"""The share of a core a waiting rank takes (``RuntimeCosts.wait_share``): what a plan that
+borrows another's scale may fix instead (``fit_rounds(..., fixes=WAIT_SHARE)``)."""
 
 SCALE_FLOOR = 0.25
 """The least compute scale a plan may get: a run computing 4x faster than its profile says
@@ -98,13 +103,14 @@ def _at(values: Mapping[str, float], label: str) -> dict[str, float]:
 
 def round_targets(plans: Mapping[str, Probed], parameters: Mapping[str, str],
                   times: Mapping[str, float], compute: Mapping[str, float],
-                  borrow: Mapping[str, str] | None = None) -> list[Target]:
+                  borrow: Mapping[str, str] | None = None,
+                  fixes: str = PER_RECEIVE) -> list[Target]:
     """One round's targets: per plan, its own compute scale (its timeline's compute seconds
     ``compute[label]`` against the simulated, without the action overhead, which lies
     outside the timed actions; at least :data:`SCALE_FLOOR`) and its parameter
     ``parameters[label]`` (its iteration ``times[label]``). A plan in ``borrow`` runs at
-    the scale of the plan it names, and its compute fixes :data:`WAIT_SHARE` instead of a
-    scale of its own (module docstring)."""
+    the scale of the plan it names, and its compute fixes ``fixes`` (:data:`PER_RECEIVE` or
+    :data:`WAIT_SHARE`) instead of a scale of its own (module docstring)."""
     borrow = dict(borrow or {})
     targets = []
     for label, plan in plans.items():
@@ -118,7 +124,7 @@ def round_targets(plans: Mapping[str, Probed], parameters: Mapping[str, str],
                       plan: Probed = plan) -> float:
             return plan.iteration(_at(values, speed))
 
-        targets.append(Target(WAIT_SHARE, computed, compute[label]) if label in borrow
+        targets.append(Target(fixes, computed, compute[label]) if label in borrow
                        else Target(scale_name(label), computed, compute[label],
                                    least=SCALE_FLOOR))
         targets.append(Target(parameters[label], iteration, times[label]))
@@ -138,11 +144,12 @@ class RoundFit:
 def fit_rounds(plans: Mapping[str, Probed], parameters: Mapping[str, str],
                times: Mapping[str, Sequence[float]],
                compute: Mapping[str, Sequence[float]],
-               borrow: Mapping[str, str] | None = None) -> RoundFit:
+               borrow: Mapping[str, str] | None = None,
+               fixes: str = PER_RECEIVE) -> RoundFit:
     """Per round (``times[label][r]``, ``compute[label][r]``), :func:`round_targets` solved
-    (``borrow`` as there); each parameter the median over the rounds, ``compute_scale`` the
-    median of every plan's per-round scale, :data:`WAIT_SHARE` the median of its rounds
-    where ``borrow`` fits it (module docstring)."""
+    (``borrow``, ``fixes`` as there); each parameter the median over the rounds,
+    ``compute_scale`` the median of every plan's per-round scale, ``fixes`` the median of
+    its rounds where ``borrow`` fits it (module docstring)."""
     asked = dict(borrow or {})  # a plan borrows from a plan that runs and lends its own
     borrow = {label: other for label, other in asked.items()
               if label in plans and other in plans and other not in asked}
@@ -152,7 +159,8 @@ def fit_rounds(plans: Mapping[str, Probed], parameters: Mapping[str, str],
                          f"compute; got {sorted(counts)}: time each plan in every round")
     rounds = [solve(round_targets(plans, parameters,
                                   {label: times[label][r] for label in plans},
-                                  {label: compute[label][r] for label in plans}, borrow),
+                                  {label: compute[label][r] for label in plans}, borrow,
+                                  fixes),
                     passes=PASSES)
               for r in range(counts.pop())]
     fitted = {name: statistics.median(one[name] for one in rounds)
@@ -160,5 +168,5 @@ def fit_rounds(plans: Mapping[str, Probed], parameters: Mapping[str, str],
     fitted["compute_scale"] = statistics.median(one[scale_name(label)] for one in rounds
                                                 for label in plans if label not in borrow)
     if borrow:
-        fitted[WAIT_SHARE] = statistics.median(one[WAIT_SHARE] for one in rounds)
+        fitted[fixes] = statistics.median(one[fixes] for one in rounds)
     return RoundFit(fitted, tuple(rounds))

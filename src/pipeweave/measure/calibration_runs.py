@@ -67,7 +67,7 @@ from ..planner.plan import Plan
 from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
 from .alternating import TIMED_SECONDS, Rounds, alternate
-from .calibration_rounds import WAIT_SHARE, fit_rounds
+from .calibration_rounds import PER_RECEIVE, WAIT_SHARE, fit_rounds
 from .calibration_sizes import PER_ACTION, fit_action_compute
 from .calibration_solve import Target, solve
 
@@ -112,7 +112,8 @@ def compute_faster(profile: Profile, scale: float) -> Profile:
 
         runtime = replace(runtime, per_action=faster(runtime.per_action),
                           per_block=faster(runtime.per_block),
-                          compute_per_action=runtime.compute_per_action * scale)
+                          compute_per_action=runtime.compute_per_action * scale,
+                          compute_per_receive=runtime.compute_per_receive * scale)
     return replace(profile, blocks=blocks, runtime=runtime)
 
 
@@ -175,7 +176,7 @@ def calibration_plans(problem: AutoProblem, *, actions: bool = True,
     (module docstring); ``actions``: add ``data-parallel-small`` where a larger M than the
     default's fits (False: not at all); ``per_action``: the ``compute_per_action`` the plans
     are simulated at (whatever the profile had)."""
-    zero = {"compute_scale": 1.0, PER_ACTION: per_action, WAIT_SHARE: 0.0,
+    zero = {"compute_scale": 1.0, PER_ACTION: per_action, WAIT_SHARE: 0.0, PER_RECEIVE: 0.0,
             **{name: 0.0 for name in PARAMETERS.values()}}
     plain = replace(problem, profile=with_costs(problem.profile, zero))
     out: dict[str, CalibrationPlan] = {}
@@ -270,7 +271,7 @@ def fit_calibration(problem: AutoProblem, *,
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
     names = {label: PARAMETERS[label] for label in plans}
     times = {label: rounds.times for label, rounds in measured.items()}
-    found = fit_rounds(plans, names, times, compute, _borrowed(problem))
+    found = fit_rounds(plans, names, times, compute, _borrowed(problem), WAITING)
     extra = 0.0 if problem.shared_cores is not None else _action_compute(plans, compute)
     if extra > 0:  # kept only where it prices the calibration's own runs better
         probed = calibration_plans(problem, actions=actions, per_action=extra)
@@ -285,10 +286,16 @@ def fit_calibration(problem: AutoProblem, *,
     return with_fit(problem, fitted), fit
 
 
+WAITING = PER_RECEIVE
+"""What the default plan's compute fixes where ranks outnumber cores (:func:`_borrowed`):
+``compute_per_receive`` (a fixed cost per action that takes a message) or ``wait_share``
+(a waiting rank's share of a core); ``benchmarks/wait_share_ab.py`` compares them."""
+
+
 def _borrowed(problem: AutoProblem) -> dict[str, str]:
     """Where the ranks outnumber the cores, the default plan (a pipeline: most ranks wait)
     computes at the data-parallel plan's scale (every rank computes), and the difference
-    fixes ``wait_share`` (:mod:`.calibration_rounds`); elsewhere none."""
+    fixes :data:`WAITING` (:mod:`.calibration_rounds`); elsewhere none."""
     cores = problem.shared_cores
     return {"default": "data-parallel"} if cores is not None and cores < problem.ranks else {}
 

@@ -15,6 +15,7 @@ Every planner is judged the same way: the plan's schedule is simulated
     runtime     where the profile measured them (``profile.runtime``): each of forward,
                 backward, I, W and update of a stage of k blocks + per_action + per_block (k-1),
                 F, B, I and W + compute_per_action (a distributed run's own, fitted),
+                F, B and I that take a message from another rank + compute_per_receive,
                 F, B, I and W (their sends included) then x compute_scale,
                 and a stage that sends (forward to the next, gradient to the previous) pays
                 per_message in that action; then each F, B, I and W + action_overhead,
@@ -193,8 +194,11 @@ def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
         scale = runtime.compute_scale if kind != "update" else 1.0
         fixed = runtime.action_overhead if kind != "update" else 0.0
         per_action = runtime.compute_per_action if kind != "update" else 0.0
+        takes = {"forward": behind, "backward": ahead, "input_grad": ahead}.get(kind)
         for s, ((a, e), value) in enumerate(zip(bounds, column)):
             timed = runtime.action(kind, value / overhead, e - a) + per_action
+            if takes is not None and takes[s]:
+                timed += runtime.compute_per_receive
             posts = sends is not None and sends[s]
             if posts:
                 timed += message

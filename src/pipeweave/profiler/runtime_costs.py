@@ -60,6 +60,15 @@ inside the timed action beyond the blocks and ``per_action`` measured in one pro
 from the calibration's data-parallel plans at two micro-batch sizes
 (:mod:`pipeweave.measure.calibration_sizes`; 0 where not fitted).
 
+``compute_per_receive`` is added, like ``compute_per_action`` and inside the scale, to every
+action that takes a message from another rank: the F of a stage whose previous stage is on
+other ranks, the B and I of one whose next stage is: what a pipeline's rank pays inside the
+timed action when it starts on a message it waited for (woken, its caches cold; the
+calibration's default plan computed at about twice the data-parallel plan's scale on cnn at
+4 ranks on 2 cores, some 1.2-1.5 on gpt-tiny, whose actions are larger). Fitted where more
+ranks than cores share the machine, from the default plan's compute at the data-parallel
+plan's scale (:mod:`pipeweave.measure.calibration_rounds`); 0 otherwise.
+
 ``action_overhead`` is added, once, to every F, B, I and W action and once more for each
 send the action posts, after the scale: what each action and message costs a rank beyond its
 compute when more ranks than cores share the machine (the interpreter between actions, the
@@ -106,6 +115,9 @@ class RuntimeCosts:
     compute_per_action: float = 0.0
     """Seconds each F, B, I and W action computes beyond its blocks and ``per_action`` in a
     distributed run, inside the timed action (module docstring)."""
+    compute_per_receive: float = 0.0
+    """Seconds each F, B and I that takes a message from another rank computes beyond the
+    others, inside the timed action (module docstring)."""
     wait_share: float = 0.0
     """The share of a core a waiting rank takes where ranks share cores (module docstring)."""
     compute_scale: float = 1.0
@@ -141,6 +153,8 @@ class RuntimeCosts:
         object.__setattr__(self, "action_overhead", float(self.action_overhead))
         _check_seconds("compute_per_action", self.compute_per_action)
         object.__setattr__(self, "compute_per_action", float(self.compute_per_action))
+        _check_seconds("compute_per_receive", self.compute_per_receive)
+        object.__setattr__(self, "compute_per_receive", float(self.compute_per_receive))
         if isinstance(self.wait_share, bool) or not isinstance(self.wait_share, (int, float)) \
                 or not math.isfinite(self.wait_share) or self.wait_share < 0:
             raise ValueError(f"runtime costs wait_share must be a finite number >= 0 (the "
@@ -187,6 +201,7 @@ class RuntimeCosts:
                 "allreduce_bandwidth": self.allreduce_bandwidth,
                 "action_overhead": self.action_overhead,
                 "compute_per_action": self.compute_per_action,
+                "compute_per_receive": self.compute_per_receive,
                 "wait_share": self.wait_share, "compute_scale": self.compute_scale, "notes": dict(self.notes)}
 
     @classmethod
@@ -196,8 +211,8 @@ class RuntimeCosts:
         unknown = sorted(set(data) - {"per_action", "per_block", "per_message",
                                       "message_latency", "allreduce_latency",
                                       "allreduce_bandwidth", "action_overhead",
-                                      "compute_per_action", "wait_share", "compute_scale",
-                                      "notes"})
+                                      "compute_per_action", "compute_per_receive",
+                                      "wait_share", "compute_scale", "notes"})
         if unknown:
             raise ValueError(f"runtime costs have unknown fields {unknown}")
         return cls(per_action=dict(data.get("per_action") or {}),
@@ -208,6 +223,7 @@ class RuntimeCosts:
                    allreduce_bandwidth=data.get("allreduce_bandwidth"),
                    action_overhead=data.get("action_overhead", 0.0),
                    compute_per_action=data.get("compute_per_action", 0.0),
+                   compute_per_receive=data.get("compute_per_receive", 0.0),
                    wait_share=data.get("wait_share", 0.0),
                    compute_scale=data.get("compute_scale", 1.0),
                    notes=dict(data.get("notes") or {}))

@@ -31,11 +31,13 @@ takes cores too (gloo's socket thread, the send thread, the wake-up;
 ``benchmarks/waiting_cpu.py``), which the processor-sharing walk did not count, and the
 median scale priced every pipeline fast. There ``borrow`` (``{"default":
 "data-parallel"}``, :mod:`.calibration_runs`) runs the default plan at the data-parallel
-plan's scale of the same round, and the default's measured compute fixes
-:data:`WAIT_SHARE` instead of a scale of its own: the share of a core a waiting rank takes
-in the simulator's shared-cores walk (``RuntimeCosts.wait_share``,
-:mod:`pipeweave.sim.shared_cores`), at least 0, the median of its rounds;
-``compute_scale`` is then the median of the lending plans' scales.
+plan's scale of the same round, and the default's measured compute fixes ``fixes`` instead
+of a scale of its own, at least 0, the median of its rounds: :data:`PER_RECEIVE` (by
+default), seconds each action that takes a message from another rank computes beyond the
+others (``RuntimeCosts.compute_per_receive``), or :data:`WAIT_SHARE`, the share of a core
+a waiting rank takes in the simulator's shared-cores walk (``RuntimeCosts.wait_share``,
+:mod:`pipeweave.sim.shared_cores`); ``compute_scale`` is then the median of the lending
+plans' scales.
 
 Per round, every plan's iteration and compute are targets of one :func:`~.calibration_solve.solve`;
 each parameter is then the median of its per-round values, and ``compute_scale`` (what

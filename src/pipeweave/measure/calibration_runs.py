@@ -38,8 +38,9 @@ from one run of the default plan had to absorb the all-reduce too, and the data-
 winner was predicted 15-31 % fast while the default was 15-31 % slow (docs/auto.md).
 
 Where the ranks outnumber the cores, the default plan computes at the data-parallel plan's
-scale and its compute fixes ``wait_share``, the share of a core a waiting rank takes
-(:mod:`.calibration_rounds`, ``borrow``).
+scale and its compute fixes :data:`WAITING`: ``compute_per_receive``, what each action that
+takes a message from another rank computes beyond the others, or ``wait_share``, the share
+of a core a waiting rank takes (:mod:`.calibration_rounds`, ``borrow``).
 
 The action overhead is taken to lie outside the timed actions (the interpreter between
 them, the wake-up when a shared core comes back): the timelines' compute, and so

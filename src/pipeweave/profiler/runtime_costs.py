@@ -80,10 +80,9 @@ data-parallel plan at the smallest micro-batches the search uses times as its re
 the other replicas of an all-reduce) where more ranks than cores share the machine: gloo's
 socket thread and the send thread move every message, and a woken rank queues for a core.
 The simulator's shared-cores walk runs ``n`` computing ranks beside ``m`` waiting ones at
-``min(1, cores / (n + wait_share * m))`` (:mod:`pipeweave.sim.shared_cores`). Fitted so
-that the calibration's default plan (a pipeline: most ranks wait) computes as its timelines
-measured at the data-parallel plan's compute scale (every rank computes at once)
-(:mod:`pipeweave.measure.calibration_rounds`, ranks > cores only; 0 otherwise).
+``min(1, cores / (n + wait_share * m))`` (:mod:`pipeweave.sim.shared_cores`). The
+alternative to ``compute_per_receive``: fitted the same way in its place where
+``pipeweave.measure.calibration_runs.WAITING`` names it (ranks > cores only); 0 otherwise.
 """
 
 from __future__ import annotations

@@ -25,8 +25,10 @@ simulation over the same dependencies and program order as ``walk``:
   on a CPU machine: gloo's socket thread moves every message, our send thread posts each one,
   and a woken rank queues for a core (``benchmarks/waiting_cpu.py``: cnn's 4-stage pipeline
   on 4 ranks spent 34 ms of CPU per 29 ms iteration, 11.6 ms of it in those threads, against
-  20.6 ms for the same work as 4 data-parallel copies). ``waiting`` is fitted by the
-  calibration (``RuntimeCosts.wait_share``, :mod:`pipeweave.measure.calibration_rounds`).
+  20.6 ms for the same work as 4 data-parallel copies). ``waiting`` comes from
+  ``RuntimeCosts.wait_share``, which the calibration fits where it is told to
+  (``pipeweave.measure.calibration_runs.WAITING``; by default it fits a cost per received
+  message instead, ``compute_per_receive``).
 
 With ``cores >= ranks`` it gives exactly ``walk``'s times, whatever ``waiting`` (``n + waiting
 * m <= ranks <= cores`` for ``waiting <= 1``; the simulator walks there without this module). With one core and no communication

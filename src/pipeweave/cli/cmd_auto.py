@@ -325,7 +325,8 @@ def _fitted(args: argparse.Namespace,
                  " ms before the fit")
         words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost",
                  "action_overhead": "per action",
-                 "compute_per_action": "compute per action"}
+                 "compute_per_action": "compute per action",
+                 "compute_per_receive": "compute per received message"}
         _say(f"fitted compute x{fit.fitted['compute_scale']:.3f}"
              + "".join(f", {words[name]} +{1e6 * value:.0f} us"
                        for name, value in fit.fitted.items() if name in words)

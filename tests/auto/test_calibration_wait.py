@@ -87,6 +87,8 @@ def test_a_planted_value_is_recovered_with_the_latencies(fixes: str) -> None:
         assert one[scale_name("data-parallel")] == pytest.approx(speed, rel=1e-4)
         assert scale_name("default") not in one  # it runs at the data-parallel plan's scale
     assert found.fitted["compute_scale"] == pytest.approx(SPEEDS[2], rel=1e-4)  # the median
+    with pytest.raises(ValueError, match="fixes='compute_scale'"):
+        fit_rounds(plans, PARAMETERS, times, compute, BORROW, "compute_scale")
     # Without it, the default's own scale absorbs what its waits cost: too high.
     alone = fit_rounds(plans, PARAMETERS, times, compute)
     assert fixes not in alone.fitted

@@ -56,8 +56,8 @@ from typing import Protocol
 
 from .calibration_solve import Target, solve
 
-__all__ = ["PASSES", "PER_RECEIVE", "SCALE_FLOOR", "WAIT_SHARE", "Probed", "RoundFit", "fit_rounds",
-           "round_targets", "scale_name"]
+__all__ = ["PASSES", "PER_RECEIVE", "SCALE_FLOOR", "WAIT_SHARE", "Probed", "RoundFit",
+           "fit_rounds", "round_targets", "scale_name"]
 
 PER_RECEIVE = "compute_per_receive"
 """Seconds each action that takes a message from another rank computes beyond the others
@@ -152,6 +152,9 @@ def fit_rounds(plans: Mapping[str, Probed], parameters: Mapping[str, str],
     (``borrow``, ``fixes`` as there); each parameter the median over the rounds,
     ``compute_scale`` the median of every plan's per-round scale, ``fixes`` the median of
     its rounds where ``borrow`` fits it (module docstring)."""
+    if fixes not in (PER_RECEIVE, WAIT_SHARE):
+        raise ValueError(f"fixes={fixes!r}: a borrowing plan's compute fixes {PER_RECEIVE!r} "
+                         f"or {WAIT_SHARE!r}; give one of them")
     asked = dict(borrow or {})  # a plan borrows from a plan that runs and lends its own
     borrow = {label: other for label, other in asked.items()
               if label in plans and other in plans and other not in asked}

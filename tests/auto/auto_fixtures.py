@@ -1,11 +1,12 @@
 """Small synthetic profiles for the auto tests (no link: transfers and all-reduces are free,
-so a hand-written oracle needs only the compute times), and the walk over a search space's
-completed candidates that the memory-floor tests share."""
+so a hand-written oracle needs only the compute times), the walk over a search space's
+completed candidates that the memory-floor tests share, and a calibration runner that
+replays synthetic rounds."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from pipeweave.auto import AutoProblem, enumerate_candidates
 from pipeweave.auto.axes import Candidate
@@ -64,3 +65,17 @@ def completed_candidates(problem: AutoProblem, *, synchronous_only: bool = False
         except ValueError:
             continue
         yield candidate, plan, schedule, one_copy
+
+
+def replayed(times: Mapping[str, Sequence[float]], compute: Mapping[str, Sequence[float]],
+             ranks: int) -> Callable[[str, Plan, int], tuple[float, list[float]]]:
+    """A calibration runner (``fit_calibration``'s ``time_one``) that gives each plan's
+    rounds in order: its iteration ``times[label][r]`` and its compute ``compute[label][r]``
+    spread evenly over ``ranks``."""
+    calls: dict[str, int] = {}
+
+    def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
+        index = calls[label] = calls.get(label, -1) + 1
+        return times[label][index], [compute[label][index] / ranks] * ranks
+
+    return time_one

@@ -11,13 +11,12 @@ from dataclasses import replace
 
 import pytest
 
-from auto_fixtures import small_profile
+from auto_fixtures import replayed, small_profile
 from pipeweave.auto import AutoProblem
 from pipeweave.measure.calibration_rounds import (SCALE_FLOOR, fit_rounds, round_targets,
                                                   scale_name)
 from pipeweave.measure.calibration_runs import (PARAMETERS, CalibrationPlan, calibration_plans,
                                                 fit_calibration, solve, with_fit)
-from pipeweave.planner.plan import Plan
 from pipeweave.profiler import LinkProfile
 from pipeweave.profiler.runtime_costs import RuntimeCosts
 
@@ -170,15 +169,8 @@ def test_fit_calibration_reports_each_rounds_fit() -> None:
     problem = _problem()
     plans = calibration_plans(problem, actions=False)
     times, compute = _runs(plans)
-    calls = {label: 0 for label in plans}
-
-    def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
-        index = calls[label]
-        calls[label] += 1
-        return times[label][index], [compute[label][index] / 2] * 2
-
-    fitted, fit = fit_calibration(problem, time_one=time_one, rounds=5, seconds=0.1,
-                                 actions=False)
+    fitted, fit = fit_calibration(problem, time_one=replayed(times, compute, 2), rounds=5,
+                                  seconds=0.1, actions=False)
     assert fit is not None and len(fit.rounds) == 5
     report = fit.to_json()
     assert [one[scale_name("default")] for one in report["per_round"]] == \

@@ -7,7 +7,10 @@ hand-timed case.
 * GPipe on 2 ranks and 1 core, timed by hand: two actions in progress at once each take twice
   their cost;
 * it is never faster than a device per rank nor than ``work / cores``; lowering changes
-  nothing; collectives, deadlocks and missing producers behave as in ``walk``.
+  nothing; collectives, deadlocks and missing producers behave as in ``walk``;
+* a waiting rank taking a share ``w`` of a core (``Costs.wait_share``): the GPipe case
+  timed by hand again, ``12 + 4 w``; nothing changes with a core per rank; more share is
+  never faster.
 """
 
 from __future__ import annotations
@@ -71,6 +74,48 @@ def test_gpipe_on_two_ranks_and_one_core_timed_by_hand() -> None:
     assert simulate(build("gpipe", 2, 2), Costs(forward=1.0, backward=2.0, shared_cores=2)).makespan == 9.0
 
 
+def test_a_waiting_rank_takes_its_share_of_the_core_timed_by_hand() -> None:
+    """GPipe on 2 ranks and 1 core, a waiting rank taking w = 0.5 of it: an action computing
+    beside a waiting rank runs at 1 / (1 + w), one beside a computing rank at 1 / 2 as
+    before, one alone (the other rank through its program) at full speed. The actions
+    computed beside a waiting rank (0F0, 1F1, 1B0: 4 units of work) take (1 + w) x 4 = 6,
+    the rest as before: 12 + 4 w = 14."""
+    costs = Costs(forward=1.0, backward=2.0, shared_cores=1, wait_share=0.5)
+    result = simulate(build("gpipe", 2, 2), costs)
+    times = {text.split("@")[0]: (t0, t1) for _, text, t0, t1 in result.timeline}
+    assert times["0F0"] == pytest.approx((0.0, 1.5))               # rank 1 waits: 1 / 1.5
+    assert times["1F0"] == times["0F1"] == pytest.approx((1.5, 3.5))  # side by side: 1 / 2
+    assert times["1F1"] == pytest.approx((3.5, 5.0))               # rank 0 waits
+    assert times["1B0"] == pytest.approx((5.0, 8.0))
+    assert times["0B0"] == times["1B1"] == pytest.approx((8.0, 12.0))
+    assert times["0B1"] == pytest.approx((12.0, 14.0))             # rank 1 is through
+    assert result.makespan == pytest.approx(12.0 + 4 * 0.5)
+    # with the default share, 0: the hand-timed case above
+    assert simulate(build("gpipe", 2, 2), dataclasses.replace(costs, wait_share=0.0)
+                    ).makespan == 12.0
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe", "pipedream", "avgpipe", "wpipe"])
+def test_the_share_of_waiting_ranks_changes_nothing_with_a_core_per_rank(name: str) -> None:
+    schedule = build(name, 3, 6, iterations_of(name))
+    stages = schedule.num_stages
+    costs = Costs(forward=[1.0 + 0.25 * (s % 3) for s in range(stages)], backward=2.0,
+                  comm=0.3, update=0.2)
+    alone = simulate(schedule, costs)
+    for cores in (3, 4):
+        shared = simulate(schedule, dataclasses.replace(costs, shared_cores=cores,
+                                                        wait_share=0.9))
+        assert shared.timeline == alone.timeline
+
+
+def test_waiting_ranks_only_slow_the_computing_ones() -> None:
+    """More share, never faster; 1F1B on 4 ranks and 2 cores slows with it."""
+    schedule = build("1f1b", 4, 8)
+    times = [simulate(schedule, Costs(forward=1.0, backward=2.0, comm=0.2, shared_cores=2,
+                                      wait_share=w)).makespan for w in (0.0, 0.3, 0.6, 1.0)]
+    assert times == sorted(times) and times[-1] > 1.1 * times[0]
+
+
 def compute_work(schedule, costs: Costs) -> float:  # type: ignore[no-untyped-def]
     duration = _duration_fn(costs.resolve(schedule.num_stages))
     return sum(duration(rank, action) for rank, _, action in schedule.actions()
@@ -125,3 +170,8 @@ def test_bad_core_counts_are_refused() -> None:
         Costs(shared_cores=0)
     with pytest.raises(ValueError, match="cores must be an integer >= 1, got 0"):
         walk_shared_cores(build("1f1b", 2, 2), lambda r, a: 1.0, cores=0)
+    for bad in (-0.5, float("inf"), True):
+        with pytest.raises(ValueError, match="waiting must be a finite number >= 0"):
+            walk_shared_cores(build("1f1b", 2, 2), lambda r, a: 1.0, cores=1, waiting=bad)
+        with pytest.raises(ValueError, match="wait_share"):
+            Costs(shared_cores=1, wait_share=bad)

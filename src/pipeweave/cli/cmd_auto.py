@@ -326,10 +326,13 @@ def _fitted(args: argparse.Namespace,
                  " ms before the fit")
         words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost",
                  "action_overhead": "per action",
-                 "compute_per_action": "compute per action"}
+                 "compute_per_action": "compute per action",
+                 "compute_per_receive": "compute per received message"}
         _say(f"fitted compute x{fit.fitted['compute_scale']:.3f}"
              + "".join(f", {words[name]} +{1e6 * value:.0f} us"
                        for name, value in fit.fitted.items() if name in words)
+             + (f", a waiting rank {fit.fitted['wait_share']:.2f} of a core"
+                if "wait_share" in fit.fitted else "")
              + f" ({time.perf_counter() - started:.1f} s)")
     return problem, fit
 

@@ -22,6 +22,23 @@ left the difference to the latencies, which it pushed to 0 (gpt-tiny on 2 ranks,
 load 4: the default's compute simulated at 130 ms a round, measured 45-54). A final scale
 below 1 goes into the blocks' times (:func:`~.calibration_runs.with_costs`).
 
+Where more ranks than cores share the machine, the plans' own scales differ by shape, not
+only by load: the default plan (a pipeline, most ranks waiting) computed at 1.23 / 1.29 /
+0.87 (gpt-tiny, 4 ranks on 2 cores) and 1.71 / 0.98 / 1.98 (cnn) of its simulated compute
+where the data-parallel plan (every rank computing) in the same rounds took 1.04 / 0.83 /
+0.71 and 0.80 / 0.48 / 0.86 (``benchmarks/results/auto_predict.json``): a waiting rank
+takes cores too (gloo's socket thread, the send thread, the wake-up;
+``benchmarks/waiting_cpu.py``), which the processor-sharing walk did not count, and the
+median scale priced every pipeline fast. There ``borrow`` (``{"default":
+"data-parallel"}``, :mod:`.calibration_runs`) runs the default plan at the data-parallel
+plan's scale of the same round, and the default's measured compute fixes ``fixes`` instead
+of a scale of its own, at least 0, the median of its rounds: :data:`PER_RECEIVE` (by
+default), seconds each action that takes a message from another rank computes beyond the
+others (``RuntimeCosts.compute_per_receive``), or :data:`WAIT_SHARE`, the share of a core
+a waiting rank takes in the simulator's shared-cores walk (``RuntimeCosts.wait_share``,
+:mod:`pipeweave.sim.shared_cores`); ``compute_scale`` is then the median of the lending
+plans' scales.
+
 Per round, every plan's iteration and compute are targets of one :func:`~.calibration_solve.solve`;
 each parameter is then the median of its per-round values, and ``compute_scale`` (what
 predictions of other plans use) the median of every plan's per-round scale. A median, not a
@@ -39,8 +56,17 @@ from typing import Protocol
 
 from .calibration_solve import Target, solve
 
-__all__ = ["PASSES", "SCALE_FLOOR", "Probed", "RoundFit", "fit_rounds", "round_targets",
-           "scale_name"]
+__all__ = ["PASSES", "PER_RECEIVE", "SCALE_FLOOR", "WAIT_SHARE", "Probed", "RoundFit",
+           "fit_rounds", "round_targets", "scale_name"]
+
+PER_RECEIVE = "compute_per_receive"
+"""Seconds each action that takes a message from another rank computes beyond the others
+(``RuntimeCosts.compute_per_receive``): what a plan that borrows another's scale fixes, by
+default."""
+
+WAIT_SHARE = "wait_share"
+"""The share of a core a waiting rank takes (``RuntimeCosts.wait_share``): what a plan that
+borrows another's scale may fix instead (``fit_rounds(..., fixes=WAIT_SHARE)``)."""
 
 SCALE_FLOOR = 0.25
 """The least compute scale a plan may get: a run computing 4x faster than its profile says
@@ -78,22 +104,31 @@ def _at(values: Mapping[str, float], label: str) -> dict[str, float]:
 
 
 def round_targets(plans: Mapping[str, Probed], parameters: Mapping[str, str],
-                  times: Mapping[str, float], compute: Mapping[str, float]) -> list[Target]:
+                  times: Mapping[str, float], compute: Mapping[str, float],
+                  borrow: Mapping[str, str] | None = None,
+                  fixes: str = PER_RECEIVE) -> list[Target]:
     """One round's targets: per plan, its own compute scale (its timeline's compute seconds
     ``compute[label]`` against the simulated, without the action overhead, which lies
     outside the timed actions; at least :data:`SCALE_FLOOR`) and its parameter
-    ``parameters[label]`` (its iteration ``times[label]``)."""
+    ``parameters[label]`` (its iteration ``times[label]``). A plan in ``borrow`` runs at
+    the scale of the plan it names, and its compute fixes ``fixes`` (:data:`PER_RECEIVE` or
+    :data:`WAIT_SHARE`) instead of a scale of its own (module docstring)."""
+    borrow = dict(borrow or {})
     targets = []
     for label, plan in plans.items():
-        def computed(values: Mapping[str, float], label: str = label,
+        speed = borrow.get(label, label)
+
+        def computed(values: Mapping[str, float], speed: str = speed,
                      plan: Probed = plan) -> float:
-            return plan.compute({**_at(values, label), "action_overhead": 0.0})
+            return plan.compute({**_at(values, speed), "action_overhead": 0.0})
 
-        def iteration(values: Mapping[str, float], label: str = label,
+        def iteration(values: Mapping[str, float], speed: str = speed,
                       plan: Probed = plan) -> float:
-            return plan.iteration(_at(values, label))
+            return plan.iteration(_at(values, speed))
 
-        targets.append(Target(scale_name(label), computed, compute[label], least=SCALE_FLOOR))
+        targets.append(Target(fixes, computed, compute[label]) if label in borrow
+                       else Target(scale_name(label), computed, compute[label],
+                                   least=SCALE_FLOOR))
         targets.append(Target(parameters[label], iteration, times[label]))
     return targets
 
@@ -110,21 +145,33 @@ class RoundFit:
 
 def fit_rounds(plans: Mapping[str, Probed], parameters: Mapping[str, str],
                times: Mapping[str, Sequence[float]],
-               compute: Mapping[str, Sequence[float]]) -> RoundFit:
-    """Per round (``times[label][r]``, ``compute[label][r]``), :func:`round_targets` solved;
-    each parameter the median over the rounds, ``compute_scale`` the median of every plan's
-    per-round scale (module docstring)."""
+               compute: Mapping[str, Sequence[float]],
+               borrow: Mapping[str, str] | None = None,
+               fixes: str = PER_RECEIVE) -> RoundFit:
+    """Per round (``times[label][r]``, ``compute[label][r]``), :func:`round_targets` solved
+    (``borrow``, ``fixes`` as there); each parameter the median over the rounds,
+    ``compute_scale`` the median of every plan's per-round scale, ``fixes`` the median of
+    its rounds where ``borrow`` fits it (module docstring)."""
+    if fixes not in (PER_RECEIVE, WAIT_SHARE):
+        raise ValueError(f"fixes={fixes!r}: a borrowing plan's compute fixes {PER_RECEIVE!r} "
+                         f"or {WAIT_SHARE!r}; give one of them")
+    asked = dict(borrow or {})  # a plan borrows from a plan that runs and lends its own
+    borrow = {label: other for label, other in asked.items()
+              if label in plans and other in plans and other not in asked}
     counts = {len(times[label]) for label in plans} | {len(compute[label]) for label in plans}
     if len(counts) != 1 or 0 in counts:
         raise ValueError(f"every plan needs the same number (>= 1) of rounds of times and of "
                          f"compute; got {sorted(counts)}: time each plan in every round")
     rounds = [solve(round_targets(plans, parameters,
                                   {label: times[label][r] for label in plans},
-                                  {label: compute[label][r] for label in plans}),
+                                  {label: compute[label][r] for label in plans}, borrow,
+                                  fixes),
                     passes=PASSES)
               for r in range(counts.pop())]
     fitted = {name: statistics.median(one[name] for one in rounds)
               for name in dict.fromkeys(parameters[label] for label in plans)}
     fitted["compute_scale"] = statistics.median(one[scale_name(label)] for one in rounds
-                                                for label in plans)
+                                                for label in plans if label not in borrow)
+    if borrow:
+        fitted[fixes] = statistics.median(one[fixes] for one in rounds)
     return RoundFit(fitted, tuple(rounds))

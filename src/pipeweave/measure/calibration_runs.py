@@ -37,6 +37,11 @@ against it). Parameters from plans measured under the same load: before, one par
 from one run of the default plan had to absorb the all-reduce too, and the data-parallel
 winner was predicted 15-31 % fast while the default was 15-31 % slow (docs/auto.md).
 
+Where the ranks outnumber the cores, the default plan computes at the data-parallel plan's
+scale and its compute fixes :data:`WAITING`: ``compute_per_receive``, what each action that
+takes a message from another rank computes beyond the others, or ``wait_share``, the share
+of a core a waiting rank takes (:mod:`.calibration_rounds`, ``borrow``).
+
 The action overhead is taken to lie outside the timed actions (the interpreter between
 them, the wake-up when a shared core comes back): the timelines' compute, and so
 the compute scales, do not include it.
@@ -63,7 +68,7 @@ from ..planner.plan import Plan
 from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
 from .alternating import TIMED_SECONDS, Rounds, alternate
-from .calibration_rounds import fit_rounds
+from .calibration_rounds import PER_RECEIVE, WAIT_SHARE, fit_rounds
 from .calibration_sizes import PER_ACTION, fit_action_compute
 from .calibration_solve import Target, solve
 
@@ -108,7 +113,8 @@ def compute_faster(profile: Profile, scale: float) -> Profile:
 
         runtime = replace(runtime, per_action=faster(runtime.per_action),
                           per_block=faster(runtime.per_block),
-                          compute_per_action=runtime.compute_per_action * scale)
+                          compute_per_action=runtime.compute_per_action * scale,
+                          compute_per_receive=runtime.compute_per_receive * scale)
     return replace(profile, blocks=blocks, runtime=runtime)
 
 
@@ -171,7 +177,7 @@ def calibration_plans(problem: AutoProblem, *, actions: bool = True,
     (module docstring); ``actions``: add ``data-parallel-small`` where a larger M than the
     default's fits (False: not at all); ``per_action``: the ``compute_per_action`` the plans
     are simulated at (whatever the profile had)."""
-    zero = {"compute_scale": 1.0, PER_ACTION: per_action,
+    zero = {"compute_scale": 1.0, PER_ACTION: per_action, WAIT_SHARE: 0.0, PER_RECEIVE: 0.0,
             **{name: 0.0 for name in PARAMETERS.values()}}
     plain = replace(problem, profile=with_costs(problem.profile, zero))
     out: dict[str, CalibrationPlan] = {}
@@ -266,7 +272,7 @@ def fit_calibration(problem: AutoProblem, *,
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
     names = {label: PARAMETERS[label] for label in plans}
     times = {label: rounds.times for label, rounds in measured.items()}
-    found = fit_rounds(plans, names, times, compute)
+    found = fit_rounds(plans, names, times, compute, _borrowed(problem), WAITING)
     extra = 0.0 if problem.shared_cores is not None else _action_compute(plans, compute)
     if extra > 0:  # kept only where it prices the calibration's own runs better
         probed = calibration_plans(problem, actions=actions, per_action=extra)
@@ -279,6 +285,20 @@ def fit_calibration(problem: AutoProblem, *,
     fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute, rounds=found.rounds,
                          predicted_before={label: p.predicted for label, p in plans.items()})
     return with_fit(problem, fitted), fit
+
+
+WAITING = PER_RECEIVE
+"""What the default plan's compute fixes where ranks outnumber cores (:func:`_borrowed`):
+``compute_per_receive`` (a fixed cost per action that takes a message) or ``wait_share``
+(a waiting rank's share of a core); ``benchmarks/wait_share_ab.py`` compares them."""
+
+
+def _borrowed(problem: AutoProblem) -> dict[str, str]:
+    """Where the ranks outnumber the cores, the default plan (a pipeline: most ranks wait)
+    computes at the data-parallel plan's scale (every rank computes), and the difference
+    fixes :data:`WAITING` (:mod:`.calibration_rounds`); elsewhere none."""
+    cores = problem.shared_cores
+    return {"default": "data-parallel"} if cores is not None and cores < problem.ranks else {}
 
 
 def _missed(plans: Mapping[str, CalibrationPlan], fitted: Mapping[str, float],

@@ -15,13 +15,16 @@ Every planner is judged the same way: the plan's schedule is simulated
     runtime     where the profile measured them (``profile.runtime``): each of forward,
                 backward, I, W and update of a stage of k blocks + per_action + per_block (k-1),
                 F, B, I and W + compute_per_action (a distributed run's own, fitted),
+                F, B and I that take a message from another rank + compute_per_receive,
                 F, B, I and W (their sends included) then x compute_scale,
                 and a stage that sends (forward to the next, gradient to the previous) pays
                 per_message in that action; then each F, B, I and W + action_overhead,
                 and + action_overhead again where it sends; every transfer's latency grows by
                 message_latency; an all-reduce is allreduce_latency + (r-1)|w_s| /
                 allreduce_bandwidth where those were measured (at least the ring formula),
-                else each of its 2 (r - 1) ring steps waits message_latency
+                else each of its 2 (r - 1) ring steps waits message_latency;
+                with shared cores, wait_share goes to the costs (a waiting rank's share
+                of a core, :mod:`pipeweave.sim.shared_cores`)
                 (:mod:`pipeweave.profiler.runtime_costs`)
     activation  = sum of the blocks' activation bytes (what a stage stashes per micro-batch)
     tie sum     update[s] += latency + |tie| / bandwidth, once per rank, on each stage s
@@ -152,7 +155,8 @@ def plan_costs(profile: Profile, bounds: Bounds, network: Network = Network(),
                  latency=network.latency + (profile.runtime.message_latency
                                             if profile.runtime is not None else 0.0),
                  activation_bytes=activation, all_reduce=reduce, update=update,
-                 shared_cores=network.shared_cores)
+                 shared_cores=network.shared_cores,
+                 wait_share=profile.runtime.wait_share if profile.runtime is not None else 0.0)
 
 
 def _sharded(profile: Profile, bounds: Bounds, network: Network, replicas: Sequence[int],
@@ -190,8 +194,11 @@ def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
         scale = runtime.compute_scale if kind != "update" else 1.0
         fixed = runtime.action_overhead if kind != "update" else 0.0
         per_action = runtime.compute_per_action if kind != "update" else 0.0
+        takes = {"forward": behind, "backward": ahead, "input_grad": ahead}.get(kind)
         for s, ((a, e), value) in enumerate(zip(bounds, column)):
             timed = runtime.action(kind, value / overhead, e - a) + per_action
+            if takes is not None and takes[s]:
+                timed += runtime.compute_per_receive
             posts = sends is not None and sends[s]
             if posts:
                 timed += message

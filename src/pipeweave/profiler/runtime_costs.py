@@ -60,12 +60,29 @@ inside the timed action beyond the blocks and ``per_action`` measured in one pro
 from the calibration's data-parallel plans at two micro-batch sizes
 (:mod:`pipeweave.measure.calibration_sizes`; 0 where not fitted).
 
+``compute_per_receive`` is added, like ``compute_per_action`` and inside the scale, to every
+action that takes a message from another rank: the F of a stage whose previous stage is on
+other ranks, the B and I of one whose next stage is: what a pipeline's rank pays inside the
+timed action when it starts on a message it waited for (woken, its caches cold; the
+calibration's default plan computed at about twice the data-parallel plan's scale on cnn at
+4 ranks on 2 cores, some 1.2-1.5 on gpt-tiny, whose actions are larger). Fitted where more
+ranks than cores share the machine, from the default plan's compute at the data-parallel
+plan's scale (:mod:`pipeweave.measure.calibration_rounds`); 0 otherwise.
+
 ``action_overhead`` is added, once, to every F, B, I and W action and once more for each
 send the action posts, after the scale: what each action and message costs a rank beyond its
 compute when more ranks than cores share the machine (the interpreter between actions, the
 wake-up when the core comes back, outside the timed action itself). Fitted so that a
 data-parallel plan at the smallest micro-batches the search uses times as its real runs do
 (:mod:`pipeweave.measure.calibration_runs`, ranks > cores only; 0 otherwise).
+
+``wait_share`` is the share of a core that a rank takes while it waits (for a message, for
+the other replicas of an all-reduce) where more ranks than cores share the machine: gloo's
+socket thread and the send thread move every message, and a woken rank queues for a core.
+The simulator's shared-cores walk runs ``n`` computing ranks beside ``m`` waiting ones at
+``min(1, cores / (n + wait_share * m))`` (:mod:`pipeweave.sim.shared_cores`). The
+alternative to ``compute_per_receive``: fitted the same way in its place where
+``pipeweave.measure.calibration_runs.WAITING`` names it (ranks > cores only); 0 otherwise.
 """
 
 from __future__ import annotations
@@ -97,6 +114,11 @@ class RuntimeCosts:
     compute_per_action: float = 0.0
     """Seconds each F, B, I and W action computes beyond its blocks and ``per_action`` in a
     distributed run, inside the timed action (module docstring)."""
+    compute_per_receive: float = 0.0
+    """Seconds each F, B and I that takes a message from another rank computes beyond the
+    others, inside the timed action (module docstring)."""
+    wait_share: float = 0.0
+    """The share of a core a waiting rank takes where ranks share cores (module docstring)."""
     compute_scale: float = 1.0
     """What the compute actions of a distributed run take over their single-process time
     (>= 1): the ranks' compute measured on the calibration runs' timelines against the
@@ -130,6 +152,13 @@ class RuntimeCosts:
         object.__setattr__(self, "action_overhead", float(self.action_overhead))
         _check_seconds("compute_per_action", self.compute_per_action)
         object.__setattr__(self, "compute_per_action", float(self.compute_per_action))
+        _check_seconds("compute_per_receive", self.compute_per_receive)
+        object.__setattr__(self, "compute_per_receive", float(self.compute_per_receive))
+        if isinstance(self.wait_share, bool) or not isinstance(self.wait_share, (int, float)) \
+                or not math.isfinite(self.wait_share) or self.wait_share < 0:
+            raise ValueError(f"runtime costs wait_share must be a finite number >= 0 (the "
+                             f"share of a core a waiting rank takes), got {self.wait_share!r}")
+        object.__setattr__(self, "wait_share", float(self.wait_share))
         scale = self.compute_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
                 or not math.isfinite(scale) or scale < 1:
@@ -171,7 +200,8 @@ class RuntimeCosts:
                 "allreduce_bandwidth": self.allreduce_bandwidth,
                 "action_overhead": self.action_overhead,
                 "compute_per_action": self.compute_per_action,
-                "compute_scale": self.compute_scale, "notes": dict(self.notes)}
+                "compute_per_receive": self.compute_per_receive,
+                "wait_share": self.wait_share, "compute_scale": self.compute_scale, "notes": dict(self.notes)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RuntimeCosts":
@@ -180,7 +210,8 @@ class RuntimeCosts:
         unknown = sorted(set(data) - {"per_action", "per_block", "per_message",
                                       "message_latency", "allreduce_latency",
                                       "allreduce_bandwidth", "action_overhead",
-                                      "compute_per_action", "compute_scale", "notes"})
+                                      "compute_per_action", "compute_per_receive",
+                                      "wait_share", "compute_scale", "notes"})
         if unknown:
             raise ValueError(f"runtime costs have unknown fields {unknown}")
         return cls(per_action=dict(data.get("per_action") or {}),
@@ -191,6 +222,8 @@ class RuntimeCosts:
                    allreduce_bandwidth=data.get("allreduce_bandwidth"),
                    action_overhead=data.get("action_overhead", 0.0),
                    compute_per_action=data.get("compute_per_action", 0.0),
+                   compute_per_receive=data.get("compute_per_receive", 0.0),
+                   wait_share=data.get("wait_share", 0.0),
                    compute_scale=data.get("compute_scale", 1.0),
                    notes=dict(data.get("notes") or {}))
 

@@ -90,6 +90,11 @@ class Costs:
             CPU machine); forwards, backwards and updates in progress at once then split the
             cores (:mod:`pipeweave.sim.shared_cores`). ``None`` (default): every rank has its
             own device.
+        wait_share: with ``shared_cores``, the share of a core a rank takes while it waits
+            (for a message, an all-reduce; gloo's and the send thread's work on a CPU
+            machine): ``n`` ranks computing beside ``m`` waiting run at ``min(1, cores /
+            (n + wait_share * m))`` (:mod:`pipeweave.sim.shared_cores`). Default 0; read only
+            where the ranks outnumber the cores.
     """
 
     forward: PerStage = 1.0
@@ -108,6 +113,7 @@ class Costs:
     half_forward: PerStage | None = None
     half_backward: PerStage | None = None
     half_weight_grad: PerStage | None = None
+    wait_share: float = 0.0
 
     def __post_init__(self) -> None:
         check_shared_cores(self.shared_cores)
@@ -115,8 +121,8 @@ class Costs:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, _normalise(name, value))
-        for name in ("latency",):
-            _check_number(name, getattr(self, name))
+        for name in ("latency", "wait_share"):
+            object.__setattr__(self, name, _check_number(name, getattr(self, name)))
         if self.bandwidth is not None:
             _check_number("bandwidth", self.bandwidth)
             if self.bandwidth <= 0:
@@ -175,6 +181,7 @@ class Costs:
         if half_weight_grad:
             _check_halves(half_backward, half_weight_grad)
         return StageCosts(transfer=transfer, latency=self.latency, shared_cores=self.shared_cores,
+                          wait_share=self.wait_share,
                           weight_grad=weight_grad, input_grad=input_grad,
                           half_forward=half_forward, half_backward=half_backward,
                           half_weight_grad=half_weight_grad, **per_stage)
@@ -204,6 +211,8 @@ class StageCosts:
     all_reduce: tuple[float, ...]
     average: tuple[float, ...]
     shared_cores: int | None = None
+    wait_share: float = 0.0
+    """The share of a core a waiting rank takes where ranks share cores (``Costs``)."""
     weight_grad: tuple[float, ...] = ()
     """What a ``W`` costs per stage (empty: half the backward)."""
     input_grad: tuple[float, ...] = ()

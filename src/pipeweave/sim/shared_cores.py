@@ -17,9 +17,21 @@ simulation over the same dependencies and program order as ``walk``:
   action of cost ``c`` that shares the cores with others the whole time ends
   ``c * n / cores`` after it started;
 * everything else (sends, receives, the all-reduce and averaging exchanges) takes its cost as
-  wall time and uses no core — it waits on the network, not the CPU.
+  wall time and uses no core of its own — it waits on the network, not the CPU;
+* a rank that is not computing and has not finished its program (waiting for a message or
+  for the other replicas of an all-reduce, or inside a send, receive or exchange) still takes
+  ``waiting`` of a core (default 0): with ``n`` ranks computing and ``m`` waiting, the ``n``
+  advance at rate ``min(1, cores / (n + waiting * m))``. A waiting rank process is not idle
+  on a CPU machine: gloo's socket thread moves every message, our send thread posts each one,
+  and a woken rank queues for a core (``benchmarks/waiting_cpu.py``: cnn's 4-stage pipeline
+  on 4 ranks spent 34 ms of CPU per 29 ms iteration, 11.6 ms of it in those threads, against
+  20.6 ms for the same work as 4 data-parallel copies). ``waiting`` comes from
+  ``RuntimeCosts.wait_share``, which the calibration fits where it is told to
+  (``pipeweave.measure.calibration_runs.WAITING``; by default it fits a cost per received
+  message instead, ``compute_per_receive``).
 
-With ``cores >= ranks`` it gives exactly ``walk``'s times. With one core and no communication
+With ``cores >= ranks`` it gives exactly ``walk``'s times, whatever ``waiting`` (``n + waiting
+* m <= ranks <= cores`` for ``waiting <= 1``; the simulator walks there without this module). With one core and no communication
 cost, a schedule that never deadlocks keeps the core busy from start to end, so its makespan is
 the sum of every compute cost. Cost: every event scans the ranks, ``O(actions x ranks)``;
 it is meant for the few ranks one CPU machine runs, not for the 64-stage benchmark.
@@ -27,6 +39,7 @@ it is meant for the few ranks one CPU machine runs, not for the 64-stage benchma
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -63,17 +76,24 @@ def walk_shared_cores(
     index: dict[Action, Location] | None = None,
     *,
     cores: int,
+    waiting: float = 0.0,
 ) -> Walk:
-    """Time every action of ``schedule`` on ``cores`` cores shared by all ranks.
+    """Time every action of ``schedule`` on ``cores`` cores shared by all ranks, each rank
+    that waits taking ``waiting`` of a core (module docstring).
 
     Raises:
-        ValueError: if ``cores`` is not an integer >= 1.
+        ValueError: if ``cores`` is not an integer >= 1, or ``waiting`` not a finite number
+            >= 0.
         ScheduleError: if an action depends on one that no rank schedules.
     """
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
         raise ValueError(f"cores must be an integer >= 1, got {cores!r}")
+    if isinstance(waiting, bool) or not isinstance(waiting, (int, float)) \
+            or not math.isfinite(waiting) or waiting < 0:
+        raise ValueError(f"waiting must be a finite number >= 0 (the share of a core a "
+                         f"waiting rank takes), got {waiting!r}")
     index = index_actions(schedule) if index is None else index
-    return _SharedCores(schedule, duration, delay, index, cores).run()
+    return _SharedCores(schedule, duration, delay, index, cores, float(waiting)).run()
 
 
 class _SharedCores:
@@ -81,10 +101,11 @@ class _SharedCores:
     is in progress and how much of it is left, and the clock."""
 
     def __init__(self, schedule: Schedule, duration: DurationFn, delay: DelayFn | None,
-                 index: dict[Action, Location], cores: int) -> None:
+                 index: dict[Action, Location], cores: int, waiting: float = 0.0) -> None:
         self.programs = programs = schedule.programs
         self.layout, self.lowered = schedule.layout, schedule.lowered
         self.duration, self.delay, self.index, self.cores = duration, delay, index, cores
+        self.waiting = waiting
         self.participants = collective_participants(programs)
         n = len(programs)
         self.start = [[0.0] * len(p) for p in programs]
@@ -155,7 +176,8 @@ class _SharedCores:
             return False
         computes, remaining = self.computes, self.remaining
         computing = sum(computes[r] for r in active)
-        rate = min(1.0, self.cores / computing) if computing else 1.0
+        rate = min(1.0, self.cores / (computing + self.waiting * self._waiting(computing))) \
+            if computing else 1.0
         speed = [rate if computes[r] else 1.0 for r in active]
         step = max(0.0, min([remaining[r] / v for r, v in zip(active, speed)]
                             + [t - self.now for t in timers]))
@@ -165,6 +187,13 @@ class _SharedCores:
             if remaining[r] <= _EPS * max(1.0, self.now):
                 self._finish(r, self.now)
         return True
+
+    def _waiting(self, computing: int) -> int:
+        """Ranks neither computing nor through their program (module docstring)."""
+        if not self.waiting:
+            return 0
+        left = sum(p < len(program) for p, program in zip(self.pointer, self.programs))
+        return left - computing
 
     def _finish(self, rank: int, at: float) -> None:
         self.end[rank][self.pointer[rank]] = at

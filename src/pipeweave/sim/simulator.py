@@ -207,7 +207,8 @@ def _walk(schedule: Schedule, table: StageCosts, index: dict[Action, Location]) 
     delay = _delay_fn(table)
     cores = table.shared_cores
     if cores is not None and cores < schedule.num_ranks:
-        timing = walk_shared_cores(schedule, duration, delay, index, cores=cores)
+        timing = walk_shared_cores(schedule, duration, delay, index, cores=cores,
+                                   waiting=table.wait_share)
     elif (compiled := compiled_for(schedule, index)) is not None:
         start, end = compiled.times(table)  # the same walk, vectorised (sim/compiled.py)
         return Walk(start=compiled.rows(start), end=compiled.rows(end),

@@ -94,3 +94,23 @@ def test_plan_slicer_from_a_profile_file_prices_halves_with_its_fixed_costs(
     assert printed["predicted_iteration_time"] == pytest.approx(halves.predicted_iteration_time)
     # each half's F pays the whole per-action second: slower than half the whole
     assert halves.predicted_iteration_time > paper.predicted_iteration_time + 0.5
+
+
+def test_the_text_report_says_whether_the_slicer_is_predicted_faster() -> None:
+    """``plan --slicer`` runs the Slicer as asked; its report puts the plan without it beside
+    and says which is predicted faster (dear halves: slower, and how to drop it)."""
+    from pipeweave.cli.cmd_plan import format_result
+
+    paper = make_plan(PlanRequest(WHOLE, 3, microbatches=6, slicer=True), "uniform")
+    dear = make_plan(PlanRequest(WHOLE, 3, microbatches=6, slicer=True,
+                                 half_profile=DEAR_HALF), "uniform")
+    without = dear.details["iteration_time_without_slicer"]
+    slower = 100 * (dear.predicted_iteration_time / without - 1)
+    assert slower > 0
+    assert (f"without the Slicer {1e3 * without:.3f} ms (simulated): the Slicer is predicted "
+            f"{slower:.1f} % slower: drop --slicer") in format_result(dear, WHOLE)
+    faster = 100 * (1 - paper.predicted_iteration_time / without)
+    assert faster > 0  # at half the whole, slicing fills the warm-up bubble
+    assert f"the Slicer is predicted {faster:.1f} % faster" in format_result(paper, WHOLE)
+    plain = make_plan(PlanRequest(WHOLE, 3, microbatches=6), "uniform")
+    assert "without the Slicer" not in format_result(plain, WHOLE)

@@ -176,9 +176,24 @@ def format_result(result: PlanResult, profile: Profile) -> str:
             value = result.details[key]
             lines.append(f"{key.replace('_', ' ')} {value:.6g}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')} {value}")
+    lines.extend(_slicer_line(result))
     for name, outcome in result.details.get("schedules", {}).items():
         chosen = " (chosen)" if name == plan.schedule else ""
         lines.append(f"  schedule {name}: {1e3 * outcome:.3f} ms{chosen}"
                      if isinstance(outcome, float) else f"  schedule {name}: left out, {outcome}")
     lines.append(f"planning time {result.planning_seconds:.4f} s")
     return "\n".join(lines)
+
+
+def _slicer_line(result: PlanResult) -> list[str]:
+    """With ``--slicer``: the same plan without the Slicer, and which is predicted faster (the
+    Slicer is run as asked even where it is predicted slower; this line says so)."""
+    without = result.details.get("iteration_time_without_slicer")
+    if not isinstance(without, float) or without <= 0:
+        return []
+    ratio = result.predicted_iteration_time / without
+    verdict = (f"the Slicer is predicted {100 * (1 - ratio):.1f} % faster" if ratio < 1 else
+               f"the Slicer is predicted {100 * (ratio - 1):.1f} % slower: drop --slicer"
+               if ratio > 1 else "the Slicer is predicted to change nothing")
+    return [f"without the Slicer {1e3 * without:.3f} ms (simulated): {verdict}"]
+

@@ -154,10 +154,8 @@ class RuntimeCosts:
         object.__setattr__(self, "compute_per_action", float(self.compute_per_action))
         _check_seconds("compute_per_receive", self.compute_per_receive)
         object.__setattr__(self, "compute_per_receive", float(self.compute_per_receive))
-        if isinstance(self.wait_share, bool) or not isinstance(self.wait_share, (int, float)) \
-                or not math.isfinite(self.wait_share) or self.wait_share < 0:
-            raise ValueError(f"runtime costs wait_share must be a finite number >= 0 (the "
-                             f"share of a core a waiting rank takes), got {self.wait_share!r}")
+        _check_seconds("wait_share", self.wait_share, "a finite number >= 0 (the share of "
+                       "a core a waiting rank takes)")
         object.__setattr__(self, "wait_share", float(self.wait_share))
         scale = self.compute_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
@@ -228,9 +226,10 @@ class RuntimeCosts:
                    notes=dict(data.get("notes") or {}))
 
 
-def _check_seconds(name: str, value: Any) -> None:
-    """Refuse a cost that is not a finite number of seconds >= 0 (ValueError naming it)."""
+def _check_seconds(name: str, value: Any,
+                   what: str = "a finite number of seconds >= 0") -> None:
+    """Refuse a cost that is not a finite number >= 0 (ValueError naming it and ``what`` it
+    must be)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not math.isfinite(value) or value < 0:
-        raise ValueError(f"runtime costs {name} must be a finite number of seconds >= 0, "
-                         f"got {value!r}")
+        raise ValueError(f"runtime costs {name} must be {what}, got {value!r}")

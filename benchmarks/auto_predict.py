@@ -95,7 +95,8 @@ def run_once(model: str, ranks: int, *, rounds: int, seconds: float,
                                          str(seconds)], timeout_s=timeout_s)
     report = done.pop("report")
     return {**done, "winner": _shape(report["winner"]), "default": _shape(report["default"]),
-            "measured": report["measured"], "calibration": report.get("calibration")}
+            "measured": report["measured"], "calibration": report.get("calibration"),
+            "retimed": report.get("retimed")}
 
 
 Search = Callable[[str, int], dict[str, Any]]
@@ -171,6 +172,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         errors = [r["measured"][label]["iteration_time_error"] for r in runs]
         out[f"{label}_median_error"] = statistics.median(errors)
         out[f"{label}_max_error"] = max(errors)
+        again = [r["measured"][label]["retimed_error"] for r in runs
+                 if "retimed_error" in r["measured"][label]]
+        if len(again) == len(runs):  # re-fit from the calibration plans re-timed beside it
+            out[f"{label}_retimed_median_error"] = statistics.median(again)
+            out[f"{label}_retimed_max_error"] = max(again)
     ratios = [r["measured"]["default"]["iteration_time"] / r["measured"]["winner"]["iteration_time"]
               for r in runs]
     out["winner_speedup_median"] = statistics.median(ratios)
@@ -184,6 +190,15 @@ def _busy(row: dict[str, Any]) -> str:
     if "busy_fraction" not in row:
         return "-"
     return f"{row['predicted_busy_fraction']:.2f}:{row['busy_fraction']:.2f}"
+
+
+def _drift(run: dict[str, Any]) -> str:
+    """The calibration plans' drift in one run (their re-timed median over the
+    calibration's), ``-`` without a re-timing."""
+    retimed = run.get("retimed")
+    if not retimed:
+        return "-"
+    return " ".join(f"{100 * p['drift']:+.0f}%" for p in retimed["plans"].values())
 
 
 def table(cases: dict[str, dict[str, Any]]) -> str:
@@ -210,6 +225,13 @@ def table(cases: dict[str, dict[str, Any]]) -> str:
                      f"{100 * s['default_max_error']:.1f}); same winner every run: "
                      f"{s['same_winner']}; measured winner {s['winner_speedup_median']:.2f}x "
                      "the default")
+        if "winner_retimed_median_error" in s:
+            lines.append(f"{name:<12} re-fit from the calibration plans re-timed beside them: "
+                         f"winner {100 * s['winner_retimed_median_error']:.1f} % (max "
+                         f"{100 * s['winner_retimed_max_error']:.1f}), default "
+                         f"{100 * s['default_retimed_median_error']:.1f} % (max "
+                         f"{100 * s['default_retimed_max_error']:.1f}); drift per run: "
+                         + "; ".join(_drift(run) for run in case["runs"]))
     return "\n".join(lines)
 
 

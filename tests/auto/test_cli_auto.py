@@ -136,6 +136,15 @@ def test_run_trains_the_winner_and_the_default(tmp_path: Path) -> None:
         predicted = measured["predicted_peak_memory_bytes"]
         for p, m in zip(predicted, measured["peak_memory_bytes"]):  # the allocator's peak
             assert 0.5 < p / m < 2.0, (predicted, measured["peak_memory_bytes"])
+        # predicted again from the calibration plans re-timed in the same rounds
+        assert measured["retimed_prediction"] > 0 and measured["retimed_error"] >= 0
+    retimed = report["retimed"]
+    assert set(retimed["plans"]) == set(calibration["plans"])
+    for label, plan in retimed["plans"].items():
+        assert len(plan["rounds"]) == 3 and plan["steps_per_round"] == 3
+        assert plan["calibration_median"] == calibration["plans"][label]["median"]
+        assert plan["drift"] == pytest.approx(plan["median"] / plan["calibration_median"] - 1)
+    assert retimed["fitted"]["message_latency"] >= 0
 
 
 @pytest.mark.distributed

@@ -132,6 +132,8 @@ EARLY = {
                              "0"], "--rounds must be >= 1"),
     "auto --run --run-seconds": (["auto", "--model", "gpt-tiny", "--ranks", "2", "--run",
                                   "--run-seconds", "0"], "--run-seconds must be > 0"),
+    "auto --no-retime": (["auto", "--model", "gpt-tiny", "--ranks", "2", "--no-retime"],
+                         "--no-retime only changes what --run times"),
     "auto --plot": (["auto", "--model", "gpt-tiny", "--ranks", "2", "--plot",
                      "{outside}/a-file/p.png"], "--plot"),
     "plan --ranks 0": (["plan", "--model", "gpt-tiny", "--ranks", "0", "--method", "time"],

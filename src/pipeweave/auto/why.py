@@ -29,10 +29,9 @@ from pathlib import Path
 from ..ir import COMPUTE_OPS, Op
 from ..planner.evaluate import simulated_iterations
 from ..sim import SimulationResult, simulate
-from .tensor_parallel import tp_problem
 from .predict import Prediction, candidate_costs, one_copy_suffices
+from .repredict import priced_as_searched
 from .problem import AutoProblem
-from .scaling import scaled_profile
 from .timing import plan_schedule
 
 __all__ = ["Breakdown", "breakdown", "differences", "format_breakdowns", "split_iteration",
@@ -81,11 +80,7 @@ def _busiest(result: SimulationResult) -> tuple[float, float]:
 def _simulated(prediction: Prediction, problem: AutoProblem, *,
                free_transfers: bool) -> SimulationResult:
     plan = prediction.plan
-    if plan.tp != problem.profile.metadata.get("tp", 1):  # its own size's problem
-        problem = tp_problem(problem, plan.tp)
-    # the profile at the plan's micro-batch, as the search predicted it (search._Search.profile)
-    profile = scaled_profile(problem.profile, problem.batch // plan.microbatches,
-                             problem.extra_profiles)
+    problem, profile = priced_as_searched(prediction, problem)
     costs = candidate_costs(prediction.candidate, plan, profile, problem)
     if free_transfers:
         costs = dataclasses.replace(costs, comm=0.0, boundary_bytes=None, bandwidth=None,

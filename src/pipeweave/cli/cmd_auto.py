@@ -30,7 +30,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
 from ..measure import (RUN_ROUNDS, TIMED_SECONDS, CalibrationFit, auto_microbatch_sizes,
@@ -45,6 +45,9 @@ from ..auto.time_to_loss import TimeToLoss, TimeToLossRanking
 from .model_options import add_profile_source, check_profile_source, chosen_model
 from .options import core_count, load_profile, parse_bytes, shared_cores
 from .plan_exports import write_plan_exports
+
+if TYPE_CHECKING:
+    from ..measure.calibration_retime import Retiming
 
 __all__ = ["add_parser", "run", "format_table", "prediction_json"]
 
@@ -150,6 +153,11 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the other way round in odd rounds); the median is reported")
     parser.add_argument("--run-seconds", type=float, default=TIMED_SECONDS, metavar="SECONDS",
                         help="with --run and no --steps: timed iterations per round")
+    parser.add_argument("--no-retime", action="store_true",
+                        help="with --run: do not time the calibration's plans again in the "
+                             "same rounds (by default they are, to report how much the "
+                             "machine drifted and the winner and default predicted again "
+                             "from a fit of those rounds)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="with --run: seconds a rank waits for a peer")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -239,6 +247,9 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
         if count < 1:
             raise ValueError(f"--microbatches {args.microbatches!r}: each count must be >= 1")
     _check_target(args)
+    if args.no_retime and not args.run:
+        raise ValueError("--no-retime only changes what --run times; add --run or drop "
+                         "--no-retime")
     if args.run:
         _check_run(args)
         if args.timeout <= 0:
@@ -356,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
         optimizer=args.optimizer, time_limit=args.time_limit, schedules=_names(args.schedules),
         methods=_names(args.methods), microbatches=_counts(args.microbatches),
         shard=_names(args.shard), tp=sizes, table_rows=args.top)
+    unfitted = problem
     problem, fit = _fitted(args, problem)
     if args.profile_out is not None:
         args.profile_out.parent.mkdir(parents=True, exist_ok=True)
@@ -380,7 +392,12 @@ def run(args: argparse.Namespace) -> int:
         report["calibration"] = fit.to_json()
     report["plot"] = str(plot)
     if args.run:
-        report["measured"] = _measure(args, problem, result)
+        from ..measure.calibration_retime import Retiming
+
+        retiming = Retiming(unfitted, fit) if fit is not None and not args.no_retime else None
+        report["measured"], retimed = _measure(args, problem, result, retiming)
+        if retimed is not None:
+            report["retimed"] = retimed
     if args.why:
         report["why"] = _why(args, problem, result)
     if args.json:
@@ -432,8 +449,10 @@ def _why(args: argparse.Namespace, problem: AutoProblem,
             "text": "\n".join(lines)}
 
 
-def _measure(args: argparse.Namespace, problem: AutoProblem,
-             result: SearchResult) -> dict[str, Any]:
+def _measure(args: argparse.Namespace, problem: AutoProblem, result: SearchResult,
+             retiming: Retiming | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``--run``: the winner and the default measured, and the calibration's plans re-timed
+    beside them (``retiming``; :mod:`pipeweave.measure.calibration_retime`)."""
     model, overrides = chosen_model(args)
     model = model or problem.profile.model
     if model not in available_models():
@@ -442,10 +461,20 @@ def _measure(args: argparse.Namespace, problem: AutoProblem,
                          "--run")
     plans = {label: p for label, p in (("winner", result.winner), ("default", result.default))
              if p is not None}
-    return measure_predictions(plans, model=model, batch_size=problem.batch,
-                               rounds=args.rounds, seconds=args.run_seconds, steps=args.steps,
-                               optimizer=args.optimizer, timeout_s=args.timeout,
-                               overrides=overrides, say=_say)
+    options: dict[str, Any] = dict(model=model, batch_size=problem.batch, rounds=args.rounds,
+                                   seconds=args.run_seconds, steps=args.steps,
+                                   optimizer=args.optimizer, timeout_s=args.timeout,
+                                   overrides=overrides, say=_say)
+    if retiming is None:
+        return measure_predictions(plans, **options), None
+    from ..measure import measure_alongside
+    from ..measure.calibration_retime import retimed_report
+
+    timer = plan_timer(model=model, batch_size=problem.batch, timeout_s=args.timeout,
+                       overrides=overrides)  # as the calibration timed them (_fitted)
+    compared, timed = measure_alongside(plans, beside=retiming.beside(), beside_timer=timer,
+                                        **options)
+    return compared, retimed_report(retiming, timed, plans, compared)
 
 
 def prediction_json(p: Prediction) -> dict[str, Any]:
@@ -622,4 +651,20 @@ def format_measured(report: dict[str, Any]) -> str:
     if rounds is not None:
         lines.append(f"measured: median of {len(rounds)} alternating rounds; spread = (slowest "
                      "- fastest round) / median")
+    if "retimed" in report:
+        lines += format_retimed(report)
     return "\n".join(lines)
+
+
+def format_retimed(report: dict[str, Any]) -> list[str]:
+    """The calibration plans re-timed in the same rounds: their drift since the calibration,
+    and the winner and default predicted again from a fit of those rounds."""
+    drift = ", ".join(f"{label} {1e3 * p['calibration_median']:.1f} -> {1e3 * p['median']:.1f} "
+                      f"ms ({100 * p['drift']:+.0f} %)"
+                      for label, p in report["retimed"]["plans"].items())
+    again = ", ".join(f"{label} {m['retimed_prediction']:.4f} s ({100 * m['retimed_error']:.1f} "
+                      "% off)" for label, m in report["measured"].items()
+                      if "retimed_prediction" in m)
+    return [f"calibration plans re-timed in the same rounds (machine drift since the "
+            f"calibration): {drift}",
+            f"predicted again from a fit of those rounds (no run of these plans in it): {again}"]

@@ -24,7 +24,7 @@ nothing here reads an ``argparse.Namespace``.
 from .alternating import TIMED_SECONDS, Rounds, alternate, round_steps, timed_steps
 from .calibration import calibrate, calibration_skipped
 from .calibration_runs import CalibrationFit, calibration_plans, fit_calibration
-from .compare import RUN_ROUNDS, compare_predictions, measure_predictions
+from .compare import RUN_ROUNDS, compare_predictions, measure_alongside, measure_predictions
 from .pilot import check_pilot, pilot_finalists, pilot_plan
 from .plan_run import (Measured, check_steps, measure_plan, measure_prediction, peak_memory,
                        plan_job, plan_timer)
@@ -37,7 +37,7 @@ from .tune_runs import RealRun, profile_real_run, run_setting
 
 __all__ = ["Rounds", "alternate", "round_steps", "CalibrationFit", "calibration_plans",
            "fit_calibration", "RUN_ROUNDS", "compare_predictions",
-           "measure_predictions", "peak_memory", "plan_timer", "calibrate", "calibration_skipped", "fit_runtime_costs", "measure_runtime_costs",
+           "measure_alongside", "measure_predictions", "peak_memory", "plan_timer", "calibrate", "calibration_skipped", "fit_runtime_costs", "measure_runtime_costs",
            "TIMED_SECONDS", "timed_steps", "Measured", "check_steps", "measure_plan",
            "measure_prediction", "plan_job", "check_pilot", "pilot_plan", "pilot_finalists",
            "DEFAULT_MICROBATCH", "auto_microbatch_sizes", "profile_sizes",

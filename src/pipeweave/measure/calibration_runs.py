@@ -73,7 +73,7 @@ from .calibration_sizes import PER_ACTION, fit_action_compute
 from .calibration_solve import Target, solve
 
 __all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
-           "data_parallel_candidate", "fit_calibration",
+           "data_parallel_candidate", "fit_calibration", "fit_measured",
            "smallest_batches", "solve", "with_costs", "with_fit", "compute_faster"]
 
 PARAMETERS = {"default": "message_latency", "data-parallel": "allreduce_latency",
@@ -270,6 +270,17 @@ def fit_calibration(problem: AutoProblem, *,
 
     measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
+    return fit_measured(problem, plans, measured, compute, actions=actions)
+
+
+def fit_measured(problem: AutoProblem, plans: Mapping[str, CalibrationPlan],
+                 measured: Mapping[str, Rounds], compute: Mapping[str, Sequence[float]], *,
+                 actions: bool = True) -> tuple[AutoProblem, CalibrationFit]:
+    """``problem`` (not yet fitted) with the runtime costs fitted to ``measured`` rounds of
+    its calibration ``plans`` (:func:`calibration_plans`, ``actions`` as there) and their
+    ``compute`` per round (summed over ranks): :func:`fit_calibration` after its runs, and
+    ``auto --run`` again on the plans re-timed beside the winner
+    (:mod:`.calibration_retime`)."""
     names = {label: PARAMETERS[label] for label in plans}
     times = {label: rounds.times for label, rounds in measured.items()}
     found = fit_rounds(plans, names, times, compute, _borrowed(problem), WAITING)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..auto import Prediction
@@ -23,7 +24,8 @@ from ..planner.plan import Plan
 from .alternating import TIMED_SECONDS, Rounds, alternate
 from .plan_run import peak_memory, plan_timer
 
-__all__ = ["RUN_ROUNDS", "compare_predictions", "measure_predictions"]
+__all__ = ["RUN_ROUNDS", "TimedRounds", "Timer", "compare_predictions", "measure_alongside",
+           "measure_predictions", "time_rounds"]
 
 RUN_ROUNDS = 3
 """Rounds ``auto --run`` alternates by default (each about
@@ -65,6 +67,21 @@ def _busy(prediction: Prediction, done: Rounds,
             "predicted_busy_fraction": 1.0 - prediction.bubble_fraction}
 
 
+Timer = Callable[[str, Plan, int], tuple[float, list[float]]]
+"""``(label, plan, steps) -> (seconds per iteration, per rank compute seconds per iteration)``
+of one run (:func:`~.plan_run.plan_timer`)."""
+
+
+@dataclass(frozen=True)
+class TimedRounds:
+    """Plans timed in alternating rounds: per label its rounds, its compute per round (summed
+    over ranks) and its rank count."""
+
+    rounds: dict[str, Rounds]
+    compute: dict[str, list[float]]
+    ranks: dict[str, int]
+
+
 def measure_predictions(predictions: Mapping[str, Prediction], *, model: str, batch_size: int,
                         rounds: int = RUN_ROUNDS, seconds: float = TIMED_SECONDS,
                         steps: int | None = None, optimizer: str = "adam",
@@ -72,24 +89,63 @@ def measure_predictions(predictions: Mapping[str, Prediction], *, model: str, ba
                         say: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
     """Train each of ``predictions`` (label -> prediction) in alternating rounds, track its
     memory once, and compare (:func:`compare_predictions`)."""
+    return measure_alongside(predictions, model=model, batch_size=batch_size, rounds=rounds,
+                             seconds=seconds, steps=steps, optimizer=optimizer,
+                             timeout_s=timeout_s, overrides=overrides, say=say)[0]
+
+
+def measure_alongside(predictions: Mapping[str, Prediction], *, model: str, batch_size: int,
+                      rounds: int = RUN_ROUNDS, seconds: float = TIMED_SECONDS,
+                      steps: int | None = None, optimizer: str = "adam",
+                      timeout_s: float = 120.0, overrides: Mapping[str, Any] | None = None,
+                      say: Callable[[str], None] | None = None,
+                      beside: Mapping[str, tuple[Plan, float]] | None = None,
+                      beside_timer: Timer | None = None
+                      ) -> tuple[dict[str, dict[str, Any]], TimedRounds]:
+    """:func:`measure_predictions`, with the ``beside`` plans (label -> plan and predicted
+    seconds per iteration; e.g. the calibration's, :mod:`.calibration_retime`) timed in the
+    same alternating rounds through ``beside_timer``: the comparison, and the ``beside``
+    plans' rounds (no memory run for them)."""
     timer = plan_timer(model=model, batch_size=batch_size, optimizer=optimizer,
                        timeout_s=timeout_s, overrides=overrides,
                        apc={label: p.candidate.apc for label, p in predictions.items()})
-
-    compute: dict[str, list[float]] = {label: [] for label in predictions}
-    ranks: dict[str, int] = {}
-
-    def time_one(label: str, plan: Plan, count: int) -> float:
-        seconds_per_iteration, per_rank = timer(label, plan, count)
-        compute[label].append(float(sum(per_rank)))
-        ranks[label] = len(per_rank)
-        return seconds_per_iteration
-
-    timed = alternate({label: (p.plan, p.iteration_time) for label, p in predictions.items()},
-                      rounds=rounds, seconds=seconds, steps=steps, time_one=time_one, say=say)
+    others = dict(beside or {})
+    if others and beside_timer is None:
+        raise ValueError("plans timed beside the predictions need their timer (beside_timer)")
+    clash = sorted(set(others) & set(predictions))
+    if clash:
+        raise ValueError(f"labels {clash} are both predictions and plans beside them; "
+                         "give the plans beside them other labels")
+    timers = {**{label: timer for label in predictions},
+              **{label: beside_timer for label in others if beside_timer is not None}}
+    plans = {**{label: (p.plan, p.iteration_time) for label, p in predictions.items()}, **others}
+    timed = time_rounds(plans, timers, rounds=rounds, seconds=seconds, steps=steps, say=say)
     memory = {label: peak_memory(p.plan, model=model, batch_size=batch_size,
                                  apc=p.candidate.apc, optimizer=optimizer, timeout_s=timeout_s,
                                  overrides=overrides)
               for label, p in predictions.items()}
-    return compare_predictions(predictions, rounds=timed, memory=memory, batch_size=batch_size,
-                               compute=compute, ranks=ranks)
+    compared = compare_predictions(predictions, rounds=timed.rounds, memory=memory,
+                                   batch_size=batch_size, compute=timed.compute,
+                                   ranks=timed.ranks)
+    return compared, TimedRounds({label: timed.rounds[label] for label in others},
+                                 {label: timed.compute[label] for label in others},
+                                 {label: timed.ranks[label] for label in others})
+
+
+def time_rounds(plans: Mapping[str, tuple[Plan, float]], timers: Mapping[str, Timer], *,
+                rounds: int, seconds: float, steps: int | None,
+                say: Callable[[str], None] | None = None) -> TimedRounds:
+    """``plans`` (label -> plan, predicted seconds per iteration) timed in alternating rounds
+    (:func:`~.alternating.alternate`), each through its label's timer."""
+    compute: dict[str, list[float]] = {label: [] for label in plans}
+    ranks: dict[str, int] = {}
+
+    def time_one(label: str, plan: Plan, count: int) -> float:
+        seconds_per_iteration, per_rank = timers[label](label, plan, count)
+        compute[label].append(float(sum(per_rank)))
+        ranks[label] = len(per_rank)
+        return seconds_per_iteration
+
+    timed = alternate(plans, rounds=rounds, seconds=seconds, steps=steps, time_one=time_one,
+                      say=say)
+    return TimedRounds(timed, compute, ranks)

@@ -20,15 +20,10 @@ from typing import Any
 
 from ..auto import Prediction
 from ..planner.plan import Plan
-from .alternating import TIMED_SECONDS, Rounds, alternate
+from .alternating import RUN_ROUNDS, TIMED_SECONDS, Rounds, alternate
 from .plan_run import peak_memory, plan_timer
 
-__all__ = ["RUN_ROUNDS", "compare_predictions", "measure_predictions"]
-
-RUN_ROUNDS = 3
-"""Rounds ``auto --run`` alternates by default (each about
-:data:`~pipeweave.measure.alternating.TIMED_SECONDS` of timed iterations)."""
-
+__all__ = ["compare_predictions", "measure_predictions"]
 
 def compare_predictions(predictions: Mapping[str, Prediction], *,
                         rounds: Mapping[str, Rounds], memory: Mapping[str, list[int]],

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
                            profile_model, profile_sizes)
     from .runtime_costs import fit_runtime_costs, measure_runtime_costs
     from .tune_model import LOOPBACK_BANDWIDTH, builtin_model, profile_cache
-    from .tune_profile import SOURCES, UTILISATIONS, tuning_profile
+    from .tune_profile import SOURCES, UTILISATIONS, tuning_profile, tuning_sizes
     from .tune_runs import RealRun, profile_real_run, run_setting
 
 _HOMES = {
@@ -53,7 +53,7 @@ _HOMES = {
                  "profile_model", "profile_sizes"),
     "runtime_costs": ("fit_runtime_costs", "measure_runtime_costs"),
     "tune_model": ("LOOPBACK_BANDWIDTH", "builtin_model", "profile_cache"),
-    "tune_profile": ("SOURCES", "UTILISATIONS", "tuning_profile"),
+    "tune_profile": ("SOURCES", "UTILISATIONS", "tuning_profile", "tuning_sizes"),
     "tune_runs": ("RealRun", "profile_real_run", "run_setting"),
 }
 """Which submodule defines each public name; the names load on first use
@@ -71,5 +71,5 @@ __all__ = ["Rounds", "alternate", "round_steps", "CalibrationFit", "calibration_
            "measure_prediction", "plan_job", "check_pilot", "pilot_plan", "pilot_finalists",
            "DEFAULT_MICROBATCH", "auto_microbatch_sizes", "profile_sizes",
            "local_shared_cores", "profile_model", "LOOPBACK_BANDWIDTH", "builtin_model",
-           "profile_cache", "SOURCES", "UTILISATIONS", "tuning_profile", "RealRun",
-           "profile_real_run", "run_setting"]
+           "profile_cache", "SOURCES", "UTILISATIONS", "tuning_profile", "tuning_sizes",
+           "RealRun", "profile_real_run", "run_setting"]

@@ -1,7 +1,7 @@
 """A fake clock for the profiler's timing loops (issue 29): blocks whose forward (backward)
 advances it by ``load x (FIXED + PER_SAMPLE m)`` (twice that) for ``m`` samples, the load
 rising from 1 to ``RISE`` at a set time. :func:`rising_load` runs a profiling once on a flat
-load to learn its length, then again with the load rising halfway, so a test can tell an
+load to learn its length, then again with the load rising partway (halfway by default), so a test can tell an
 order of timed runs that keeps the sizes' ratio (interleaved) from one that loses it (one
 size after the other)."""
 
@@ -69,16 +69,16 @@ class Block(nn.Module):
 
 
 def rising_load(monkeypatch: pytest.MonkeyPatch, how: Callable[[], T],
-                timed: list[Any]) -> T:
+                timed: list[Any], at: float = 0.5) -> T:
     """``how()`` on the fake clock (``timed``: the modules whose ``time.perf_counter`` it
-    replaces), the load rising halfway through its own flat-load run."""
+    replaces), the load rising ``at`` (a fraction) through its own flat-load run."""
     clock = Clock(rise_at=float("inf"))
     monkeypatch.setattr(Work, "clock", clock)
     for module in timed:
         monkeypatch.setattr(module, "time", types.SimpleNamespace(
             perf_counter=clock.perf_counter))
     how()
-    clock.rise_at, clock.now = clock.now / 2, 0.0
+    clock.rise_at, clock.now = clock.now * at, 0.0
     result = how()
     assert clock.now > clock.rise_at  # the load did rise while profiling
     return result

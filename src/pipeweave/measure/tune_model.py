@@ -45,15 +45,16 @@ def profile_cache(model: str, *, sizes: Sequence[int] = (), repeats: int = 1, wa
     """
     remembered: dict[int, Profile] = {}
 
+    def profiled(wanted: Sequence[int]) -> dict[int, Profile]:
+        return _fastest_of_rounds(model, wanted, rounds=rounds, repeats=repeats, warmup=warmup,
+                                  threads=threads, seed=seed)
+
     def profile_at(size: int) -> Profile:
+        if not cache:
+            return profiled([size])[size]
         if size not in remembered:
-            wanted = [size, *(s for s in dict.fromkeys(sizes) if s != size)] if cache else [size]
-            fresh = _fastest_of_rounds(model, [s for s in wanted if s not in remembered],
-                                       rounds=rounds, repeats=repeats, warmup=warmup,
-                                       threads=threads, seed=seed)
-            if not cache:
-                return fresh[size]
-            remembered.update(fresh)
+            remembered.update(profiled([s for s in dict.fromkeys([size, *sizes])
+                                        if s not in remembered]))
         return remembered[size]
 
     return profile_at

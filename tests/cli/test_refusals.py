@@ -106,14 +106,17 @@ def _no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("profiled or launched before the arguments were checked")
 
-    from pipeweave.cli import cmd_auto, cmd_profile, cmd_tune
-    from pipeweave.measure import calibration, profiles
+    import pipeweave.measure as measure
+    from pipeweave.cli import cmd_profile, cmd_tune
+    from pipeweave.measure import calibration
+    from pipeweave.profiler import measure as profiler_measure
 
-    for module, name in ((profiles, "profile_builtin_sizes"), (cmd_profile, "profile_builtin"),
+    # cmd_auto and measure.profiles import what measures where it measures (no torch to plan)
+    for module, name in ((profiler_measure, "profile_builtin_sizes"), (cmd_profile, "profile_builtin"),
                          (calibration, "calibrate"), (cmd_profile, "calibrate"),
                          (cmd_profile, "measure_link"), (cmd_tune, "tuning_profile"),
-                         (cmd_tune, "builtin_model"), (cmd_auto, "calibrate"),
-                         (cmd_auto, "fit_calibration"), (cmd_auto, "profile_sizes")):
+                         (cmd_tune, "builtin_model"), (measure, "calibrate"),
+                         (measure, "fit_calibration"), (measure, "profile_sizes")):
         monkeypatch.setattr(module, name, forbidden)
 
 

@@ -29,17 +29,17 @@ def neighbours_alive() -> list[int]:
 
 
 def test_neighbours_train_during_the_block_and_are_gone_after() -> None:
-    with colocated_load("gpt-tiny", ranks=3, batch_size=2, seq_len=16, threads=1) as count:
+    with colocated_load("gpt-tiny", ranks=3, batch_sizes=[2], seq_len=16, threads=1) as count:
         assert count == 2
         assert len(neighbours_alive()) == 2
     assert neighbours_alive() == []
-    with colocated_load("gpt-tiny", ranks=1, batch_size=2, seq_len=16) as count:
+    with colocated_load("gpt-tiny", ranks=1, batch_sizes=[2], seq_len=16) as count:
         assert count == 0 and neighbours_alive() == []
 
 
 def test_an_error_in_the_body_still_stops_them() -> None:
     with pytest.raises(KeyError):
-        with colocated_load("mlp", ranks=2, batch_size=4, threads=1):
+        with colocated_load("mlp", ranks=2, batch_sizes=[4, 2], threads=1):
             raise KeyError("boom")
     assert neighbours_alive() == []
 
@@ -47,7 +47,7 @@ def test_an_error_in_the_body_still_stops_them() -> None:
 def test_a_neighbour_that_cannot_start_is_reported_at_once() -> None:
     # 0 tokens per sample: the neighbour's dataset refuses it and the process exits
     with pytest.raises(RuntimeError, match="exited with code"):
-        with colocated_load("gpt-tiny", ranks=2, batch_size=2, seq_len=0, threads=1):
+        with colocated_load("gpt-tiny", ranks=2, batch_sizes=[2], seq_len=0, threads=1):
             pass
     assert neighbours_alive() == []
 
@@ -90,7 +90,7 @@ def test_bad_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match="colocated_ranks=2 models ranks sharing CPU cores"):
         profile_builtin("mlp", colocated_ranks=2, device="cuda")
     with pytest.raises(ValueError, match="colocated ranks must be >= 1"):
-        with colocated_load("mlp", ranks=0, batch_size=4):
+        with colocated_load("mlp", ranks=0, batch_sizes=[4]):
             pass
     assert main(["profile", "--model", "mlp", "--colocated-ranks", "0", "--no-link"]) == 2
     assert "--colocated-ranks must be >= 1" in capsys.readouterr().err

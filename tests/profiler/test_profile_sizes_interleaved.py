@@ -10,66 +10,25 @@ model's.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from fake_clock import Block, rising_load, true_ratio
 from pipeweave.models import ModelSpec
 from pipeweave.profiler import Profile
 from pipeweave.profiler import measure
 from pipeweave.profiler.measure import profile_model, profile_model_sizes
 
-FIXED, PER_SAMPLE, RISE = 1.0, 0.25, 3.0
-"""A call's cost ``FIXED + PER_SAMPLE m`` (forward; the backward twice it), times the load,
-which is 1 until the clock reaches the halfway time and ``RISE`` after."""
 SIZES = (1, 4)
-TRUE_RATIO = (FIXED + PER_SAMPLE * SIZES[1]) / (FIXED + PER_SAMPLE * SIZES[0])
-
-
-class _Clock:
-    """``perf_counter`` for the profiler: moves only when a block works."""
-
-    def __init__(self, rise_at: float) -> None:
-        self.now = 0.0
-        self.rise_at = rise_at
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def work(self, samples: int, weight: float) -> None:
-        load = 1.0 if self.now < self.rise_at else RISE
-        self.now += load * weight * (FIXED + PER_SAMPLE * samples)
-
-
-class _Work(torch.autograd.Function):
-    clock = _Clock(rise_at=float("inf"))
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        _Work.clock.work(x.shape[0], 1.0)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        _Work.clock.work(grad.shape[0], 2.0)
-        return grad
-
-
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(8, 8)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return _Work.apply(self.linear(x))  # type: ignore[no-any-return]
+TRUE_RATIO = true_ratio(*SIZES)
 
 
 def _spec() -> ModelSpec:
     torch.manual_seed(0)
-    blocks = tuple(_Block() for _ in range(4))
+    blocks = tuple(Block() for _ in range(4))
     return ModelSpec(name="drift", blocks=blocks, block_names=("a", "b", "c", "d"),
                      loss_fn=lambda out, y: ((out - y) ** 2).mean())
 
@@ -88,13 +47,7 @@ def _sequential() -> tuple[Profile, ...]:
 
 def _profiled(monkeypatch: pytest.MonkeyPatch, how: Any) -> tuple[Profile, ...]:
     """``how()`` on the fake clock, the load rising halfway through its own flat-load run."""
-    clock = _Clock(rise_at=float("inf"))
-    monkeypatch.setattr(_Work, "clock", clock)
-    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
-    how()
-    clock.rise_at, clock.now = clock.now / 2, 0.0
-    profiles: tuple[Profile, ...] = how()
-    assert clock.now > clock.rise_at  # the load did rise while profiling
+    profiles: tuple[Profile, ...] = rising_load(monkeypatch, how, [measure])
     return profiles
 
 

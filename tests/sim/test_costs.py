@@ -81,8 +81,8 @@ def test_to_json_is_plain() -> None:
 
 def _normalised_one_by_one(name: str, values: list[object]) -> tuple[float, ...]:
     """The per-value check ``_normalise`` runs where its all-floats path does not apply."""
-    from pipeweave.sim.costs import _check_number
-    return tuple(_check_number(f"{name}[{i}]", v) for i, v in enumerate(values))
+    from pipeweave.sim.costs import check_number
+    return tuple(check_number(f"{name}[{i}]", v) for i, v in enumerate(values))
 
 
 @pytest.mark.parametrize("values", [

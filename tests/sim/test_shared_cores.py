@@ -175,3 +175,9 @@ def test_bad_core_counts_are_refused() -> None:
             walk_shared_cores(build("1f1b", 2, 2), lambda r, a: 1.0, cores=1, waiting=bad)
         with pytest.raises(ValueError, match="wait_share"):
             Costs(shared_cores=1, wait_share=bad)
+    # one checker (sim.costs.check_number), each message naming its own argument
+    with pytest.raises(ValueError, match=r"waiting must be a finite number >= 0 \(the share of "
+                                         r"a core a waiting rank takes\), got 'x'"):
+        walk_shared_cores(build("1f1b", 2, 2), lambda r, a: 1.0, cores=1, waiting="x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="wait_share must be a finite number >= 0, got 'x'"):
+        Costs(shared_cores=1, wait_share="x")  # type: ignore[arg-type]

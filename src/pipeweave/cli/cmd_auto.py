@@ -33,10 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..auto import AutoProblem, Prediction, SearchResult, plot_pareto, search
-from ..measure import (RUN_ROUNDS, TIMED_SECONDS, CalibrationFit, auto_microbatch_sizes,
-                       calibrate, calibration_skipped, check_steps, fit_calibration,
-                       measure_predictions, plan_timer, profile_sizes)
-from ..models import available_models
+from ..measure.alternating import RUN_ROUNDS, TIMED_SECONDS
+from ..model_names import model_names
 from ..planner import Topology
 from ..planner.sharding import SHARD_MODES
 from ..profiler import Profile
@@ -47,6 +45,7 @@ from .options import core_count, load_profile, parse_bytes, shared_cores
 from .plan_exports import write_plan_exports
 
 if TYPE_CHECKING:
+    from ..measure import CalibrationFit
     from ..measure.calibration_retime import Retiming
 
 __all__ = ["add_parser", "run", "format_table", "prediction_json"]
@@ -193,6 +192,8 @@ def _profiles(args: argparse.Namespace) -> list[Profile]:
                                  device=args.device, ranks=args.ranks, overrides=overrides)
                     for path in args.profile]
     else:
+        from ..measure import auto_microbatch_sizes, profile_sizes  # torch, only to profile
+
         assert model is not None  # check_profile_source: a model or a profile
         sizes = auto_microbatch_sizes(batch_size=args.batch_size, ranks=args.ranks,
                                       microbatches=_counts(args.microbatches))
@@ -210,6 +211,8 @@ def _profiles(args: argparse.Namespace) -> list[Profile]:
 
 def _calibrated(profile: Profile, model: str, overrides: dict[str, Any],
                 device: str) -> Profile:
+    from ..measure import calibrate
+
     if profile.link is not None and profile.runtime is not None \
             and profile.runtime.allreduce_bandwidth is not None:
         return profile
@@ -263,6 +266,8 @@ def _check(args: argparse.Namespace) -> tuple[float | None, Topology | None]:
 
 def _check_run(args: argparse.Namespace) -> None:
     """``--steps``, ``--rounds`` and ``--run-seconds`` of ``--run``."""
+    from ..measure import check_steps
+
     if args.steps is not None:
         check_steps(args.steps)
     if args.rounds < 1:
@@ -278,8 +283,6 @@ def _pilot_steps(args: argparse.Namespace) -> int:
 
 def _check_target(args: argparse.Namespace) -> None:
     """``--target-loss`` only where a time-to-loss ranking runs: --semantics any, a model."""
-    from ..measure import check_pilot
-
     if args.target_loss is not None and args.semantics != "any":
         raise ValueError(f"--target-loss ranks by time to loss, which only differs from "
                          f"samples/s when training may change: add --semantics any or drop "
@@ -290,6 +293,8 @@ def _check_target(args: argparse.Namespace) -> None:
                              "--model NAME, or drop --target-loss")
         return
     if args.semantics == "any":
+        from ..measure import check_pilot  # torch: only where a pilot will run
+
         check_pilot(steps=_pilot_steps(args), target_loss=args.target_loss)
 
 
@@ -297,11 +302,11 @@ def _rank_by_time(args: argparse.Namespace, result: SearchResult
                   ) -> tuple[SearchResult, TimeToLossRanking | None]:
     """Under --semantics any with a model: the table's candidates piloted and re-ranked by
     predicted time to the target loss (:mod:`pipeweave.measure.pilot`)."""
-    from ..measure import pilot_finalists
-
     model, overrides = chosen_model(args)
     if args.semantics != "any" or model is None or not result.ranked:
         return result, None
+    from ..measure import pilot_finalists  # torch: the pilots train
+
     _say(f"piloting the top {min(args.top, len(result.ranked))} candidates and 1F1B for "
          f"{_pilot_steps(args)} steps each to rank by time to loss ...")
     ranking = pilot_finalists(result, model=model, steps=_pilot_steps(args), top=args.top,
@@ -319,6 +324,8 @@ def _fitted(args: argparse.Namespace,
     model, overrides = chosen_model(args)
     if model is None or args.no_calibration:
         return problem, None
+    from ..measure import calibration_skipped, fit_calibration, plan_timer  # torch
+
     skipped = calibration_skipped(device=args.device, precision="full")
     if skipped is not None:
         _say(f"note: {skipped}; no message latency fitted either (--no-calibration silences "
@@ -416,7 +423,7 @@ def _print_report(args: argparse.Namespace, result: SearchResult, report: dict[s
         print(format_measured(report))
     if "why" in report:
         print(report["why"]["text"])
-    model = f" --model {profile.model}" if profile.model in available_models() else ""
+    model = f" --model {profile.model}" if profile.model in model_names() else ""
     if getattr(args, "hf_config", None) is not None:  # the preset of that name is another model
         model = f" --hf-config {args.hf_config}"
     apc = " --apc" if winner.candidate.apc else ""
@@ -453,11 +460,13 @@ def _measure(args: argparse.Namespace, problem: AutoProblem, result: SearchResul
              retiming: Retiming | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """``--run``: the winner and the default measured, and the calibration's plans re-timed
     beside them (``retiming``; :mod:`pipeweave.measure.calibration_retime`)."""
+    from ..measure import measure_predictions
+
     model, overrides = chosen_model(args)
     model = model or problem.profile.model
-    if model not in available_models():
+    if model not in model_names():
         raise ValueError(f"--run trains a built-in model, and the profile is of {model!r}; "
-                         f"give --model NAME (one of {', '.join(available_models())}) or drop "
+                         f"give --model NAME (one of {', '.join(model_names())}) or drop "
                          "--run")
     plans = {label: p for label, p in (("winner", result.winner), ("default", result.default))
              if p is not None}
@@ -467,7 +476,7 @@ def _measure(args: argparse.Namespace, problem: AutoProblem, result: SearchResul
                                    overrides=overrides, say=_say)
     if retiming is None:
         return measure_predictions(plans, **options), None
-    from ..measure import measure_alongside
+    from ..measure import measure_alongside, plan_timer
     from ..measure.calibration_retime import retimed_report
 
     timer = plan_timer(model=model, batch_size=problem.batch, timeout_s=args.timeout,

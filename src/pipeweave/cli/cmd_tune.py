@@ -32,7 +32,7 @@ from typing import Any
 from ..avgpipe import Measurement, Prediction, traverse, tune
 from ..avgpipe.tuner import MEMORY_RULES, MODES, settings
 from ..measure import (LOOPBACK_BANDWIDTH, SOURCES, UTILISATIONS, RealRun, builtin_model,
-                       profile_cache, run_setting, tuning_profile)
+                       profile_cache, run_setting, tuning_profile, tuning_sizes)
 from ..models import available_models
 from ..planner.evaluate import Network
 from .options import parse_bytes
@@ -126,7 +126,10 @@ def run(args: argparse.Namespace) -> int:
                          f"(a real run leaves its first iteration out), e.g. --warmup 1 "
                          f"--iterations 10")
     network = Network(bandwidth=args.bandwidth, latency=args.latency)
-    sm = builtin_model(args.model, stages=args.stages, batch_size=args.batch_size, network=network)
+    sizes = tuning_sizes(at=profile_at, smallest_m=min(ms), batch_size=args.batch_size,
+                         utilisation=args.utilisation)  # profiled together, interleaved
+    sm = builtin_model(args.model, stages=args.stages, batch_size=args.batch_size,
+                       network=network, sizes=sizes)
 
     started = time.perf_counter()
     profile = tuning_profile(sm, at=profile_at, smallest_m=min(ms), batch_size=args.batch_size,

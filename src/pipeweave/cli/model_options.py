@@ -50,9 +50,9 @@ def add_profile_source(parser: Any, *, model_help: str = MODEL_HELP,
     """Add ``--model``, ``--hf-config``, ``--profile``, ``--batch-size`` and ``--device`` to a
     parser or argument group: where a command's costs come from (a profile file, or the model
     profiled now). ``repeat_profile``: ``--profile`` may be given several times (a list)."""
-    from ..models import available_models
+    from ..model_names import model_names  # no torch: --help and a saved profile stay quick
 
-    parser.add_argument("--model", choices=available_models(), default=None, help=model_help)
+    parser.add_argument("--model", choices=model_names(), default=None, help=model_help)
     add_hf_config(parser)
     parser.add_argument("--profile", type=Path, default=None, help=profile_help,
                         **({"action": "append"} if repeat_profile else {}))

@@ -19,12 +19,16 @@ from typing import Any
 
 from ..planner.plan import Plan
 
-__all__ = ["Rounds", "TIMED_SECONDS", "alternate", "round_steps", "timed_steps"]
+__all__ = ["Rounds", "RUN_ROUNDS", "TIMED_SECONDS", "alternate", "round_steps", "timed_steps"]
 
 TIMED_SECONDS = 1.0
 """How long the timed iterations of one run last at least, in the calibration and in each
 round of ``auto --run`` (``--run-seconds``): a median of a handful of 10-millisecond
 iterations (cnn) moves by half from one run to the next."""
+
+RUN_ROUNDS = 3
+"""Rounds ``auto --run`` alternates by default (each about :data:`TIMED_SECONDS` of timed
+iterations)."""
 
 
 def timed_steps(predicted: float, *, least: int = 6, most: int = 200,

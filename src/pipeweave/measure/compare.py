@@ -21,16 +21,11 @@ from typing import Any
 
 from ..auto import Prediction
 from ..planner.plan import Plan
-from .alternating import TIMED_SECONDS, Rounds, alternate
+from .alternating import RUN_ROUNDS, TIMED_SECONDS, Rounds, alternate
 from .plan_run import peak_memory, plan_timer
 
-__all__ = ["RUN_ROUNDS", "TimedRounds", "Timer", "compare_predictions", "measure_alongside",
+__all__ = ["TimedRounds", "Timer", "compare_predictions", "measure_alongside",
            "measure_predictions", "time_rounds"]
-
-RUN_ROUNDS = 3
-"""Rounds ``auto --run`` alternates by default (each about
-:data:`~pipeweave.measure.alternating.TIMED_SECONDS` of timed iterations)."""
-
 
 def compare_predictions(predictions: Mapping[str, Prediction], *,
                         rounds: Mapping[str, Rounds], memory: Mapping[str, list[int]],

@@ -7,7 +7,8 @@ under that many co-located processes (:mod:`pipeweave.profiler.colocated`). ``pi
 :func:`auto_microbatch_sizes` (the default plan's and every other a candidate uses), the
 sizes timed interleaved.
 :func:`local_shared_cores` is the core count those local ranks share (``--shared-cores
-auto``).
+auto``); it and :func:`auto_microbatch_sizes` import no torch (``auto --profile FILE`` plans
+without it), so the profiler's modules are imported where a model is profiled.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from typing import Any
 
 from ..host import machine_cores, threads_per_rank
 from ..profiler import Profile
-from ..profiler.colocated import needed_colocation
-from ..profiler.measure import profile_builtin_sizes
 
 __all__ = ["DEFAULT_MICROBATCH", "auto_microbatch_sizes", "local_shared_cores", "profile_model",
            "profile_sizes"]
@@ -41,6 +40,9 @@ def profile_sizes(*, model: str, batch_sizes: Sequence[int], ranks: int, device:
     """:func:`profile_model` at each of ``batch_sizes``, the sizes' timed runs interleaved
     (:func:`pipeweave.profiler.measure.profile_builtin_sizes`: one moment's load slows every
     size alike)."""
+    from ..profiler.colocated import needed_colocation  # torch: only where something is timed
+    from ..profiler.measure import profile_builtin_sizes
+
     return profile_builtin_sizes(model, batch_sizes=batch_sizes, device=device,
                                  threads=threads_per_rank(ranks) if device == "cpu" else None,
                                  colocated_ranks=needed_colocation(ranks, device),

@@ -15,13 +15,25 @@ from ..avgpipe import TuningProfile
 from ..avgpipe.simulated import SimulatedModel, calibrate_levels, per_sample_seconds
 from .tune_runs import RealRun, profile_real_run
 
-__all__ = ["SOURCES", "UTILISATIONS", "tuning_profile"]
+__all__ = ["SOURCES", "UTILISATIONS", "tuning_profile", "tuning_sizes"]
 
 SOURCES = ("simulate", "measure")
 """Where the tuner's numbers come from: the simulator fed with profiled costs, or real runs."""
 
 UTILISATIONS = ("work", "intensity", "busy")
 """How a computing rank's utilisation is calibrated (module docstring)."""
+
+
+def tuning_sizes(*, at: tuple[int, int], smallest_m: int, batch_size: int,
+                 utilisation: str = "work") -> tuple[int, ...]:
+    """The micro-batch sizes :func:`tuning_profile` reads profiles at: the profiled setting's
+    (``batch_size / M``), and, to calibrate the utilisation (all but ``busy``), the smallest
+    M's (the largest size) when it is another. Given to
+    :func:`~pipeweave.measure.profile_cache` so that both are profiled together, interleaved."""
+    m = at[0]
+    if utilisation != "busy" and m != smallest_m:
+        return (batch_size // m, batch_size // smallest_m)
+    return (batch_size // m,)
 
 
 def tuning_profile(model: SimulatedModel, *, at: tuple[int, int], smallest_m: int,
@@ -34,9 +46,10 @@ def tuning_profile(model: SimulatedModel, *, at: tuple[int, int], smallest_m: in
                          f"{SOURCES} and a utilisation of {UTILISATIONS}")
     m, n = at
     levels, per_sample = None, None
-    if utilisation != "busy" and m != smallest_m:
-        mine = model.profile_at(batch_size // m)
-        reference = model.profile_at(batch_size // smallest_m)
+    sizes = tuning_sizes(at=at, smallest_m=smallest_m, batch_size=batch_size,
+                         utilisation=utilisation)
+    if len(sizes) == 2:
+        mine, reference = (model.profile_at(size) for size in sizes)
         if source == "measure" and utilisation == "work":
             per_sample = per_sample_seconds(mine, reference, model.bounds)
         else:

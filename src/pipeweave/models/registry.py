@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from pipeweave.models.cnn import CNNConfig, MLPConfig, classification_loss, cnn_blocks, mlp_blocks
 from pipeweave.models.gpt import GPT_PRESETS, GPTConfig, gpt_blocks, gpt_init, gpt_loss
+from pipeweave.model_names import BUILT_IN, PROVIDED, add_model_name, model_names
 from pipeweave.models.materialize import Init, is_meta, materialize, on_meta
 
 __all__ = ["LossFn", "ModelSpec", "available_models", "build_model", "default_seq_len",
@@ -212,14 +213,7 @@ _MODELS: dict[str, _Entry] = {
 }
 
 
-_PROVIDED: dict[str, str] = {
-    name: "pipeweave.hf.presets" for name in ("hf-gpt2", "hf-llama", "hf-qwen2", "hf-mistral")
-}
-"""Names built by a package above this one, and the module that registers them.
-
-``pipeweave.hf`` adapts Hugging Face models and imports :class:`ModelSpec` from here, so this
-layer cannot import it; the registering module is imported on the first use of one of its
-names instead (which also keeps ``transformers`` out of ``import pipeweave.models``)."""
+assert set(_MODELS) == set(BUILT_IN), "model_names.BUILT_IN must name what _MODELS builds"
 
 
 def register_model(name: str, *, config: Any, build: Callable[[Any], Built],
@@ -236,19 +230,21 @@ def register_model(name: str, *, config: Any, build: Callable[[Any], Built],
     if name in _MODELS:
         raise ValueError(f"model {name!r} is already registered; choose another name")
     _MODELS[name] = _Entry(config, build, loss_fn, dataset, meta)
+    add_model_name(name)
 
 
 def _entry(name: str) -> _Entry | None:
-    if name not in _MODELS and name in _PROVIDED:
-        importlib.import_module(_PROVIDED[name])  # registers its names
+    if name not in _MODELS and name in PROVIDED:
+        importlib.import_module(PROVIDED[name])  # registers its names
         if name not in _MODELS:
-            raise RuntimeError(f"{_PROVIDED[name]} did not register model {name!r}")
+            raise RuntimeError(f"{PROVIDED[name]} did not register model {name!r}")
     return _MODELS.get(name)
 
 
 def available_models() -> list[str]:
-    """Names accepted by :func:`build_model`, sorted."""
-    return sorted(set(_MODELS) | set(_PROVIDED))
+    """Names accepted by :func:`build_model`, sorted (:func:`pipeweave.model_names.model_names`,
+    which knows them without torch)."""
+    return model_names()
 
 
 def default_seq_len(name: str, **overrides: Any) -> int | None:

@@ -6,13 +6,21 @@ simulator models that sharing itself (``Costs(shared_cores=...)``,
 ``c / n`` of its speed, and at full speed when it computes alone. What the model cannot know
 is what sharing costs on top of the ideal split: context switches, caches and memory bandwidth
 shared among more processes. ``colocated_load`` starts ``ranks - 1`` neighbour processes that
-train the same model on the same micro-batch size with the same intra-op threads (one forward
+train the same model on the same micro-batch sizes with the same intra-op threads (one forward
 and backward after another, as a pipeline rank in its steady state);
 ``profile_builtin(colocated_ranks=R)`` times whole training steps alone and under that load:
 the ratio is ``colocated_slowdown`` (2.12 for 4 ranks of gpt-small on 2 cores, 0.98–1.0 for
 2), and ``sharing_overhead`` divides out the ideal split (``R / cores`` when the ranks
 outnumber the cores): 2.12 / 2 = 1.06. The planner multiplies the profiled compute times by
 that overhead when it simulates shared cores. ``needed_colocation`` says when it matters.
+
+Several micro-batch sizes (``pipeweave auto`` profiles four) are timed interleaved
+(:func:`colocated_slowdowns`): alone, rounds of one step of every size in turn
+(:func:`~pipeweave.profiler.rounds.interleaved_rounds`, the block profiler's loop); then
+under one set of neighbours, each training every size in turn, the same rounds. A load that
+comes or goes while they are timed slows every size alike, and the neighbours start once,
+not once per size (before: each size alone, then under neighbours started for that size, one
+size after the other).
 
 The neighbours are plain subprocesses (``python -m pipeweave.profiler.colocated``, so any
 caller works, with or without a ``__main__`` guard); they are stopped when the ``with`` block
@@ -28,7 +36,8 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from functools import partial
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,14 +46,16 @@ from torch import Tensor, nn
 
 from ..models import ModelSpec
 from ..host import machine_cores
+from .rounds import interleaved_rounds
 
-__all__ = ["colocated_load", "colocated_slowdown", "needed_colocation", "sharing_overhead"]
+__all__ = ["colocated_load", "colocated_slowdowns", "needed_colocation", "sharing_overhead"]
 
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 READY = "ready"
 STEP_SECONDS = 1.5
-"""How long whole training steps are timed, alone and under the co-located load."""
+"""How long whole training steps of each size are timed, alone and under the co-located
+load (the sizes' rounds together last this times the sizes)."""
 
 
 def needed_colocation(ranks: int, device: str = "cpu") -> int:
@@ -65,13 +76,14 @@ def sharing_overhead(slowdown: float, ranks: int, cores: int) -> float:
 
 
 @contextmanager
-def colocated_load(model: str, *, ranks: int, batch_size: int, seq_len: int | None = None,
-                   overrides: dict[str, Any] | None = None, threads: int = 1,
-                   seed: int = 0) -> Iterator[int]:
-    """Run ``ranks - 1`` neighbours training ``model`` while the body runs; yields their count.
+def colocated_load(model: str, *, ranks: int, batch_sizes: Sequence[int],
+                   seq_len: int | None = None, overrides: dict[str, Any] | None = None,
+                   threads: int = 1, seed: int = 0) -> Iterator[int]:
+    """Run ``ranks - 1`` neighbours training ``model`` while the body runs, each one step of
+    every micro-batch size of ``batch_sizes`` in turn; yields their count.
 
-    Each neighbour has done one whole forward and backward before the body starts, so the
-    body never measures their start-up.
+    Each neighbour has done one whole forward and backward of every size before the body
+    starts, so the body never measures their start-up.
     """
     if ranks < 1:
         raise ValueError(f"colocated ranks must be >= 1 (the profiled rank included), got {ranks}")
@@ -84,7 +96,7 @@ def colocated_load(model: str, *, ranks: int, batch_size: int, seq_len: int | No
     workers: list[subprocess.Popen[str]] = []
     try:
         for i in range(count):
-            settings = {"model": model, "batch_size": batch_size, "seq_len": seq_len,
+            settings = {"model": model, "batch_sizes": list(batch_sizes), "seq_len": seq_len,
                         "overrides": dict(overrides or {}), "threads": threads,
                         "seed": seed + 1 + i, "parent": os.getpid()}
             workers.append(subprocess.Popen(
@@ -107,20 +119,22 @@ def colocated_load(model: str, *, ranks: int, batch_size: int, seq_len: int | No
                 worker.stdout.close()
 
 
-def colocated_slowdown(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, *, ranks: int,
-                       batch_size: int, seq_len: int | None = None,
-                       overrides: dict[str, Any] | None = None, threads: int = 1,
-                       seed: int = 0) -> float:
-    """Mean whole-step time of ``spec`` under ``ranks - 1`` neighbours over the time alone.
+def colocated_slowdowns(spec: ModelSpec, batches: Sequence[tuple[Tensor, Tensor | None]], *,
+                        ranks: int, batch_sizes: Sequence[int], seq_len: int | None = None,
+                        overrides: dict[str, Any] | None = None, threads: int = 1,
+                        seed: int = 0) -> tuple[float, ...]:
+    """Per ``(inputs, targets)`` of ``batches`` (one per micro-batch size of ``batch_sizes``):
+    the mean whole-step time of ``spec`` under ``ranks - 1`` neighbours over the time alone,
+    the sizes' steps interleaved (module docstring).
 
     Whole steps span many scheduler time slices, so the ratio carries the time this rank is
     descheduled, which the median of a single block's short runs would filter out.
     """
-    alone = _mean_step_time(spec, inputs, targets, threads)
-    with colocated_load(spec.name, ranks=ranks, batch_size=batch_size, seq_len=seq_len,
+    alone = _mean_step_times(spec, batches, threads)
+    with colocated_load(spec.name, ranks=ranks, batch_sizes=batch_sizes, seq_len=seq_len,
                         overrides=overrides, threads=threads, seed=seed):
-        shared = _mean_step_time(spec, inputs, targets, threads)
-    return shared / alone
+        shared = _mean_step_times(spec, batches, threads)
+    return tuple(s / a for s, a in zip(shared, alone))
 
 
 def _train_step(spec: ModelSpec, network: nn.Module, inputs: Tensor, targets: Tensor | None) -> None:
@@ -131,18 +145,30 @@ def _train_step(spec: ModelSpec, network: nn.Module, inputs: Tensor, targets: Te
     network.zero_grad(set_to_none=True)
 
 
-def _mean_step_time(spec: ModelSpec, inputs: Tensor, targets: Tensor | None, threads: int) -> float:
-    """Mean wall time of one whole training step over about STEP_SECONDS (3 steps at least)."""
+def _mean_step_times(spec: ModelSpec, batches: Sequence[tuple[Tensor, Tensor | None]],
+                     threads: int) -> list[float]:
+    """Per batch, the mean wall time of one whole training step, the batches' steps in
+    interleaved rounds (a warm-up round first) over about STEP_SECONDS per batch (3 rounds at
+    least)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         network = spec.sequential().train()
-        _train_step(spec, network, inputs, targets)  # warm-up
-        steps, started = 0, time.perf_counter()
-        while steps < 3 or time.perf_counter() - started < STEP_SECONDS:
+        window: list[float] = []  # when the timed rounds began, after the warm-up round
+
+        def step(inputs: Tensor, targets: Tensor | None) -> float:
+            begun = time.perf_counter()
             _train_step(spec, network, inputs, targets)
-            steps += 1
-        return (time.perf_counter() - started) / steps
+            return time.perf_counter() - begun
+
+        def more(done: int, _: Sequence[Sequence[float]]) -> bool:
+            if done == 1:
+                window.append(time.perf_counter())
+            return done < 4 or time.perf_counter() - window[0] < STEP_SECONDS * len(batches)
+
+        steps = interleaved_rounds([partial(step, x, y) for x, y in batches], warmup=1,
+                                   more=more)
+        return [sum(times) / len(times) for times in steps]
     finally:
         torch.set_num_threads(previous)
 
@@ -169,13 +195,14 @@ def _neighbour(settings: dict[str, Any]) -> None:
 
     torch.set_num_threads(int(settings["threads"]))
     spec = build_model(settings["model"], seed=settings["seed"], **settings["overrides"])
-    inputs, targets = next(iter(build_dataset(spec.dataset or "digits",
-                                              batch_size=settings["batch_size"],
-                                              seq_len=settings["seq_len"], seed=settings["seed"])))
+    batches = [next(iter(build_dataset(spec.dataset or "digits", batch_size=size,
+                                       seq_len=settings["seq_len"], seed=settings["seed"])))
+               for size in settings["batch_sizes"]]
     network = spec.sequential()
     announced = False
     while os.getppid() == settings["parent"]:
-        _train_step(spec, network, inputs, targets)
+        for inputs, targets in batches:
+            _train_step(spec, network, inputs, targets)
         if not announced:
             print(READY, flush=True)
             announced = True

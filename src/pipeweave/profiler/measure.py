@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from functools import partial
 from typing import Any, NamedTuple, TypedDict, Unpack
 
 import torch
@@ -64,6 +65,7 @@ from ..split_backward import input_gradient, recording, weight_gradient
 from ..host import machine_cores
 from .apc_rate import measure_apc_rate
 from .profile import EXCLUDED, BlockProfile, Profile, TieProfile
+from .rounds import interleaved_rounds
 
 __all__ = ["profile_model", "profile_model_sizes", "profile_block", "profile_builtin",
            "profile_builtin_sizes", "tensor_bytes", "OPTIMIZERS"]
@@ -374,29 +376,22 @@ def _timed_runs(block: nn.Module, inputs: Sequence[Tensor],
                 repeats: int) -> list[list[_Run]]:
     """The timed runs of the block on each of ``inputs`` (one per micro-batch size), after
     ``warmup`` untimed rounds: ``repeats`` rounds, more (up to ``MAX_REPEAT_FACTOR *
-    repeats``) while any size's spread exceeds ``SPREAD_GOAL``. A round runs every size once,
-    in turn (the order reversed every other round), so each size has as many runs as the
-    others, taken under the same load, and their medians come from the same rounds."""
+    repeats``) while any size's spread exceeds ``SPREAD_GOAL``. A round runs every size once
+    (:func:`~pipeweave.profiler.rounds.interleaved_rounds`), so each size has as many runs as
+    the others, taken under the same load, and their medians come from the same rounds."""
     weights = frozenset(t.untyped_storage().data_ptr()
                         for t in (*block.parameters(), *block.buffers()))
-    runs: list[list[_Run]] = [[] for _ in inputs]
-    order = list(zip(runs, inputs, loss_fns, targets))
-    done = 0
 
-    def more() -> bool:
+    def more(done: int, runs: Sequence[Sequence[_Run]]) -> bool:
         if done < warmup + repeats:
             return True
         return (done < warmup + MAX_REPEAT_FACTOR * repeats
                 and any(_spread([run.forward + run.backward for run in size]) > SPREAD_GOAL
                         for size in runs))
 
-    while more():
-        for kept, x, loss_fn, y in (order if done % 2 == 0 else order[::-1]):
-            run = _timed_run(block, x, loss_fn, y, weights)
-            if done >= warmup:
-                kept.append(run)
-        done += 1
-    return runs
+    return interleaved_rounds([partial(_timed_run, block, x, loss_fn, y, weights)
+                               for x, loss_fn, y in zip(inputs, loss_fns, targets)],
+                              warmup=warmup, more=more)
 
 
 def _timed_run(block: nn.Module, inputs: Tensor,
@@ -620,10 +615,11 @@ def profile_builtin_sizes(
 ) -> tuple[Profile, ...]:
     """:func:`profile_builtin` at each of ``batch_sizes`` samples per micro-batch, one
     profile each, the blocks' timed runs of all sizes interleaved
-    (:func:`profile_model_sizes`); the co-located steps are timed per size after."""
+    (:func:`profile_model_sizes`); then the co-located steps, the sizes interleaved too
+    (:func:`~pipeweave.profiler.colocated.colocated_slowdowns`)."""
     from ..data import SEQUENCE_DATASETS, build_dataset
     from ..models import build_model, default_seq_len
-    from .colocated import colocated_slowdown, sharing_overhead
+    from .colocated import colocated_slowdowns, sharing_overhead
 
     if colocated_ranks > 1 and device != "cpu":
         raise ValueError(f"colocated_ranks={colocated_ranks} models ranks sharing CPU cores; on "
@@ -643,13 +639,11 @@ def profile_builtin_sizes(
                                    precision=precision)
     if colocated_ranks == 1:
         return profiles
-    found = []
-    for size, (inputs, targets), profile in zip(batch_sizes, batches, profiles):
-        slowdown = colocated_slowdown(spec, inputs, targets, ranks=colocated_ranks,
-                                      batch_size=size, seq_len=seq_len, overrides=overrides,
-                                      threads=threads or torch.get_num_threads(), seed=seed)
-        overhead = sharing_overhead(slowdown, colocated_ranks, profile.metadata["cores"])
-        found.append(replace(profile, metadata={
-            **profile.metadata, "colocated_ranks": colocated_ranks,
-            "colocated_slowdown": slowdown, "sharing_overhead": overhead}))
-    return tuple(found)
+    slowdowns = colocated_slowdowns(spec, batches, ranks=colocated_ranks, batch_sizes=batch_sizes,
+                                    seq_len=seq_len, overrides=overrides,
+                                    threads=threads or torch.get_num_threads(), seed=seed)
+    return tuple(replace(profile, metadata={
+        **profile.metadata, "colocated_ranks": colocated_ranks, "colocated_slowdown": slowdown,
+        "sharing_overhead": sharing_overhead(slowdown, colocated_ranks,
+                                             profile.metadata["cores"])})
+        for profile, slowdown in zip(profiles, slowdowns))

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["Costs", "StageCosts", "check_shared_cores"]
+__all__ = ["Costs", "StageCosts", "check_number", "check_shared_cores"]
 
 PerStage = float | Sequence[float]
 """One number for every stage, or one number per stage."""
@@ -122,9 +122,9 @@ class Costs:
             if value is not None:
                 object.__setattr__(self, name, _normalise(name, value))
         for name in ("latency", "wait_share"):
-            object.__setattr__(self, name, _check_number(name, getattr(self, name)))
+            object.__setattr__(self, name, check_number(name, getattr(self, name)))
         if self.bandwidth is not None:
-            _check_number("bandwidth", self.bandwidth)
+            check_number("bandwidth", self.bandwidth)
             if self.bandwidth <= 0:
                 raise ValueError(f"bandwidth must be > 0 bytes per time unit, got {self.bandwidth}")
         if (self.boundary_bytes is None) != (self.bandwidth is None):
@@ -318,11 +318,14 @@ def _as_tuple(value: PerStage) -> tuple[float, ...]:
     return tuple(value) if isinstance(value, Sequence) else (value,)
 
 
-def _check_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+def check_number(name: str, value: object, *, meaning: str = "") -> float:
+    """``value`` as a float when it is a finite number >= 0 (not a bool); else a ValueError
+    naming ``name`` (the argument the caller was given) and, when given, its ``meaning``.
+    Every cost of :class:`Costs` and ``walk_shared_cores``' ``waiting`` are checked here."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        about = f" ({meaning})" if meaning else ""
+        raise ValueError(f"{name} must be a finite number >= 0{about}, got {value!r}")
     return float(value)
 
 
@@ -333,9 +336,9 @@ def _normalise(name: str, value: object) -> float | tuple[float, ...]:
         if len(value) == 0:
             raise ValueError(f"{name} is an empty sequence; give one number or one per stage")
         if all(type(v) is float and 0.0 <= v < math.inf for v in value):
-            return tuple(value)  # what _check_number gives each, without naming each
-        return tuple(_check_number(f"{name}[{i}]", v) for i, v in enumerate(value))
-    return _check_number(name, value)
+            return tuple(value)  # what check_number gives each, without naming each
+        return tuple(check_number(f"{name}[{i}]", v) for i, v in enumerate(value))
+    return check_number(name, value)
 
 
 def _expand(name: str, value: object, count: int, unit: str) -> tuple[float, ...]:

@@ -39,7 +39,6 @@ it is meant for the few ranks one CPU machine runs, not for the 64-stage benchma
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -47,6 +46,7 @@ from ..ir import CORE_OPS, Action, Op, Schedule, ScheduleError
 from ..ir.deps import collective_key, dependencies
 from ..ir.walk import (DelayFn, DurationFn, Location, Walk, collective_participants,
                        index_actions)
+from .costs import check_number
 
 __all__ = ["walk_shared_cores"]
 
@@ -88,12 +88,9 @@ def walk_shared_cores(
     """
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
         raise ValueError(f"cores must be an integer >= 1, got {cores!r}")
-    if isinstance(waiting, bool) or not isinstance(waiting, (int, float)) \
-            or not math.isfinite(waiting) or waiting < 0:
-        raise ValueError(f"waiting must be a finite number >= 0 (the share of a core a "
-                         f"waiting rank takes), got {waiting!r}")
+    share = check_number("waiting", waiting, meaning="the share of a core a waiting rank takes")
     index = index_actions(schedule) if index is None else index
-    return _SharedCores(schedule, duration, delay, index, cores, float(waiting)).run()
+    return _SharedCores(schedule, duration, delay, index, cores, share).run()
 
 
 class _SharedCores:

@@ -1,5 +1,5 @@
 """Host (gloo) collectives let go of their buffers on the rank's thread
-(``communication/host_collectives.py``): gloo's worker thread dropped its references a moment
+(``communication/let_go.py``, ``host_collectives.py``): gloo's worker thread dropped its references a moment
 after ``wait()`` returned, so a buffer the rank let go of first was freed on gloo's thread,
 where torch's profiler records no free, and ``track_allocations`` counted it alive to the end
 (rank 3 of the sharded memory test up to 1.85 MB over). FSDP2's reduce-scatter and all-gather
@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipeweave.runtime.communication import host_collectives
-from pipeweave.runtime.communication.host_collectives import (HostAllGather,
-                                                              HostReduceScatter, LetGo)
+from pipeweave.runtime.communication import let_go
+from pipeweave.runtime.communication.host_collectives import HostAllGather, HostReduceScatter
+from pipeweave.runtime.communication.let_go import LetGo
 
 
 class _LateWorker:
@@ -48,7 +48,7 @@ class _Done:
 
 def test_wait_returns_only_once_the_worker_has_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
     worker = _LateWorker()
-    monkeypatch.setattr(host_collectives.time, "sleep", worker.sleep)
+    monkeypatch.setattr(let_go.time, "sleep", worker.sleep)
     buffer = torch.zeros(1024)
     LetGo(worker.issue, buffer).wait()
     assert worker.let_go, "wait returned while gloo's thread still held the buffer"
@@ -58,7 +58,7 @@ def test_wait_returns_at_once_when_nothing_is_held(monkeypatch: pytest.MonkeyPat
     def never(seconds: float) -> None:
         raise AssertionError("waited for a buffer no one held")
 
-    monkeypatch.setattr(host_collectives.time, "sleep", never)
+    monkeypatch.setattr(let_go.time, "sleep", never)
     LetGo(lambda tensor: _Done(), torch.zeros(8)).wait()
 
 

@@ -122,3 +122,11 @@ def test_a_host_stage_uses_them(tmp_path) -> None:  # type: ignore[no-untyped-de
             assert isinstance(group._all_gather_comm, HostAllGather)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_buffer_held_for_good_is_given_up_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kept: list[torch.Tensor] = []
+    monkeypatch.setattr(let_go, "LET_GO_S", 0.0)
+    with pytest.warns(RuntimeWarning, match="still held"):
+        LetGo(lambda tensor: kept.append(tensor.view(-1)) or _Done(), torch.zeros(8)).wait()

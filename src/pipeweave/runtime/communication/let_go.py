@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -30,9 +31,10 @@ from torch import Tensor
 
 __all__ = ["LetGo", "LET_GO_S"]
 
-LET_GO_S = 5.0
+LET_GO_S = 0.25
 """At most this long after a collective completes for gloo's thread to drop its references
-(it takes microseconds); past it the rank goes on and only the profiler's count suffers."""
+(it takes microseconds, a scheduler's time slice on a loaded machine); past it the rank goes
+on, says so once, and only the profiler's count suffers."""
 
 
 class LetGo(dist.Work):
@@ -56,7 +58,13 @@ class LetGo(dist.Work):
             work.wait(timeout)
         del work  # the rank's reference to gloo's work, which holds the handles
         deadline = time.monotonic() + LET_GO_S
-        while self._held() and time.monotonic() < deadline:
+        while self._held():
+            if time.monotonic() > deadline:
+                warnings.warn(f"a gloo collective's buffers were still held {LET_GO_S} s "
+                              f"after it completed; Job.track_allocations may count them "
+                              f"alive after their free (runtime/communication/let_go.py)",
+                              RuntimeWarning, stacklevel=2)
+                break
             time.sleep(0)  # let gloo's thread run
         self._handles = []
         return True

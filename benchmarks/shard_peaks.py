@@ -7,9 +7,10 @@ Run::
         [--runs 20] [--busy 2] [--shard full] [--schedule 1f1b] [--label after]
         [--json-out benchmarks/results/shard_peaks.json]
 
-gpt-small, ``pp=2,dp=2``, batch 4 in 4 micro-batches, Adam, two steps, as
-``tests/runtime/test_sharding_memory.py`` measures it (``Job.track_allocations``: peak live
-tensor bytes at torch's allocator), ``--runs`` single runs one after another. ``--busy N``
+gpt-small, ``pp=2,dp=2``, batch 4 in 4 micro-batches, Adam, the plan
+``tests/runtime/test_sharding_memory.py`` measures, run as ``pipeweave train --plan`` runs it
+for four steps with ``Job.track_allocations`` (peak live tensor bytes at torch's allocator,
+``pipeweave.measure.peak_memory``), ``--runs`` single runs one after another. ``--busy N``
 starts N busy Python loops for the duration (the loaded machine of CI) and stops them after.
 Prints each rank's least, median and largest peak beside the memory model's prediction and
 appends a record (peaks of every run, load averages) to the JSON file under ``--label``.
@@ -27,24 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeweave.models import default_seq_len
+from pipeweave.measure import peak_memory
 from pipeweave.planner import Plan
 from pipeweave.planner.memory import predicted_memory
 from pipeweave.profiler.measure import profile_builtin
-from pipeweave.runtime import BuiltinData, BuiltinModel, Job, OptimizerFactory, launch_local
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "shard_peaks.json"
 MODEL, STAGES, WIDTH, BATCH, MICROBATCHES = "gpt-small", 2, 2, 4, 4
-
-
-def one_run(plan: Plan) -> list[int]:
-    job = Job(plan=plan, steps=2, model=BuiltinModel(MODEL),
-              data=BuiltinData("stdlib-bytes", batch_size=BATCH, seq_len=default_seq_len(MODEL),
-                               seed=0),
-              optimizer=OptimizerFactory("adam"), track_allocations=True,
-              record_timeline=False, timeout_s=300.0)
-    return [r.peak_allocated_bytes for r in sorted(launch_local(job, deadline_s=500),
-                                                   key=lambda r: r.rank)]
 
 
 def busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
@@ -69,7 +59,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     try:
         for _ in range(args.runs):
-            peaks = one_run(plan)
+            peaks = peak_memory(plan, model=MODEL, batch_size=BATCH, timeout_s=300.0)
             runs.append({"peaks": peaks, "load": os.getloadavg()[0]})
             print(f"peaks MB {[round(p / 1e6, 3) for p in peaks]}  load {runs[-1]['load']:.1f}",
                   flush=True)

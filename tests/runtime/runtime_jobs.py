@@ -82,10 +82,12 @@ def allocator_peaks(plan: Plan, model: str = "gpt-small", batch: int = 4, *,
     """Each rank's peak of live tensor bytes at torch's allocator over two Adam steps of
     ``plan`` on real processes (stdlib bytes): what the memory model's tests compare with.
 
-    ``runs > 1``: the least of each rank's peaks over that many runs. A peak is what the
-    schedule holds plus what the timing of the ranks' threads adds (a gloo send or all-reduce
-    a loaded machine finishes later keeps its tensors longer: 64 KiB steps, up to +1.5 MB in
-    gpt-small's runs); the least of two is the schedule's part in nearly every run."""
+    ``runs > 1``: the least of each rank's peaks over that many runs, for measurements that
+    still move between runs (tensor-parallel stages' collectives, test_tp_memory.py). A
+    buffer that gloo's worker thread freed was never seen freed (its frees are not profiled):
+    the pipeline's all-reduce and FSDP2's collectives now let go on the rank's thread
+    (``communication/let_go.py``), and sharded and data-parallel runs measure the same peak
+    every time."""
     if runs > 1:
         peaks = [allocator_peaks(plan, model, batch) for _ in range(runs)]
         return [None if None in rank else min(p for p in rank if p is not None)

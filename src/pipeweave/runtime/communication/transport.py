@@ -45,6 +45,7 @@ from torch import Tensor
 from ...ir import CHECK_OPS, Action, Op, Schedule
 from ...ir.deliveries import delivery_proofs
 from ...apc import MODE_FULL, MODE_HALF, Encoded, decode, encode
+from .let_go import LetGo
 from .streams import MessageStreams
 
 __all__ = ["Transport", "DistTransport", "LocalTransport", "message_tag", "PeerTimeout",
@@ -478,12 +479,14 @@ class DistTransport:
         group = self._groups[tuple(ranks)]
         own = flat.to(self.wire)
         gathered = [torch.empty_like(own) for _ in ranks]
-        work = dist.all_gather(gathered, own, group=group, async_op=True)
-        assert work is not None
-        if self._streams is not None:
-            work.wait()  # NCCL: the compute stream waits for the gather; the host does not
-        else:
-            work.wait(self.timeout)
+        if self._streams is not None:  # NCCL: the compute stream waits for the gather
+            work = dist.all_gather(gathered, own, group=group, async_op=True)
+            assert work is not None
+            work.wait()
+        else:  # gloo: its thread lets go of the buffers before the rank does (.let_go)
+            LetGo(lambda mine, *parts: dist.all_gather(list(parts), mine, group=group,
+                                                       async_op=True),
+                  own, *gathered).wait(self.timeout)
         total = gathered[0].clone()
         for part in gathered[1:]:
             total += part

@@ -46,6 +46,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ...ir import Action, Op
 from ...split_backward import PendingWeights, weight_gradient
+from ..communication.host_collectives import HostAllGather, HostReduceScatter
 from .two_step import TwoStep, two_step_layouts
 
 __all__ = ["StageSharding", "shard_stage", "last_backwards"]
@@ -176,10 +177,14 @@ def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, devic
         if any(True for _ in block.parameters()):
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
     root = fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+    host = device_type == "cpu" and dist.get_backend(mesh.get_group()) == "gloo"
     for part in module.modules():
         if isinstance(part, FSDPModule):
             part.set_gradient_divide_factor(1.0)  # a sum, as the all-reduce it replaces
             part.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+            if host:  # its buffers freed where the profiler counts them (.host_collectives)
+                part.set_custom_reduce_scatter(HostReduceScatter())
+                part.set_custom_all_gather(HostAllGather())
     layouts = two_step_layouts(module, mesh) if split else {}
     return StageSharding(root=root, last=last_backwards(program, stage), layouts=layouts,
                          mode=mode)

@@ -46,7 +46,6 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ...ir import Action, Op
 from ...split_backward import PendingWeights, weight_gradient
-from ..communication.host_collectives import HostAllGather, HostReduceScatter
 from .two_step import TwoStep, two_step_layouts
 
 __all__ = ["StageSharding", "shard_stage", "last_backwards"]
@@ -178,6 +177,8 @@ def shard_stage(module: nn.Module, group: dist.ProcessGroup, mode: str, *, devic
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
     root = fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
     host = device_type == "cpu" and dist.get_backend(mesh.get_group()) == "gloo"
+    if host:  # FSDP2's private collective API, needed on gloo only (not on a CUDA run)
+        from ..communication.host_collectives import HostAllGather, HostReduceScatter
     for part in module.modules():
         if isinstance(part, FSDPModule):
             part.set_gradient_divide_factor(1.0)  # a sum, as the all-reduce it replaces

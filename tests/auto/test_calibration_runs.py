@@ -76,6 +76,9 @@ def test_the_fit_recovers_known_parameters(ranks: int, latency: float, overhead:
         assert steps == round_steps(plans[label].predicted, seconds=0.5, steps=None)
     for name, value in truth.items():
         assert fit.fitted[name] == pytest.approx(value, rel=1e-6, abs=1e-12)
+    for label, plan in plans.items():  # one set of parameters prices every plan as it ran
+        assert fit.predicted_after[label] == pytest.approx(plan.iteration(truth), rel=1e-6)
+        assert abs(fit.to_json()["plans"][label]["error_after"]) < 1e-6
     runtime = fitted.profile.runtime
     assert runtime is not None and runtime.message_latency == fit.fitted["message_latency"]
     assert runtime.allreduce_latency == fit.fitted["allreduce_latency"]

@@ -341,7 +341,7 @@ def _fitted(args: argparse.Namespace,
         for label, rounds in fit.measured.items():
             _say(f"{label} plan measured {1e3 * rounds.median:.1f} ms per iteration (spread "
                  f"{100 * rounds.spread:.0f} %), predicted {1e3 * fit.predicted_before[label]:.1f}"
-                 " ms before the fit")
+                 f" ms before the fit, {1e3 * fit.predicted_after[label]:.1f} ms after")
         words = {"message_latency": "message latency", "allreduce_latency": "all-reduce cost",
                  "action_overhead": "per action",
                  "compute_per_action": "compute per action",

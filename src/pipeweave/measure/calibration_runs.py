@@ -53,7 +53,7 @@ two or three small plans per round.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..auto import AutoProblem, Candidate
@@ -239,10 +239,18 @@ class CalibrationFit:
     rounds: Sequence[Mapping[str, float]] = ()
     """Each round's own fit (:func:`~.calibration_rounds.fit_rounds`); ``fitted`` is their
     median."""
+    predicted_after: Mapping[str, float] = field(default_factory=dict)
+    """Per plan, its seconds per iteration simulated at ``fitted``: how well one set of
+    parameters prices every calibration plan (each round fits each plan at its own compute
+    scale; ``fitted`` takes the median scale)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"plans": {label: {**rounds.to_json(),
                                   "predicted_before": self.predicted_before[label],
+                                  **({"predicted_after": self.predicted_after[label],
+                                      "error_after": self.predicted_after[label]
+                                      / rounds.median - 1.0}
+                                     if label in self.predicted_after else {}),
                                   "compute_seconds": list(self.compute[label]),
                                   "parameter": PARAMETERS[label]}
                           for label, rounds in self.measured.items()},
@@ -285,16 +293,19 @@ def fit_measured(problem: AutoProblem, plans: Mapping[str, CalibrationPlan],
     times = {label: rounds.times for label, rounds in measured.items()}
     found = fit_rounds(plans, names, times, compute, _borrowed(problem), WAITING)
     extra = 0.0 if problem.shared_cores is not None else _action_compute(plans, compute)
+    priced = plans
     if extra > 0:  # kept only where it prices the calibration's own runs better
         probed = calibration_plans(problem, actions=actions, per_action=extra)
         with_extra = fit_rounds(probed, names, times, compute)
         if _missed(probed, with_extra.fitted, measured) < _missed(plans, found.fitted, measured):
-            found = with_extra
+            found, priced = with_extra, probed
         else:
             extra = 0.0
     fitted = {**found.fitted, PER_ACTION: extra}
     fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute, rounds=found.rounds,
-                         predicted_before={label: p.predicted for label, p in plans.items()})
+                         predicted_before={label: p.predicted for label, p in plans.items()},
+                         predicted_after={label: p.iteration(found.fitted)
+                                          for label, p in priced.items()})
     return with_fit(problem, fitted), fit
 
 

@@ -37,15 +37,18 @@ def _problem(ranks: int = 2) -> AutoProblem:
     return AutoProblem(profile=profile, ranks=ranks)
 
 
-def _runs(plans: Mapping[str, CalibrationPlan], *, disturbed: float = 1.0
+def _runs(plans: Mapping[str, CalibrationPlan], *, disturbed: float = 1.0,
+          speeds: Mapping[str, tuple[float, ...]] | None = None
           ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Per plan, five rounds' iteration and compute seconds at :data:`TRUTH`, each at its
     round's scale, with :data:`NOISE`; round 3's data-parallel iteration x ``disturbed``
-    (a stall outside compute: its timeline's compute does not move)."""
+    (a stall outside compute: its timeline's compute does not move); ``speeds``: other
+    scales per round for some plans."""
     times: dict[str, list[float]] = {}
     compute: dict[str, list[float]] = {}
+    scales = {**SCALES, **dict(speeds or {})}
     for sign, label in zip((1, -1), plans):
-        at = [{**TRUTH, "compute_scale": scale} for scale in SCALES[label]]
+        at = [{**TRUTH, "compute_scale": scale} for scale in scales[label]]
         times[label] = [plans[label].iteration(v) * (1 + sign * e) for v, e in zip(at, NOISE)]
         compute[label] = [plans[label].compute(v) * (1 - sign * e / 2) for v, e in zip(at, NOISE)]
     times["data-parallel"][2] *= disturbed
@@ -168,13 +171,17 @@ def test_fit_calibration_reports_each_rounds_fit() -> None:
     report, the medians in the profile."""
     problem = _problem()
     plans = calibration_plans(problem, actions=False)
-    times, compute = _runs(plans)
+    # the default computes at the data-parallel plan's speed of its round (it borrows it,
+    # calibration_runs._borrowed), its received messages costing nothing extra here
+    times, compute = _runs(plans, speeds={"default": SCALES["data-parallel"]})
     fitted, fit = fit_calibration(problem, time_one=replayed(times, compute, 2), rounds=5,
                                   seconds=0.1, actions=False)
     assert fit is not None and len(fit.rounds) == 5
     report = fit.to_json()
-    assert [one[scale_name("default")] for one in report["per_round"]] == \
-        pytest.approx(SCALES["default"], rel=0.03)
+    assert [one[scale_name("data-parallel")] for one in report["per_round"]] == \
+        pytest.approx(SCALES["data-parallel"], rel=0.03)
+    assert scale_name("default") not in report["per_round"][0]
+    assert report["compute_per_receive"] == pytest.approx(0.0, abs=2e-4)
     runtime = fitted.profile.runtime
     assert runtime is not None
     assert runtime.message_latency == pytest.approx(TRUTH["message_latency"], rel=0.15)

@@ -1,10 +1,11 @@
-"""The compute each action of a distributed run costs beyond its profiled blocks
-(measure/calibration_sizes.py), fitted from the data-parallel plans at two micro-batch sizes,
-on synthetic runs that 'measure' what the model predicts at known parameters. No process
-runs."""
+"""The compute scale by micro-batch size (measure/calibration_sizes.py), fitted from the
+calibration's data-parallel plans at two sizes, on synthetic runs that 'measure' what the
+model predicts at known parameters; and the fixed compute per action a saved profile may
+carry (RuntimeCosts.compute_per_action), which the planner still applies. No process runs."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -12,13 +13,10 @@ import pytest
 
 from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem
-from pipeweave.auto.predict import simulate_candidate
-from pipeweave.auto.scaling import scaled_profile
+from pipeweave.measure.calibration_rounds import PER_RECEIVE
 from pipeweave.measure.calibration_runs import (CalibrationPlan, calibration_plans,
-                                                data_parallel_candidate, fit_calibration,
-                                                with_costs)
-from pipeweave.measure.calibration_sizes import (PER_ACTION, action_compute,
-                                                 fit_action_compute, round_action_compute)
+                                                fit_calibration, with_costs)
+from pipeweave.measure.calibration_sizes import PER_ACTION, size_scale_values
 from pipeweave.planner.evaluate import Network, plan_costs
 from pipeweave.planner.plan import Plan
 from pipeweave.profiler import LinkProfile
@@ -32,31 +30,37 @@ def _problem(ranks: int = 2) -> AutoProblem:
     return AutoProblem(profile=profile, ranks=ranks)
 
 
-def test_one_round_gives_the_cost_in_closed_form() -> None:
-    """C = s (S + n k) for both plans at one load s: k comes back; compute that grew in
-    proportion to the profile says 0; more compute for the larger micro-batches, 0 too."""
-    large, small, k, s = (0.40, 16.0), (0.35, 64.0), 2e-3, 1.7
-    measured = [s * (total + count * k) for total, count in (large, small)]
-    assert round_action_compute(large, small, *measured) == pytest.approx(k, rel=1e-12)
-    assert round_action_compute(large, small, s * 0.40, s * 0.35) == 0.0
-    assert round_action_compute(large, small, 1.0, 9.0) == 0.0
+def test_the_scale_by_size_is_the_median_per_size_over_the_least() -> None:
+    rounds = [{"compute_scale@a": 1.2, "compute_scale@b": 0.8},
+              {"compute_scale@a": 1.0, "compute_scale@b": 0.7},
+              {"compute_scale@a": 1.4, "compute_scale@b": 3.0}]  # b's third round disturbed
+    assert size_scale_values({"a": 4, "b": 1}, rounds) == pytest.approx(
+        {"compute_scale": 0.8, "size_scale@1": 1.0, "size_scale@4": 1.5})
+    assert size_scale_values({"a": 4}, rounds) == {}  # one size: one scale serves
 
 
-def test_the_median_over_rounds_leaves_out_a_disturbed_round() -> None:
-    def probe(total: float, count: float) -> Callable[[Mapping[str, float]], float]:
-        return lambda values: total + count * values.get(PER_ACTION, 0.0)
+def test_the_factor_is_linear_in_the_log_of_the_size_between_two_sizes() -> None:
+    costs = RuntimeCosts(size_scales=((1, 1.0), (4, 1.5)))
+    assert [costs.size_factor(m) for m in (1, 2, 4, 8)] == pytest.approx([1.0, 1.25, 1.5, 1.5])
+    assert costs.size_factor(None) == 1.0 and RuntimeCosts().size_factor(3) == 1.0
+    assert RuntimeCosts.from_json(costs.to_json()) == costs
+    for bad, match in ((((0, 1.0),), "size_scales entry"), (((2, 0.5),), "size_scales entry"),
+                       (((2, math.nan),), "size_scales entry"),
+                       (((2, 1.0), (2, 1.2)), "name a size twice")):
+        with pytest.raises(ValueError, match=match):
+            RuntimeCosts(size_scales=bad)
 
-    large, small = probe(0.40, 16.0), probe(0.35, 64.0)
-    k = 1e-3
-    loads = (1.2, 1.6, 1.3)
-    measured_large = [s * (0.40 + 16 * k) for s in loads]
-    measured_small = [s * (0.35 + 64 * k) for s in loads]
-    measured_small[1] *= 3  # one round's small plan disturbed
-    assert fit_action_compute(large, small, measured_large, measured_small) \
-        == pytest.approx(k, rel=1e-9)
-    assert action_compute(large) == pytest.approx((0.40, 16.0))
-    with pytest.raises(ValueError, match="same number"):
-        fit_action_compute(large, small, [1.0], [])
+
+def test_a_size_s_factor_multiplies_its_compute_actions_only() -> None:
+    """F and B of a stage at a size with factor 1.5 cost 1.5x; the update does not move."""
+    profile = replace(small_profile(3, blocks=4), batch_size=4)
+    bounds = ((0, 2), (2, 4))
+    plain = plan_costs(replace(profile, runtime=RuntimeCosts()), bounds, Network(1e9))
+    sized = plan_costs(replace(profile, runtime=RuntimeCosts(size_scales=((1, 1.0), (4, 1.5)))),
+                       bounds, Network(1e9))
+    assert sized.forward == pytest.approx([1.5 * f for f in plain.forward])
+    assert sized.backward == pytest.approx([1.5 * b for b in plain.backward])
+    assert sized.update == plain.update
 
 
 def test_the_cost_goes_into_every_compute_action_after_the_floor() -> None:
@@ -79,13 +83,15 @@ def test_the_cost_goes_into_every_compute_action_after_the_floor() -> None:
 
 
 def _replay(plans: Mapping[str, CalibrationPlan], truth: Mapping[str, float],
-            loads: tuple[float, ...], ranks: int) -> Callable[[str, Plan, int],
-                                                               tuple[float, list[float]]]:
-    """A runner that 'measures' each plan at ``truth``, round r at ``loads[r]``."""
+            loads: tuple[float, ...], ranks: int,
+            sizes: Mapping[str, float] | None = None) -> Callable[[str, Plan, int],
+                                                                  tuple[float, list[float]]]:
+    """A runner that 'measures' each plan at ``truth``, round r at ``loads[r]`` times the
+    plan's ``sizes[label]`` (default 1)."""
     calls = {label: 0 for label in plans}
 
     def time_one(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
-        at = {**truth, "compute_scale": loads[calls[label]]}
+        at = {**truth, "compute_scale": loads[calls[label]] * (sizes or {}).get(label, 1.0)}
         calls[label] += 1
         seen = plans[label].compute({**at, "action_overhead": 0.0})
         return plans[label].iteration(at), [seen / ranks] * ranks
@@ -94,82 +100,52 @@ def _replay(plans: Mapping[str, CalibrationPlan], truth: Mapping[str, float],
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_the_calibration_fits_the_cost_with_the_other_parameters(ranks: int) -> None:
-    """Runs 'measured' at a known compute per action, latencies and action overhead, each
-    round at its own load: every value comes back and the fitted profile prices the small
-    micro-batches as they ran. Without the compute per action (the fit before) the plan at
-    the smallest micro-batches is predicted fast."""
+def test_the_calibration_fits_the_scale_by_size_with_the_other_parameters(ranks: int) -> None:
+    """Runs 'measured' with the smallest micro-batches at 0.7 of the default size's speed,
+    each round at its own load, the default plan at the data-parallel plan's speed plus a
+    cost per received message: every value comes back, and one set of parameters prices
+    each calibration plan as it ran (the median of both sizes' scales, the fit before,
+    prices the small plan slow and the default-size plans fast)."""
     problem = _problem(ranks)
     plans = calibration_plans(problem)
     assert set(plans) == {"default", "data-parallel", "data-parallel-small"}
-    truth = {PER_ACTION: 2e-3, "message_latency": 1e-3, "allreduce_latency": 5e-3,
-             "action_overhead": 4e-4}
+    truth = {"message_latency": 1e-3, "allreduce_latency": 5e-3, "action_overhead": 4e-4,
+             PER_RECEIVE: 3e-4}
     loads = (1.3, 1.1, 1.5)
-    fitted, fit = fit_calibration(problem, time_one=_replay(plans, truth, loads, ranks),
-                                  rounds=3, seconds=0.1)
+    replay = _replay(plans, truth, loads, ranks, {"data-parallel-small": 0.7})
+    fitted, fit = fit_calibration(problem, time_one=replay, rounds=3, seconds=0.1)
     assert fit is not None
     for name, value in truth.items():
         assert fit.fitted[name] == pytest.approx(value, rel=1e-4, abs=1e-9), name
-    assert fit.fitted["compute_scale"] == pytest.approx(1.3, rel=1e-4)
-    assert fit.to_json()[PER_ACTION] == fit.fitted[PER_ACTION]
-    runtime = fitted.profile.runtime
-    assert runtime is not None
-    assert runtime.compute_per_action == pytest.approx(2e-3, rel=1e-4)
-    small = plans["data-parallel-small"]
-    ran = small.iteration({**truth, "compute_scale": 1.3})
-    others = {name: value for name, value in fit.fitted.items() if name != PER_ACTION}
-    candidate = data_parallel_candidate(fitted, small.plan.microbatches)
-    assert candidate is not None
-    scaled = scaled_profile(fitted.profile, fitted.batch // candidate.microbatches)
-    assert simulate_candidate(candidate, scaled, fitted).iteration_time \
-        == pytest.approx(ran, rel=1e-3)  # the fitted profile prices it as it ran
-    assert small.iteration(others) < 0.95 * ran
-    refit, again_fit = fit_calibration(fitted, time_one=_replay(plans, truth, loads, ranks),
-                                       rounds=3, seconds=0.1)  # a calibrated profile again
-    assert again_fit is not None and refit.profile.runtime is not None
-    assert refit.profile.runtime.compute_per_action == pytest.approx(2e-3, rel=1e-4)
-
-
-def test_not_fitted_where_the_ranks_share_cores() -> None:
-    """Four ranks on two cores: the data-parallel plans' actions run time-sliced, which a
-    pipeline does not pay per action, so the cost is left at 0 even where the runs say one
-    (measure/calibration_sizes.py); the same runs on four cores fit it."""
-    truth = {PER_ACTION: 2e-3, "message_latency": 1e-3, "allreduce_latency": 5e-3,
-             "action_overhead": 4e-4}
-    fitted: dict[int | None, float] = {}
-    for cores in (None, 2):
-        problem = replace(_problem(4), shared_cores=cores)
-        plans = calibration_plans(problem)
-        _, fit = fit_calibration(problem, time_one=_replay(plans, truth, (1.2, 1.2, 1.2), 4),
-                                 rounds=3, seconds=0.1)
-        assert fit is not None
-        fitted[cores] = fit.fitted[PER_ACTION]
-    assert fitted[None] == pytest.approx(2e-3, rel=1e-4)
-    assert fitted[2] == 0.0
-
-
-def test_dropped_where_it_prices_the_calibration_runs_worse() -> None:
-    """Runs whose smallest micro-batches are slow for a reason that is not a cost per action
-    (here the small plan alone runs 1.5x slower, time and compute): the closed form still
-    gives a cost, but with it the default plan, which it was not fitted from, is priced far
-    off (as gpt-small's at 2 ranks, 2026-11-27: 18.8 ms an action, the default predicted at
-    368 ms where it ran 236), so the fit keeps the parameters without it."""
-    problem = _problem(2)
-    plans = calibration_plans(problem)
-    truth = {PER_ACTION: 0.0, "message_latency": 1e-3, "allreduce_latency": 5e-3,
-             "action_overhead": 0.0}
-    honest = _replay(plans, truth, (1.2, 1.2, 1.2), 2)
-
-    def slow_small(label: str, plan: Plan, steps: int) -> tuple[float, list[float]]:
-        seconds, ranks = honest(label, plan, steps)
-        factor = 1.5 if label == "data-parallel-small" else 1.0
-        return seconds * factor, [r * factor for r in ranks]
-
-    at = {**truth, "compute_scale": 1.2}
-    assert round_action_compute(action_compute(plans["data-parallel"].compute),
-                                action_compute(plans["data-parallel-small"].compute),
-                                plans["data-parallel"].compute(at),
-                                1.5 * plans["data-parallel-small"].compute(at)) > 1e-3
-    _, fit = fit_calibration(problem, time_one=slow_small, rounds=3, seconds=0.1)
-    assert fit is not None
+    small = problem.batch // plans["data-parallel-small"].plan.microbatches
+    large = problem.batch // plans["data-parallel"].plan.microbatches
+    assert fit.fitted["compute_scale"] == pytest.approx(0.7 * 1.3, rel=1e-4)
+    assert fit.fitted[f"size_scale@{small}"] == pytest.approx(1.0)
+    assert fit.fitted[f"size_scale@{large}"] == pytest.approx(1 / 0.7, rel=1e-4)
     assert fit.fitted[PER_ACTION] == 0.0
+    runtime = fitted.profile.runtime
+    assert runtime is not None and [m for m, _ in runtime.size_scales] == [small, large]
+    assert [f for _, f in runtime.size_scales] == pytest.approx([1.0, 1 / 0.7], rel=1e-4)
+    for label, plan in plans.items():
+        speed = 1.3 * (0.7 if label == "data-parallel-small" else 1.0)
+        ran = plan.iteration({**truth, "compute_scale": speed})
+        # within 1 %: a scale below 1 goes into the blocks but not into posting a send
+        # (calibration_runs.compute_faster), which the size's factor still multiplies
+        assert fit.predicted_after[label] == pytest.approx(ran, rel=1e-2), label
+        one_scale = {**truth, "compute_scale": (0.7 * 1.3 + 1.3) / 2}
+        if label == "data-parallel-small":
+            assert plan.iteration(one_scale) > 1.05 * ran
+        else:
+            assert plan.iteration(one_scale) < 0.97 * ran
+
+
+def test_one_size_keeps_one_scale() -> None:
+    """Without the smallest-micro-batch plan there is one size: no table, the median scale."""
+    problem = _problem(2)
+    plans = calibration_plans(problem, actions=False)
+    truth = {"message_latency": 1e-3, "allreduce_latency": 5e-3}
+    fitted, fit = fit_calibration(problem, time_one=_replay(plans, truth, (1.2, 1.4, 1.3), 2),
+                                  rounds=3, seconds=0.1, actions=False)
+    assert fit is not None and not any(name.startswith("size_scale@") for name in fit.fitted)
+    assert fit.fitted["compute_scale"] == pytest.approx(1.3, rel=1e-4)
+    assert fitted.profile.runtime is not None and fitted.profile.runtime.size_scales == ()

@@ -95,9 +95,14 @@ def test_a_planted_value_is_recovered_with_the_latencies(fixes: str) -> None:
     assert alone.rounds[0][scale_name("default")] > 1.05 * SPEEDS[0]
 
 
-def test_fit_calibration_fits_the_cost_only_where_ranks_outnumber_cores() -> None:
+def test_fit_calibration_fits_the_receive_cost_whatever_the_cores() -> None:
+    """The default plan computes at the data-parallel plan's scale and its extra compute is
+    the cost per received message with a core per rank too (at 2 ranks on 2 cores the
+    default computed at 1.01-1.28x the profile where the data-parallel plan took
+    0.92-1.16x in the same rounds, calibration_runs._borrowed)."""
     truth = {**LATENCIES, PER_RECEIVE: PLANTED[PER_RECEIVE]}
-    for cores, expected in ((2, PLANTED[PER_RECEIVE]), (4, 0.0), (None, 0.0)):
+    for cores, expected in ((2, PLANTED[PER_RECEIVE]), (4, PLANTED[PER_RECEIVE]),
+                            (None, PLANTED[PER_RECEIVE])):
         problem = _problem(cores)
         plans = calibration_plans(problem, actions=False)
         times, compute = _runs(plans, truth)

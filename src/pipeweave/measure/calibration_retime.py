@@ -74,8 +74,7 @@ def retimed_report(retiming: Retiming, timed: TimedRounds,
     plans = retiming.plans()
     rounds = {label: timed.rounds[LABEL.format(label)] for label in plans}
     compute = {label: timed.compute[LABEL.format(label)] for label in plans}
-    problem, fit = fit_measured(retiming.problem, plans, rounds, compute,
-                                actions=retiming.actions)
+    problem, fit = fit_measured(retiming.problem, plans, rounds, compute)
     for label, prediction in predictions.items():
         again = repredicted(prediction, problem).iteration_time
         measured = compared[label]["iteration_time"]

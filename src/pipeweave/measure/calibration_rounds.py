@@ -39,6 +39,12 @@ a waiting rank takes in the simulator's shared-cores walk (``RuntimeCosts.wait_s
 :mod:`pipeweave.sim.shared_cores`); ``compute_scale`` is then the median of the lending
 plans' scales.
 
+With a core per rank the same holds, less: at 2 ranks on 2 cores the default computed at
+1.01-1.28x the profile where the data-parallel plan took 0.92-1.16x in the same rounds
+(2026-11-27, quiet), so the calibration borrows there too (``compute_per_receive``;
+:func:`pipeweave.measure.calibration_runs._borrowed`), and the lending plans' scales, one
+per micro-batch size, become the scale by size (:mod:`.calibration_sizes`).
+
 Per round, every plan's iteration and compute are targets of one :func:`~.calibration_solve.solve`;
 each parameter is then the median of its per-round values, and ``compute_scale`` (what
 predictions of other plans use) the median of every plan's per-round scale. A median, not a

@@ -16,11 +16,9 @@ about ``seconds`` of timed iterations per round:
   (``8 x ranks`` by default, the smallest micro-batches): the same all-reduce, the same
   samples, 4x the actions, so its time moves with ``action_overhead`` (what an action costs
   beyond its compute, e.g. when 4 processes share 2 cores; docs/auto.md measured the
-  data-parallel plan at M = 32 at 28 ms where 9 ms was predicted). Its compute against the
-  data-parallel plan's, in the same round, fixes ``compute_per_action``, what each F, B, I
-  and W costs inside the timed action beyond its profiled blocks (:mod:`.calibration_sizes`;
-  before, one compute scale fitted at the default's micro-batch priced smaller ones up to
-  3x fast), fitted before the other parameters.
+  data-parallel plan at M = 32 at 28 ms where 9 ms was predicted). Its compute scale
+  against the data-parallel plan's is the compute scale by micro-batch size
+  (:mod:`.calibration_sizes`: ``RuntimeCosts.size_scales``).
 
 The ranks' compute: the seconds of F, B, I and W actions per iteration on the runs'
 timelines, summed over ranks, against the same simulated; the factor (at least 1) that
@@ -31,16 +29,17 @@ plan's simulated iteration, at that plan's own scale, equals the round's measure
 round is solved on its own (:func:`~.calibration_solve.solve`: Gauss-Seidel bisections,
 then Newton steps, exact where plans depend on several parameters; a plan measured faster
 than predicted with its parameter at 0 leaves it at 0), and each parameter is the median of
-its rounds, ``compute_scale`` the median of every plan's per-round scale
+its rounds, the compute scale per size the median of its plan's per-round scales
 (:mod:`.calibration_rounds` says why: one scale shared by the plans let the latencies trade
-against it). Parameters from plans measured under the same load: before, one parameter
+against it; :mod:`.calibration_sizes` why per size). Parameters from plans measured under the same load: before, one parameter
 from one run of the default plan had to absorb the all-reduce too, and the data-parallel
 winner was predicted 15-31 % fast while the default was 15-31 % slow (docs/auto.md).
 
-Where the ranks outnumber the cores, the default plan computes at the data-parallel plan's
-scale and its compute fixes :data:`WAITING`: ``compute_per_receive``, what each action that
-takes a message from another rank computes beyond the others, or ``wait_share``, the share
-of a core a waiting rank takes (:mod:`.calibration_rounds`, ``borrow``).
+The default plan computes at the data-parallel plan's scale (the same micro-batch size), and
+its compute fixes :data:`WAITING`: ``compute_per_receive``, what each action that takes a
+message from another rank computes beyond the others, or, only where the ranks outnumber the
+cores, ``wait_share``, the share of a core a waiting rank takes (:mod:`.calibration_rounds`,
+``borrow``; :func:`_borrowed`).
 
 The action overhead is taken to lie outside the timed actions (the interpreter between
 them, the wake-up when a shared core comes back): the timelines' compute, and so
@@ -69,7 +68,7 @@ from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
 from .alternating import TIMED_SECONDS, Rounds, alternate
 from .calibration_rounds import PER_RECEIVE, WAIT_SHARE, fit_rounds
-from .calibration_sizes import PER_ACTION, fit_action_compute
+from .calibration_sizes import PER_ACTION, SIZE_SCALE, size_scale_values, size_scales_of
 from .calibration_solve import Target, solve
 
 __all__ = ["CalibrationFit", "CalibrationPlan", "Target", "PARAMETERS", "calibration_plans",
@@ -88,7 +87,12 @@ def with_costs(profile: Profile, values: Mapping[str, float]) -> Profile:
     blocks' compute times instead (:func:`compute_faster`), the runtime's scale left at 1,
     so that the search's lower bounds from the profile's times stay bounds."""
     runtime = profile.runtime if profile.runtime is not None else RuntimeCosts()
-    fields: dict[str, Any] = dict(values)
+    prefix = SIZE_SCALE.format("")
+    fields: dict[str, Any] = {name: value for name, value in values.items()
+                              if not name.startswith(prefix)}
+    sized = size_scales_of(values)
+    if sized:
+        fields["size_scales"] = sized
     scale = fields.get("compute_scale", runtime.compute_scale)
     if scale < 1:
         profile, fields["compute_scale"] = compute_faster(replace(profile, runtime=runtime),
@@ -171,13 +175,12 @@ def smallest_batches(problem: AutoProblem) -> int | None:
     return max(fitting, default=None)
 
 
-def calibration_plans(problem: AutoProblem, *, actions: bool = True,
-                      per_action: float = 0.0) -> dict[str, CalibrationPlan]:
+def calibration_plans(problem: AutoProblem, *,
+                      actions: bool = True) -> dict[str, CalibrationPlan]:
     """Per calibration plan that can be built and whose parameter the profile can price
     (module docstring); ``actions``: add ``data-parallel-small`` where a larger M than the
-    default's fits (False: not at all); ``per_action``: the ``compute_per_action`` the plans
-    are simulated at (whatever the profile had)."""
-    zero = {"compute_scale": 1.0, PER_ACTION: per_action, WAIT_SHARE: 0.0, PER_RECEIVE: 0.0,
+    default's fits (False: not at all)."""
+    zero = {"compute_scale": 1.0, PER_ACTION: 0.0, WAIT_SHARE: 0.0, PER_RECEIVE: 0.0,
             **{name: 0.0 for name in PARAMETERS.values()}}
     plain = replace(problem, profile=with_costs(problem.profile, zero))
     out: dict[str, CalibrationPlan] = {}
@@ -278,66 +281,50 @@ def fit_calibration(problem: AutoProblem, *,
 
     measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
                          rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
-    return fit_measured(problem, plans, measured, compute, actions=actions)
+    return fit_measured(problem, plans, measured, compute)
 
 
 def fit_measured(problem: AutoProblem, plans: Mapping[str, CalibrationPlan],
-                 measured: Mapping[str, Rounds], compute: Mapping[str, Sequence[float]], *,
-                 actions: bool = True) -> tuple[AutoProblem, CalibrationFit]:
+                 measured: Mapping[str, Rounds], compute: Mapping[str, Sequence[float]]
+                 ) -> tuple[AutoProblem, CalibrationFit]:
     """``problem`` (not yet fitted) with the runtime costs fitted to ``measured`` rounds of
-    its calibration ``plans`` (:func:`calibration_plans`, ``actions`` as there) and their
+    its calibration ``plans`` (:func:`calibration_plans`) and their
     ``compute`` per round (summed over ranks): :func:`fit_calibration` after its runs, and
     ``auto --run`` again on the plans re-timed beside the winner
     (:mod:`.calibration_retime`)."""
     names = {label: PARAMETERS[label] for label in plans}
     times = {label: rounds.times for label, rounds in measured.items()}
-    found = fit_rounds(plans, names, times, compute, _borrowed(problem), WAITING)
-    extra = 0.0 if problem.shared_cores is not None else _action_compute(plans, compute)
-    priced = plans
-    if extra > 0:  # kept only where it prices the calibration's own runs better
-        probed = calibration_plans(problem, actions=actions, per_action=extra)
-        with_extra = fit_rounds(probed, names, times, compute)
-        if _missed(probed, with_extra.fitted, measured) < _missed(plans, found.fitted, measured):
-            found, priced = with_extra, probed
-        else:
-            extra = 0.0
-    fitted = {**found.fitted, PER_ACTION: extra}
+    borrow = _borrowed(problem)
+    found = fit_rounds(plans, names, times, compute, borrow, WAITING)
+    sized = size_scale_values({label: problem.batch // plans[label].plan.microbatches
+                               for label in _LENDERS if label in plans}, found.rounds)
+    fitted = {**found.fitted, **sized, PER_ACTION: 0.0}
     fit = CalibrationFit(measured=measured, fitted=fitted, compute=compute, rounds=found.rounds,
                          predicted_before={label: p.predicted for label, p in plans.items()},
-                         predicted_after={label: p.iteration(found.fitted)
-                                          for label, p in priced.items()})
+                         predicted_after={label: p.iteration(fitted)
+                                          for label, p in plans.items()})
     return with_fit(problem, fitted), fit
 
 
 WAITING = PER_RECEIVE
-"""What the default plan's compute fixes where ranks outnumber cores (:func:`_borrowed`):
-``compute_per_receive`` (a fixed cost per action that takes a message) or ``wait_share``
-(a waiting rank's share of a core); ``benchmarks/wait_share_ab.py`` compares them."""
+"""What the default plan's compute fixes (:func:`_borrowed`): ``compute_per_receive`` (a
+fixed cost per action that takes a message), or ``wait_share`` (a waiting rank's share of a
+core, where ranks outnumber cores); ``benchmarks/wait_share_ab.py`` compares them."""
+
+
+_LENDERS = ("data-parallel", "data-parallel-small")
+"""The calibration plans that compute at their own scale (every rank computing, no message
+between stages), one per micro-batch size: the compute scale by size
+(:func:`~.calibration_sizes.size_scale_values`)."""
 
 
 def _borrowed(problem: AutoProblem) -> dict[str, str]:
-    """Where the ranks outnumber the cores, the default plan (a pipeline: most ranks wait)
-    computes at the data-parallel plan's scale (every rank computes), and the difference
-    fixes :data:`WAITING` (:mod:`.calibration_rounds`); elsewhere none."""
+    """The default plan (a pipeline: its ranks take messages) computes at the data-parallel
+    plan's scale (the same micro-batch size, no message), and the difference fixes
+    :data:`WAITING` (:mod:`.calibration_rounds`): a cost per received message wherever
+    (measured 2026-11-27 at 2 ranks on 2 cores: the default computed at 1.01-1.28x the
+    profile where the data-parallel plan took 0.92-1.16x in the same rounds), a waiting
+    rank's share of a core only where the ranks outnumber the cores."""
     cores = problem.shared_cores
-    return {"default": "data-parallel"} if cores is not None and cores < problem.ranks else {}
-
-
-def _missed(plans: Mapping[str, CalibrationPlan], fitted: Mapping[str, float],
-            measured: Mapping[str, Rounds]) -> float:
-    """The calibration plans' relative errors, summed: each simulated at ``fitted`` against
-    its measured median."""
-    return sum(abs(plan.iteration(fitted) - measured[label].median) / measured[label].median
-               for label, plan in plans.items())
-
-
-def _action_compute(plans: Mapping[str, CalibrationPlan],
-                    compute: Mapping[str, Sequence[float]]) -> float:
-    """The compute each action costs beyond its profiled blocks (:mod:`.calibration_sizes`),
-    from the two data-parallel plans' measured compute; 0 without both (and not asked where
-    the ranks share cores: :mod:`.calibration_sizes`)."""
-    if "data-parallel" not in plans or "data-parallel-small" not in plans:
-        return 0.0
-    return fit_action_compute(plans["data-parallel"].compute,
-                              plans["data-parallel-small"].compute,
-                              compute["data-parallel"], compute["data-parallel-small"])
+    shared = cores is not None and cores < problem.ranks
+    return {"default": "data-parallel"} if shared or WAITING == PER_RECEIVE else {}

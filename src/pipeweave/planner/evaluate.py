@@ -16,7 +16,8 @@ Every planner is judged the same way: the plan's schedule is simulated
                 backward, I, W and update of a stage of k blocks + per_action + per_block (k-1),
                 F, B, I and W + compute_per_action (a distributed run's own, fitted),
                 F, B and I that take a message from another rank + compute_per_receive,
-                F, B, I and W (their sends included) then x compute_scale,
+                F, B, I and W (their sends included) then x compute_scale (x the
+                factor of the stage's micro-batch size, RuntimeCosts.size_scales),
                 and a stage that sends (forward to the next, gradient to the previous) pays
                 per_message in that action; then each F, B, I and W + action_overhead,
                 and + action_overhead again where it sends; every transfer's latency grows by
@@ -191,7 +192,8 @@ def _with_runtime(profile: Profile, bounds: Bounds, *columns: list[float],
     for kind, column in zip(kinds, columns):
         sends = {"forward": ahead, "backward": behind, "input_grad": behind}.get(kind)
         values = []
-        scale = runtime.compute_scale if kind != "update" else 1.0
+        scale = runtime.compute_scale * runtime.size_factor(profile.batch_size) \
+            if kind != "update" else 1.0
         fixed = runtime.action_overhead if kind != "update" else 0.0
         per_action = runtime.compute_per_action if kind != "update" else 0.0
         takes = {"forward": behind, "backward": ahead, "input_grad": ahead}.get(kind)

@@ -52,22 +52,27 @@ calibration's distributed runs over what the simulator gave it (the send thread 
 threads on the same cores, two ranks' memory traffic at once). Never below 1, so that the
 search's lower bounds from the profile's times stay bounds: a calibration whose runs computed
 faster than the profile puts that factor into the blocks' times instead
-(:func:`pipeweave.measure.calibration_runs.with_costs`).
+(:func:`pipeweave.measure.calibration_runs.with_costs`). ``size_scales`` refine it by the
+stage's micro-batch size: ``(samples, factor >= 1)`` pairs, the scale at a size
+``compute_scale`` times the factor, linear in the logarithm of the size between two pairs,
+the nearest pair's outside (:meth:`RuntimeCosts.size_factor`), fitted from the calibration's
+data-parallel plans at two sizes (:mod:`pipeweave.measure.calibration_sizes`: the profile
+prices small micro-batches high against what the runtime's actions take).
 
 ``compute_per_action`` is added to every F, B, I and W action after the fixed costs above
 (and their floor), before the scale: what each compute action of a distributed run takes
-inside the timed action beyond the blocks and ``per_action`` measured in one process, fitted
-from the calibration's data-parallel plans at two micro-batch sizes
-(:mod:`pipeweave.measure.calibration_sizes`; 0 where not fitted).
+inside the timed action beyond the blocks and ``per_action`` measured in one process. The
+calibration fitted it until 2026-11-27 and fits ``size_scales`` instead
+(:mod:`pipeweave.measure.calibration_sizes` says why); a saved profile may carry it.
 
 ``compute_per_receive`` is added, like ``compute_per_action`` and inside the scale, to every
 action that takes a message from another rank: the F of a stage whose previous stage is on
 other ranks, the B and I of one whose next stage is: what a pipeline's rank pays inside the
 timed action when it starts on a message it waited for (woken, its caches cold; the
 calibration's default plan computed at about twice the data-parallel plan's scale on cnn at
-4 ranks on 2 cores, some 1.2-1.5 on gpt-tiny, whose actions are larger). Fitted where more
-ranks than cores share the machine, from the default plan's compute at the data-parallel
-plan's scale (:mod:`pipeweave.measure.calibration_rounds`); 0 otherwise.
+4 ranks on 2 cores, some 1.2-1.5 on gpt-tiny, whose actions are larger; 1.01-1.28 against
+0.92-1.16 at 2 ranks on 2 cores). Fitted from the default plan's compute at the
+data-parallel plan's scale (:mod:`pipeweave.measure.calibration_rounds`).
 
 ``action_overhead`` is added, once, to every F, B, I and W action and once more for each
 send the action posts, after the scale: what each action and message costs a rank beyond its
@@ -123,6 +128,10 @@ class RuntimeCosts:
     """What the compute actions of a distributed run take over their single-process time
     (>= 1): the ranks' compute measured on the calibration runs' timelines against the
     simulated (:mod:`pipeweave.measure.calibration_runs`)."""
+    size_scales: tuple[tuple[int, float], ...] = ()
+    """``(samples per micro-batch, factor >= 1)`` pairs, sorted: ``compute_scale`` times the
+    factor is the scale of a compute action at that micro-batch size (:meth:`size_factor`;
+    module docstring). Empty: one scale for every size."""
     notes: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -163,6 +172,7 @@ class RuntimeCosts:
             raise ValueError(f"runtime costs compute_scale must be a finite number >= 1, got "
                              f"{scale!r}")
         object.__setattr__(self, "compute_scale", float(scale))
+        object.__setattr__(self, "size_scales", _checked_size_scales(self.size_scales))
         rate = self.allreduce_bandwidth
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
                                  or not math.isfinite(rate) or rate <= 0):
@@ -180,6 +190,21 @@ class RuntimeCosts:
             return profiled
         extra = self.per_action.get(kind, 0.0) + self.per_block.get(kind, 0.0) * (blocks - 1)
         return max(profiled + extra, profiled / 10)
+
+    def size_factor(self, samples: int | None) -> float:
+        """The factor on ``compute_scale`` at ``samples`` per micro-batch: linear in the
+        logarithm of the size between two sizes of :attr:`size_scales`, the nearest one's
+        outside them; 1 without a table or a size."""
+        points = self.size_scales
+        if not points or samples is None:
+            return 1.0
+        if samples <= points[0][0]:
+            return points[0][1]
+        for (low, low_factor), (high, high_factor) in zip(points, points[1:]):
+            if samples <= high:
+                share = math.log(samples / low) / math.log(high / low)
+                return low_factor + share * (high_factor - low_factor)
+        return points[-1][1]
 
     def all_reduce(self, parameter_bytes: float, replicas: int, ring: float) -> float:
         """Seconds of the all-reduce of ``parameter_bytes`` among ``replicas`` whose ring
@@ -199,7 +224,9 @@ class RuntimeCosts:
                 "action_overhead": self.action_overhead,
                 "compute_per_action": self.compute_per_action,
                 "compute_per_receive": self.compute_per_receive,
-                "wait_share": self.wait_share, "compute_scale": self.compute_scale, "notes": dict(self.notes)}
+                "wait_share": self.wait_share, "compute_scale": self.compute_scale,
+                "size_scales": [list(pair) for pair in self.size_scales],
+                "notes": dict(self.notes)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RuntimeCosts":
@@ -209,7 +236,8 @@ class RuntimeCosts:
                                       "message_latency", "allreduce_latency",
                                       "allreduce_bandwidth", "action_overhead",
                                       "compute_per_action", "compute_per_receive",
-                                      "wait_share", "compute_scale", "notes"})
+                                      "wait_share", "compute_scale", "size_scales",
+                                      "notes"})
         if unknown:
             raise ValueError(f"runtime costs have unknown fields {unknown}")
         return cls(per_action=dict(data.get("per_action") or {}),
@@ -223,6 +251,7 @@ class RuntimeCosts:
                    compute_per_receive=data.get("compute_per_receive", 0.0),
                    wait_share=data.get("wait_share", 0.0),
                    compute_scale=data.get("compute_scale", 1.0),
+                   size_scales=tuple(tuple(pair) for pair in data.get("size_scales") or ()),
                    notes=dict(data.get("notes") or {}))
 
 
@@ -233,3 +262,22 @@ def _check_seconds(name: str, value: Any,
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not math.isfinite(value) or value < 0:
         raise ValueError(f"runtime costs {name} must be {what}, got {value!r}")
+
+
+def _checked_size_scales(table: Any) -> tuple[tuple[int, float], ...]:
+    """``size_scales`` sorted by size, or a ValueError naming what is wrong: each pair a
+    whole number of samples >= 1 and a finite factor >= 1, no size twice."""
+    out: list[tuple[int, float]] = []
+    for pair in table:
+        size, factor = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 \
+                or isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+                or not math.isfinite(factor) or factor < 1:
+            raise ValueError(f"runtime costs size_scales entry {pair!r} must be [samples >= 1, "
+                             f"factor >= 1]: a micro-batch size and its compute scale's factor")
+        out.append((size, float(factor)))
+    sizes = [size for size, _ in out]
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"runtime costs size_scales name a size twice ({sorted(sizes)}); "
+                         "give each micro-batch size once")
+    return tuple(sorted(out))

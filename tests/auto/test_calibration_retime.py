@@ -15,10 +15,9 @@ from auto_fixtures import small_profile
 from pipeweave.auto import AutoProblem
 from pipeweave.auto.repredict import repredicted
 from pipeweave.auto.search import default_prediction
-from pipeweave.measure.alternating import Rounds
+from pipeweave.measure.alternating import Rounds, TimedRounds
 from pipeweave.measure.calibration_retime import LABEL, Retiming, retimed_report
 from pipeweave.measure.calibration_runs import calibration_plans, fit_calibration, with_fit
-from pipeweave.measure.compare import TimedRounds
 from pipeweave.planner.plan import Plan
 from pipeweave.profiler import LinkProfile
 from pipeweave.profiler.runtime_costs import RuntimeCosts

@@ -94,3 +94,37 @@ def _order(plans: Mapping[str, tuple[Plan, float]],
     ones, so that neither always runs first (after a fresh process start, a warm cache)."""
     items = list(plans.items())
     return items if index % 2 == 0 else items[::-1]
+
+
+Timer = Callable[[str, Plan, int], tuple[float, Sequence[float]]]
+"""``(label, plan, steps) -> (seconds per iteration, per rank compute seconds per iteration)``
+of one run (:func:`~.plan_run.plan_timer`)."""
+
+
+@dataclass(frozen=True)
+class TimedRounds:
+    """Plans timed in alternating rounds: per label its rounds, its compute per round (summed
+    over ranks) and its rank count."""
+
+    rounds: dict[str, Rounds]
+    compute: dict[str, list[float]]
+    ranks: dict[str, int]
+
+
+def time_rounds(plans: Mapping[str, tuple[Plan, float]], timers: Mapping[str, Timer], *,
+                rounds: int, seconds: float, steps: int | None,
+                say: Callable[[str], None] | None = None) -> TimedRounds:
+    """``plans`` (label -> plan, predicted seconds per iteration) timed in alternating rounds
+    (:func:`alternate`), each through its label's timer."""
+    compute: dict[str, list[float]] = {label: [] for label in plans}
+    ranks: dict[str, int] = {}
+
+    def time_one(label: str, plan: Plan, count: int) -> float:
+        seconds_per_iteration, per_rank = timers[label](label, plan, count)
+        compute[label].append(float(sum(per_rank)))
+        ranks[label] = len(per_rank)
+        return seconds_per_iteration
+
+    timed = alternate(plans, rounds=rounds, seconds=seconds, steps=steps, time_one=time_one,
+                      say=say)
+    return TimedRounds(timed, compute, ranks)

@@ -33,7 +33,7 @@ from ..auto import AutoProblem, Prediction
 from ..auto.repredict import repredicted
 from ..planner.plan import Plan
 from .calibration_runs import CalibrationFit, CalibrationPlan, calibration_plans, fit_measured
-from .compare import TimedRounds
+from .alternating import TimedRounds
 
 __all__ = ["LABEL", "Retiming", "retimed_report"]
 

@@ -66,7 +66,7 @@ from ..sim import simulate
 from ..planner.plan import Plan
 from ..profiler import Profile
 from ..profiler.runtime_costs import RuntimeCosts
-from .alternating import TIMED_SECONDS, Rounds, alternate
+from .alternating import TIMED_SECONDS, Rounds, time_rounds
 from .calibration_rounds import PER_RECEIVE, WAIT_SHARE, fit_rounds
 from .calibration_sizes import PER_ACTION, SIZE_SCALE, size_scale_values, size_scales_of
 from .calibration_solve import Target, solve
@@ -272,16 +272,10 @@ def fit_calibration(problem: AutoProblem, *,
     plans = calibration_plans(problem, actions=actions)
     if not plans:
         return problem, None
-    compute: dict[str, list[float]] = {label: [] for label in plans}
-
-    def timed(label: str, plan: Plan, steps: int) -> float:
-        seconds_per_iteration, ranks = time_one(label, plan, steps)
-        compute[label].append(float(sum(ranks)))
-        return seconds_per_iteration
-
-    measured = alternate({label: (p.plan, p.predicted) for label, p in plans.items()},
-                         rounds=rounds, seconds=seconds, steps=None, time_one=timed, say=say)
-    return fit_measured(problem, plans, measured, compute)
+    timed = time_rounds({label: (p.plan, p.predicted) for label, p in plans.items()},
+                        {label: time_one for label in plans}, rounds=rounds, seconds=seconds,
+                        steps=None, say=say)
+    return fit_measured(problem, plans, timed.rounds, timed.compute)
 
 
 def fit_measured(problem: AutoProblem, plans: Mapping[str, CalibrationPlan],

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..auto import Prediction
 from ..planner.plan import Plan
-from .alternating import RUN_ROUNDS, TIMED_SECONDS, Rounds, alternate
+from .alternating import RUN_ROUNDS, TIMED_SECONDS, Rounds, TimedRounds, Timer, time_rounds
 from .plan_run import peak_memory, plan_timer
 
-__all__ = ["TimedRounds", "Timer", "compare_predictions", "measure_alongside",
-           "measure_predictions", "time_rounds"]
+__all__ = ["compare_predictions", "measure_alongside", "measure_predictions"]
 
 def compare_predictions(predictions: Mapping[str, Prediction], *,
                         rounds: Mapping[str, Rounds], memory: Mapping[str, list[int]],
@@ -60,21 +58,6 @@ def _busy(prediction: Prediction, done: Rounds,
     busy = statistics.median(c / (ranks * t) for c, t in zip(compute, done.times) if t > 0)
     return {"compute_seconds": list(compute), "busy_fraction": busy,
             "predicted_busy_fraction": 1.0 - prediction.bubble_fraction}
-
-
-Timer = Callable[[str, Plan, int], tuple[float, list[float]]]
-"""``(label, plan, steps) -> (seconds per iteration, per rank compute seconds per iteration)``
-of one run (:func:`~.plan_run.plan_timer`)."""
-
-
-@dataclass(frozen=True)
-class TimedRounds:
-    """Plans timed in alternating rounds: per label its rounds, its compute per round (summed
-    over ranks) and its rank count."""
-
-    rounds: dict[str, Rounds]
-    compute: dict[str, list[float]]
-    ranks: dict[str, int]
 
 
 def measure_predictions(predictions: Mapping[str, Prediction], *, model: str, batch_size: int,
@@ -125,22 +108,3 @@ def measure_alongside(predictions: Mapping[str, Prediction], *, model: str, batc
     return compared, TimedRounds({label: timed.rounds[label] for label in others},
                                  {label: timed.compute[label] for label in others},
                                  {label: timed.ranks[label] for label in others})
-
-
-def time_rounds(plans: Mapping[str, tuple[Plan, float]], timers: Mapping[str, Timer], *,
-                rounds: int, seconds: float, steps: int | None,
-                say: Callable[[str], None] | None = None) -> TimedRounds:
-    """``plans`` (label -> plan, predicted seconds per iteration) timed in alternating rounds
-    (:func:`~.alternating.alternate`), each through its label's timer."""
-    compute: dict[str, list[float]] = {label: [] for label in plans}
-    ranks: dict[str, int] = {}
-
-    def time_one(label: str, plan: Plan, count: int) -> float:
-        seconds_per_iteration, per_rank = timers[label](label, plan, count)
-        compute[label].append(float(sum(per_rank)))
-        ranks[label] = len(per_rank)
-        return seconds_per_iteration
-
-    timed = alternate(plans, rounds=rounds, seconds=seconds, steps=steps, time_one=time_one,
-                      say=say)
-    return TimedRounds(timed, compute, ranks)
